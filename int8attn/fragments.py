@@ -1,0 +1,224 @@
+"""The fragment model: matrix-instruction operand layouts and load schemes as data.
+
+This is the single place where lane, register-slot and token indices are
+related to each other. Everything that needs to know which tokens one matrix
+instruction consumes -- the W scale groups, the token gathers of the
+tensor-level lowering, the verifier and the numpy fragment-level reference --
+reads it from a `FragmentModel` here.
+
+Each operand layout is a table `coords[lane, slot] = (row, col)` written from
+the ISA lane tables (DESIGN.md section 3). A `VLoadScheme` says which token
+each byte of a lane's V registers holds. Composing the B layout with the load
+scheme gives, for every MMAC of a wave, the token behind each of its K slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+
+import numpy as np
+
+__all__ = [
+    "OperandLayout",
+    "MatrixInstruction",
+    "VLoadScheme",
+    "FragmentModel",
+    "GFX936_MMAC",
+    "GFX942_MFMA",
+    "TARGETS",
+    "fragment_model",
+    "format_token_set",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class OperandLayout:
+    """Which matrix element each (lane, register slot) of one operand holds."""
+
+    name: str
+    coords: np.ndarray  # int64 [lanes, slots, 2]: (row, col)
+
+    @staticmethod
+    def from_table(name: str, lanes: int, slots: int,
+                   element: Callable[[int, int], tuple[int, int]]) -> "OperandLayout":
+        table = np.array([[element(lane, slot) for slot in range(slots)]
+                          for lane in range(lanes)], dtype=np.int64)
+        return OperandLayout(name, table)
+
+    @property
+    def lanes(self) -> int:
+        return self.coords.shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.coords.shape[1]
+
+    def element(self, lane: int, slot: int) -> tuple[int, int]:
+        row, col = self.coords[lane, slot]
+        return int(row), int(col)
+
+    def owner(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """Inverse map: matrix element (row, col) -> (lane, slot)."""
+        return {self.element(l, s): (l, s)
+                for l in range(self.lanes) for s in range(self.slots)}
+
+
+@dataclass(frozen=True, eq=False)
+class MatrixInstruction:
+    """An int8 x int8 -> int32 matrix instruction: C[MxN] += A[MxK] * B[KxN]."""
+
+    name: str
+    intrinsic: str
+    m: int
+    n: int
+    k: int
+    wave_size: int
+    a: OperandLayout
+    b: OperandLayout
+    c: OperandLayout
+
+
+def _wave64_16x16x32(name: str, intrinsic: str,
+                     c_element: Callable[[int, int], tuple[int, int]]) -> MatrixInstruction:
+    # A and B are shared by gfx936 MMAC and gfx942 MFMA 16x16x32 (DESIGN.md s3).
+    return MatrixInstruction(
+        name=name, intrinsic=intrinsic, m=16, n=16, k=32, wave_size=64,
+        a=OperandLayout.from_table("A", 64, 8, lambda l, j: (l % 16, 8 * (l // 16) + j)),
+        b=OperandLayout.from_table("B", 64, 8, lambda l, j: (8 * (l // 16) + j, l % 16)),
+        c=OperandLayout.from_table("C", 64, 4, c_element),
+    )
+
+
+# gfx936 DCU: C uses the "jump" layout (Hygon CK: kCMLane=16, kCNLane=4).
+GFX936_MMAC = _wave64_16x16x32(
+    "v_mmac_i32_16x16x32_i8", "llvm.amdgcn.mmac.i32.16x16x32i8",
+    lambda l, i: (l % 16, l // 16 + 4 * i))
+
+# gfx942 CDNA3: same A/B, C rows in blocks of four.
+GFX942_MFMA = _wave64_16x16x32(
+    "v_mfma_i32_16x16x32_i8", "llvm.amdgcn.mfma.i32.16x16x32.i8",
+    lambda l, i: (4 * (l // 16) + i, l % 16))
+
+
+@dataclass(frozen=True)
+class VLoadScheme:
+    """How a wave loads V from the token-innermost cache ([..., D, S]).
+
+    Lanes that hold the same K rows of the B operand form a lane group; one
+    load gives each lane `bytes_per_lane` consecutive tokens of one head-dim
+    column. Successive loads of a lane continue after all lane groups' bytes.
+    A lane's loaded bytes, in load order, feed its B registers: MMAC t takes
+    bytes `slots*t .. slots*t + slots - 1`.
+    """
+
+    bytes_per_lane: int
+
+    def token_of_byte(self, lane_group: int, lane_groups: int, byte: int) -> int:
+        load, offset = divmod(byte, self.bytes_per_lane)
+        return (load * lane_groups + lane_group) * self.bytes_per_lane + offset
+
+
+@dataclass(frozen=True, eq=False)
+class FragmentModel:
+    """A target's matrix instruction plus the decode kernel's load scheme.
+
+    `wave_tokens` tokens are processed by one wave; a decode partition is
+    `waves_per_partition` waves. Token sets are published per wave
+    (`wave_token_groups`) and per block of whole waves (`token_groups`).
+    """
+
+    target: str
+    instruction: MatrixInstruction
+    v_load: VLoadScheme
+    wave_tokens: int = 64
+    waves_per_partition: int = 4
+
+    @property
+    def group_size(self) -> int:
+        """Tokens per W scale group: the K extent of one instruction."""
+        return self.instruction.k
+
+    @property
+    def partition_tokens(self) -> int:
+        return self.wave_tokens * self.waves_per_partition
+
+    @property
+    def mmacs_per_wave(self) -> int:
+        return self.wave_tokens // self.instruction.k
+
+    @cached_property
+    def wave_token_groups(self) -> np.ndarray:
+        """int64 [mmacs_per_wave, K]: token (within the wave) of each K slot."""
+        b = self.instruction.b
+        lane_groups = self.instruction.k // b.slots
+        groups = np.full((self.mmacs_per_wave, self.instruction.k), -1, dtype=np.int64)
+        for mmac in range(self.mmacs_per_wave):
+            for lane in range(b.lanes):
+                for slot in range(b.slots):
+                    k_row, _ = b.element(lane, slot)
+                    lane_group = b.element(lane, 0)[0] // b.slots
+                    token = self.v_load.token_of_byte(
+                        lane_group, lane_groups, mmac * b.slots + slot)
+                    if groups[mmac, k_row] not in (-1, token):
+                        raise ValueError(
+                            f"{self.target}: lanes disagree on the token of K slot "
+                            f"{k_row} of MMAC {mmac}")
+                    groups[mmac, k_row] = token
+        covered = np.sort(groups.ravel())
+        if not np.array_equal(covered, np.arange(self.wave_tokens)):
+            raise ValueError(f"{self.target}: the V load scheme with "
+                             f"{self.v_load.bytes_per_lane}-byte loads does not cover "
+                             f"the wave's {self.wave_tokens} tokens exactly once")
+        return groups
+
+    def token_groups(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens / K, K]: token sets of a block of whole waves."""
+        if block_tokens % self.wave_tokens:
+            raise ValueError(f"a block of {block_tokens} tokens is not a whole number "
+                             f"of {self.wave_tokens}-token waves")
+        waves = block_tokens // self.wave_tokens
+        wave_offsets = np.arange(waves, dtype=np.int64)[:, None, None] * self.wave_tokens
+        return (wave_offsets + self.wave_token_groups[None]).reshape(-1, self.instruction.k)
+
+    def group_of_token(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens]: the group index consuming each token of a block."""
+        groups = self.token_groups(block_tokens)
+        owner = np.empty(block_tokens, dtype=np.int64)
+        owner[groups.ravel()] = np.repeat(np.arange(groups.shape[0]), groups.shape[1])
+        return owner
+
+    def with_v_load(self, bytes_per_lane: int) -> "FragmentModel":
+        return FragmentModel(self.target, self.instruction, VLoadScheme(bytes_per_lane),
+                             self.wave_tokens, self.waves_per_partition)
+
+
+TARGETS: dict[str, FragmentModel] = {
+    # The seed's decode kernel: 16-byte V loads from the token-innermost cache.
+    "gfx936": FragmentModel("gfx936", GFX936_MMAC, VLoadScheme(16)),
+    "gfx942": FragmentModel("gfx942", GFX942_MFMA, VLoadScheme(16)),
+}
+
+
+def fragment_model(target: str) -> FragmentModel:
+    try:
+        return TARGETS[target]
+    except KeyError:
+        raise KeyError(f"unknown target '{target}'; known targets: "
+                       f"{', '.join(sorted(TARGETS))}") from None
+
+
+def format_token_set(tokens) -> str:
+    """Compact set notation: [0..7, 16..23] -> '{0-7,16-23}'."""
+    values = sorted(int(t) for t in tokens)
+    runs: list[str] = []
+    start = prev = None
+    for value in values + [None]:
+        if start is not None and value is not None and value == prev + 1:
+            prev = value
+            continue
+        if start is not None:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = value
+    return "{" + ",".join(runs) + "}"

@@ -1,0 +1,125 @@
+"""Small IR builders shared by the rewrite patterns.
+
+Every builder creates ops at the current insertion point and location, so a
+pattern that opens `with rewriter.ip, op.location:` gives everything it builds
+the location of the op it rewrites.
+
+`generic` takes einsum-like dimension strings: `generic([a, b], ["bhgd",
+"bhsd"], "bhgs", init, body)` builds a `linalg.generic` whose loops are the
+output's letters (parallel) followed by the remaining letters (reduction).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, tensor
+
+from int8attn.dialects.int8attn import shape_of, tensor as tensor_type
+
+
+def f32(value: float) -> ir.Value:
+    return arith.constant(ir.F32Type.get(), float(value))
+
+
+def index(value: int) -> ir.Value:
+    return arith.constant(ir.IndexType.get(), int(value))
+
+
+def zero(element: str) -> ir.Value:
+    t = ir.Type.parse(element)
+    return arith.constant(t, 0.0 if isinstance(t, ir.FloatType) else 0)
+
+
+def to_i32(value: ir.Value) -> ir.Value:
+    """Sign-extend an integer scalar to i32."""
+    return arith.extsi(ir.IntegerType.get_signless(32), value)
+
+
+def to_f32(value: ir.Value) -> ir.Value:
+    """Signed integer scalar to f32 (exact for int8 and the int32 ranges used here)."""
+    return arith.sitofp(ir.F32Type.get(), value)
+
+
+def empty(shape: Sequence[int], element: str) -> ir.Value:
+    return tensor.EmptyOp(list(shape), ir.Type.parse(element)).result
+
+
+def full(shape: Sequence[int], element: str, value: ir.Value) -> ir.Value:
+    return linalg.fill(value, outs=[empty(shape, element)])
+
+
+def zeros(shape: Sequence[int], element: str) -> ir.Value:
+    return full(shape, element, zero(element))
+
+
+def generic(inputs: Sequence[ir.Value], input_dims: Sequence[str], output_dims: str,
+            init: ir.Value | Sequence[ir.Value], body: Callable) -> ir.Value:
+    """`linalg.generic` over named loop dimensions; see the module docstring."""
+    inits = [init] if isinstance(init, ir.Value) else list(init)
+    loops = list(output_dims)
+    for dims in input_dims:
+        loops += [d for d in dims if d not in loops]
+    position = {d: i for i, d in enumerate(loops)}
+
+    def affine(dims: str) -> ir.AffineMap:
+        return ir.AffineMap.get(len(loops), 0, [ir.AffineDimExpr.get(position[d]) for d in dims])
+
+    maps = [affine(d) for d in input_dims] + [affine(output_dims)] * len(inits)
+    iterators = [linalg.IteratorType.parallel if d in output_dims
+                 else linalg.IteratorType.reduction for d in loops]
+    result = linalg.generic(list(inputs), inits, maps, iterators)(body)
+    return result
+
+
+def loop_index(dim: int) -> ir.Value:
+    """The current iteration index of loop `dim` inside a `generic` body."""
+    return linalg.IndexOp(dim).result
+
+
+def expand(value: ir.Value, reassociation: list[list[int]], shape: Sequence[int]) -> ir.Value:
+    element = str(ir.RankedTensorType(value.type).element_type)
+    return tensor.ExpandShapeOp(tensor_type(shape, element), value, reassociation,
+                                [], list(shape)).result
+
+
+def collapse(value: ir.Value, reassociation: list[list[int]]) -> ir.Value:
+    source = shape_of(value)
+    shape = []
+    for group in reassociation:
+        size = 1
+        for d in group:
+            size *= source[d]
+        shape.append(size)
+    element = str(ir.RankedTensorType(value.type).element_type)
+    return tensor.CollapseShapeOp(tensor_type(shape, element), value, reassociation).result
+
+
+def pad_dim(value: ir.Value, dim: int, size: int, padding: ir.Value) -> ir.Value:
+    """Grow dimension `dim` of `value` to `size`, filling the tail with `padding`."""
+    source = shape_of(value)
+    if source[dim] == size:
+        return value
+    shape = list(source)
+    shape[dim] = size
+    element = str(ir.RankedTensorType(value.type).element_type)
+    filled = full(shape, element, padding)
+    rank = len(shape)
+    return tensor.InsertSliceOp(value, filled, [], [], [], [0] * rank, source,
+                                [1] * rank).result
+
+
+def lookup_table(values) -> ir.Value:
+    """A dense i64 constant, read in `generic` bodies with `lookup`."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    attr_type = tensor_type(values.shape, "i64")
+    return arith.constant(attr_type, ir.DenseElementsAttr.get(values, type=attr_type))
+
+
+def lookup(table: ir.Value, indices: Sequence[ir.Value]) -> ir.Value:
+    """`table[indices]` as an index value."""
+    entry = tensor.ExtractOp(table, list(indices)).result
+    return arith.index_cast(ir.IndexType.get(), entry)

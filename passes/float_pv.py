@@ -1,0 +1,63 @@
+"""float-pv: the f32 and bf16 PV baselines.
+
+Rewrites `int8attn.folded_pv(W, v)` into a float contraction
+
+    O = sum_t W' * f32(Vq)      W' = W (pv=f32) or f32(bf16(W)) (pv=bf16)
+
+Everything before PV (INT8 QK, partitions, the V-scale fold) is shared with
+the INT8 path, so the baselines differ from it only in PV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith
+
+from int8attn.dialects import int8attn as d
+from int8attn.passes import builders as build
+from int8attn.passes.rewrite import apply_patterns
+
+PRECISIONS = ("f32", "bf16")
+
+
+def round_to_bf16(x: ir.Value) -> ir.Value:
+    """f32 -> nearest bf16 (ties to even), kept in f32.
+
+    Written on the bits because canonicalization folds extf(truncf(x)) to x.
+    """
+    i32 = ir.IntegerType.get_signless(32)
+    bits = arith.bitcast(i32, x)
+    c = lambda value: arith.constant(i32, value)
+    lsb = arith.andi(arith.shrui(bits, c(16)), c(1))
+    rounded = arith.addi(bits, arith.addi(lsb, c(0x7FFF)))
+    return arith.bitcast(ir.F32Type.get(), arith.andi(rounded, c(-65536)))
+
+
+def float_contraction(op, rewriter, pv: str):
+    w, v = op.operands
+    def weight(w_i):
+        return round_to_bf16(w_i) if pv == "bf16" else w_i
+
+    with rewriter.ip, op.location:
+        out = build.generic(
+            [w, v], ["bhrnt", "bhntd"], "bhrnd", build.zeros(d.shape_of(op.result), "f32"),
+            lambda w_i, v_i, total: arith.addf(total, arith.mulf(weight(w_i), build.to_f32(v_i))))
+    rewriter.replace_op(op, [out])
+
+
+@dataclass(frozen=True)
+class FloatPV:
+    """Lower the folded PV contraction in f32, or with W rounded to bf16."""
+
+    argument: ClassVar[str] = "float-pv"
+    pv: str = "f32"
+
+    def __post_init__(self):
+        if self.pv not in PRECISIONS:
+            raise ValueError(f"pv must be one of {', '.join(PRECISIONS)}, got '{self.pv}'")
+
+    def run(self, module: ir.Operation) -> None:
+        apply_patterns(module, {d.FOLDED_PV: lambda op, rw: float_contraction(op, rw, self.pv)})

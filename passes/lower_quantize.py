@@ -1,0 +1,72 @@
+"""lower-quantize: symmetric int8 quantization in standard dialects.
+
+Rewrites `int8attn.quantize(x)` (per row, last dimension) into
+
+    a = max_j |x_j|;   s = a / 127;   inv = a == 0 ? 0 : 127 / a
+    q = fptosi(clamp(roundeven(x * inv), -127, 127))
+
+and `int8attn.group_quantize(W) {groups}` into a token gather of W into
+[..., G, K] (the fragment order of `groups`) followed by the same per-row
+quantization over K. An all-zero row gives q = 0, s = 0, never NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, math
+
+from int8attn.dialects import int8attn as d
+from int8attn.passes import builders as build
+from int8attn.passes.lower_mmac_tiles import gather_tokens
+from int8attn.passes.rewrite import apply_patterns
+
+
+def quantize_rows(x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    shape = d.shape_of(x)
+    dims = "abcdefghij"[:len(shape)]
+    row, row_shape = dims[:-1], shape[:-1]
+    amax = build.generic([x], [dims], row, build.zeros(row_shape, "f32"),
+                         lambda xi, acc: arith.maximumf(acc, math.absf(xi)))
+    qmax = build.f32(127.0)
+    scale = build.generic([amax], [row], row, build.empty(row_shape, "f32"),
+                          lambda a, _: arith.divf(a, qmax))
+    zero = build.f32(0.0)
+    inverse = build.generic(
+        [amax], [row], row, build.empty(row_shape, "f32"),
+        lambda a, _: arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a, zero),
+                                  zero, arith.divf(qmax, a)))
+    qmin = build.f32(-127.0)
+    i8 = ir.IntegerType.get_signless(8)
+    q = build.generic(
+        [x, inverse], [dims, row], dims, build.empty(shape, "i8"),
+        lambda xi, inv, _: arith.fptosi(i8, arith.minimumf(arith.maximumf(
+            math.roundeven(arith.mulf(xi, inv)), qmin), qmax)))
+    return q, scale
+
+
+def lower_quantize(op, rewriter):
+    with rewriter.ip, op.location:
+        q, scale = quantize_rows(op.operands[0])
+    rewriter.replace_op(op, [q, scale])
+
+
+def lower_group_quantize(op, rewriter):
+    w = op.operands[0]
+    with rewriter.ip, op.location:
+        grouped = gather_tokens(w, len(d.shape_of(w)) - 1, d.groups_of(op))
+        q, scale = quantize_rows(grouped)
+    rewriter.replace_op(op, [q, scale])
+
+
+@dataclass(frozen=True)
+class LowerQuantize:
+    """Lower `int8attn.quantize` and `int8attn.group_quantize` to linalg."""
+
+    argument: ClassVar[str] = "lower-quantize"
+
+    def run(self, module: ir.Operation) -> None:
+        apply_patterns(module, {d.QUANTIZE: lower_quantize,
+                                d.GROUP_QUANTIZE: lower_group_quantize})

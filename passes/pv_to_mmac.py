@@ -1,0 +1,57 @@
+"""pv-to-mmac: the grouped PV contraction as MMAC tiles plus the rescale.
+
+Rewrites `int8attn.grouped_pv(Wq, sW, v) {groups}` into
+
+    acc = int8attn.mmac_tiles(Wq, v) {groups, target}   int32, one K group each
+    O   = sum_g f32(acc_g) * sW_g
+
+Each tile is one `target` matrix instruction's K extent: int32 sums never
+cross groups, so no int32 value ever mixes two scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith
+
+from int8attn.diagnostics import DiagnosticError
+from int8attn.dialects import int8attn as d
+from int8attn.fragments import TARGETS, fragment_model
+from int8attn.passes import builders as build
+from int8attn.passes.rewrite import apply_patterns
+
+
+def to_mmac_tiles(op, rewriter, target: str):
+    wq, sw, v = op.operands
+    groups = d.groups_of(op)
+    instruction = fragment_model(target).instruction
+    if groups.shape[1] != instruction.k:
+        raise DiagnosticError(
+            op.location, f"'{op.name}' op has groups of {groups.shape[1]} tokens but "
+            f"{target}'s {instruction.name} consumes K={instruction.k}")
+    head_dim = d.shape_of(v)[-1]
+    with rewriter.ip, op.location:
+        acc = d.mmac_tiles(wq, v, groups, target=target)
+        out = build.generic(
+            [acc, sw], ["bhrngd", "bhrng"], "bhrnd",
+            build.zeros(d.shape_of(wq)[:4] + [head_dim], "f32"),
+            lambda a, s, total: arith.addf(total, arith.mulf(build.to_f32(a), s)))
+    rewriter.replace_op(op, [out])
+
+
+@dataclass(frozen=True)
+class PVToMMAC:
+    """Lower the grouped PV contraction to `target` MMAC tiles and rescale by sW."""
+
+    argument: ClassVar[str] = "pv-to-mmac"
+    target: str = "gfx936"
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target '{self.target}' (known: {', '.join(TARGETS)})")
+
+    def run(self, module: ir.Operation) -> None:
+        apply_patterns(module, {d.GROUPED_PV: lambda op, rw: to_mmac_tiles(op, rw, self.target)})

@@ -1,0 +1,53 @@
+"""quantize-w-groups: quantize W per MMAC-owned group of tokens.
+
+Rewrites `int8attn.folded_pv(W, v)` into
+
+    Wq, sW = int8attn.group_quantize(W) {groups}
+    O      = int8attn.grouped_pv(Wq, sW, v) {groups}
+
+`groups` is the target fragment model's token table for a block: row g holds
+the tokens (in K-slot order) that one MMAC consumes. There is one scale per
+(query row, block, group); on gfx936 with 16-byte V loads the groups of a wave
+are {0-7,16-23,32-39,48-55} and {8-15,24-31,40-47,56-63}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from iree.compiler import ir
+
+from int8attn.diagnostics import DiagnosticError
+from int8attn.dialects import int8attn as d
+from int8attn.fragments import TARGETS, fragment_model
+from int8attn.passes.rewrite import apply_patterns
+
+
+def quantize_groups(op, rewriter, target: str):
+    w, v = op.operands
+    block_tokens = d.shape_of(w)[-1]
+    model = fragment_model(target)
+    try:
+        groups = model.token_groups(block_tokens)
+    except ValueError as error:
+        raise DiagnosticError(op.location, f"'{op.name}' op: {error} ({target})") from None
+    with rewriter.ip, op.location:
+        wq, sw = d.group_quantize(w, groups)
+        out = d.grouped_pv(wq, sw, v, groups)
+    rewriter.replace_op(op, [out])
+
+
+@dataclass(frozen=True)
+class QuantizeWGroups:
+    """Quantize W with one scale per group of tokens one MMAC of `target` consumes."""
+
+    argument: ClassVar[str] = "quantize-w-groups"
+    target: str = "gfx936"
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target '{self.target}' (known: {', '.join(TARGETS)})")
+
+    def run(self, module: ir.Operation) -> None:
+        apply_patterns(module, {d.FOLDED_PV: lambda op, rw: quantize_groups(op, rw, self.target)})

@@ -1,0 +1,24 @@
+"""Applying rewrite patterns: plain functions `fn(op, rewriter)` keyed by op name."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from iree.compiler import ir, rewrite
+
+from int8attn.dialects.int8attn import walk
+
+Pattern = Callable[[ir.Operation, "rewrite.PatternRewriter"], None]
+
+
+def apply_patterns(module: ir.Operation, patterns: dict[str, Pattern]) -> None:
+    """Rewrite every op named in `patterns` with the greedy driver.
+
+    Exceptions raised by a pattern (`DiagnosticError`) propagate to the caller.
+    """
+    if not any(op.name in patterns for op in walk(module)):
+        return
+    pattern_set = rewrite.RewritePatternSet()
+    for name, fn in patterns.items():
+        pattern_set.add(name, fn)
+    rewrite.apply_patterns_and_fold_greedily(module, pattern_set.freeze())

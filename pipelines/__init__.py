@@ -1,0 +1,70 @@
+"""Named pipelines: the whole lowering, built from pipeline options.
+
+`int8attn-to-linalg{pv=int8 target=gfx936}` takes an `int8attn.attention`
+graph to standard dialects (linalg/tensor/arith/math) that every IREE backend
+compiles. Only the PV part differs between `pv` values:
+
+    pv=int8:       quantize-w-groups, pv-to-mmac, lower-mmac-tiles
+    pv=bf16|f32:   float-pv
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from int8attn.fragments import TARGETS
+from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerMMACTiles,
+                             LowerQuantize, PVToMMAC, QuantizeWGroups)
+from int8attn.pipelines.manager import PipelineError, UpstreamPass
+
+PV_CHOICES = ("int8", "bf16", "f32")
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Options of the named pipelines (and of `int8attn compile/run`)."""
+
+    pv: str = "int8"
+    target: str = "gfx936"
+    partition_tokens: int = 256
+
+    def __post_init__(self):
+        if self.pv not in PV_CHOICES:
+            raise PipelineError(f"pv must be one of {', '.join(PV_CHOICES)}, got '{self.pv}'")
+        if self.target not in TARGETS:
+            raise PipelineError(f"target must be one of {', '.join(TARGETS)}, got '{self.target}'")
+
+
+def to_linalg(options: PipelineOptions) -> list:
+    """The algorithm passes, then cleanup."""
+    if options.pv == "int8":
+        pv = [QuantizeWGroups(options.target), PVToMMAC(options.target), LowerMMACTiles()]
+    else:
+        pv = [FloatPV(options.pv)]
+    return [Int8QK(), DecodeSplitKV(options.partition_tokens), FoldVScale(), *pv,
+            LowerQuantize(), UpstreamPass("canonicalize"), UpstreamPass("cse")]
+
+
+NAMED_PIPELINES = {"int8attn-to-linalg": to_linalg}
+
+
+def named_pipeline(text: str) -> list:
+    """`name{k=v ...}` -> pass list."""
+    name, _, rest = text.partition("{")
+    name = name.strip()
+    if name not in NAMED_PIPELINES:
+        raise PipelineError(f"unknown pipeline '{name}'; known pipelines: "
+                            f"{', '.join(NAMED_PIPELINES)}")
+    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(PipelineOptions)}
+    options = {}
+    for item in rest.rstrip("}").replace(",", " ").split():
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            raise PipelineError(f"pipeline '{name}' has no option '{item}' "
+                                f"(options: {', '.join(fields)})")
+        try:
+            options[fields[key].name] = int(value) if fields[key].type == "int" else value
+        except ValueError:
+            raise PipelineError(f"option '{key}' expects an integer, got '{value}'") from None
+    return NAMED_PIPELINES[name](PipelineOptions(**options))

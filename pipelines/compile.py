@@ -1,0 +1,151 @@
+"""Compilation stages, in order: graph -> linalg -> vmfb.
+
+Like Triton's backends, each stage is a `make_<stage>` function over one
+frozen `CompileOptions`, and compilation can start at any stage. A failure
+inside IREE is reported with the stage and an `iree-compile` command line that
+reproduces it on the IR saved next to the error.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from iree.compiler import ir
+from iree.compiler.tools import CompilerToolError, compile_str
+
+from int8attn.diagnostics import DiagnosticError
+from int8attn.dialects.int8attn import walk
+from int8attn.pipelines import PipelineOptions, to_linalg
+from int8attn.pipelines.manager import run_passes
+
+BACKENDS = {
+    "cpu": ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+            "--iree-llvmcpu-target-cpu=host"],
+}
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything that determines a compiled module (also the cache key)."""
+
+    backend: str = "cpu"
+    pv: str = "int8"
+    target: str = "gfx936"
+    partition_tokens: int = 256
+    iree_flags: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend '{self.backend}' (known: {', '.join(BACKENDS)})")
+        self.pipeline_options()  # validates pv and target
+
+    def pipeline_options(self) -> PipelineOptions:
+        return PipelineOptions(self.pv, self.target, self.partition_tokens)
+
+
+class StageError(Exception):
+    """IREE failed in a stage; `reproducer` is a shell command that shows it again."""
+
+    def __init__(self, stage: str, message: str, reproducer: str):
+        super().__init__(f"{stage} failed: {message}\nreproduce with:\n  {reproducer}")
+        self.stage = stage
+        self.reproducer = reproducer
+
+
+@dataclass
+class Compiled:
+    vmfb: bytes
+    linalg_ir: str
+    public_functions: list[str]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def new_context() -> ir.Context:
+    context = ir.Context()
+    context.allow_unregistered_dialects = True
+    return context
+
+
+def parse_graph(source: str, filename: str) -> ir.Operation:
+    """Parse MLIR text into a module (top-level ops without one are wrapped)."""
+    try:
+        op = ir.Operation.parse(source, source_name=filename)
+        if op.name == "builtin.module":
+            return op
+    except ir.MLIRError as error:
+        if "single top-level operation" not in str(error):
+            raise _parse_error(error, filename) from None
+    try:
+        # Same line numbers; columns on the first line shift by len("module {").
+        return ir.Operation.parse("module {" + source + "\n}", source_name=filename)
+    except ir.MLIRError as error:
+        raise _parse_error(error, filename) from None
+
+
+def _parse_error(error, filename) -> DiagnosticError:
+    diagnostics = getattr(error, "error_diagnostics", None) or []
+    if not diagnostics:
+        return DiagnosticError(None, f"{filename}: cannot parse MLIR: {error}")
+    first = diagnostics[0]
+    return DiagnosticError(first.location, first.message)
+
+
+def public_functions(module: ir.Operation) -> list[str]:
+    names = []
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "func.func" and "sym_visibility" not in op.attributes:
+            names.append(ir.StringAttr(op.attributes["sym_name"]).value)
+    return names
+
+
+def make_linalg(module: ir.Operation, options: CompileOptions, after_pass=None) -> ir.Operation:
+    """Run the algorithm pipeline in place; no int8attn op may be left."""
+    run_passes(module, to_linalg(options.pipeline_options()), after_pass)
+    for op in walk(module):
+        if op.name.startswith("int8attn."):
+            raise DiagnosticError(op.location, f"'{op.name}' was not lowered by the pipeline")
+    return module
+
+
+def iree_flags(options: CompileOptions) -> list[str]:
+    return BACKENDS[options.backend] + list(options.iree_flags)
+
+
+def make_vmfb(linalg_ir: str, options: CompileOptions) -> bytes:
+    try:
+        return compile_str(linalg_ir, extra_args=iree_flags(options))
+    except CompilerToolError as error:
+        saved = _save_for_repro(linalg_ir)
+        command = shlex.join(["iree-compile", saved, *iree_flags(options), "-o", "out.vmfb"])
+        raise StageError("IREE compilation (iree-compile)", _tail(str(error)), command) from None
+
+
+def _save_for_repro(text: str) -> str:
+    handle, path = tempfile.mkstemp(prefix="int8attn-repro-", suffix=".mlir")
+    with os.fdopen(handle, "w") as out:
+        out.write(text)
+    return path
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def compile_graph(source: str, filename: str, options: CompileOptions) -> Compiled:
+    """Source text -> vmfb through every stage, with per-stage timings."""
+    with new_context():
+        start = time.perf_counter()
+        module = parse_graph(source, filename)
+        functions = public_functions(module)
+        make_linalg(module, options)
+        linalg_ir = str(module)
+        passes_done = time.perf_counter()
+    vmfb = make_vmfb(linalg_ir, options)
+    done = time.perf_counter()
+    return Compiled(vmfb, linalg_ir, functions,
+                    {"passes": passes_done - start, "iree_compile": done - passes_done})
