@@ -19,6 +19,7 @@ from iree.compiler.tools import CompilerToolError, compile_str
 
 from int8attn.diagnostics import DiagnosticError
 from int8attn.dialects.int8attn import walk
+from int8attn.graph import FunctionInfo, describe_functions
 from int8attn.pipelines import PipelineOptions, to_linalg
 from int8attn.pipelines.manager import run_passes
 
@@ -60,7 +61,7 @@ class StageError(Exception):
 class Compiled:
     vmfb: bytes
     linalg_ir: str
-    public_functions: list[str]
+    functions: dict[str, FunctionInfo]
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -92,15 +93,6 @@ def _parse_error(error, filename) -> DiagnosticError:
         return DiagnosticError(None, f"{filename}: cannot parse MLIR: {error}")
     first = diagnostics[0]
     return DiagnosticError(first.location, first.message)
-
-
-def public_functions(module: ir.Operation) -> list[str]:
-    names = []
-    for op in module.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name == "func.func" and "sym_visibility" not in op.attributes:
-            names.append(ir.StringAttr(op.attributes["sym_name"]).value)
-    return names
 
 
 def make_linalg(module: ir.Operation, options: CompileOptions, after_pass=None) -> ir.Operation:
@@ -141,7 +133,7 @@ def compile_graph(source: str, filename: str, options: CompileOptions) -> Compil
     with new_context():
         start = time.perf_counter()
         module = parse_graph(source, filename)
-        functions = public_functions(module)
+        functions = describe_functions(module)
         make_linalg(module, options)
         linalg_ir = str(module)
         passes_done = time.perf_counter()

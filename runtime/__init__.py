@@ -1,0 +1,6 @@
+"""Executing compiled modules on the IREE runtime, and the compiled-module cache."""
+
+from int8attn.runtime.cache import ModuleCache, default_cache_dir
+from int8attn.runtime.module import InputError, LoadedModule
+
+__all__ = ["ModuleCache", "default_cache_dir", "InputError", "LoadedModule"]

@@ -1,0 +1,207 @@
+"""The `int8attn` command: compile and run attention graphs.
+
+    int8attn compile GRAPH.mlir --target cpu [--pv int8|bf16|f32] -o OUT.vmfb
+    int8attn run GRAPH.mlir [--inputs IN.npz] [--output OUT.npz] [--pv ...]
+
+Exit status: 0 success, 1 an error in the input or a failing stage (printed
+as `file:line:col: error: ...` where there is a location), 2 misuse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from int8attn.diagnostics import DiagnosticError
+from int8attn.files import OutputError, check_output_path, write_atomic
+from int8attn.fragments import TARGETS
+from int8attn.pipelines import PV_CHOICES
+from int8attn.pipelines.compile import BACKENDS, CompileOptions, StageError
+from int8attn.runtime.module import InputError
+
+
+class UserError(Exception):
+    """A problem with the user's files or inputs: printed as `error: ...`, exit 1."""
+
+
+def _add_compile_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("graph", help="MLIR file with int8attn.attention graphs")
+    parser.add_argument("--target", choices=sorted(BACKENDS), default="cpu",
+                        help="where the module runs (default: cpu, IREE llvm-cpu)")
+    parser.add_argument("--pv", choices=PV_CHOICES, default="int8",
+                        help="PV precision: int8 (MMAC tiles), or the bf16/f32 baselines "
+                             "(default: int8)")
+    parser.add_argument("--fragment-model", choices=sorted(TARGETS), default="gfx936",
+                        help="matrix instruction whose token groups the W scales follow "
+                             "(default: gfx936)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="int8attn", description="Compile and run attention over an INT8 KV cache.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    compile_cmd = commands.add_parser("compile", help="compile a graph to an IREE module",
+                                      description="Run the whole pipeline, then IREE.")
+    _add_compile_options(compile_cmd)
+    compile_cmd.add_argument("-o", "--output", required=True, help="output file")
+    compile_cmd.add_argument("--emit", choices=("vmfb", "linalg"), default="vmfb",
+                             help="vmfb: the IREE module (default); linalg: the IR the "
+                                  "pipeline hands to IREE")
+
+    run_cmd = commands.add_parser(
+        "run", help="compile (cached) and execute on the IREE CPU runtime",
+        description="Without --inputs: random inputs from a printed seed and a report of "
+                    "the error against the exact and the fragment-level reference.")
+    _add_compile_options(run_cmd)
+    run_cmd.add_argument("--inputs", help="npz with the arguments as arg0, arg1, ...")
+    run_cmd.add_argument("--output", help="npz to write the results to (result0, ...)")
+    run_cmd.add_argument("--function", help="public function to call (default: the only one)")
+    run_cmd.add_argument("--seed", type=int, default=None,
+                         help="seed of the random inputs (default: drawn and printed)")
+    run_cmd.add_argument("--no-cache", action="store_true",
+                         help="compile even if the module cache has this graph")
+    return parser
+
+
+def _options(args) -> CompileOptions:
+    return CompileOptions(backend=args.target, pv=args.pv, target=args.fragment_model)
+
+
+def _read_graph(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise UserError(f"graph file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read graph file '{path}': {error}") from None
+
+
+def cmd_compile(args) -> int:
+    from int8attn.pipelines.compile import compile_graph, make_linalg, new_context, parse_graph
+
+    output = check_output_path(args.output, [args.graph])
+    source = _read_graph(args.graph)
+    options = _options(args)
+    if args.emit == "linalg":
+        with new_context():
+            module = make_linalg(parse_graph(source, args.graph), options)
+            write_atomic(output, str(module) + "\n", [args.graph])
+        return 0
+    compiled = compile_graph(source, args.graph, options)
+    write_atomic(output, compiled.vmfb, [args.graph])
+    print(f"wrote {output} ({len(compiled.vmfb)} bytes; passes {compiled.timings['passes']:.2f} s, "
+          f"iree-compile {compiled.timings['iree_compile']:.2f} s)", file=sys.stderr)
+    return 0
+
+
+def _load_inputs(path: str, info) -> list[np.ndarray]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"inputs file '{path}' does not exist") from None
+    except (OSError, ValueError) as error:
+        raise UserError(f"cannot read inputs file '{path}' as .npz: {error}") from None
+    with archive:
+        keys = set(archive.files)
+        arrays = []
+        for i, spec in enumerate(info.arguments):
+            key = f"arg{i}"
+            if key not in keys:
+                raise UserError(f"inputs file '{path}' has no array '{key}' for argument {i} "
+                                f"({spec.describe()}) of @{info.name}; it has "
+                                f"{', '.join(sorted(keys)) or 'no arrays'}")
+            arrays.append(archive[key])
+        extra = keys - {f"arg{i}" for i in range(len(info.arguments))}
+        if extra:
+            raise UserError(f"inputs file '{path}' has arrays {', '.join(sorted(extra))} that "
+                            f"are not arguments of @{info.name} (expected arg0..arg"
+                            f"{len(info.arguments) - 1})")
+    _check_scales(arrays, info)
+    return arrays
+
+
+def _check_scales(arrays, info) -> None:
+    if info.attention is None:
+        return
+    names = ("q", "k", "k_scale", "v", "v_scale")
+    for name, index in zip(names, info.attention.argument_of):
+        if name.endswith("scale") and arrays[index].dtype.kind == "f" and \
+                not np.all(np.isfinite(arrays[index])):
+            raise UserError(f"arg{index} ({name}) holds NaN or Inf; cache scales must be "
+                            f"finite")
+
+
+def _report(outputs, arrays, info, options) -> None:
+    from int8attn.graph import error_stats, references
+
+    refs = references(info, arrays, pv=options.pv, target=options.target,
+                      partition_tokens=options.partition_tokens)
+    result = outputs[info.attention.result_index]
+    print(f"accuracy of @{info.name} (pv={options.pv}, fragment model {options.target}):")
+    for name, label in (("exact", "vs exact f32 reference      "),
+                        ("fragment", "vs fragment-level reference")):
+        stats = error_stats(result, refs[name])
+        print(f"  {label}  max abs {stats['max_abs']:.3e}   rms {stats['rms']:.3e}")
+
+
+def cmd_run(args) -> int:
+    import int8attn
+    from int8attn.graph import random_inputs
+
+    if args.output:
+        check_output_path(args.output, [args.graph, args.inputs])
+    source = _read_graph(args.graph)
+    options = _options(args)
+    start = time.perf_counter()
+    graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
+                             **options.__dict__)
+    compile_seconds = time.perf_counter() - start
+    info = graph.entry(args.function)
+    if args.inputs:
+        arrays = _load_inputs(args.inputs, info)
+    else:
+        seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        print(f"random inputs, seed {seed} (repeat with --seed {seed})")
+        try:
+            arrays = random_inputs(info, seed)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+    outputs = graph.run(arrays, info.name)
+    cached = "cached module" if graph.cache_hit else "compiled"
+    print(f"@{info.name}: {cached} in {compile_seconds:.2f} s, ran in {graph.timings['run'] * 1e3:.1f} ms")
+    if args.output:
+        import io
+
+        buffer = io.BytesIO()
+        np.savez(buffer, **{f"result{i}": r for i, r in enumerate(outputs)})
+        write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
+        print(f"wrote {args.output} ({', '.join(f'result{i}' for i in range(len(outputs)))})")
+    if not args.inputs and info.attention is not None:
+        _report(outputs, arrays, info, options)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"compile": cmd_compile, "run": cmd_run}[args.command]
+    try:
+        return handler(args)
+    except DiagnosticError as error:
+        print(error.format(), file=sys.stderr)
+    except StageError as error:
+        print(f"error: {error}", file=sys.stderr)
+    except (UserError, InputError, OutputError) as error:
+        print(f"error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""What a graph's public functions take and return, and inputs to call them with.
+
+For `int8attn run` without `--inputs`: a function whose result is one
+`int8attn.attention` of its own arguments gets random inputs (Gaussian q, a
+Gaussian K/V cache quantized per token) and its outputs can be compared with
+both references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from iree.compiler import ir
+
+from int8attn.dialects import int8attn as d
+from int8attn.reference import exact_attention, fragment_attention, quantize_cache
+from int8attn.runtime.module import NUMPY_DTYPES, TensorSpec
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """An attention op whose operands are function arguments `argument_of`."""
+
+    argument_of: tuple[int, ...]   # q, k, k_scale, v, v_scale -> argument index
+    mode: str
+    softmax_scale: float
+    result_index: int              # which function result it is
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    name: str
+    arguments: tuple[TensorSpec, ...]
+    results: tuple[TensorSpec, ...]
+    attention: AttentionCall | None
+
+    def to_json(self) -> dict:
+        spec = lambda s: [list(s.shape), s.element]
+        return {"name": self.name, "arguments": [spec(s) for s in self.arguments],
+                "results": [spec(s) for s in self.results],
+                "attention": None if self.attention is None else {
+                    "argument_of": list(self.attention.argument_of), "mode": self.attention.mode,
+                    "softmax_scale": self.attention.softmax_scale,
+                    "result_index": self.attention.result_index}}
+
+    @staticmethod
+    def from_json(data: dict) -> "FunctionInfo":
+        spec = lambda s: TensorSpec(tuple(s[0]), s[1])
+        att = data["attention"]
+        return FunctionInfo(
+            data["name"], tuple(spec(s) for s in data["arguments"]),
+            tuple(spec(s) for s in data["results"]),
+            None if att is None else AttentionCall(tuple(att["argument_of"]), att["mode"],
+                                                   att["softmax_scale"], att["result_index"]))
+
+
+def _spec(t: ir.Type) -> TensorSpec:
+    if not isinstance(t, ir.RankedTensorType):
+        return TensorSpec((), str(t))
+    return TensorSpec(tuple(t.shape), str(t.element_type))
+
+
+def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:
+    """Public functions of `module` with their signatures (before any pass)."""
+    infos = {}
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "func.func" or "sym_visibility" in op.attributes:
+            continue
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        block = op.regions[0].blocks[0]
+        arguments = tuple(_spec(a.type) for a in block.arguments)
+        terminator = block.operations[len(block.operations) - 1].operation
+        results = tuple(_spec(v.type) for v in terminator.operands)
+        infos[name] = FunctionInfo(name, arguments, results,
+                                   _attention_call(block, terminator))
+    return infos
+
+
+def _attention_call(block, terminator) -> AttentionCall | None:
+    for index, value in enumerate(terminator.operands):
+        owner = value.owner
+        if not isinstance(owner, ir.OpView) or owner.operation.name != d.ATTENTION:
+            continue
+        owner = owner.operation
+        argument_of = []
+        for operand in owner.operands:
+            if not isinstance(operand, ir.BlockArgument) or operand.owner != block:
+                return None
+            argument_of.append(operand.arg_number)
+        return AttentionCall(tuple(argument_of), ir.StringAttr(owner.attributes["mode"]).value,
+                             ir.FloatAttr(owner.attributes["softmax_scale"]).value, index)
+    return None
+
+
+def random_inputs(info: FunctionInfo, seed: int) -> list[np.ndarray]:
+    """Gaussian q; K and V Gaussian, quantized per token (int8 + f32 scale)."""
+    if info.attention is None:
+        raise ValueError(f"@{info.name} does not return an int8attn.attention of its own "
+                         f"arguments, so random inputs cannot be made for it; pass --inputs")
+    rng = np.random.default_rng(seed)
+    q_arg, k_arg, ks_arg, v_arg, vs_arg = info.attention.argument_of
+    arrays: list[np.ndarray | None] = [None] * len(info.arguments)
+    q_spec = info.arguments[q_arg]
+    arrays[q_arg] = rng.standard_normal(q_spec.shape).astype(NUMPY_DTYPES[q_spec.element])
+    for values, scales in ((k_arg, ks_arg), (v_arg, vs_arg)):
+        quantized, scale = quantize_cache(
+            rng.standard_normal(info.arguments[values].shape).astype(np.float32))
+        arrays[values], arrays[scales] = quantized, scale
+    return arrays
+
+
+def references(info: FunctionInfo, arrays, *, pv: str, target: str,
+               partition_tokens: int = 256) -> dict[str, np.ndarray]:
+    """The exact and the fragment-level reference for the attention result."""
+    call = info.attention
+    q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
+    return {
+        "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale),
+        "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
+                                       target=target, partition_tokens=partition_tokens),
+    }
+
+
+def error_stats(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
+    diff = actual.astype(np.float64) - expected.astype(np.float64)
+    return {"max_abs": float(np.max(np.abs(diff))), "rms": float(np.sqrt(np.mean(diff * diff)))}

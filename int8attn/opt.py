@@ -1,0 +1,123 @@
+"""int8attn-opt: an mlir-opt style driver for int8attn's passes.
+
+    int8attn-opt FILE [-p "a,b{opt=v}" | --pipeline NAME] [-o OUT]
+                 [--print-ir-after-all] [--split-input-file]
+
+Passes are int8attn's own (see `int8attn-opt --list-passes`) plus any pass
+IREE registers (canonicalize, cse, ...). Errors are printed as
+`file:line:col: error: ...` with exit status 1; misuse exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from iree.compiler import ir
+
+from int8attn.diagnostics import DiagnosticError
+from int8attn.files import OutputError, write_atomic
+from int8attn.passes import PASSES
+from int8attn.pipelines import NAMED_PIPELINES, named_pipeline
+from int8attn.pipelines.compile import new_context, parse_graph
+from int8attn.pipelines.manager import PipelineError, parse_pipeline, pass_name, run_passes
+
+SPLIT_MARKER = "// -----"
+
+
+def split_input(text: str) -> list[str]:
+    """Chunks at `// -----` lines, each padded so its line numbers stay the file's."""
+    chunks, current, first_line = [], [], 0
+    for number, line in enumerate(text.splitlines(keepends=True)):
+        if line.strip() == SPLIT_MARKER:
+            chunks.append("\n" * first_line + "".join(current))
+            current, first_line = [], number + 1
+        else:
+            current.append(line)
+    chunks.append("\n" * first_line + "".join(current))
+    return chunks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="int8attn-opt", description="Run int8attn and IREE passes on an MLIR file.")
+    parser.add_argument("input", nargs="?", help="MLIR file ('-' for stdin)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-p", "--pass-pipeline", dest="pipeline_text", metavar="PIPELINE",
+                       help='comma-separated passes, e.g. "int8-qk,decode-split-kv{partition-tokens=256}"')
+    group.add_argument("--pipeline", metavar="NAME",
+                       help='a named pipeline, e.g. "int8attn-to-linalg{pv=int8 target=gfx936}"')
+    parser.add_argument("-o", "--output", help="write the result here instead of stdout")
+    parser.add_argument("--print-ir-after-all", action="store_true",
+                        help="print the IR to stderr after every pass")
+    parser.add_argument("--split-input-file", action="store_true",
+                        help="process chunks separated by '// -----' independently")
+    parser.add_argument("--list-passes", action="store_true",
+                        help="list int8attn's passes and named pipelines, then exit")
+    return parser
+
+
+def list_passes() -> str:
+    lines = ["int8attn passes:"]
+    for name, cls in PASSES.items():
+        summary = (cls.__doc__ or "").strip().splitlines()[0]
+        lines.append(f"  {name:22} {summary}")
+    lines.append("named pipelines:")
+    for name, fn in NAMED_PIPELINES.items():
+        lines.append(f"  {name:22} {(fn.__doc__ or '').strip().splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def process(chunk: str, filename: str, passes, print_after_all: bool) -> str:
+    def dump(p, module):
+        print(f"// -----// IR Dump After {pass_name(p)} //----- //\n{module}", file=sys.stderr)
+
+    with new_context():
+        module = parse_graph(chunk, filename)
+        run_passes(module, passes, dump if print_after_all else None)
+        return str(module)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list_passes:
+        print(list_passes())
+        return 0
+    if args.input is None:
+        parser.error("the input file is required")
+    try:
+        if args.pipeline:
+            passes = named_pipeline(args.pipeline)
+        else:
+            passes = parse_pipeline(args.pipeline_text or "")
+    except PipelineError as error:
+        parser.error(str(error))
+    filename = "<stdin>" if args.input == "-" else args.input
+    try:
+        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    except OSError as error:
+        print(f"error: cannot read '{args.input}': {error.strerror}", file=sys.stderr)
+        return 1
+    chunks = split_input(text) if args.split_input_file else [text]
+    outputs, failed = [], False
+    for chunk in chunks:
+        try:
+            outputs.append(process(chunk, filename, passes, args.print_ir_after_all))
+        except DiagnosticError as error:
+            print(error.format(), file=sys.stderr)
+            failed = True
+    result = f"\n{SPLIT_MARKER}\n".join(outputs) + "\n"
+    if args.output and not failed:
+        try:
+            write_atomic(args.output, result, inputs=[args.input])
+        except OutputError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    elif not args.output:
+        sys.stdout.write(result)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Content-addressed cache of compiled modules.
+
+The key covers the source text, every compile option, the IREE compiler
+version and int8attn's own sources, so a hit is always the module the same
+compile would produce. Entries are written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("INT8ATTN_CACHE_DIR")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "int8attn"
+
+
+@lru_cache(maxsize=1)
+def _toolchain_fingerprint() -> str:
+    digest = hashlib.sha256()
+    for dist in ("iree-base-compiler", "iree-base-runtime"):
+        try:
+            digest.update(f"{dist}={metadata.version(dist)};".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{dist}=?;".encode())
+    import importlib
+
+    for package in ("int8attn", "int8attn.dialects", "int8attn.passes", "int8attn.pipelines"):
+        root = Path(importlib.import_module(package).__file__).parent
+        for path in sorted(root.glob("*.py")):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class ModuleCache:
+    def __init__(self, directory: Path | str | None = None):
+        self.directory = Path(directory) if directory else default_cache_dir()
+
+    def key(self, source: str, options) -> str:
+        digest = hashlib.sha256()
+        digest.update(_toolchain_fingerprint().encode())
+        digest.update(repr(options).encode())
+        digest.update(source.encode())
+        return digest.hexdigest()
+
+    def load(self, key: str) -> tuple[bytes, dict] | None:
+        vmfb, meta = self.directory / f"{key}.vmfb", self.directory / f"{key}.json"
+        try:
+            return vmfb.read_bytes(), json.loads(meta.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def store(self, key: str, vmfb: bytes, meta: dict) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _atomic_write(self.directory / f"{key}.json", json.dumps(meta).encode())
+            _atomic_write(self.directory / f"{key}.vmfb", vmfb)
+        except OSError:
+            pass  # a cache that cannot be written only costs a recompile
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
