@@ -20,8 +20,8 @@ scale groups of K tokens each.
 | grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v {groups} -> f32 [B,Hkv,R,N,D] |
 | mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v {groups, target} -> i32 [B,Hkv,R,N,G,D] |
 
-`groups` is a `dense<...> : tensor<GxKxi64>` table: row g lists the tokens of
-a block that scale group g (one MMAC) consumes, in K-slot order. It always
+`groups` is a table `[array<i64: ...>, ...]`: row g lists the tokens of a
+block that scale group g (one MMAC) consumes, in K-slot order. It always
 comes from the fragment model (`int8attn.fragments`).
 """
 
@@ -64,16 +64,23 @@ def element_of(value: ir.Value) -> str:
     return str(ir.RankedTensorType(value.type).element_type)
 
 
-def groups_attr(groups: np.ndarray) -> ir.DenseElementsAttr:
-    groups = np.ascontiguousarray(groups, dtype=np.int64)
-    return ir.DenseElementsAttr.get(groups, type=tensor(groups.shape, "i64"))
+def groups_attr(groups: np.ndarray) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get([int(t) for t in row]) for row in groups])
 
 
 def groups_of(op: ir.Operation) -> np.ndarray:
+    """The `groups` attribute as an int64 [G, K] table (ValueError if malformed)."""
     attr = op.attributes["groups"]
-    shape = ir.ShapedType(attr.type).shape
-    return np.array([int(v) for v in ir.DenseIntElementsAttr(attr)],
-                    dtype=np.int64).reshape(shape)
+    if not isinstance(attr, ir.ArrayAttr):
+        raise ValueError("not an array attribute")
+    rows = []
+    for row in attr:
+        if not isinstance(row, ir.DenseI64ArrayAttr):
+            raise ValueError("not an array of array<i64: ...>")
+        rows.append(list(row))
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise ValueError("rows of different lengths")
+    return np.array(rows, dtype=np.int64)
 
 
 def _create(name: str, results, operands, attributes=None, loc=None) -> ir.Operation:
@@ -194,12 +201,12 @@ class _Check:
 
     def groups(self, tokens: int) -> np.ndarray:
         if "groups" not in self.op.attributes:
-            self.fail("requires a 'groups' attribute (dense<...> : tensor<GxKxi64>)")
+            self.fail("requires a 'groups' attribute ([array<i64: ...>, ...], one row per group)")
         try:
             groups = groups_of(self.op)
-        except (ValueError, TypeError):
-            self.fail("attribute 'groups' must be a 2-D i64 dense elements attribute")
-        self.that(groups.ndim == 2, "attribute 'groups' must be 2-D (groups x K)")
+        except (ValueError, TypeError) as error:
+            self.fail(f"attribute 'groups' must be a non-empty list of equally long "
+                      f"array<i64: ...> rows ({error})")
         self.that(np.array_equal(np.sort(groups.ravel()), np.arange(tokens)),
                   f"attribute 'groups' must use each of the {tokens} tokens of a block "
                   f"exactly once")

@@ -72,19 +72,30 @@ def new_context() -> ir.Context:
 
 
 def parse_graph(source: str, filename: str) -> ir.Operation:
-    """Parse MLIR text into a module (top-level ops without one are wrapped)."""
+    """Parse MLIR text into a module; top-level ops without one are wrapped."""
     try:
         op = ir.Operation.parse(source, source_name=filename)
-        if op.name == "builtin.module":
-            return op
     except ir.MLIRError as error:
         if "single top-level operation" not in str(error):
             raise _parse_error(error, filename) from None
+        return _parse_wrapped(source, filename, error)
+    if op.name == "builtin.module":
+        return op
+    module = ir.Operation.create("builtin.module", regions=1, loc=op.location)
+    module.regions[0].blocks.append()
+    ir.InsertionPoint(module.regions[0].blocks[0]).insert(op.operation)
+    return module
+
+
+def _parse_wrapped(source: str, filename: str, first_error) -> ir.Operation:
+    # Same line numbers; columns on the first line shift by len("module {").
     try:
-        # Same line numbers; columns on the first line shift by len("module {").
         return ir.Operation.parse("module {" + source + "\n}", source_name=filename)
-    except ir.MLIRError as error:
-        raise _parse_error(error, filename) from None
+    except ir.MLIRError:
+        error = _parse_error(first_error, filename)
+        error.notes += ("several top-level operations: put them in one `module { ... }` "
+                        "(attribute aliases such as `#x = ...` go before it)",)
+        raise error from None
 
 
 def _parse_error(error, filename) -> DiagnosticError:

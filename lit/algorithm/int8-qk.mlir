@@ -1,0 +1,35 @@
+// RUN: int8attn-opt %s -p int8-qk | filecheck %s
+
+// GQA 4:1 decode: q rows are grouped by KV head, quantized per row, and the
+// int32 dot product is rescaled by sQ * sK * softmax_scale.
+// CHECK-LABEL: func.func @decode
+// CHECK-SAME: (%[[Q:.*]]: tensor<1x8x64xf32>, %[[K:.*]]: tensor<1x2x300x64xi8>, %[[KS:.*]]: tensor<1x2x300xf32>, %[[V:.*]]: tensor<1x2x300x64xi8>, %[[VS:.*]]: tensor<1x2x300xf32>)
+// CHECK-DAG: %[[SCALE:.*]] = arith.constant 1.250000e-01 : f32
+// CHECK: %[[QG:.*]] = tensor.expand_shape %[[Q]] {{\[\[}}0], [1, 2], [3]] output_shape [1, 2, 4, 64]
+// CHECK: %[[QQ:.*]]:2 = "int8attn.quantize"(%[[QG]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
+// CHECK: %[[ACC:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[QQ]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
+// CHECK:   arith.extsi %{{.*}} : i8 to i32
+// CHECK:   arith.muli
+// CHECK:   arith.addi
+// CHECK: } -> tensor<1x2x4x300xi32>
+// CHECK: %[[SCORES:.*]] = linalg.generic {{.*}} ins(%[[ACC]], %[[QQ]]#1, %[[KS]] :
+// CHECK:   %[[F:.*]] = arith.sitofp %{{.*}} : i32 to f32
+// CHECK:   %[[A:.*]] = arith.mulf %[[F]]
+// CHECK:   %[[B:.*]] = arith.mulf %[[A]]
+// CHECK:   arith.mulf %[[B]], %[[SCALE]]
+// CHECK: %[[O:.*]] = "int8attn.softmax_pv"(%[[SCORES]], %[[V]], %[[VS]]) {mode = "decode"} : (tensor<1x2x4x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x2x4x64xf32>
+// CHECK: %[[R:.*]] = tensor.collapse_shape %[[O]] {{\[\[}}0], [1, 2], [3]] : tensor<1x2x4x64xf32> into tensor<1x8x64xf32>
+// CHECK: return %[[R]]
+func.func @decode(%q: tensor<1x8x64xf32>, %k: tensor<1x2x300x64xi8>, %ks: tensor<1x2x300xf32>, %v: tensor<1x2x300x64xi8>, %vs: tensor<1x2x300xf32>) -> tensor<1x8x64xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.125 : f32} : (tensor<1x8x64xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x8x64xf32>
+  return %o : tensor<1x8x64xf32>
+}
+
+// f16 queries are computed in f32.
+// CHECK-LABEL: func.func @decode_f16
+// CHECK: %[[EXT:.*]] = arith.extf %{{.*}} : tensor<1x4x16xf16> to tensor<1x4x16xf32>
+// CHECK: tensor.expand_shape %[[EXT]]
+func.func @decode_f16(%q: tensor<1x4x16xf16>, %k: tensor<1x4x33x16xi8>, %ks: tensor<1x4x33xf32>, %v: tensor<1x4x33x16xi8>, %vs: tensor<1x4x33xf32>) -> tensor<1x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x4x16xf16>, tensor<1x4x33x16xi8>, tensor<1x4x33xf32>, tensor<1x4x33x16xi8>, tensor<1x4x33xf32>) -> tensor<1x4x16xf32>
+  return %o : tensor<1x4x16xf32>
+}

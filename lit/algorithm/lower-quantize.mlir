@@ -1,0 +1,42 @@
+// RUN: int8attn-opt %s --split-input-file -p lower-quantize | filecheck %s
+
+// a = max|x|, s = a/127, inv = (a == 0 ? 0 : 127/a), q = clamp(rne(x*inv)).
+// CHECK-LABEL: func.func @rows
+// CHECK-SAME: (%[[X:.*]]: tensor<2x4x64xf32>)
+// CHECK-DAG: %[[QMAX:.*]] = arith.constant 1.270000e+02 : f32
+// CHECK-DAG: %[[QMIN:.*]] = arith.constant -1.270000e+02 : f32
+// CHECK: %[[AMAX:.*]] = linalg.generic {{.*}} ins(%[[X]] : tensor<2x4x64xf32>)
+// CHECK:   %[[ABS:.*]] = math.absf
+// CHECK:   arith.maximumf %{{.*}}, %[[ABS]]
+// CHECK: %[[SCALE:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] :
+// CHECK:   arith.divf %{{.*}}, %[[QMAX]]
+// CHECK: %[[INV:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] :
+// CHECK:   %[[IS_ZERO:.*]] = arith.cmpf oeq
+// CHECK:   %[[RECIP:.*]] = arith.divf %[[QMAX]]
+// CHECK:   arith.select %[[IS_ZERO]], %{{.*}}, %[[RECIP]]
+// CHECK: %[[Q:.*]] = linalg.generic {{.*}} ins(%[[X]], %[[INV]] :
+// CHECK:   %[[R:.*]] = math.roundeven
+// CHECK:   %[[LO:.*]] = arith.maximumf %[[R]], %[[QMIN]]
+// CHECK:   %[[HI:.*]] = arith.minimumf %[[LO]], %[[QMAX]]
+// CHECK:   arith.fptosi %[[HI]] : f32 to i8
+// CHECK: return %[[Q]], %[[SCALE]]
+func.func @rows(%x: tensor<2x4x64xf32>) -> (tensor<2x4x64xi8>, tensor<2x4xf32>) {
+  %q:2 = "int8attn.quantize"(%x) : (tensor<2x4x64xf32>) -> (tensor<2x4x64xi8>, tensor<2x4xf32>)
+  return %q#0, %q#1 : tensor<2x4x64xi8>, tensor<2x4xf32>
+}
+
+// -----
+
+// Group quantization gathers W into [G, K] fragment order first.
+// CHECK-LABEL: func.func @groups
+// CHECK: %[[TABLE:.*]] = arith.constant dense<{{\[\[}}0, 1, 2, 3, 4, 5, 6, 7, 16, {{.*}} : tensor<2x32xi64>
+// CHECK: %[[WG:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<3x2x32xf32>)
+// CHECK:   tensor.extract %[[TABLE]]
+// CHECK: linalg.generic {{.*}} ins(%[[WG]] : tensor<3x2x32xf32>) outs(%{{.*}} : tensor<3x2xf32>)
+// CHECK:   math.absf
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
+  return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
+}

@@ -1,0 +1,19 @@
+// RUN: int8attn-opt %s -p quantize-w-groups | filecheck %s
+// RUN: int8attn-opt %s -p "quantize-w-groups{target=gfx942}" | filecheck %s
+
+// One scale per (row, partition, MMAC group). The groups of a wave are the
+// gfx936 MMAC's real token sets with 16-byte V loads:
+// {0-7,16-23,32-39,48-55} and {8-15,24-31,40-47,56-63}.
+// CHECK-LABEL: func.func @groups
+// CHECK-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>)
+// CHECK: %[[Q:.*]]:2 = "int8attn.group_quantize"(%[[W]])
+// CHECK-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>, array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>, array<i64: 64, 65, 66, 67, 68, 69, 70, 71, 80,
+// CHECK-SAME: : (tensor<1x2x4x2x256xf32>) -> (tensor<1x2x4x2x8x32xi8>, tensor<1x2x4x2x8xf32>)
+// CHECK: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]])
+// CHECK-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
+// CHECK-SAME: -> tensor<1x2x4x2x16xf32>
+// CHECK: return %[[O]]
+func.func @groups(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32> {
+  %o = "int8attn.folded_pv"(%w, %v) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32>
+  return %o : tensor<1x2x4x2x16xf32>
+}

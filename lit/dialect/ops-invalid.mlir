@@ -1,0 +1,86 @@
+// RUN: not int8attn-opt %s --split-input-file 2>&1 | filecheck %s
+
+// Every int8attn op is verified before any pass runs; errors point at the op.
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op query heads (6) must be a multiple of KV heads (4) for GQA
+func.func @gqa(%q: tensor<1x6x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x6x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x6x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x6x16xf32>
+  return %o : tensor<1x6x16xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op q has head dim 32 but k has head dim 16
+func.func @head_dim(%q: tensor<1x4x32xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x4x32xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x4x32xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x32xf32>
+  return %o : tensor<1x4x32xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op v has shape [1, 4, 9, 16], expected [1, 4, 8, 16]
+func.func @tokens(%q: tensor<1x4x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x9x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x4x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>, tensor<1x4x9x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x16xf32>
+  return %o : tensor<1x4x16xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op k must have element type i8, got tensor<1x4x8x16xf32>
+func.func @k_type(%q: tensor<1x4x16xf32>, %k: tensor<1x4x8x16xf32>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x4x16xf32>, tensor<1x4x8x16xf32>, tensor<1x4x8xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x16xf32>
+  return %o : tensor<1x4x16xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op attribute 'mode' is "append"; expected one of 'decode', 'prefill'
+func.func @mode(%q: tensor<1x4x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "append", softmax_scale = 0.25 : f32} : (tensor<1x4x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x16xf32>
+  return %o : tensor<1x4x16xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op requires an f32 attribute 'softmax_scale'
+func.func @no_scale(%q: tensor<1x4x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode"} : (tensor<1x4x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x16xf32>
+  return %o : tensor<1x4x16xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op attribute 'softmax_scale' must be positive and finite, got -0.5
+func.func @negative_scale(%q: tensor<1x4x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = -0.5 : f32} : (tensor<1x4x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x16xf32>
+  return %o : tensor<1x4x16xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op q must have a static shape, got tensor<?x4x16xf32>
+func.func @dynamic(%q: tensor<?x4x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x8xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<?x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<?x4x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<?x4x16xf32>
+  return %o : tensor<?x4x16xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:10: error: 'int8attn.group_quantize' op attribute 'groups' must use each of the 64 tokens of a block exactly once
+func.func @groups_overlap(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>, array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>]} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
+  return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: unknown op 'int8attn.flash'; the int8attn dialect has
+func.func @unknown(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %o = "int8attn.flash"(%x) : (tensor<4xf32>) -> tensor<4xf32>
+  return %o : tensor<4xf32>
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 1]]:3: error: custom op 'func.retur' is unknown
+  func.retur

@@ -1,0 +1,40 @@
+// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg" | filecheck %s --check-prefix=INT8
+// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{pv=bf16}" | filecheck %s --check-prefix=FLOAT
+// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{pv=f32}" | filecheck %s --check-prefix=FLOAT
+// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg" --print-ir-after-all 2>&1 >/dev/null | filecheck %s --check-prefix=STAGES
+
+// The whole pipeline leaves only standard dialects. INT8 PV keeps int32
+// group contractions; the baselines contract in f32.
+// INT8-LABEL: func.func @decode
+// INT8-NOT: int8attn.
+// INT8: arith.fptosi %{{.*}} : f32 to i8
+// INT8: arith.muli
+// INT8: -> tensor<1x2x4x2x8x64xi32>
+// INT8-NOT: int8attn.
+// INT8: return
+
+// FLOAT-LABEL: func.func @decode
+// FLOAT-NOT: int8attn.
+// FLOAT-NOT: tensor<1x2x4x2x8x64xi32>
+// FLOAT: arith.sitofp %{{.*}} : i8 to f32
+// FLOAT: return
+
+// STAGES: IR Dump After int8-qk
+// STAGES: "int8attn.softmax_pv"
+// STAGES: IR Dump After decode-split-kv{partition_tokens=256}
+// STAGES: "int8attn.pv"
+// STAGES: IR Dump After fold-v-scale
+// STAGES: "int8attn.folded_pv"
+// STAGES: IR Dump After quantize-w-groups{target=gfx936}
+// STAGES: "int8attn.group_quantize"
+// STAGES: "int8attn.grouped_pv"
+// STAGES: IR Dump After pv-to-mmac{target=gfx936}
+// STAGES: "int8attn.mmac_tiles"
+// STAGES: IR Dump After lower-mmac-tiles
+// STAGES: IR Dump After lower-quantize
+// STAGES: IR Dump After canonicalize
+// STAGES: IR Dump After cse
+func.func @decode(%q: tensor<1x8x64xf32>, %k: tensor<1x2x300x64xi8>, %ks: tensor<1x2x300xf32>, %v: tensor<1x2x300x64xi8>, %vs: tensor<1x2x300xf32>) -> tensor<1x8x64xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.125 : f32} : (tensor<1x8x64xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x8x64xf32>
+  return %o : tensor<1x8x64xf32>
+}
