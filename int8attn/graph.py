@@ -126,3 +126,25 @@ def references(info: FunctionInfo, arrays, *, pv: str, target: str,
 def error_stats(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
     diff = actual.astype(np.float64) - expected.astype(np.float64)
     return {"max_abs": float(np.max(np.abs(diff))), "rms": float(np.sqrt(np.mean(diff * diff)))}
+
+
+def decode_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_dim: int, *,
+                 softmax_scale: float | None = None, name: str = "decode",
+                 q_element: str = "f32") -> str:
+    """MLIR text of a function returning one decode `int8attn.attention`."""
+    from iree.compiler.dialects import func
+
+    from int8attn.pipelines.compile import new_context
+
+    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.create()
+        cache = d.tensor([batch, kv_heads, tokens, head_dim], "i8")
+        scales = d.tensor([batch, kv_heads, tokens], "f32")
+        q_type = d.tensor([batch, q_heads, head_dim], q_element)
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(q_type, cache, scales, cache, scales, name=name)
+            def _(q, k, k_scale, v, v_scale):
+                return d.attention(q, k, k_scale, v, v_scale, mode="decode",
+                                   softmax_scale=scale)
+        return str(module)

@@ -12,12 +12,15 @@ the contract; the compiled modules must match it to float rounding.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from int8attn.fragments import fragment_model
+from int8attn.fragments import FragmentModel, fragment_model
 
 __all__ = ["quantize", "quantize_cache", "exact_attention", "fragment_attention",
-           "round_to_bf16", "PV_MODES"]
+           "round_to_bf16", "w_quantization_error_scale", "qk_quantization_error_scale",
+           "PV_MODES"]
 
 PV_MODES = ("int8", "bf16", "f32")
 _F32 = np.float32
@@ -82,11 +85,16 @@ def _int8_pv(w, v_blocks, groups) -> np.ndarray:
     return out
 
 
-def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
-                       target: str = "gfx936", partition_tokens: int = 256) -> np.ndarray:
-    """The decode contract in f32 with the target's fragment-derived W groups."""
-    if pv not in PV_MODES:
-        raise ValueError(f"pv must be one of {PV_MODES}, got {pv!r}")
+@dataclass(frozen=True)
+class _DecodeWeights:
+    w: np.ndarray          # [B,Hkv,R,N,T] f32: W = P * sV per partition
+    v_blocks: np.ndarray   # [B,Hkv,N,T,D] int8
+    m: np.ndarray          # [B,Hkv,R,N] partition max
+    l: np.ndarray          # [B,Hkv,R,N] partition sum
+
+
+def _decode_weights(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens) -> _DecodeWeights:
+    """Steps 1-4 of the decode contract: INT8 QK, partitions, softmax, W = P*sV."""
     batch, kv_heads, tokens, head_dim = k.shape
     qg = _grouped_query(np.asarray(q, dtype=_F32), kv_heads)
     qq, sq = quantize(qg)
@@ -108,16 +116,81 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     l = e.sum(axis=-1, dtype=_F32)
     p = e / l[..., None]
     w = (p * vs_blocks[:, :, None, :, :]).astype(_F32)
+    return _DecodeWeights(w, v_blocks, m, l)
 
+
+def _merge_weights(m, l) -> np.ndarray:
+    """Step 7's partition weights e^(m_p - M) * l_p."""
+    return (np.exp(m - m.max(axis=-1, keepdims=True)) * l).astype(_F32)
+
+
+def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
+                       target: str = "gfx936", partition_tokens: int = 256,
+                       fragments: FragmentModel | None = None) -> np.ndarray:
+    """The decode contract in f32 with the target's fragment-derived W groups.
+
+    `fragments` overrides the target's model (e.g. another V-load scheme).
+    """
+    if pv not in PV_MODES:
+        raise ValueError(f"pv must be one of {PV_MODES}, got {pv!r}")
+    st = _decode_weights(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens)
     if pv == "int8":
-        groups = fragment_model(target).token_groups(partition_tokens)
-        partial = _int8_pv(w, v_blocks, groups)
+        groups = (fragments or fragment_model(target)).token_groups(partition_tokens)
+        partial = _int8_pv(st.w, st.v_blocks, groups)
     else:
-        w_used = round_to_bf16(w) if pv == "bf16" else w
-        partial = np.einsum("bhrnt,bhntd->bhrnd", w_used, v_blocks.astype(_F32)).astype(_F32)
-
-    m_all = m.max(axis=-1)
-    weight = (np.exp(m - m_all[..., None]) * l).astype(_F32)
+        w_used = round_to_bf16(st.w) if pv == "bf16" else st.w
+        partial = np.einsum("bhrnt,bhntd->bhrnd", w_used, st.v_blocks.astype(_F32)).astype(_F32)
+    weight = _merge_weights(st.m, st.l)
     numerator = np.einsum("bhrn,bhrnd->bhrd", weight, partial).astype(_F32)
     out = numerator / weight.sum(axis=-1, dtype=_F32)[..., None]
     return out.reshape(q.shape).astype(_F32)
+
+
+def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
+                               target: str = "gfx936", partition_tokens: int = 256):
+    """How far INT8 PV may be from f32 PV, per output element.
+
+    The two differ only by the W rounding term sum_p w_p sum_i eW_i Vq_i with
+    |eW_i| <= sW/2 (sW of the group consuming token i). Returns the hard bound
+    (every |eW| at sW/2, worst signs) and the standard deviation under the
+    usual model of eW uniform in [-sW/2, sW/2], both shaped like q.
+    """
+    st = _decode_weights(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens)
+    groups = fragment_model(target).token_groups(partition_tokens)
+    _, sw = quantize(st.w[..., groups])                          # [B,Hkv,R,N,G]
+    v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)  # [B,Hkv,N,G,K,D]
+    weight = _merge_weights(st.m, st.l).astype(np.float64)
+    omega = weight / weight.sum(axis=-1, keepdims=True)
+    sw = sw.astype(np.float64)
+    worst = np.einsum("bhrng,bhngkd->bhrnd", sw / 2, np.abs(v_groups))
+    variance = np.einsum("bhrng,bhngkd->bhrnd", sw * sw / 12, v_groups * v_groups)
+    bound = np.einsum("bhrn,bhrnd->bhrd", omega, worst)
+    sigma = np.sqrt(np.einsum("bhrn,bhrnd->bhrd", omega * omega, variance))
+    return bound.reshape(q.shape), sigma.reshape(q.shape)
+
+
+def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float) -> np.ndarray:
+    """Standard deviation of the INT8-QK error in the output, shaped like q.
+
+    Quantizing a query row perturbs each score by d_i = scale * sum_d eQ_d K_id
+    with eQ uniform in [-sQ/2, sQ/2], so sd(d_i) = scale * sQ * |K_i| / sqrt(12).
+    To first order the output moves by sum_i P_i d_i (V_i - O), whose standard
+    deviation this returns (exact softmax P and output O on the dequantized cache).
+    """
+    k_deq = k.astype(np.float64) * k_scale[..., None]
+    v_deq = v.astype(np.float64) * v_scale[..., None]
+    qg = _grouped_query(np.asarray(q, dtype=np.float64), k.shape[1])
+    _, sq = quantize(qg.astype(_F32))
+    scale = float(_F32(softmax_scale))
+    scores = np.einsum("bhrd,bhsd->bhrs", qg, k_deq) * scale
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhrs,bhsd->bhrd", p, v_deq)
+    score_sd = scale * sq[..., None].astype(np.float64) * \
+        np.sqrt((k_deq * k_deq).sum(axis=-1) / 12)[:, :, None, :]
+    a = (p * score_sd) ** 2                                    # [B,Hkv,R,S]
+    # sum_i a_i (V_i - O)^2 without materializing [B,Hkv,R,S,D]
+    variance = (np.einsum("bhrs,bhsd->bhrd", a, v_deq * v_deq)
+                - 2 * out * np.einsum("bhrs,bhsd->bhrd", a, v_deq)
+                + out * out * a.sum(axis=-1)[..., None])
+    return np.sqrt(np.maximum(variance, 0)).reshape(q.shape)

@@ -1,0 +1,44 @@
+"""Shared fixtures: a private module cache, seeded inputs, compiled decode graphs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Compiled modules go to a per-session cache, never the user's."""
+    os.environ["INT8ATTN_CACHE_DIR"] = str(tmp_path_factory.mktemp("int8attn-cache"))
+    yield
+
+
+def seeded_rng(seed: int) -> np.random.Generator:
+    print(f"random inputs: numpy default_rng seed {seed}", file=sys.stderr)
+    return np.random.default_rng(seed)
+
+
+@lru_cache(maxsize=None)
+def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8"):
+    import int8attn
+    from int8attn.graph import decode_graph
+
+    source = decode_graph(batch, q_heads, kv_heads, tokens, head_dim)
+    return int8attn.compile(source, filename=f"decode_{tokens}.mlir", pv=pv, cache=False)
+
+
+def decode_inputs(seed, batch, q_heads, kv_heads, tokens, head_dim):
+    from int8attn.reference import quantize_cache
+
+    rng = seeded_rng(seed)
+    q = rng.standard_normal((batch, q_heads, head_dim)).astype(np.float32)
+    k, k_scale = quantize_cache(rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32))
+    v, v_scale = quantize_cache(rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32))
+    return q, k, k_scale, v, v_scale

@@ -1,0 +1,82 @@
+"""The fragment model derives the MMAC token sets from layouts + load scheme."""
+
+import numpy as np
+import pytest
+
+from int8attn.fragments import (GFX936_MMAC, GFX942_MFMA, TARGETS, format_token_set,
+                                fragment_model)
+
+INTERLEAVED = ("{0-7,16-23,32-39,48-55}", "{8-15,24-31,40-47,56-63}")
+
+
+def test_16_byte_v_loads_give_the_seeds_interleaved_sets():
+    model = fragment_model("gfx936")
+    assert model.v_load.bytes_per_lane == 16
+    assert tuple(format_token_set(g) for g in model.wave_token_groups) == INTERLEAVED
+
+
+def test_8_byte_v_loads_give_contiguous_sets():
+    model = fragment_model("gfx936").with_v_load(8)
+    assert [format_token_set(g) for g in model.wave_token_groups] == ["{0-31}", "{32-63}"]
+
+
+def test_k_slot_order_follows_the_b_layout():
+    # K slot 8r + j of MMAC t is token 16r + 8t + j (DESIGN.md section 4).
+    groups = fragment_model("gfx936").wave_token_groups
+    assert groups[0, :10].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 16, 17]
+    assert groups[1, 8:12].tolist() == [24, 25, 26, 27]
+    assert groups[1, 31] == 63
+
+
+def test_partition_groups_repeat_per_wave():
+    model = fragment_model("gfx936")
+    groups = model.token_groups(256)
+    assert groups.shape == (8, 32)
+    assert format_token_set(groups[2]) == "{64-71,80-87,96-103,112-119}"
+    assert format_token_set(groups[7]) == "{200-207,216-223,232-239,248-255}"
+    assert sorted(groups.ravel().tolist()) == list(range(256))
+    owner = model.group_of_token(256)
+    for g, tokens in enumerate(groups):
+        assert set(owner[tokens]) == {g}
+
+
+def test_blocks_must_be_whole_waves():
+    with pytest.raises(ValueError, match="whole number of 64-token waves"):
+        fragment_model("gfx936").token_groups(100)
+
+
+def test_a_load_scheme_that_misses_tokens_is_rejected():
+    with pytest.raises(ValueError, match="does not cover"):
+        fragment_model("gfx936").with_v_load(32).wave_token_groups
+
+
+def test_operand_tables_match_the_isa_lane_tables():
+    # Spot checks written from DESIGN.md section 3, lane by lane.
+    a, b, c = GFX936_MMAC.a, GFX936_MMAC.b, GFX936_MMAC.c
+    assert a.element(17, 3) == (1, 11)           # A[l%16][8*(l/16)+j]
+    assert b.element(50, 7) == (31, 2)           # B[8*(l/16)+j][l%16]
+    assert c.element(21, 2) == (5, 9)            # gfx936 jump layout C[l%16][(l/16)+4i]
+    assert GFX942_MFMA.c.element(21, 2) == (6, 5)  # MFMA C[4*(l/16)+i][l%16]
+    for layout, (rows, cols) in ((a, (16, 32)), (b, (32, 16)), (c, (16, 16))):
+        owner = layout.owner()
+        assert len(owner) == rows * cols, f"{layout.name} covers each element once"
+        assert set(owner) == {(r, col) for r in range(rows) for col in range(cols)}
+
+
+def test_gfx936_and_gfx942_share_a_and_b_but_not_c():
+    assert np.array_equal(GFX936_MMAC.a.coords, GFX942_MFMA.a.coords)
+    assert np.array_equal(GFX936_MMAC.b.coords, GFX942_MFMA.b.coords)
+    assert not np.array_equal(GFX936_MMAC.c.coords, GFX942_MFMA.c.coords)
+    assert set(TARGETS) >= {"gfx936", "gfx942"}
+
+
+def test_unknown_target_names_the_known_ones():
+    with pytest.raises(KeyError, match="known targets: gfx936, gfx942"):
+        fragment_model("gfx1100")
+
+
+@pytest.mark.parametrize("tokens, text", [
+    ([], "{}"), ([5], "{5}"), ([3, 1, 2], "{1-3}"), ([0, 1, 2, 7, 9, 10], "{0-2,7,9-10}"),
+])
+def test_format_token_set(tokens, text):
+    assert format_token_set(tokens) == text

@@ -1,0 +1,104 @@
+"""Compiled decode modules against both references.
+
+Tolerances:
+- vs the fragment-level reference (the same contract in numpy, same groups):
+  5e-5 absolute. The two differ only by f32 rounding (exp, summation order)
+  and the rare W element whose rounding flips at a .5 tie because of it.
+- INT8 PV vs f32 PV (the compiled baseline): they differ only by W
+  quantization. Every element is within the hard bound sum_p w_p sum_i
+  (sW/2)|Vq_i|, and within 6 standard deviations of the uniform-rounding
+  model (`w_quantization_error_scale`).
+- vs the exact f32 reference: within 6 standard deviations of the combined
+  INT8-QK (`qk_quantization_error_scale`) and W-quantization error.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import compiled_decode, decode_inputs
+from int8attn import reference as ref
+
+FRAGMENT_TOL = 5e-5
+SIGMAS = 6.0
+FLOAT_SLACK = 2e-6  # f32 rounding between module and references
+
+
+def _check_decode(seed, shape, pv="int8"):
+    batch, q_heads, kv_heads, tokens, head_dim = shape
+    args = decode_inputs(seed, *shape)
+    scale = head_dim ** -0.5
+    out = compiled_decode(*shape, pv=pv)(*args)
+    fragment = ref.fragment_attention(*args, scale, pv=pv)
+    exact = ref.exact_attention(*args, scale)
+    frag_err = np.abs(out - fragment).max()
+    assert frag_err <= FRAGMENT_TOL, f"vs fragment reference {frag_err:.3e} (seed {seed})"
+    sd_qk = ref.qk_quantization_error_scale(*args, scale)
+    bound, sd_w = ref.w_quantization_error_scale(*args, scale)
+    sd_total = np.sqrt(sd_qk ** 2 + (sd_w ** 2 if pv == "int8" else 0))
+    exact_err = np.abs(out - exact)
+    worst = (exact_err / (SIGMAS * sd_total + FLOAT_SLACK)).max()
+    assert worst <= 1, f"vs exact: an element is {worst * SIGMAS:.2f} sd away (seed {seed})"
+    return out, args, bound, sd_w
+
+
+@pytest.mark.parametrize("tokens", [4096, 8192, 16384])
+def test_decode_gqa_d128_int8_against_f32_pv(tokens):
+    shape = (1, 32, 8, tokens, 128)
+    out, args, bound, sd_w = _check_decode(tokens, shape)
+    f32_pv = compiled_decode(*shape, pv="f32")(*args)
+    diff = np.abs(out - f32_pv)
+    assert (diff <= bound * (1 + 1e-4) + FLOAT_SLACK).all(), "beyond the hard W-rounding bound"
+    assert (diff <= SIGMAS * sd_w + FLOAT_SLACK).all(), \
+        f"beyond {SIGMAS} sd of W rounding: max {(diff / sd_w).max():.2f} sd"
+    print(f"S={tokens}: int8 vs f32 PV max abs {diff.max():.3e}, rms {np.sqrt((diff**2).mean()):.3e}")
+
+
+@pytest.mark.parametrize("shape", [
+    (1, 8, 2, 1000, 64),     # D=64, ragged
+    (1, 8, 8, 4097, 64),     # one token into the 17th partition, MHA
+    (3, 4, 1, 777, 128),     # batch > 1, MQA
+    (2, 16, 4, 1, 128),      # a single token
+    (1, 4, 4, 63, 64),       # shorter than one wave
+])
+def test_decode_shapes(shape):
+    _check_decode(sum(shape), shape)
+
+
+@pytest.mark.parametrize("pv", ["bf16", "f32"])
+def test_baselines_run_through_the_same_pipeline(pv):
+    shape = (2, 8, 2, 1000, 64)
+    _check_decode(11, shape, pv=pv)
+
+
+def test_bf16_baseline_rounds_w():
+    # pv=bf16 must differ from pv=f32 (W really rounded) by about bf16's precision.
+    shape = (2, 8, 2, 1000, 64)
+    args = decode_inputs(12, *shape)
+    bf16 = compiled_decode(*shape, pv="bf16")(*args)
+    f32 = compiled_decode(*shape, pv="f32")(*args)
+    diff = np.abs(bf16 - f32).max()
+    assert 1e-6 < diff < 2e-3, diff
+
+
+def test_outputs_are_bitwise_deterministic():
+    shape = (1, 8, 2, 1000, 64)
+    args = decode_inputs(5, *shape)
+    graph = compiled_decode(*shape)
+    first = graph(*args)
+    assert all(np.array_equal(first, graph(*args)) for _ in range(3))
+
+
+def test_groups_matter_numerically():
+    # The compiled module follows the interleaved groups: the contract evaluated
+    # with the 8-byte-load (contiguous) groups is a different, farther result.
+    from int8attn.fragments import fragment_model
+
+    shape = (1, 8, 2, 1024, 64)
+    args = decode_inputs(21, *shape)
+    scale = 64 ** -0.5
+    out = compiled_decode(*shape)(*args)
+    contiguous = fragment_model("gfx936").with_v_load(8)
+    other = ref.fragment_attention(*args, scale, fragments=contiguous)
+    same = ref.fragment_attention(*args, scale)
+    assert np.abs(out - same).max() <= FRAGMENT_TOL
+    assert np.abs(out - other).max() > 10 * np.abs(out - same).max()
