@@ -57,6 +57,24 @@ class LoadedModule:
             checked.append(np.ascontiguousarray(array))
         return checked
 
+    def time_calls(self, function: str, arrays, iterations: int = 20, warmup: int = 3) -> list[float]:
+        """Seconds per call with the arguments already on the device."""
+        import time
+
+        config = self._context.config
+        device_args = [rt.asdevicearray(config.device, a)
+                       for a in self.check_arguments(function, arrays)]
+        entry = self._context.modules.module[function]
+        for _ in range(warmup):
+            entry(*device_args)
+        seconds = []
+        for _ in range(iterations):
+            start = time.perf_counter()
+            result = entry(*device_args)
+            (result[0] if isinstance(result, (tuple, list)) else result).to_host()
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
     def call(self, function: str, *arrays) -> list[np.ndarray]:
         if function not in self.signatures:
             raise InputError(f"no public function @{function}; the module has "

@@ -1,0 +1,82 @@
+"""Decode on the IREE CPU runtime: pass time, IREE compile time and run time
+of the int8 / bf16 / f32 PV modules, measured in one run.
+
+    python benchmarks/cpu_decode.py [--contexts 4096,8192,16384] [--iterations 20]
+
+Shapes follow the issue: batch 1, 32 query heads, 8 KV heads, head dim 128.
+Run time is the median over `--iterations` calls with inputs already on the
+device, after warm-up. Ratios are against the int8 module of the same context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from int8attn.graph import decode_graph, describe_functions, random_inputs
+from int8attn.pipelines.compile import (CompileOptions, make_linalg, make_vmfb, new_context,
+                                        parse_graph)
+from int8attn.runtime import LoadedModule
+
+PVS = ("int8", "bf16", "f32")
+
+
+def measure(tokens: int, pv: str, args, iterations: int, seed: int) -> dict:
+    source = decode_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim)
+    options = CompileOptions(pv=pv)
+    with new_context():
+        start = time.perf_counter()
+        module = parse_graph(source, f"decode_{tokens}.mlir")
+        info = describe_functions(module)["decode"]
+        make_linalg(module, options)
+        linalg_ir = str(module)
+        passes = time.perf_counter() - start
+    start = time.perf_counter()
+    vmfb = make_vmfb(linalg_ir, options)
+    iree_compile = time.perf_counter() - start
+    loaded = LoadedModule(vmfb, {"decode": list(info.arguments)})
+    inputs = random_inputs(info, seed)
+    run = statistics.median(loaded.time_calls("decode", inputs, iterations))
+    return {"context": tokens, "pv": pv, "passes_s": passes, "iree_compile_s": iree_compile,
+            "run_s": run}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", default="4096,8192,16384")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--q-heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    print(f"seed {args.seed}; B={args.batch} Hq={args.q_heads} Hkv={args.kv_heads} "
+          f"D={args.head_dim}; run time = median of {args.iterations} calls", file=sys.stderr)
+    rows = []
+    for tokens in contexts:
+        for pv in PVS:
+            print(f"  S={tokens} pv={pv} ...", file=sys.stderr, flush=True)
+            rows.append(measure(tokens, pv, args, args.iterations, args.seed))
+    print("| context | PV | passes (s) | iree-compile (s) | run (ms) | run / int8 run |")
+    print("|--:|:--|--:|--:|--:|--:|")
+    for row in rows:
+        base = next(r for r in rows if r["context"] == row["context"] and r["pv"] == "int8")
+        print(f"| {row['context']} | {row['pv']} | {row['passes_s']:.3f} | "
+              f"{row['iree_compile_s']:.2f} | {row['run_s'] * 1e3:.2f} | "
+              f"{row['run_s'] / base['run_s']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
