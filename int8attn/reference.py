@@ -20,6 +20,7 @@ from int8attn.fragments import FragmentModel, fragment_model
 
 __all__ = ["quantize", "quantize_cache", "exact_attention", "fragment_attention",
            "round_to_bf16", "w_quantization_error_scale", "qk_quantization_error_scale",
+           "rounding_tie_slack",
            "PV_MODES"]
 
 PV_MODES = ("int8", "bf16", "f32")
@@ -194,3 +195,33 @@ def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float)
                 - 2 * out * np.einsum("bhrs,bhsd->bhrd", a, v_deq)
                 + out * out * a.sum(axis=-1)[..., None])
     return np.sqrt(np.maximum(variance, 0)).reshape(q.shape)
+
+
+# Two f32 implementations of the contract (different exp, summation order)
+# give W values a few ulps apart; an element whose W*127/max lies this close
+# to a .5 tie (in units of one quantization step) may round either way.
+TIE_WINDOW = 2e-4
+
+
+def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *,
+                       target: str = "gfx936", partition_tokens: int = 256,
+                       fragments: FragmentModel | None = None) -> np.ndarray:
+    """Per output: how much W elements sitting on a rounding tie may move it.
+
+    A tie that rounds the other way changes Wq by 1, so the output by
+    w_p * sW * |Vq|. Returns the sum of those over all tie elements (usually
+    zero), shaped like q: the fragment-level comparison allows exactly that.
+    """
+    st = _decode_weights(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens)
+    groups = (fragments or fragment_model(target)).token_groups(partition_tokens)
+    w_groups = st.w[..., groups]
+    amax = np.abs(w_groups).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(amax == 0, 0, _F32(127) / amax).astype(_F32)
+    steps = w_groups * inverse[..., None]
+    ties = np.abs(steps - np.floor(steps) - 0.5) < TIE_WINDOW
+    v_groups = np.abs(st.v_blocks[:, :, :, groups, :].astype(np.float64))
+    per_block = np.einsum("bhrngk,bhngkd->bhrnd", ties * (amax / 127)[..., None], v_groups)
+    weight = _merge_weights(st.m, st.l).astype(np.float64)
+    omega = weight / weight.sum(axis=-1, keepdims=True)
+    return np.einsum("bhrn,bhrnd->bhrd", omega, per_block).reshape(q.shape)

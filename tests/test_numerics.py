@@ -2,8 +2,9 @@
 
 Tolerances:
 - vs the fragment-level reference (the same contract in numpy, same groups):
-  5e-5 absolute. The two differ only by f32 rounding (exp, summation order)
-  and the rare W element whose rounding flips at a .5 tie because of it.
+  5e-5 absolute. The two differ only by f32 rounding (exp, summation order),
+  plus, for the rare W element that sits on a .5 rounding tie and may round
+  either way, exactly the change one step of it makes (`rounding_tie_slack`).
 - INT8 PV vs f32 PV (the compiled baseline): they differ only by W
   quantization. Every element is within the hard bound sum_p w_p sum_i
   (sW/2)|Vq_i|, and within 6 standard deviations of the uniform-rounding
@@ -30,8 +31,10 @@ def _check_decode(seed, shape, pv="int8"):
     out = compiled_decode(*shape, pv=pv)(*args)
     fragment = ref.fragment_attention(*args, scale, pv=pv)
     exact = ref.exact_attention(*args, scale)
-    frag_err = np.abs(out - fragment).max()
-    assert frag_err <= FRAGMENT_TOL, f"vs fragment reference {frag_err:.3e} (seed {seed})"
+    slack = ref.rounding_tie_slack(*args, scale) if pv == "int8" else 0
+    frag_err = np.abs(out - fragment)
+    assert (frag_err <= FRAGMENT_TOL + slack).all(), \
+        f"vs fragment reference {frag_err.max():.3e} (seed {seed})"
     sd_qk = ref.qk_quantization_error_scale(*args, scale)
     bound, sd_w = ref.w_quantization_error_scale(*args, scale)
     sd_total = np.sqrt(sd_qk ** 2 + (sd_w ** 2 if pv == "int8" else 0))
