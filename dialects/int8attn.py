@@ -6,14 +6,15 @@ and a verifier registered in `VERIFIERS`; `verify(module)` runs them all and
 raises a `DiagnosticError` at the first offending op's location.
 
 Shape names used below: B batch, Hq/Hkv query/KV heads, R query rows per KV
-head, S tokens, D head dim, N blocks (partitions or tiles) of T tokens, G
+head (decode: the Hq/Hkv heads; prefill: (head, query token) pairs, head-major,
+so row r is query token r % Sq), S tokens, D head dim, N blocks (partitions or tiles) of T tokens, G
 scale groups of K tokens each.
 
 | op | operands -> results |
 |---|---|
 | attention       | q [B,Hq,D] or [B,Hq,Sq,D], k i8 [B,Hkv,S,D], k_scale f32 [B,Hkv,S], v i8, v_scale f32 -> f32 q-shape |
 | quantize        | x float [..., X] -> (i8 [..., X], f32 [...]) per-row symmetric int8 |
-| softmax_pv      | scores f32 [B,Hkv,R,S], v, v_scale -> f32 [B,Hkv,R,D] |
+| softmax_pv      | scores f32 [B,Hkv,R,S], v, v_scale {mode[, query_tokens]} -> f32 [B,Hkv,R,D] |
 | pv              | p f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], v_scale f32 [B,Hkv,N,T] -> f32 [B,Hkv,R,N,D] |
 | folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D] -> f32 [B,Hkv,R,N,D] |
 | group_quantize  | w f32 [..., T] {groups} -> (i8 [..., G, K], f32 [..., G]) |
@@ -106,11 +107,17 @@ def quantize(x, *, loc=None) -> tuple[ir.Value, ir.Value]:
     return op.results[0], op.results[1]
 
 
-def softmax_pv(scores, v, v_scale, *, mode: str, loc=None) -> ir.Value:
+def softmax_pv(scores, v, v_scale, *, mode: str, query_tokens: int = 1, loc=None) -> ir.Value:
     b, hkv, rows, _ = shape_of(scores)
     out = tensor([b, hkv, rows, shape_of(v)[-1]], "f32")
-    return _create(SOFTMAX_PV, [out], [scores, v, v_scale],
-                   {"mode": ir.StringAttr.get(mode)}, loc).result
+    attrs = {"mode": ir.StringAttr.get(mode)}
+    if mode == "prefill":
+        attrs["query_tokens"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), query_tokens)
+    return _create(SOFTMAX_PV, [out], [scores, v, v_scale], attrs, loc).result
+
+
+def query_tokens_of(op: ir.Operation) -> int:
+    return ir.IntegerAttr(op.attributes["query_tokens"]).value
 
 
 def _block_output(weights, v) -> ir.RankedTensorType:
@@ -277,10 +284,17 @@ def _kv_operands(c: _Check, v, v_scale, blocked: bool) -> list[int]:
 def _verify_softmax_pv(op):
     c = _Check(op)
     c.arity(3, 1)
-    c.string_attr("mode", MODES)
+    mode = c.string_attr("mode", MODES)
     b, hkv, rows, tokens = c.ranked(op.operands[0], "scores", 4, ("f32",))
     vs = _kv_operands(c, op.operands[1], op.operands[2], blocked=False)
     c.same(vs[:3], [b, hkv, tokens], "v's leading [B, Hkv, S]")
+    if mode == "prefill":
+        attr = op.attributes["query_tokens"] if "query_tokens" in op.attributes else None
+        if not isinstance(attr, ir.IntegerAttr):
+            c.fail("with mode = \"prefill\" requires an integer attribute 'query_tokens' (Sq)")
+        sq = ir.IntegerAttr(attr).value
+        c.that(0 < sq <= tokens, f"query_tokens = {sq} must be in [1, {tokens}] (S)")
+        c.that(rows % sq == 0, f"{rows} rows are not whole groups of query_tokens = {sq}")
     c.ranked(op.result, "result", 4, ("f32",))
     c.same(shape_of(op.result), [b, hkv, rows, vs[3]], "result")
 

@@ -140,7 +140,7 @@ def _report(outputs, arrays, info, options) -> None:
     from int8attn.graph import error_stats, references
 
     refs = references(info, arrays, pv=options.pv, target=options.target,
-                      partition_tokens=options.partition_tokens)
+                      partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens)
     result = outputs[info.attention.result_index]
     print(f"accuracy of @{info.name} (pv={options.pv}, fragment model {options.target}):")
     for name, label in (("exact", "vs exact f32 reference      "),

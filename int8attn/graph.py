@@ -112,14 +112,15 @@ def random_inputs(info: FunctionInfo, seed: int) -> list[np.ndarray]:
 
 
 def references(info: FunctionInfo, arrays, *, pv: str, target: str,
-               partition_tokens: int = 256) -> dict[str, np.ndarray]:
+               partition_tokens: int = 256, tile_tokens: int = 64) -> dict[str, np.ndarray]:
     """The exact and the fragment-level reference for the attention result."""
     call = info.attention
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     return {
         "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale),
         "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
-                                       target=target, partition_tokens=partition_tokens),
+                                       target=target, partition_tokens=partition_tokens,
+                                       tile_tokens=tile_tokens),
     }
 
 
@@ -132,6 +133,22 @@ def decode_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_dim:
                  softmax_scale: float | None = None, name: str = "decode",
                  q_element: str = "f32") -> str:
     """MLIR text of a function returning one decode `int8attn.attention`."""
+    return attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode="decode",
+                           softmax_scale=softmax_scale, name=name, q_element=q_element)
+
+
+def prefill_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, query_tokens: int,
+                  head_dim: int, *, softmax_scale: float | None = None, name: str = "prefill",
+                  q_element: str = "f32") -> str:
+    """MLIR text of a function returning one causal prefill `int8attn.attention`."""
+    return attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode="prefill",
+                           query_tokens=query_tokens, softmax_scale=softmax_scale, name=name,
+                           q_element=q_element)
+
+
+def attention_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_dim: int, *,
+                    mode: str, query_tokens: int = 1, softmax_scale: float | None = None,
+                    name: str = "attention", q_element: str = "f32") -> str:
     from iree.compiler.dialects import func
 
     from int8attn.pipelines.compile import new_context
@@ -141,10 +158,10 @@ def decode_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_dim:
         module = ir.Module.create()
         cache = d.tensor([batch, kv_heads, tokens, head_dim], "i8")
         scales = d.tensor([batch, kv_heads, tokens], "f32")
-        q_type = d.tensor([batch, q_heads, head_dim], q_element)
+        q_shape = [batch, q_heads] + ([query_tokens] if mode == "prefill" else []) + [head_dim]
+        q_type = d.tensor(q_shape, q_element)
         with ir.InsertionPoint(module.body):
             @func.FuncOp.from_py_func(q_type, cache, scales, cache, scales, name=name)
             def _(q, k, k_scale, v, v_scale):
-                return d.attention(q, k, k_scale, v, v_scale, mode="decode",
-                                   softmax_scale=scale)
+                return d.attention(q, k, k_scale, v, v_scale, mode=mode, softmax_scale=scale)
         return str(module)

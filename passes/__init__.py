@@ -12,11 +12,12 @@ from int8attn.passes.fold_v_scale import FoldVScale
 from int8attn.passes.int8_qk import Int8QK
 from int8attn.passes.lower_mmac_tiles import LowerMMACTiles
 from int8attn.passes.lower_quantize import LowerQuantize
+from int8attn.passes.prefill_online_softmax import PrefillOnlineSoftmax
 from int8attn.passes.pv_to_mmac import PVToMMAC
 from int8attn.passes.quantize_w_groups import QuantizeWGroups
 
 PASSES = {cls.argument: cls for cls in (
-    Int8QK, DecodeSplitKV, FoldVScale, QuantizeWGroups, FloatPV, PVToMMAC,
+    Int8QK, DecodeSplitKV, PrefillOnlineSoftmax, FoldVScale, QuantizeWGroups, FloatPV, PVToMMAC,
     LowerMMACTiles, LowerQuantize,
 )}
 

@@ -21,6 +21,7 @@ from iree.compiler.dialects import arith, linalg, tensor
 from int8attn.dialects.int8attn import shape_of, tensor as tensor_type
 
 
+
 def f32(value: float) -> ir.Value:
     return arith.constant(ir.F32Type.get(), float(value))
 
@@ -110,6 +111,18 @@ def pad_dim(value: ir.Value, dim: int, size: int, padding: ir.Value) -> ir.Value
     rank = len(shape)
     return tensor.InsertSliceOp(value, filled, [], [], [], [0] * rank, source,
                                 [1] * rank).result
+
+
+def unit_slice(value: ir.Value, dim: int, position: ir.Value) -> ir.Value:
+    """`value[..., position:position+1, ...]` along `dim`, keeping the unit dim."""
+    shape = shape_of(value)
+    sizes = list(shape)
+    sizes[dim] = 1
+    offsets = [0] * len(shape)
+    offsets[dim] = ir.ShapedType.get_dynamic_stride_or_offset()
+    element = str(ir.RankedTensorType(value.type).element_type)
+    return tensor.ExtractSliceOp(tensor_type(sizes, element), value, [position], [], [],
+                                 offsets, sizes, [1] * len(shape)).result
 
 
 def lookup_table(values) -> ir.Value:

@@ -1,6 +1,6 @@
 """int8-qk: INT8 QK scores in front of the softmax and PV.
 
-Rewrites `int8attn.attention` (decode) into
+Rewrites `int8attn.attention` into
 
     qq, sq  = int8attn.quantize(q)                     per query row
     acc     = sum_d i32(qq) * i32(k)                   int32 dot
@@ -8,7 +8,8 @@ Rewrites `int8attn.attention` (decode) into
     o       = int8attn.softmax_pv(scores, v, v_scale)
 
 Query heads are grouped by the KV head they read (GQA: head h reads KV head
-h // (Hq/Hkv)), so everything after this pass sees rows [B, Hkv, R, ...].
+h // (Hq/Hkv)), so everything after this pass sees rows [B, Hkv, R, ...]: the
+G = Hq/Hkv heads in decode, the G*Sq (head, query token) pairs in prefill.
 """
 
 from __future__ import annotations
@@ -19,27 +20,44 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from int8attn.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
 
 
+def group_query_rows(q: ir.Value, kv_heads: int) -> ir.Value:
+    """[B,Hq,D] -> [B,Hkv,G,D];  [B,Hq,Sq,D] -> [B,Hkv,G*Sq,D] (head-major rows)."""
+    shape = d.shape_of(q)
+    batch, q_heads, head_dim = shape[0], shape[1], shape[-1]
+    group = q_heads // kv_heads
+    if len(shape) == 3:
+        return build.expand(q, [[0], [1, 2], [3]], [batch, kv_heads, group, head_dim])
+    heads = build.expand(q, [[0], [1, 2], [3], [4]], [batch, kv_heads, group, shape[2], head_dim])
+    return build.collapse(heads, [[0], [1], [2, 3], [4]])
+
+
+def ungroup_query_rows(out: ir.Value, q_shape: list[int]) -> ir.Value:
+    """Inverse of `group_query_rows` for the attention output."""
+    if len(q_shape) == 3:
+        return build.collapse(out, [[0], [1, 2], [3]])
+    batch, kv_heads, rows, head_dim = d.shape_of(out)
+    query_tokens = q_shape[2]
+    heads = build.expand(out, [[0], [1], [2, 3], [4]],
+                         [batch, kv_heads, rows // query_tokens, query_tokens, head_dim])
+    return build.collapse(heads, [[0], [1, 2], [3], [4]])
+
+
 def rewrite_attention(op, rewriter):
     mode = ir.StringAttr(op.attributes["mode"]).value
-    if mode != "decode":
-        raise DiagnosticError(
-            op.location, f"'{op.name}' op with mode = \"{mode}\" is not supported by this "
-            f"pipeline yet; only mode = \"decode\" lowers")
     q, k, k_scale, v, v_scale = op.operands
     softmax_scale = ir.FloatAttr(op.attributes["softmax_scale"]).value
-    batch, q_heads, head_dim = d.shape_of(q)
-    kv_heads, tokens = d.shape_of(k)[1:3]
-    rows = q_heads // kv_heads
+    q_shape = d.shape_of(q)
+    batch, kv_heads, tokens = d.shape_of(k)[:3]
     with rewriter.ip, op.location:
         if d.element_of(q) != "f32":
-            q = arith.extf(d.tensor(d.shape_of(q), "f32"), q)
-        grouped = build.expand(q, [[0], [1, 2], [3]], [batch, kv_heads, rows, head_dim])
+            q = arith.extf(d.tensor(q_shape, "f32"), q)
+        grouped = group_query_rows(q, kv_heads)
+        rows = d.shape_of(grouped)[2]
         qq, sq = d.quantize(grouped)
         acc = build.generic(
             [qq, k], ["bhrd", "bhsd"], "bhrs",
@@ -51,8 +69,9 @@ def rewrite_attention(op, rewriter):
             build.empty([batch, kv_heads, rows, tokens], "f32"),
             lambda a, s_q, s_k, _: arith.mulf(
                 arith.mulf(arith.mulf(build.to_f32(a), s_q), s_k), scale))
-        out = d.softmax_pv(scores, v, v_scale, mode=mode)
-        result = build.collapse(out, [[0], [1, 2], [3]])
+        out = d.softmax_pv(scores, v, v_scale, mode=mode,
+                           query_tokens=q_shape[2] if mode == "prefill" else 1)
+        result = ungroup_query_rows(out, q_shape)
     rewriter.replace_op(op, [result])
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from int8attn.fragments import TARGETS
 from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerMMACTiles,
-                             LowerQuantize, PVToMMAC, QuantizeWGroups)
+                             LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
 
 PV_CHOICES = ("int8", "bf16", "f32")
@@ -28,6 +28,7 @@ class PipelineOptions:
     pv: str = "int8"
     target: str = "gfx936"
     partition_tokens: int = 256
+    tile_tokens: int = 64
 
     def __post_init__(self):
         if self.pv not in PV_CHOICES:
@@ -42,7 +43,8 @@ def to_linalg(options: PipelineOptions) -> list:
         pv = [QuantizeWGroups(options.target), PVToMMAC(options.target), LowerMMACTiles()]
     else:
         pv = [FloatPV(options.pv)]
-    return [Int8QK(), DecodeSplitKV(options.partition_tokens), FoldVScale(), *pv,
+    return [Int8QK(), DecodeSplitKV(options.partition_tokens),
+            PrefillOnlineSoftmax(options.tile_tokens), FoldVScale(), *pv,
             LowerQuantize(), UpstreamPass("canonicalize"), UpstreamPass("cse")]
 
 

@@ -37,6 +37,7 @@ class CompileOptions:
     pv: str = "int8"
     target: str = "gfx936"
     partition_tokens: int = 256
+    tile_tokens: int = 64
     iree_flags: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -45,7 +46,7 @@ class CompileOptions:
         self.pipeline_options()  # validates pv and target
 
     def pipeline_options(self) -> PipelineOptions:
-        return PipelineOptions(self.pv, self.target, self.partition_tokens)
+        return PipelineOptions(self.pv, self.target, self.partition_tokens, self.tile_tokens)
 
 
 class StageError(Exception):

@@ -33,3 +33,18 @@ func.func @decode_f16(%q: tensor<1x4x16xf16>, %k: tensor<1x4x33x16xi8>, %ks: ten
   %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x4x16xf16>, tensor<1x4x33x16xi8>, tensor<1x4x33xf32>, tensor<1x4x33x16xi8>, tensor<1x4x33xf32>) -> tensor<1x4x16xf32>
   return %o : tensor<1x4x16xf32>
 }
+
+// Prefill rows are (head, query token) pairs, head-major, and the query
+// token count travels on softmax_pv for the causal mask.
+// CHECK-LABEL: func.func @prefill
+// CHECK: %[[HEADS:.*]] = tensor.expand_shape %{{.*}} {{\[\[}}0], [1, 2], [3], [4]] output_shape [1, 2, 2, 3, 16]
+// CHECK: %[[ROWS:.*]] = tensor.collapse_shape %[[HEADS]] {{\[\[}}0], [1], [2, 3], [4]] : tensor<1x2x2x3x16xf32> into tensor<1x2x6x16xf32>
+// CHECK: "int8attn.quantize"(%[[ROWS]])
+// CHECK: %[[O:.*]] = "int8attn.softmax_pv"({{.*}}) {mode = "prefill", query_tokens = 3 : i64} : (tensor<1x2x6x40xf32>, tensor<1x2x40x16xi8>, tensor<1x2x40xf32>) -> tensor<1x2x6x16xf32>
+// CHECK: %[[E:.*]] = tensor.expand_shape %[[O]] {{\[\[}}0], [1], [2, 3], [4]] output_shape [1, 2, 2, 3, 16]
+// CHECK: %[[R:.*]] = tensor.collapse_shape %[[E]] {{\[\[}}0], [1, 2], [3], [4]] : tensor<1x2x2x3x16xf32> into tensor<1x4x3x16xf32>
+// CHECK: return %[[R]]
+func.func @prefill(%q: tensor<1x4x3x16xf32>, %k: tensor<1x2x40x16xi8>, %ks: tensor<1x2x40xf32>, %v: tensor<1x2x40x16xi8>, %vs: tensor<1x2x40xf32>) -> tensor<1x4x3x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "prefill", softmax_scale = 0.25 : f32} : (tensor<1x4x3x16xf32>, tensor<1x2x40x16xi8>, tensor<1x2x40xf32>, tensor<1x2x40x16xi8>, tensor<1x2x40xf32>) -> tensor<1x4x3x16xf32>
+  return %o : tensor<1x4x3x16xf32>
+}

@@ -23,6 +23,7 @@
 // STAGES: "int8attn.softmax_pv"
 // STAGES: IR Dump After decode-split-kv{partition_tokens=256}
 // STAGES: "int8attn.pv"
+// STAGES: IR Dump After prefill-online-softmax{tile_tokens=64}
 // STAGES: IR Dump After fold-v-scale
 // STAGES: "int8attn.folded_pv"
 // STAGES: IR Dump After quantize-w-groups{target=gfx936}
@@ -37,4 +38,17 @@
 func.func @decode(%q: tensor<1x8x64xf32>, %k: tensor<1x2x300x64xi8>, %ks: tensor<1x2x300xf32>, %v: tensor<1x2x300x64xi8>, %vs: tensor<1x2x300xf32>) -> tensor<1x8x64xf32> {
   %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.125 : f32} : (tensor<1x8x64xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x8x64xf32>
   return %o : tensor<1x8x64xf32>
+}
+
+// Prefill lowers through the same INT8 PV passes inside its tile loop
+// (3 tiles; canonicalize folds a one-tile loop away).
+// INT8-LABEL: func.func @prefill
+// INT8: scf.for
+// INT8-NOT: int8attn.
+// INT8: arith.fptosi %{{.*}} : f32 to i8
+// INT8: -> tensor<1x1x6x1x2x16xi32>
+// INT8: scf.yield
+func.func @prefill(%q: tensor<1x2x3x16xf32>, %k: tensor<1x1x130x16xi8>, %ks: tensor<1x1x130xf32>, %v: tensor<1x1x130x16xi8>, %vs: tensor<1x1x130xf32>) -> tensor<1x2x3x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "prefill", softmax_scale = 0.25 : f32} : (tensor<1x2x3x16xf32>, tensor<1x1x130x16xi8>, tensor<1x1x130xf32>, tensor<1x1x130x16xi8>, tensor<1x1x130xf32>) -> tensor<1x2x3x16xf32>
+  return %o : tensor<1x2x3x16xf32>
 }

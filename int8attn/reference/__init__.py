@@ -1,0 +1,23 @@
+"""Numpy references for int8attn's numerics contract (DESIGN.md section 2).
+
+`exact_attention` is the accuracy yardstick: float64 attention on the
+dequantized cache with unquantized Q (causal for prefill), returned as f32.
+
+`fragment_attention` is the contract itself, step by step in f32: INT8 QK,
+decode partitions or prefill online-softmax tiles, W = P*sV, W quantized per
+group of tokens that one MMAC consumes -- read from the fragment model, like
+the compiler -- int32 sums per group, rescale, merge. It is the one reference
+implementation of the contract; compiled modules must match it to f32 rounding.
+
+`error_model` says how far the INT8 results may be from those, per output.
+"""
+
+from int8attn.reference.common import PV_MODES, quantize, quantize_cache, round_to_bf16
+from int8attn.reference.error_model import (TIE_WINDOW, qk_quantization_error_scale,
+                                            rounding_tie_slack, w_quantization_error_scale)
+from int8attn.reference.exact import exact_attention
+from int8attn.reference.fragment import fragment_attention, fragment_softmax_pv
+
+__all__ = ["PV_MODES", "TIE_WINDOW", "quantize", "quantize_cache", "round_to_bf16",
+           "exact_attention", "fragment_attention", "fragment_softmax_pv", "w_quantization_error_scale",
+           "qk_quantization_error_scale", "rounding_tie_slack"]

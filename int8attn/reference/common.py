@@ -1,0 +1,81 @@
+"""Pieces of the contract shared by the references."""
+
+from __future__ import annotations
+
+import numpy as np
+
+PV_MODES = ("int8", "bf16", "f32")
+F32 = np.float32
+
+
+def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per row (last axis): q = clamp(rne(x*127/a)), s = a/127."""
+    x = np.asarray(x, dtype=F32)
+    amax = np.max(np.abs(x), axis=-1)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
+    q = np.clip(np.rint(x * inverse[..., None]), -127, 127).astype(np.int8)
+    return q, (amax / F32(127)).astype(F32)
+
+
+def quantize_cache(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A float cache [B, H, S, D] as int8 with one scale per token."""
+    return quantize(x)
+
+
+def round_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round f32 to the nearest bf16 (ties to even), returned as f32."""
+    bits = np.asarray(x, dtype=F32).view(np.uint32)
+    rounded = (bits + (((bits >> 16) & 1) + np.uint32(0x7FFF))) & np.uint32(0xFFFF0000)
+    return rounded.astype(np.uint32).view(F32)
+
+
+def group_rows(q: np.ndarray, kv_heads: int) -> np.ndarray:
+    """[B,Hq,D] -> [B,Hkv,G,D];  [B,Hq,Sq,D] -> [B,Hkv,G*Sq,D] (head-major rows)."""
+    batch, q_heads, head_dim = q.shape[0], q.shape[1], q.shape[-1]
+    return q.reshape(batch, kv_heads, -1, head_dim)
+
+
+def visible(q_shape, kv_heads: int, tokens: int) -> np.ndarray:
+    """bool [R, S]: the tokens each grouped row attends to (all, or causal prefill).
+
+    Prefill queries are the last Sq of the S tokens: query s sits at S - Sq + s.
+    """
+    if len(q_shape) == 3:
+        return np.ones((1, tokens), dtype=bool)
+    query_tokens = q_shape[2]
+    position = tokens - query_tokens + np.arange(query_tokens)
+    allowed = np.arange(tokens)[None, :] <= position[:, None]       # [Sq, S]
+    return np.tile(allowed, (q_shape[1] // kv_heads, 1))             # head-major rows
+
+
+def pad_tokens(x: np.ndarray, axis: int, size: int, value) -> np.ndarray:
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return np.pad(x, widths, constant_values=value)
+
+
+def int8_scores(q, k, k_scale, softmax_scale) -> np.ndarray:
+    """INT8 QK in f32, [B,Hkv,R,S], masked tokens -inf."""
+    qq, sq = quantize(group_rows(np.asarray(q, dtype=F32), k.shape[1]))
+    acc = np.einsum("bhrd,bhsd->bhrs", qq.astype(np.int32), k.astype(np.int32))
+    scores = ((acc.astype(F32) * sq[..., None]) * k_scale[:, :, None, :]) * F32(softmax_scale)
+    return np.where(visible(q.shape, k.shape[1], k.shape[2]), scores, -np.inf).astype(F32)
+
+
+def int8_pv(w, v_blocks, groups) -> np.ndarray:
+    """sum_g f32(sum_k Wq*Vq) * sW over the fragment model's token groups."""
+    w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
+    wq, sw = quantize(w_groups)
+    v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
+    acc = np.einsum("bhrngk,bhngkd->bhrngd", wq.astype(np.int64), v_groups.astype(np.int64))
+    assert np.abs(acc).max(initial=0) < 2**31, "int32 accumulator overflow"
+    out = np.zeros(acc.shape[:4] + acc.shape[5:], dtype=F32)
+    for g in range(acc.shape[4]):                   # groups in order, like the IR
+        out += acc[:, :, :, :, g, :].astype(F32) * sw[:, :, :, :, g, None]
+    return out
+
+
+def float_pv(w, v_blocks, pv: str) -> np.ndarray:
+    w_used = round_to_bf16(w) if pv == "bf16" else w
+    return np.einsum("bhrnt,bhntd->bhrnd", w_used, v_blocks.astype(F32)).astype(F32)

@@ -1,0 +1,127 @@
+"""The numerics contract step by step in f32, with fragment-model W groups.
+
+Both modes reduce to blocks of tokens (decode partitions of 256, prefill
+tiles of 64) with a weight W per (row, block, token) and a factor `omega`
+per (row, block): the final output is sum_n omega_n * PV_n(W). Decode:
+W = P * sV with P normalized in its partition, omega = the log-sum-exp merge
+weight. Prefill: W = exp(score - m_n) * sV with m_n the running max after
+tile n, omega_n = exp(m_n - m_N) / l_N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from int8attn.fragments import FragmentModel, fragment_model
+from int8attn.reference.common import (F32, PV_MODES, float_pv, int8_pv, int8_scores,
+                                       pad_tokens)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    w: np.ndarray          # [B,Hkv,R,N,T] f32
+    v_blocks: np.ndarray   # [B,Hkv,N,T,D] int8
+    omega: np.ndarray      # [B,Hkv,R,N] f64: d(output) / d(PV_n)
+    alpha: np.ndarray      # [B,Hkv,R,N] prefill rescale per tile (decode: merge weights)
+    l: np.ndarray          # [B,Hkv,R,N] decode: partition sums; prefill: sum_t p per tile
+
+
+def _split(scores, v, v_scale, block_tokens):
+    batch, kv_heads, rows, tokens = scores.shape
+    blocks = -(-tokens // block_tokens)
+    padded = blocks * block_tokens
+    head_dim = v.shape[-1]
+    scores = pad_tokens(scores, 3, padded, -np.inf).reshape(
+        batch, kv_heads, rows, blocks, block_tokens)
+    v_blocks = pad_tokens(v, 2, padded, 0).reshape(batch, kv_heads, blocks, block_tokens, head_dim)
+    vs_blocks = pad_tokens(v_scale, 2, padded, 0).reshape(
+        batch, kv_heads, blocks, block_tokens).astype(F32)
+    return scores, v_blocks, vs_blocks
+
+
+def decode_blocks(scores, v, v_scale, partition_tokens) -> Blocks:
+    """Steps 2-4 of decode: partitions, softmax per partition, W = P*sV."""
+    scores, v_blocks, vs_blocks = _split(scores, v, v_scale, partition_tokens)
+    m = scores.max(axis=-1)
+    e = np.exp(scores - m[..., None]).astype(F32)
+    l = e.sum(axis=-1, dtype=F32)
+    w = ((e / l[..., None]) * vs_blocks[:, :, None, :, :]).astype(F32)
+    merge = (np.exp(m - m.max(axis=-1, keepdims=True)) * l).astype(F32)
+    omega = merge.astype(np.float64) / merge.sum(axis=-1, keepdims=True)
+    return Blocks(w, v_blocks, omega, merge, l)
+
+
+def prefill_blocks(scores, v, v_scale, tile_tokens) -> Blocks:
+    """Online softmax over tiles: running max, unnormalized W = p * sV."""
+    scores, v_blocks, vs_blocks = _split(scores, v, v_scale, tile_tokens)
+    running = np.maximum.accumulate(scores.max(axis=-1), axis=-1)          # m_n
+    previous = np.concatenate([np.full_like(running[..., :1], -np.inf), running[..., :-1]], -1)
+    with np.errstate(invalid="ignore"):
+        dead = running == -np.inf
+        alpha = np.where(dead, F32(1), np.exp(previous - running)).astype(F32)
+        p = np.where(dead[..., None], F32(0), np.exp(scores - running[..., None])).astype(F32)
+    tile_sums = p.sum(axis=-1, dtype=F32)
+    l = np.zeros(running.shape[:-1], dtype=F32)
+    for n in range(running.shape[-1]):                  # the loop's order of operations
+        l = alpha[..., n] * l + tile_sums[..., n]
+    w = (p * vs_blocks[:, :, None, :, :]).astype(F32)
+    with np.errstate(invalid="ignore"):
+        omega = np.where(dead, 0.0, np.exp(running.astype(np.float64) - running[..., -1:]))
+    omega = omega / l[..., None]
+    return Blocks(w, v_blocks, omega, alpha, tile_sums)
+
+
+def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256,
+               tile_tokens=64) -> Blocks:
+    scores = int8_scores(q, k, k_scale, softmax_scale)
+    if q.ndim == 3:
+        return decode_blocks(scores, v, v_scale, partition_tokens)
+    return prefill_blocks(scores, v, v_scale, tile_tokens)
+
+
+def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
+                       target: str = "gfx936", partition_tokens: int = 256,
+                       tile_tokens: int = 64, fragments: FragmentModel | None = None
+                       ) -> np.ndarray:
+    """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
+
+    `fragments` overrides the target's model (e.g. another V-load scheme).
+    """
+    scores = int8_scores(q, k, k_scale, softmax_scale)
+    mode = "decode" if q.ndim == 3 else "prefill"
+    out = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, target=target,
+                              block_tokens=partition_tokens if mode == "decode" else tile_tokens,
+                              fragments=fragments)
+    return out.reshape(q.shape)
+
+
+def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
+                        target: str = "gfx936", block_tokens: int | None = None,
+                        fragments: FragmentModel | None = None) -> np.ndarray:
+    """Softmax and PV of the contract on given scores [B,Hkv,R,S] (-inf = masked).
+
+    Returns [B,Hkv,R,D]; `block_tokens` is the partition (decode, 256) or
+    tile (prefill, 64) size.
+    """
+    if pv not in PV_MODES:
+        raise ValueError(f"pv must be one of {PV_MODES}, got {pv!r}")
+    if mode == "decode":
+        st = decode_blocks(scores, v, v_scale, block_tokens or 256)
+    else:
+        st = prefill_blocks(scores, v, v_scale, block_tokens or 64)
+    if pv == "int8":
+        groups = (fragments or fragment_model(target)).token_groups(st.w.shape[-1])
+        partial = int8_pv(st.w, st.v_blocks, groups)                   # [B,Hkv,R,N,D]
+    else:
+        partial = float_pv(st.w, st.v_blocks, pv)
+    if mode == "decode":
+        numerator = np.einsum("bhrn,bhrnd->bhrd", st.alpha, partial).astype(F32)
+        return (numerator / st.alpha.sum(axis=-1, dtype=F32)[..., None]).astype(F32)
+    o = np.zeros(partial.shape[:3] + partial.shape[4:], dtype=F32)
+    l = np.zeros(partial.shape[:3], dtype=F32)
+    for n in range(partial.shape[3]):               # the loop's order of operations
+        o = st.alpha[..., n, None] * o + partial[:, :, :, n]
+        l = st.alpha[..., n] * l + st.l[..., n]
+    return (o / l[..., None]).astype(F32)
