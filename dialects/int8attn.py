@@ -17,7 +17,7 @@ scale groups of K tokens each.
 | softmax_pv      | scores f32 [B,Hkv,R,S], v, v_scale {mode[, query_tokens]} -> f32 [B,Hkv,R,D] |
 | pv              | p f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], v_scale f32 [B,Hkv,N,T] -> f32 [B,Hkv,R,N,D] |
 | folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D] -> f32 [B,Hkv,R,N,D] |
-| group_quantize  | w f32 [..., T] {groups} -> (i8 [..., G, K], f32 [..., G]) |
+| group_quantize  | w f32 [..., T] {groups[, scale_groups]} -> (i8 [..., G, K], f32 [..., G]) |
 | grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v {groups} -> f32 [B,Hkv,R,N,D] |
 | mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v {groups, target} -> i32 [B,Hkv,R,N,G,D] |
 
@@ -69,9 +69,16 @@ def groups_attr(groups: np.ndarray) -> ir.ArrayAttr:
     return ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get([int(t) for t in row]) for row in groups])
 
 
-def groups_of(op: ir.Operation) -> np.ndarray:
-    """The `groups` attribute as an int64 [G, K] table (ValueError if malformed)."""
-    attr = op.attributes["groups"]
+def scale_groups_of(op: ir.Operation) -> np.ndarray:
+    """The token sets a group_quantize computes its scales over."""
+    if "scale_groups" in op.attributes:
+        return groups_of(op, "scale_groups")
+    return groups_of(op)
+
+
+def groups_of(op: ir.Operation, name: str = "groups") -> np.ndarray:
+    """A groups attribute as an int64 [G, K] table (ValueError if malformed)."""
+    attr = op.attributes[name]
     if not isinstance(attr, ir.ArrayAttr):
         raise ValueError("not an array attribute")
     rows = []
@@ -133,12 +140,21 @@ def folded_pv(w, v, *, loc=None) -> ir.Value:
     return _create(FOLDED_PV, [_block_output(w, v)], [w, v], loc=loc).result
 
 
-def group_quantize(w, groups: np.ndarray, *, loc=None) -> tuple[ir.Value, ir.Value]:
+def group_quantize(w, groups: np.ndarray, *, scale_groups: np.ndarray | None = None,
+                   loc=None) -> tuple[ir.Value, ir.Value]:
+    """Wq[..., g, k] = W[..., groups[g, k]] / sW[g]; sW[g] over `scale_groups[g]`.
+
+    `scale_groups` defaults to `groups` (the only correct choice); a different
+    table is how the seed's bug is expressed, for the verifier to reject.
+    """
     lead = shape_of(w)[:-1]
     count, size = groups.shape
+    attrs = {"groups": groups_attr(groups)}
+    if scale_groups is not None:
+        attrs["scale_groups"] = groups_attr(scale_groups)
     op = _create(GROUP_QUANTIZE,
                  [tensor(lead + [count, size], "i8"), tensor(lead + [count], "f32")],
-                 [w], {"groups": groups_attr(groups)}, loc)
+                 [w], attrs, loc)
     return op.results[0], op.results[1]
 
 
@@ -206,16 +222,16 @@ class _Check:
                   f"{', '.join(repr(c) for c in choices)}")
         return value
 
-    def groups(self, tokens: int) -> np.ndarray:
-        if "groups" not in self.op.attributes:
-            self.fail("requires a 'groups' attribute ([array<i64: ...>, ...], one row per group)")
+    def groups(self, tokens: int, name: str = "groups") -> np.ndarray:
+        if name not in self.op.attributes:
+            self.fail(f"requires a '{name}' attribute ([array<i64: ...>, ...], one row per group)")
         try:
-            groups = groups_of(self.op)
+            groups = groups_of(self.op, name)
         except (ValueError, TypeError) as error:
-            self.fail(f"attribute 'groups' must be a non-empty list of equally long "
+            self.fail(f"attribute '{name}' must be a non-empty list of equally long "
                       f"array<i64: ...> rows ({error})")
         self.that(np.array_equal(np.sort(groups.ravel()), np.arange(tokens)),
-                  f"attribute 'groups' must use each of the {tokens} tokens of a block "
+                  f"attribute '{name}' must use each of the {tokens} tokens of a block "
                   f"exactly once")
         return groups
 
@@ -326,6 +342,9 @@ def _verify_group_quantize(op):
     c.arity(1, 2)
     ws = c.ranked(op.operands[0], "w", tuple(range(1, 9)), ("f32",))
     count, size = c.groups(ws[-1]).shape
+    if "scale_groups" in op.attributes:
+        c.that(c.groups(ws[-1], "scale_groups").shape == (count, size),
+               "attribute 'scale_groups' must have the shape of 'groups'")
     c.ranked(op.results[0], "result #0", len(ws) + 1, ("i8",))
     c.same(shape_of(op.results[0]), ws[:-1] + [count, size], "result #0")
     c.ranked(op.results[1], "result #1", len(ws), ("f32",))

@@ -18,7 +18,7 @@ import numpy as np
 
 from int8attn.diagnostics import DiagnosticError
 from int8attn.files import OutputError, check_output_path, write_atomic
-from int8attn.fragments import TARGETS
+from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS
 from int8attn.pipelines import PV_CHOICES
 from int8attn.pipelines.compile import BACKENDS, CompileOptions, StageError
 from int8attn.runtime.module import InputError
@@ -38,6 +38,12 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fragment-model", choices=sorted(TARGETS), default="gfx936",
                         help="matrix instruction whose token groups the W scales follow "
                              "(default: gfx936)")
+    parser.add_argument("--scale-groups", choices=SCALE_GROUP_KINDS, default="fragment",
+                        help="token sets of the W scales: fragment (the MMAC's real sets, "
+                             "default) or contiguous (the seed's bug, rejected by the "
+                             "verifier unless --no-verify)")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip verify-scale-groups (to measure a wrong grouping)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,11 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
                          help="seed of the random inputs (default: drawn and printed)")
     run_cmd.add_argument("--no-cache", action="store_true",
                          help="compile even if the module cache has this graph")
+    run_cmd.add_argument("--report", action="store_true",
+                         help="split the error against exact attention on the float cache "
+                              "into its INT8-QK, V-cache and W-quantization terms, and "
+                              "compare INT8 PV with BF16 and f32 PV (random inputs)")
     return parser
 
 
 def _options(args) -> CompileOptions:
-    return CompileOptions(backend=args.target, pv=args.pv, target=args.fragment_model)
+    return CompileOptions(backend=args.target, pv=args.pv, target=args.fragment_model,
+                          scale_groups=args.scale_groups, verify=not args.no_verify)
 
 
 def _read_graph(path: str) -> str:
@@ -140,7 +151,8 @@ def _report(outputs, arrays, info, options) -> None:
     from int8attn.graph import error_stats, references
 
     refs = references(info, arrays, pv=options.pv, target=options.target,
-                      partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens)
+                      partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
+                      scale_groups=options.scale_groups)
     result = outputs[info.attention.result_index]
     print(f"accuracy of @{info.name} (pv={options.pv}, fragment model {options.target}):")
     for name, label in (("exact", "vs exact f32 reference      "),
@@ -168,7 +180,7 @@ def cmd_run(args) -> int:
         seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         print(f"random inputs, seed {seed} (repeat with --seed {seed})")
         try:
-            arrays = random_inputs(info, seed)
+            arrays, floats = random_inputs(info, seed, float_caches=True)
         except ValueError as error:
             raise UserError(str(error)) from None
     outputs = graph.run(arrays, info.name)
@@ -183,6 +195,13 @@ def cmd_run(args) -> int:
         print(f"wrote {args.output} ({', '.join(f'result{i}' for i in range(len(outputs)))})")
     if not args.inputs and info.attention is not None:
         _report(outputs, arrays, info, options)
+    if args.report:
+        from int8attn.report import print_report
+
+        if args.inputs or info.attention is None:
+            raise UserError("--report needs random inputs of a graph returning one "
+                            "int8attn.attention (it uses the float cache behind them)")
+        print_report(graph, source, args.graph, info, arrays, floats, outputs, options)
     return 0
 
 

@@ -20,7 +20,10 @@ from typing import Callable
 
 import numpy as np
 
+SCALE_GROUP_KINDS = ("fragment", "contiguous")
+
 __all__ = [
+    "SCALE_GROUP_KINDS",
     "OperandLayout",
     "MatrixInstruction",
     "VLoadScheme",
@@ -181,6 +184,24 @@ class FragmentModel:
         waves = block_tokens // self.wave_tokens
         wave_offsets = np.arange(waves, dtype=np.int64)[:, None, None] * self.wave_tokens
         return (wave_offsets + self.wave_token_groups[None]).reshape(-1, self.instruction.k)
+
+    def contiguous_groups(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens / K, K]: logical token order cut into K-token runs.
+
+        Not what any MMAC of this model consumes with its V-load scheme: this is
+        the seed's bug (scales over tokens 0-31 / 32-63 of a wave), kept so that
+        its damage can be reproduced and the verifier shown to reject it.
+        """
+        self.token_groups(block_tokens)  # same validity rules
+        return np.arange(block_tokens, dtype=np.int64).reshape(-1, self.instruction.k)
+
+    def scale_groups(self, block_tokens: int, kind: str) -> np.ndarray:
+        """The groups W scales are computed over: "fragment" (correct) or "contiguous"."""
+        if kind == "fragment":
+            return self.token_groups(block_tokens)
+        if kind == "contiguous":
+            return self.contiguous_groups(block_tokens)
+        raise ValueError(f"scale groups must be 'fragment' or 'contiguous', got '{kind}'")
 
     def group_of_token(self, block_tokens: int) -> np.ndarray:
         """int64 [block_tokens]: the group index consuming each token of a block."""

@@ -94,8 +94,11 @@ def _attention_call(block, terminator) -> AttentionCall | None:
     return None
 
 
-def random_inputs(info: FunctionInfo, seed: int) -> list[np.ndarray]:
-    """Gaussian q; K and V Gaussian, quantized per token (int8 + f32 scale)."""
+def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
+    """Gaussian q; K and V Gaussian, quantized per token (int8 + f32 scale).
+
+    With `float_caches`, also returns {"k": K, "v": V} before quantization.
+    """
     if info.attention is None:
         raise ValueError(f"@{info.name} does not return an int8attn.attention of its own "
                          f"arguments, so random inputs cannot be made for it; pass --inputs")
@@ -104,15 +107,16 @@ def random_inputs(info: FunctionInfo, seed: int) -> list[np.ndarray]:
     arrays: list[np.ndarray | None] = [None] * len(info.arguments)
     q_spec = info.arguments[q_arg]
     arrays[q_arg] = rng.standard_normal(q_spec.shape).astype(NUMPY_DTYPES[q_spec.element])
-    for values, scales in ((k_arg, ks_arg), (v_arg, vs_arg)):
-        quantized, scale = quantize_cache(
-            rng.standard_normal(info.arguments[values].shape).astype(np.float32))
-        arrays[values], arrays[scales] = quantized, scale
-    return arrays
+    floats = {}
+    for name, values, scales in (("k", k_arg, ks_arg), ("v", v_arg, vs_arg)):
+        floats[name] = rng.standard_normal(info.arguments[values].shape).astype(np.float32)
+        arrays[values], arrays[scales] = quantize_cache(floats[name])
+    return (arrays, floats) if float_caches else arrays
 
 
 def references(info: FunctionInfo, arrays, *, pv: str, target: str,
-               partition_tokens: int = 256, tile_tokens: int = 64) -> dict[str, np.ndarray]:
+               partition_tokens: int = 256, tile_tokens: int = 64,
+               scale_groups: str = "fragment") -> dict[str, np.ndarray]:
     """The exact and the fragment-level reference for the attention result."""
     call = info.attention
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
@@ -120,7 +124,7 @@ def references(info: FunctionInfo, arrays, *, pv: str, target: str,
         "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale),
         "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
                                        target=target, partition_tokens=partition_tokens,
-                                       tile_tokens=tile_tokens),
+                                       tile_tokens=tile_tokens, scale_groups=scale_groups),
     }
 
 

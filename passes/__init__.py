@@ -15,10 +15,11 @@ from int8attn.passes.lower_quantize import LowerQuantize
 from int8attn.passes.prefill_online_softmax import PrefillOnlineSoftmax
 from int8attn.passes.pv_to_mmac import PVToMMAC
 from int8attn.passes.quantize_w_groups import QuantizeWGroups
+from int8attn.passes.verify_scale_groups import VerifyScaleGroups
 
 PASSES = {cls.argument: cls for cls in (
     Int8QK, DecodeSplitKV, PrefillOnlineSoftmax, FoldVScale, QuantizeWGroups, FloatPV, PVToMMAC,
-    LowerMMACTiles, LowerQuantize,
+    LowerMMACTiles, LowerQuantize, VerifyScaleGroups,
 )}
 
 __all__ = ["PASSES"] + [cls.__name__ for cls in PASSES.values()]

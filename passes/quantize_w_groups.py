@@ -9,6 +9,11 @@ Rewrites `int8attn.folded_pv(W, v)` into
 the tokens (in K-slot order) that one MMAC consumes. There is one scale per
 (query row, block, group); on gfx936 with 16-byte V loads the groups of a wave
 are {0-7,16-23,32-39,48-55} and {8-15,24-31,40-47,56-63}.
+
+Option `scale-groups=contiguous` reproduces the seed's bug on purpose: scales
+over logical tokens 0-31 / 32-63 of each wave applied to the fragment's real
+interleaved sets (`scale_groups` differs from `groups`). verify-scale-groups
+rejects it; without the verifier it compiles, so the damage can be measured.
 """
 
 from __future__ import annotations
@@ -20,20 +25,22 @@ from iree.compiler import ir
 
 from int8attn.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
-from int8attn.fragments import TARGETS, fragment_model
+from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS, fragment_model
 from int8attn.passes.rewrite import apply_patterns
 
 
-def quantize_groups(op, rewriter, target: str):
+def quantize_groups(op, rewriter, target: str, scale_groups: str):
     w, v = op.operands
     block_tokens = d.shape_of(w)[-1]
     model = fragment_model(target)
     try:
         groups = model.token_groups(block_tokens)
+        scales = model.scale_groups(block_tokens, scale_groups)
     except ValueError as error:
         raise DiagnosticError(op.location, f"'{op.name}' op: {error} ({target})") from None
     with rewriter.ip, op.location:
-        wq, sw = d.group_quantize(w, groups)
+        wq, sw = d.group_quantize(
+            w, groups, scale_groups=None if scale_groups == "fragment" else scales)
         out = d.grouped_pv(wq, sw, v, groups)
     rewriter.replace_op(op, [out])
 
@@ -44,10 +51,15 @@ class QuantizeWGroups:
 
     argument: ClassVar[str] = "quantize-w-groups"
     target: str = "gfx936"
+    scale_groups: str = "fragment"
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise ValueError(f"unknown target '{self.target}' (known: {', '.join(TARGETS)})")
+        if self.scale_groups not in SCALE_GROUP_KINDS:
+            raise ValueError(f"scale-groups must be one of {', '.join(SCALE_GROUP_KINDS)}, "
+                             f"got '{self.scale_groups}'")
 
     def run(self, module: ir.Operation) -> None:
-        apply_patterns(module, {d.FOLDED_PV: lambda op, rw: quantize_groups(op, rw, self.target)})
+        apply_patterns(module, {d.FOLDED_PV: lambda op, rw: quantize_groups(
+            op, rw, self.target, self.scale_groups)})

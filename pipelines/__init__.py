@@ -4,8 +4,12 @@
 graph to standard dialects (linalg/tensor/arith/math) that every IREE backend
 compiles. Only the PV part differs between `pv` values:
 
-    pv=int8:       quantize-w-groups, pv-to-mmac, lower-mmac-tiles
+    pv=int8:       quantize-w-groups, verify-scale-groups, pv-to-mmac,
+                   verify-scale-groups, lower-mmac-tiles
     pv=bf16|f32:   float-pv
+
+`verify=false` drops the verifier (only to measure a deliberately wrong
+`scale-groups=contiguous`).
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from int8attn.fragments import TARGETS
+from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS
 from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerMMACTiles,
-                             LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups)
+                             LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
+                             VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
 
 PV_CHOICES = ("int8", "bf16", "f32")
@@ -29,18 +34,25 @@ class PipelineOptions:
     target: str = "gfx936"
     partition_tokens: int = 256
     tile_tokens: int = 64
+    scale_groups: str = "fragment"
+    verify: bool = True
 
     def __post_init__(self):
         if self.pv not in PV_CHOICES:
             raise PipelineError(f"pv must be one of {', '.join(PV_CHOICES)}, got '{self.pv}'")
         if self.target not in TARGETS:
             raise PipelineError(f"target must be one of {', '.join(TARGETS)}, got '{self.target}'")
+        if self.scale_groups not in SCALE_GROUP_KINDS:
+            raise PipelineError(f"scale-groups must be one of {', '.join(SCALE_GROUP_KINDS)}, "
+                                f"got '{self.scale_groups}'")
 
 
 def to_linalg(options: PipelineOptions) -> list:
     """The algorithm passes, then cleanup."""
     if options.pv == "int8":
-        pv = [QuantizeWGroups(options.target), PVToMMAC(options.target), LowerMMACTiles()]
+        verify = [VerifyScaleGroups()] if options.verify else []
+        pv = [QuantizeWGroups(options.target, options.scale_groups), *verify,
+              PVToMMAC(options.target), *verify, LowerMMACTiles()]
     else:
         pv = [FloatPV(options.pv)]
     return [Int8QK(), DecodeSplitKV(options.partition_tokens),
@@ -66,7 +78,17 @@ def named_pipeline(text: str) -> list:
             raise PipelineError(f"pipeline '{name}' has no option '{item}' "
                                 f"(options: {', '.join(fields)})")
         try:
-            options[fields[key].name] = int(value) if fields[key].type == "int" else value
+            options[fields[key].name] = _option_value(fields[key].type, value)
         except ValueError:
-            raise PipelineError(f"option '{key}' expects an integer, got '{value}'") from None
+            raise PipelineError(f"option '{key}' expects {fields[key].type}, got '{value}'") from None
     return NAMED_PIPELINES[name](PipelineOptions(**options))
+
+
+def _option_value(kind: str, text: str):
+    if kind == "int":
+        return int(text)
+    if kind == "bool":
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(text)
+        return text.lower() in ("true", "1")
+    return text

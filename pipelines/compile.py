@@ -38,6 +38,8 @@ class CompileOptions:
     target: str = "gfx936"
     partition_tokens: int = 256
     tile_tokens: int = 64
+    scale_groups: str = "fragment"
+    verify: bool = True
     iree_flags: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -46,7 +48,8 @@ class CompileOptions:
         self.pipeline_options()  # validates pv and target
 
     def pipeline_options(self) -> PipelineOptions:
-        return PipelineOptions(self.pv, self.target, self.partition_tokens, self.tile_tokens)
+        return PipelineOptions(self.pv, self.target, self.partition_tokens, self.tile_tokens,
+                               self.scale_groups, self.verify)
 
 
 class StageError(Exception):

@@ -63,10 +63,20 @@ def int8_scores(q, k, k_scale, softmax_scale) -> np.ndarray:
     return np.where(visible(q.shape, k.shape[1], k.shape[2]), scores, -np.inf).astype(F32)
 
 
-def int8_pv(w, v_blocks, groups) -> np.ndarray:
-    """sum_g f32(sum_k Wq*Vq) * sW over the fragment model's token groups."""
+def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:
+    """sum_g f32(sum_k Wq*Vq) * sW over the fragment model's token groups.
+
+    `scale_groups` (default `groups`) are the token sets the scales come from.
+    """
     w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
-    wq, sw = quantize(w_groups)
+    if scale_groups is None:
+        wq, sw = quantize(w_groups)
+    else:
+        amax = np.abs(w[..., scale_groups]).max(axis=-1)
+        with np.errstate(divide="ignore"):
+            inverse = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
+        wq = np.clip(np.rint(w_groups * inverse[..., None]), -127, 127).astype(np.int8)
+        sw = (amax / F32(127)).astype(F32)
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
     acc = np.einsum("bhrngk,bhngkd->bhrngd", wq.astype(np.int64), v_groups.astype(np.int64))
     assert np.abs(acc).max(initial=0) < 2**31, "int32 accumulator overflow"

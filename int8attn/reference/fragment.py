@@ -21,7 +21,8 @@ from int8attn.reference.common import (F32, PV_MODES, float_pv, int8_pv, int8_sc
 
 @dataclass(frozen=True)
 class Blocks:
-    w: np.ndarray          # [B,Hkv,R,N,T] f32
+    p: np.ndarray          # [B,Hkv,R,N,T] f32 probabilities (decode) / exp weights (prefill)
+    w: np.ndarray          # [B,Hkv,R,N,T] f32: p * sV
     v_blocks: np.ndarray   # [B,Hkv,N,T,D] int8
     omega: np.ndarray      # [B,Hkv,R,N] f64: d(output) / d(PV_n)
     alpha: np.ndarray      # [B,Hkv,R,N] prefill rescale per tile (decode: merge weights)
@@ -47,10 +48,11 @@ def decode_blocks(scores, v, v_scale, partition_tokens) -> Blocks:
     m = scores.max(axis=-1)
     e = np.exp(scores - m[..., None]).astype(F32)
     l = e.sum(axis=-1, dtype=F32)
-    w = ((e / l[..., None]) * vs_blocks[:, :, None, :, :]).astype(F32)
+    p = e / l[..., None]
+    w = (p * vs_blocks[:, :, None, :, :]).astype(F32)
     merge = (np.exp(m - m.max(axis=-1, keepdims=True)) * l).astype(F32)
     omega = merge.astype(np.float64) / merge.sum(axis=-1, keepdims=True)
-    return Blocks(w, v_blocks, omega, merge, l)
+    return Blocks(p, w, v_blocks, omega, merge, l)
 
 
 def prefill_blocks(scores, v, v_scale, tile_tokens) -> Blocks:
@@ -70,7 +72,7 @@ def prefill_blocks(scores, v, v_scale, tile_tokens) -> Blocks:
     with np.errstate(invalid="ignore"):
         omega = np.where(dead, 0.0, np.exp(running.astype(np.float64) - running[..., -1:]))
     omega = omega / l[..., None]
-    return Blocks(w, v_blocks, omega, alpha, tile_sums)
+    return Blocks(p, w, v_blocks, omega, alpha, tile_sums)
 
 
 def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256,
@@ -83,23 +85,25 @@ def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256
 
 def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
                        target: str = "gfx936", partition_tokens: int = 256,
-                       tile_tokens: int = 64, fragments: FragmentModel | None = None
-                       ) -> np.ndarray:
+                       tile_tokens: int = 64, fragments: FragmentModel | None = None,
+                       scale_groups: str = "fragment") -> np.ndarray:
     """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
 
-    `fragments` overrides the target's model (e.g. another V-load scheme).
+    `fragments` overrides the target's model (e.g. another V-load scheme);
+    `scale_groups="contiguous"` reproduces the seed's bug like the compiler does.
     """
     scores = int8_scores(q, k, k_scale, softmax_scale)
     mode = "decode" if q.ndim == 3 else "prefill"
     out = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, target=target,
                               block_tokens=partition_tokens if mode == "decode" else tile_tokens,
-                              fragments=fragments)
+                              fragments=fragments, scale_groups=scale_groups)
     return out.reshape(q.shape)
 
 
 def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
                         target: str = "gfx936", block_tokens: int | None = None,
-                        fragments: FragmentModel | None = None) -> np.ndarray:
+                        fragments: FragmentModel | None = None,
+                        scale_groups: str = "fragment") -> np.ndarray:
     """Softmax and PV of the contract on given scores [B,Hkv,R,S] (-inf = masked).
 
     Returns [B,Hkv,R,D]; `block_tokens` is the partition (decode, 256) or
@@ -112,8 +116,11 @@ def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
     else:
         st = prefill_blocks(scores, v, v_scale, block_tokens or 64)
     if pv == "int8":
-        groups = (fragments or fragment_model(target)).token_groups(st.w.shape[-1])
-        partial = int8_pv(st.w, st.v_blocks, groups)                   # [B,Hkv,R,N,D]
+        model = fragments or fragment_model(target)
+        groups = model.token_groups(st.w.shape[-1])
+        scales = model.scale_groups(st.w.shape[-1], scale_groups)
+        partial = int8_pv(st.w, st.v_blocks, groups,
+                          None if scale_groups == "fragment" else scales)   # [B,Hkv,R,N,D]
     else:
         partial = float_pv(st.w, st.v_blocks, pv)
     if mode == "decode":

@@ -7,7 +7,7 @@
 // UNKNOWN: error: unknown pass 'no-such-pass' in pipeline. int8attn passes: decode-split-kv, float-pv, fold-v-scale, int8-qk, lower-mmac-tiles, lower-quantize, prefill-online-softmax, pv-to-mmac, quantize-w-groups
 
 // OPTION: error: pv must be one of int8, bf16, f32, got 'int4'
-// INTEGER: error: option 'tile-tokens' expects an integer, got '64x'
+// INTEGER: error: option 'tile-tokens' expects int, got '64x'
 // PIPELINE: error: unknown pipeline 'no-such-pipeline'; known pipelines: int8attn-to-linalg
 func.func @f() {
   return

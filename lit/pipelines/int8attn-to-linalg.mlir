@@ -2,6 +2,8 @@
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{pv=bf16}" | filecheck %s --check-prefix=FLOAT
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{pv=f32}" | filecheck %s --check-prefix=FLOAT
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg" --print-ir-after-all 2>&1 >/dev/null | filecheck %s --check-prefix=STAGES
+// RUN: not int8attn-opt %s --pipeline "int8attn-to-linalg{scale-groups=contiguous}" 2>&1 | filecheck %s --check-prefix=BUG
+// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{scale-groups=contiguous verify=false}" | filecheck %s --check-prefix=INT8
 
 // The whole pipeline leaves only standard dialects. INT8 PV keeps int32
 // group contractions; the baselines contract in f32.
@@ -19,6 +21,9 @@
 // FLOAT: arith.sitofp %{{.*}} : i8 to f32
 // FLOAT: return
 
+// The seed's bug is rejected by default, at the graph's location.
+// BUG: int8attn-to-linalg.mlir:[[# @LINE + 21]]:8: error: W scale of group 0 is computed over tokens {0-31} but the MMAC consuming its quantized values reads tokens {0-7,16-23,32-39,48-55}
+
 // STAGES: IR Dump After int8-qk
 // STAGES: "int8attn.softmax_pv"
 // STAGES: IR Dump After decode-split-kv{partition_tokens=256}
@@ -26,11 +31,13 @@
 // STAGES: IR Dump After prefill-online-softmax{tile_tokens=64}
 // STAGES: IR Dump After fold-v-scale
 // STAGES: "int8attn.folded_pv"
-// STAGES: IR Dump After quantize-w-groups{target=gfx936}
+// STAGES: IR Dump After quantize-w-groups{target=gfx936 scale_groups=fragment}
 // STAGES: "int8attn.group_quantize"
 // STAGES: "int8attn.grouped_pv"
+// STAGES: IR Dump After verify-scale-groups
 // STAGES: IR Dump After pv-to-mmac{target=gfx936}
 // STAGES: "int8attn.mmac_tiles"
+// STAGES: IR Dump After verify-scale-groups
 // STAGES: IR Dump After lower-mmac-tiles
 // STAGES: IR Dump After lower-quantize
 // STAGES: IR Dump After canonicalize

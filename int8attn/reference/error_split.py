@@ -1,0 +1,73 @@
+"""Where the INT8 error comes from: the split of DESIGN.md section 1.
+
+Against exact attention on the float cache (unquantized q, K, V), the
+pipeline's output O_int8 = sum_n omega_n sum_t Wq_t sW_t Vq_t differs by
+
+    total = O_int8 - O_exact
+          = [sum omega p V - O_exact]            INT8 QK + K cache (through P)
+          + [sum omega p (sV Vq - V)]            V cache: sum P * (-eV)
+          + [sum omega (Wq sW - W) Vq]           W quantization: sum eW * Vq
+          + [O_int8 - its fragment-level value]  f32 rounding of the module
+
+with p the pipeline's own weights (decode: P per partition; prefill: the
+unnormalized tile weights) and omega its block factors. Each term is computed
+here from its definition, so their sum matching `total` checks the module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from int8attn.fragments import fragment_model
+from int8attn.reference.common import F32, pad_tokens
+from int8attn.reference.exact import exact_attention
+from int8attn.reference.fragment import blocks_for
+
+TERMS = ("qk_and_k_cache", "v_cache", "w_quantization")
+
+
+def _blocks_of(x: np.ndarray, block_tokens: int) -> np.ndarray:
+    """[B,Hkv,S,...] -> [B,Hkv,N,T,...], zero-padded."""
+    blocks = -(-x.shape[2] // block_tokens)
+    padded = pad_tokens(x, 2, blocks * block_tokens, 0)
+    return padded.reshape(x.shape[:2] + (blocks, block_tokens) + x.shape[3:])
+
+
+def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: float,
+                output: np.ndarray, *, target: str = "gfx936", partition_tokens: int = 256,
+                tile_tokens: int = 64, scale_groups: str = "fragment") -> dict[str, np.ndarray]:
+    """The terms above (each shaped like q), plus `total` and `exact`.
+
+    `scale_groups` must be the module's ("contiguous" to split the seed's bug).
+    """
+    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale,
+                    partition_tokens=partition_tokens, tile_tokens=tile_tokens)
+    block_tokens = st.w.shape[-1]
+    ones = np.ones_like(k_scale, dtype=np.float32)
+    exact = exact_attention(q, k_float, ones, v_float, ones, softmax_scale).astype(np.float64)
+    v_float_blocks = _blocks_of(v_float.astype(np.float64), block_tokens)
+    v_deq_blocks = _blocks_of(v.astype(np.float64) * v_scale[..., None], block_tokens)
+    p = st.p.astype(np.float64)
+
+    def merged(per_token):  # sum_n omega_n sum_t p_t x_t for x = [B,Hkv,N,T,D]
+        per_block = np.einsum("bhrnt,bhntd->bhrnd", p, per_token)
+        return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
+
+    model = fragment_model(target)
+    groups = model.token_groups(block_tokens)
+    amax = np.abs(st.w[..., model.scale_groups(block_tokens, scale_groups)]).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
+    wq = np.clip(np.rint(st.w[..., groups] * inverse[..., None]), -127, 127)
+    e_w = wq * (amax / F32(127)).astype(F32)[..., None].astype(np.float64) \
+        - st.w[..., groups].astype(np.float64)
+    v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)
+    w_term = np.einsum("bhrn,bhrnd->bhrd", st.omega,
+                       np.einsum("bhrngk,bhngkd->bhrnd", e_w, v_groups)).reshape(q.shape)
+    return {
+        "exact": exact.astype(F32),
+        "total": output.astype(np.float64) - exact,
+        "qk_and_k_cache": merged(v_float_blocks) - exact,
+        "v_cache": merged(v_deq_blocks - v_float_blocks),
+        "w_quantization": w_term,
+    }

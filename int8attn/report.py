@@ -1,0 +1,56 @@
+"""`int8attn run --report`: where the error comes from, and INT8 vs BF16 PV."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from int8attn.graph import error_stats
+from int8attn.reference import TERMS, error_split
+
+_LABELS = {
+    "total": "total (INT8 module - exact)",
+    "qk_and_k_cache": "INT8 QK + K cache (via P)",
+    "v_cache": "V cache       sum P*(-eV)",
+    "w_quantization": "W quantization sum eW*Vq",
+}
+
+
+def _line(label: str, values: np.ndarray) -> str:
+    stats = error_stats(values, np.zeros_like(values))
+    return f"  {label:30} max abs {stats['max_abs']:.3e}   rms {stats['rms']:.3e}"
+
+
+def print_report(graph, source, filename, info, arrays, floats, outputs, options) -> None:
+    import int8attn
+
+    call = info.attention
+    q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
+    result = outputs[call.result_index]
+    split = error_split(q, k, k_scale, v, v_scale, floats["k"], floats["v"],
+                        call.softmax_scale, result, target=options.target,
+                        partition_tokens=options.partition_tokens,
+                        tile_tokens=options.tile_tokens, scale_groups=options.scale_groups)
+    print(f"error split against exact attention on the float cache (unquantized q, K, V), "
+          f"pv={options.pv}, scale groups {options.scale_groups}:")
+    print(_line(_LABELS["total"], split["total"]))
+    for term in TERMS:
+        print(_line(_LABELS[term], split[term]))
+    residual = split["total"] - sum(split[t] for t in TERMS)
+    print(_line("total - sum of the terms", residual))
+    if options.pv != "int8":
+        return
+    others = {}
+    for pv in ("bf16", "f32"):
+        baseline = int8attn.compile(source, filename=filename,
+                                    **dataclasses.replace(options, pv=pv).__dict__)
+        others[pv] = baseline.run(arrays, info.name)[call.result_index]
+    print("PV alone (same graph, inputs and pipeline; only PV differs):")
+    print("| comparison | max abs | RMS |")
+    print("|:--|--:|--:|")
+    for name, a, b in (("INT8 PV vs BF16 PV", result, others["bf16"]),
+                       ("INT8 PV vs f32 PV", result, others["f32"]),
+                       ("BF16 PV vs f32 PV", others["bf16"], others["f32"])):
+        stats = error_stats(a, b)
+        print(f"| {name} | {stats['max_abs']:.6f} | {stats['rms']:.6f} |")

@@ -1,0 +1,53 @@
+// RUN: not int8attn-opt %s --split-input-file -p verify-scale-groups 2>&1 | filecheck %s
+
+// The seed's bug: scales over logical tokens 0-31 / 32-63, values from the
+// MMAC's interleaved sets.
+// CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 7]]:10: error: W scale of group 0 is computed over tokens {0-31} but the MMAC consuming its quantized values reads tokens {0-7,16-23,32-39,48-55}
+// CHECK: note: consumer at {{.*}}verify-scale-groups-invalid.mlir:[[# @LINE + 7]]:8; scales must come from the token set the MMAC really consumes
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+#contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
+               array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @contiguous_scales(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, scale_groups = #contiguous} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  return %o : tensor<1x1x4x1x16xf32>
+}
+
+// -----
+
+// Quantized consistently, but V gathered with contiguous groups.
+// CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 7]]:8: error: 'int8attn.grouped_pv' op pairs quantized W group 0 (tokens {0-7,16-23,32-39,48-55}) with V tokens {0-31}
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+#contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
+               array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @v_gather_mismatch(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v) {groups = #contiguous} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  return %o : tensor<1x1x4x1x16xf32>
+}
+
+// -----
+
+// Consistent among themselves, but not what a gfx936 MMAC consumes with
+// 16-byte V loads.
+// CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 5]]:10: error: 'int8attn.mmac_tiles' op claims MMAC 0 consumes tokens {0-31} but gfx936's fragment model says {0-7,16-23,32-39,48-55}
+#contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
+               array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @not_the_mmac(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #contiguous} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
+  %acc = "int8attn.mmac_tiles"(%q#0, %v) {groups = #contiguous, target = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
+  return %acc : tensor<1x1x4x1x2x16xi32>
+}
+
+// -----
+
+// Wq from somewhere the verifier cannot see through.
+// CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 4]]:8: error: cannot prove the W scale groups of 'int8attn.grouped_pv': its Wq operand is not produced by 'int8attn.group_quantize'
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @opaque(%wq: tensor<1x1x4x1x2x32xi8>, %sw: tensor<1x1x4x1x2xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+  %o = "int8attn.grouped_pv"(%wq, %sw, %v) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  return %o : tensor<1x1x4x1x16xf32>
+}

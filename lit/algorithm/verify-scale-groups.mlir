@@ -1,0 +1,17 @@
+// RUN: int8attn-opt %s -p verify-scale-groups | filecheck %s
+// RUN: int8attn-opt %s -p "verify-scale-groups,pv-to-mmac,verify-scale-groups" | filecheck %s --check-prefix=TILES
+
+// Scales over the MMAC's real sets, V read through the same table: accepted
+// and left unchanged.
+// CHECK-LABEL: func.func @fragment_groups
+// CHECK: "int8attn.group_quantize"
+// CHECK: "int8attn.grouped_pv"
+// TILES-LABEL: func.func @fragment_groups
+// TILES: "int8attn.mmac_tiles"
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @fragment_groups(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  return %o : tensor<1x1x4x1x16xf32>
+}

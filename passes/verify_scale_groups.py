@@ -1,0 +1,97 @@
+"""verify-scale-groups: prove that every W scale covers its MMAC's tokens.
+
+Checks, from the IR alone, every consumer of quantized W (`grouped_pv`,
+`mmac_tiles`):
+
+- its Wq (and sW) come from one `int8attn.group_quantize`;
+- that op computes the scale of group g over exactly the tokens whose values
+  it quantizes into group g (`scale_groups` row g == `groups` row g, as sets);
+- the consumer reads V through the same `groups` table (K slot k of group g
+  pairs W and V of the same token);
+- for `mmac_tiles`, those are the tokens the target's MMAC really consumes
+  (the fragment model's groups for the block).
+
+On a mismatch it reports an error at the offending op naming both token sets,
+e.g. `{0-31}` vs `{0-7,16-23,32-39,48-55}`. It rewrites nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from iree.compiler import ir
+
+from int8attn.diagnostics import DiagnosticError, format_location
+from int8attn.dialects import int8attn as d
+from int8attn.fragments import fragment_model, format_token_set
+
+
+def _producer(value: ir.Value, consumer, what: str):
+    owner = value.owner
+    op = owner.operation if isinstance(owner, ir.OpView) else None
+    if op is None or op.name != d.GROUP_QUANTIZE:
+        raise DiagnosticError(consumer.location, f"cannot prove the W scale groups of "
+                              f"'{consumer.name}': its {what} is not produced by "
+                              f"'{d.GROUP_QUANTIZE}'")
+    return op
+
+
+def _first_mismatch(left: np.ndarray, right: np.ndarray, as_sets: bool) -> int | None:
+    for g, (a, b) in enumerate(zip(left, right)):
+        same = set(a.tolist()) == set(b.tolist()) if as_sets else np.array_equal(a, b)
+        if not same:
+            return g
+    return None
+
+
+def _check_consumer(consumer) -> None:
+    quantize = _producer(consumer.operands[0], consumer, "Wq operand")
+    if consumer.name == d.GROUPED_PV:
+        scales = _producer(consumer.operands[1], consumer, "sW operand")
+        if scales != quantize or consumer.operands[1].result_number != 1:
+            raise DiagnosticError(consumer.location, f"'{consumer.name}' op takes Wq and sW "
+                                  f"from different '{d.GROUP_QUANTIZE}' ops")
+    groups = d.groups_of(quantize)
+    consumed = d.groups_of(consumer)
+    distinct = format_location(consumer.location) != format_location(quantize.location)
+    here = (f"consumer at {format_location(consumer.location)}; " if distinct else "")
+
+    g = _first_mismatch(d.scale_groups_of(quantize), groups, as_sets=True)
+    if g is not None:
+        raise DiagnosticError(
+            quantize.location,
+            f"W scale of group {g} is computed over tokens "
+            f"{format_token_set(d.scale_groups_of(quantize)[g])} but the MMAC consuming its "
+            f"quantized values reads tokens {format_token_set(groups[g])}",
+            (f"{here}scales must come from the token set the MMAC really consumes",))
+    g = _first_mismatch(groups, consumed, as_sets=False)
+    if g is not None:
+        raise DiagnosticError(
+            consumer.location,
+            f"'{consumer.name}' op pairs quantized W group {g} (tokens "
+            f"{format_token_set(groups[g])}) with V tokens {format_token_set(consumed[g])}",
+            (f"Wq produced at {format_location(quantize.location)}",) if distinct else ())
+    if consumer.name == d.MMAC_TILES:
+        target = ir.StringAttr(consumer.attributes["target"]).value
+        real = fragment_model(target).token_groups(d.shape_of(consumer.operands[1])[3])
+        g = _first_mismatch(consumed, real, as_sets=False)
+        if g is not None:
+            raise DiagnosticError(
+                consumer.location,
+                f"'{consumer.name}' op claims MMAC {g} consumes tokens "
+                f"{format_token_set(consumed[g])} but {target}'s fragment model says "
+                f"{format_token_set(real[g])}")
+
+
+@dataclass(frozen=True)
+class VerifyScaleGroups:
+    """Prove every W scale is computed over the token set its MMAC consumes."""
+
+    argument: ClassVar[str] = "verify-scale-groups"
+
+    def run(self, module: ir.Operation) -> None:
+        for op in list(d.walk(module)):
+            if op.name in (d.GROUPED_PV, d.MMAC_TILES):
+                _check_consumer(op)
