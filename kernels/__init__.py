@@ -1,0 +1,1 @@
+"""Lane-level GPU kernels generated from a target's fragment model."""

@@ -1,0 +1,140 @@
+"""IR helpers for lane-level kernels: thread ids, lane maps, LDS, shuffles, MMA.
+
+A `Lanes` object builds inside one kernel function. Per-lane indices come in
+as `LaneMap`s from the fragment model and are emitted as shifts, masks,
+multiplies and adds of the lane id; nothing here knows a layout.
+"""
+
+from __future__ import annotations
+
+from iree.compiler import ir
+from iree.compiler.dialects import amdgpu, arith, gpu, llvm, memref, stream, vector
+
+from int8attn.fragments import LaneMap, MatrixInstruction
+
+
+def index_type() -> ir.Type:
+    return ir.IndexType.get()
+
+
+def vector_type(count: int, element: str) -> ir.VectorType:
+    return ir.VectorType.get([count], ir.Type.parse(element))
+
+
+def memref_type(shape, element: str, workgroup: bool = False) -> ir.MemRefType:
+    space = ir.Attribute.parse("#gpu.address_space<workgroup>") if workgroup else None
+    return ir.MemRefType.get(list(shape), ir.Type.parse(element), memory_space=space)
+
+
+class Lanes:
+    """Builds per-lane values of a workgroup of `threads` threads in waves."""
+
+    def __init__(self, threads: int, wave_size: int):
+        self.threads = threads
+        self.wave_size = wave_size
+        self._constants: dict[tuple[str, object], ir.Value] = {}
+        self.thread = gpu.thread_id(gpu.Dimension.x, upper_bound=threads)
+        self.lane = arith.andi(self.thread, self.index(wave_size - 1))
+        self.wave = arith.shrui(self.thread, self.index(wave_size.bit_length() - 1))
+
+    # constants -------------------------------------------------------------
+    def index(self, value: int) -> ir.Value:
+        return self._constant("index", int(value))
+
+    def f32(self, value: float) -> ir.Value:
+        return self._constant("f32", float(value))
+
+    def i32(self, value: int) -> ir.Value:
+        return self._constant("i32", int(value))
+
+    def _constant(self, element: str, value) -> ir.Value:
+        key = (element, value)
+        if key not in self._constants:
+            self._constants[key] = arith.constant(ir.Type.parse(element), value)
+        return self._constants[key]
+
+    def zeros(self, count: int, element: str) -> ir.Value:
+        t = vector_type(count, element)
+        return arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.IntegerAttr.get(
+            ir.Type.parse(element), 0)))
+
+    # lane maps ---------------------------------------------------------------
+    def of_lane(self, lane_map: LaneMap, of=None) -> ir.Value:
+        """`lane_map` evaluated on the lane id (or on `of`, e.g. the thread id)."""
+        source = self.lane if of is None else of
+        value = None
+        for lo, width, scale in lane_map.runs:
+            bits = arith.andi(arith.shrui(source, self.index(lo)), self.index((1 << width) - 1))
+            term = bits if scale == 1 else arith.muli(bits, self.index(scale))
+            value = term if value is None else arith.addi(value, term)
+        if value is None:
+            return self.index(lane_map.offset)
+        return value if lane_map.offset == 0 else arith.addi(value, self.index(lane_map.offset))
+
+    def plus(self, value: ir.Value, amount: int) -> ir.Value:
+        return value if amount == 0 else arith.addi(value, self.index(amount))
+
+    def affine(self, *terms) -> ir.Value:
+        """sum of (value, scale) pairs and plain ints."""
+        total, constant = None, 0
+        for term in terms:
+            if isinstance(term, int):
+                constant += term
+                continue
+            value, scale = term
+            part = value if scale == 1 else arith.muli(value, self.index(scale))
+            total = part if total is None else arith.addi(total, part)
+        if total is None:
+            return self.index(constant)
+        return self.plus(total, constant)
+
+    # cross-lane --------------------------------------------------------------
+    def xor_max(self, value: ir.Value, offsets) -> ir.Value:
+        for offset in offsets:
+            other = gpu.shuffle(value, self.i32(offset), self.i32(self.wave_size),
+                                gpu.ShuffleMode.XOR)[0]
+            value = arith.maximumf(value, other)
+        return value
+
+    def xor_sum(self, value: ir.Value, offsets) -> ir.Value:
+        for offset in offsets:
+            other = gpu.shuffle(value, self.i32(offset), self.i32(self.wave_size),
+                                gpu.ShuffleMode.XOR)[0]
+            value = arith.addf(value, other)
+        return value
+
+    def barrier(self) -> None:
+        gpu.barrier()
+
+    @staticmethod
+    def shared(shape, element: str) -> ir.Value:
+        return memref.AllocOp(memref_type(shape, element, workgroup=True), [], []).result
+
+
+def workgroup_id(dimension: int) -> ir.Value:
+    return stream.DispatchWorkgroupIDOp(dimension).result
+
+
+def binding(argument: ir.Value, shape, element: str, zero: ir.Value) -> ir.Value:
+    return stream.BindingSubspanOp(memref_type(shape, element), argument, zero, []).result
+
+
+def load_vector(base: ir.Value, indices, count: int, element: str) -> ir.Value:
+    return vector.LoadOp(vector_type(count, element), base, list(indices)).result
+
+
+def mma(instruction: MatrixInstruction, target: str, a: ir.Value, b: ir.Value,
+        c: ir.Value) -> ir.Value:
+    """One int8 matrix instruction on vector<8xi8> A/B fragments and a vector<4xi32> C."""
+    acc_type = vector_type(instruction.c.slots, "i32")
+    if target == "gfx942":
+        return amdgpu.MFMAOp(instruction.m, instruction.n, instruction.k, a, b, c).result
+    # gfx936: the DTK builtin takes the 8 bytes of A and B as one i64 each.
+    i64 = ir.IntegerType.get_signless(64)
+
+    def as_i64(fragment):
+        packed = vector.BitCastOp(vector_type(1, "i64"), fragment).result
+        return vector.extract(packed, [], [0])
+
+    return llvm.CallIntrinsicOp(acc_type, instruction.intrinsic, [as_i64(a), as_i64(b), c],
+                                [], []).result

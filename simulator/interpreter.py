@@ -1,0 +1,245 @@
+"""Executes lane-level kernel IR on the CPU: every thread of every workgroup at once.
+
+Each SSA value is a numpy array with a leading thread axis (all workgroups'
+threads, in order), or a broadcastable uniform. Threads run in lockstep op by
+op, so `gpu.barrier` orders LDS accesses by construction. Global and LDS
+memory are flat arrays (LDS one region per workgroup, poisoned until written);
+stores that put different values at one address in the same op are reported
+as races, loads out of bounds as errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from iree.compiler import ir
+
+from int8attn.simulator.isa import matrix_16x16x32_i8
+
+DTYPES = {"i1": np.bool_, "i8": np.int8, "i32": np.int32, "i64": np.int64, "index": np.int64,
+          "f32": np.float32}
+INTRINSICS = {"llvm.amdgcn.mmac.i32.16x16x32i8": "gfx936"}
+CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
+        5: np.greater_equal, 6: np.less, 7: np.less_equal, 8: np.greater, 9: np.greater_equal}
+CMPF = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal}
+
+
+class SimulationError(RuntimeError):
+    pass
+
+
+class _Memory:
+    """A memref view: flat buffer, shape, row-major strides, per-workgroup or global."""
+
+    def __init__(self, buffer: np.ndarray, shape, per_workgroup_size: int = 0):
+        self.buffer, self.shape = buffer, tuple(shape)
+        self.strides = tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
+        self.per_workgroup_size = per_workgroup_size
+
+    def addresses(self, indices, machine, count: int = 1) -> np.ndarray:
+        linear = np.zeros(machine.thread_count, dtype=np.int64)
+        for index, stride, extent in zip(indices, self.strides, self.shape):
+            index = np.broadcast_to(index, (machine.thread_count,))
+            if (index < 0).any() or (index >= extent).any():
+                raise SimulationError(f"index out of bounds for memref of shape {self.shape}: "
+                                      f"{int(index.min())}..{int(index.max())} vs {extent}")
+            linear = linear + index * stride
+        if self.per_workgroup_size:
+            linear = linear + machine.workgroup_index * self.per_workgroup_size
+        return linear[:, None] + np.arange(count) if count > 1 else linear
+
+    def load(self, indices, machine, count: int = 1) -> np.ndarray:
+        return self.buffer[self.addresses(indices, machine, count)]
+
+    def store(self, value, indices, machine, count: int = 1) -> None:
+        where = self.addresses(indices, machine, count).ravel()
+        value = np.broadcast_to(value, (machine.thread_count,) + ((count,) if count > 1 else ()))
+        value = value.ravel()
+        order = np.argsort(where, kind="stable")
+        same = where[order][1:] == where[order][:-1]
+        clash = same & ~_equal(value[order][1:], value[order][:-1])
+        if clash.any():
+            raise SimulationError(f"race: threads store different values to one address of "
+                                  f"memref {self.shape} in the same op")
+        self.buffer[where] = value
+
+
+def _equal(a, b):
+    return (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else a == b
+
+
+def _element(t: ir.Type) -> str:
+    return str(t.element_type) if isinstance(t, (ir.VectorType, ir.MemRefType)) else str(t)
+
+
+class Machine:
+    """Runs one kernel function over a grid with the given argument buffers."""
+
+    def __init__(self, kernel: ir.Operation, buffers: list[np.ndarray], grid, threads: int,
+                 wave_size: int):
+        self.kernel, self.buffers, self.grid = kernel, buffers, tuple(grid)
+        self.threads, self.wave_size = threads, wave_size
+        groups = int(np.prod(self.grid))
+        self.thread_count = groups * threads
+        self.workgroup_index = np.repeat(np.arange(groups), threads)
+        gx, gy, _ = self.grid
+        self.workgroup_id = (self.workgroup_index % gx, self.workgroup_index // gx % gy,
+                             self.workgroup_index // (gx * gy))
+        self.thread_id = np.tile(np.arange(threads), groups)
+        self.values: dict = {}
+
+    def run(self) -> None:
+        block = self.kernel.regions[0].blocks[0]
+        for i, argument in enumerate(block.arguments):
+            self.values[argument] = i
+        for op in block.operations:
+            op = op.operation
+            if op.name == "func.return":
+                return
+            handler = getattr(self, "op_" + op.name.replace(".", "_"), None)
+            if handler is None:
+                raise SimulationError(f"the simulator does not know '{op.name}'")
+            results = handler(op, [self.values[v] for v in op.operands])
+            if len(op.results) == 1:
+                results = (results,)
+            for value, result in zip(op.results, results or ()):
+                self.values[value] = result
+
+    # kernel environment ------------------------------------------------------
+    def op_gpu_thread_id(self, op, _):
+        return self.thread_id
+
+    def op_stream_dispatch_workgroup_id(self, op, _):
+        return self.workgroup_id[ir.IntegerAttr(op.attributes["dimension"]).value]
+
+    def op_stream_binding_subspan(self, op, operands):
+        buffer = self.buffers[operands[0]]
+        shape = ir.MemRefType(op.result.type).shape
+        if buffer.size != int(np.prod(shape)):
+            raise SimulationError(f"binding {operands[0]} has {buffer.size} elements, the "
+                                  f"kernel views it as {shape}")
+        return _Memory(buffer.reshape(-1), shape)
+
+    def op_memref_alloc(self, op, _):
+        t = ir.MemRefType(op.result.type)
+        size = int(np.prod(t.shape))
+        dtype = DTYPES[_element(t)]
+        groups = int(np.prod(self.grid))
+        poison = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+        return _Memory(np.full(groups * size, poison, dtype=dtype), t.shape, size)
+
+    def op_gpu_barrier(self, op, _):
+        return None
+
+    def op_gpu_shuffle(self, op, operands):
+        value, offset, width = operands
+        mode = str(op.attributes["mode"])
+        if "xor" not in mode:
+            raise SimulationError(f"unsupported shuffle mode {mode}")
+        lane = self.thread_id % self.wave_size
+        partner = lane ^ int(np.asarray(offset).ravel()[0])
+        if (partner >= int(np.asarray(width).ravel()[0])).any():
+            raise SimulationError("xor shuffle leaves its width")
+        source = np.arange(self.thread_count) - lane + partner
+        return np.broadcast_to(value, (self.thread_count,))[source], np.ones(1, np.bool_)
+
+    # memory -----------------------------------------------------------------
+    def op_memref_load(self, op, operands):
+        return operands[0].load(operands[1:], self)
+
+    def op_memref_store(self, op, operands):
+        operands[1].store(operands[0], operands[2:], self)
+
+    def op_vector_load(self, op, operands):
+        count = ir.VectorType(op.result.type).shape[0]
+        return operands[0].load(operands[1:], self, count)
+
+    def op_vector_store(self, op, operands):
+        count = ir.VectorType(op.operands[0].type).shape[0]
+        operands[1].store(operands[0], operands[2:], self, count)
+
+    # arithmetic -------------------------------------------------------------
+    def op_arith_constant(self, op, _):
+        t, attr = op.result.type, op.attributes["value"]
+        dtype = DTYPES[_element(t)]
+        if isinstance(t, ir.VectorType):
+            splat = ir.DenseElementsAttr(attr).get_splat_value()
+            scalar = splat.value
+            return np.full((1, t.shape[0]), scalar, dtype=dtype)
+        return np.array([attr.value], dtype=dtype)
+
+    def _binary(fn):
+        def handler(self, op, operands):
+            with np.errstate(all="ignore"):
+                result = fn(*operands)
+            return result.astype(DTYPES[_element(op.result.type)], copy=False)
+        return handler
+
+    op_arith_addi = _binary(np.add)
+    op_arith_subi = _binary(np.subtract)
+    op_arith_muli = _binary(np.multiply)
+    op_arith_divui = _binary(np.floor_divide)
+    op_arith_remui = _binary(np.remainder)
+    op_arith_andi = _binary(np.bitwise_and)
+    op_arith_shrui = _binary(np.right_shift)
+    op_arith_addf = _binary(np.add)
+    op_arith_subf = _binary(np.subtract)
+    op_arith_mulf = _binary(np.multiply)
+    op_arith_divf = _binary(np.divide)
+    op_arith_maximumf = _binary(np.maximum)
+    op_arith_minimumf = _binary(np.minimum)
+    op_math_exp = _binary(np.exp)
+    op_math_absf = _binary(np.abs)
+    op_math_roundeven = _binary(np.rint)
+
+    def op_arith_cmpi(self, op, operands):
+        return CMPI[ir.IntegerAttr(op.attributes["predicate"]).value](*operands)
+
+    def op_arith_cmpf(self, op, operands):
+        return CMPF[ir.IntegerAttr(op.attributes["predicate"]).value](*operands)
+
+    def op_arith_select(self, op, operands):
+        return np.where(*operands)
+
+    def op_arith_sitofp(self, op, operands):
+        return operands[0].astype(np.float32)
+
+    def op_arith_fptosi(self, op, operands):
+        return np.trunc(operands[0]).astype(DTYPES[_element(op.result.type)])
+
+    def op_arith_index_cast(self, op, operands):
+        return operands[0].astype(DTYPES[_element(op.result.type)])
+
+    # vectors and matrix instructions -----------------------------------------
+    def op_vector_extract(self, op, operands):
+        position = list(ir.DenseI64ArrayAttr(op.attributes["static_position"]))
+        return operands[0][..., position[0]]
+
+    def op_vector_extract_strided_slice(self, op, operands):
+        offset = ir.IntegerAttr(ir.ArrayAttr(op.attributes["offsets"])[0]).value
+        size = ir.IntegerAttr(ir.ArrayAttr(op.attributes["sizes"])[0]).value
+        return operands[0][..., offset:offset + size]
+
+    def op_vector_bitcast(self, op, operands):
+        dtype = DTYPES[_element(op.result.type)]
+        source = np.ascontiguousarray(operands[0])
+        return source.view(dtype)
+
+    def _matrix(self, target, a, b, c):
+        waves = self.thread_count // self.wave_size
+        full = lambda x, n: np.broadcast_to(x, (self.thread_count, n)).reshape(waves, self.wave_size, n)
+        out = matrix_16x16x32_i8(target, full(a, 8), full(b, 8), full(c, 4))
+        return out.reshape(self.thread_count, 4)
+
+    def op_llvm_call_intrinsic(self, op, operands):
+        name = ir.StringAttr(op.attributes["intrin"]).value
+        if name not in INTRINSICS:
+            raise SimulationError(f"unknown intrinsic {name}")
+        a, b, c = operands
+        as_bytes = lambda x: np.ascontiguousarray(np.broadcast_to(x, (self.thread_count,))).view(np.int8).reshape(-1, 8)
+        return self._matrix(INTRINSICS[name], as_bytes(a), as_bytes(b), c)
+
+    def op_amdgpu_mfma(self, op, operands):
+        shape = tuple(ir.IntegerAttr(op.attributes[k]).value for k in ("m", "n", "k"))
+        if shape != (16, 16, 32):
+            raise SimulationError(f"unsupported amdgpu.mfma shape {shape}")
+        return self._matrix("gfx942", *operands)

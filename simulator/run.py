@@ -1,0 +1,41 @@
+"""Run one stream.executable of a module: its grid, its kernel, the buffers."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from iree.compiler import ir
+
+from int8attn.dialects.int8attn import walk
+from int8attn.simulator.interpreter import Machine, SimulationError
+
+
+def _executable(module: ir.Operation, name: str) -> ir.Operation:
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "stream.executable" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    raise SimulationError(f"no stream.executable @{name}")
+
+
+def _grid(executable: ir.Operation) -> tuple[int, ...]:
+    export = next(op for op in walk(executable) if op.name == "stream.executable.export")
+    values = {}
+    for op in export.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "arith.constant":
+            values[op.result] = ir.IntegerAttr(op.attributes["value"]).value
+        elif op.name == "stream.return":
+            return tuple(values[v] for v in op.operands)
+    raise SimulationError("the export's workgroup count is not a list of constants")
+
+
+def run_executable(module: ir.Operation, name: str, buffers: list[np.ndarray]) -> None:
+    """Execute @name's kernel over its grid; output buffers are written in place."""
+    executable = _executable(module, name)
+    kernel = next(op for op in walk(executable) if op.name == "func.func")
+    info = str(kernel.attributes["translation_info"])
+    threads = int(re.search(r"workgroup_size = \[(\d+)", info).group(1))
+    wave = int(re.search(r"subgroup_size = (\d+)", info).group(1))
+    Machine(kernel, buffers, _grid(executable), threads, wave).run()
