@@ -21,6 +21,7 @@ from int8attn.files import OutputError, check_output_path, write_atomic
 from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS
 from int8attn.pipelines import PV_CHOICES
 from int8attn.pipelines.compile import BACKENDS, CompileOptions, StageError
+from int8attn.pipelines.kernel import KERNEL_TARGETS
 from int8attn.runtime.module import InputError
 
 
@@ -30,8 +31,10 @@ class UserError(Exception):
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("graph", help="MLIR file with int8attn.attention graphs")
-    parser.add_argument("--target", choices=sorted(BACKENDS), default="cpu",
-                        help="where the module runs (default: cpu, IREE llvm-cpu)")
+    parser.add_argument("--target", choices=sorted(BACKENDS) + list(KERNEL_TARGETS),
+                        default="cpu",
+                        help="cpu: the tensor-level pipeline on IREE llvm-cpu (default); "
+                             "gfx936/gfx942: the lane-level decode kernels")
     parser.add_argument("--pv", choices=PV_CHOICES, default="int8",
                         help="PV precision: int8 (MMAC tiles), or the bf16/f32 baselines "
                              "(default: int8)")
@@ -55,9 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                                       description="Run the whole pipeline, then IREE.")
     _add_compile_options(compile_cmd)
     compile_cmd.add_argument("-o", "--output", required=True, help="output file")
-    compile_cmd.add_argument("--emit", choices=("vmfb", "linalg"), default="vmfb",
-                             help="vmfb: the IREE module (default); linalg: the IR the "
-                                  "pipeline hands to IREE")
+    compile_cmd.add_argument("--emit", choices=("vmfb", "linalg", "mlir", "isa"), default=None,
+                             help="cpu: vmfb (default) or linalg, the IR handed to IREE; "
+                                  "gfx936: mlir (default), the kernel IR with MMAC intrinsics; "
+                                  "gfx942: vmfb (default), mlir or isa (AMDGPU assembly). "
+                                  "'-o -' writes text to stdout")
 
     run_cmd = commands.add_parser(
         "run", help="compile (cached) and execute on the IREE CPU runtime",
@@ -67,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--inputs", help="npz with the arguments as arg0, arg1, ...")
     run_cmd.add_argument("--output", help="npz to write the results to (result0, ...)")
     run_cmd.add_argument("--function", help="public function to call (default: the only one)")
+    run_cmd.add_argument("--simulate", action="store_true",
+                         help="with --target gfx936/gfx942: run the generated lane-level "
+                              "kernels in the lane simulator")
     run_cmd.add_argument("--seed", type=int, default=None,
                          help="seed of the random inputs (default: drawn and printed)")
     run_cmd.add_argument("--no-cache", action="store_true",
@@ -95,6 +103,12 @@ def _read_graph(path: str) -> str:
 def cmd_compile(args) -> int:
     from int8attn.pipelines.compile import compile_graph, make_linalg, new_context, parse_graph
 
+    if args.target in KERNEL_TARGETS:
+        from int8attn.cli_kernels import compile_kernels
+
+        return compile_kernels(args, _read_graph(args.graph))
+    if args.emit not in (None, "vmfb", "linalg"):
+        raise UserError(f"--emit {args.emit} needs --target gfx936 or gfx942")
     output = check_output_path(args.output, [args.graph])
     source = _read_graph(args.graph)
     options = _options(args)
@@ -168,6 +182,10 @@ def cmd_run(args) -> int:
     if args.output:
         check_output_path(args.output, [args.graph, args.inputs])
     source = _read_graph(args.graph)
+    if args.target in KERNEL_TARGETS or args.simulate:
+        from int8attn.cli_kernels import run_simulated
+
+        return run_simulated(args, source, _load_inputs, _report)
     options = _options(args)
     start = time.perf_counter()
     graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,

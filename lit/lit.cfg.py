@@ -14,7 +14,7 @@ config.environment["PATH"] = os.environ.get("PATH", "")
 for var in ("HOME", "INT8ATTN_CACHE_DIR", "PYTHONPATH", "VIRTUAL_ENV"):
     if var in os.environ:
         config.environment[var] = os.environ[var]
-for tool in ("int8attn-opt", "filecheck"):
+for tool in ("int8attn-opt", "int8attn", "filecheck"):
     if shutil.which(tool) is None:
         lit_config.fatal(f"'{tool}' is not on PATH; install the project with "
                          f"pip install -e '.[test]'")

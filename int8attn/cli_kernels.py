@@ -1,0 +1,82 @@
+"""`int8attn compile/run` for the lane-level kernel targets (gfx936, gfx942)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from int8attn.files import check_output_path, write_atomic
+
+EMITS = {"gfx936": ("mlir",), "gfx942": ("vmfb", "mlir", "isa")}
+
+
+def _write(output: str, data, graph: str) -> None:
+    if output == "-":
+        sys.stdout.write(data if isinstance(data, str) else data.decode())
+        return
+    write_atomic(check_output_path(output, [graph]), data, [graph])
+
+
+def compile_kernels(args, source: str) -> int:
+    from int8attn.cli import UserError
+    from int8attn.pipelines.kernel import make_kernel_module, make_rocm_vmfb
+
+    emit = args.emit or EMITS[args.target][0]
+    if emit not in EMITS[args.target]:
+        raise UserError(f"--target {args.target} emits {' or '.join(EMITS[args.target])}, "
+                        f"not {emit}")
+    if args.output != "-":
+        check_output_path(args.output, [args.graph])
+    start = time.perf_counter()
+    kernel_ir = make_kernel_module(source, args.graph, args.target)
+    if emit == "mlir":
+        _write(args.output, kernel_ir, args.graph)
+        return 0
+    vmfb, isa = make_rocm_vmfb(kernel_ir, args.target)
+    _write(args.output, vmfb if emit == "vmfb" else isa, args.graph)
+    print(f"{args.target} kernels compiled by IREE's ROCm backend in "
+          f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
+    return 0
+
+
+def run_simulated(args, source: str, load_inputs, report) -> int:
+    from int8attn.cli import UserError
+    from int8attn.graph import describe_functions, random_inputs
+    from int8attn.pipelines.compile import CompileOptions, new_context, parse_graph
+    from int8attn.simulator import simulate_decode
+
+    if args.target not in EMITS or not args.simulate:
+        raise UserError(f"--target {args.target} runs only in the lane simulator here (add "
+                        f"--simulate); --simulate needs --target gfx936 or gfx942")
+    with new_context():
+        infos = describe_functions(parse_graph(source, args.graph))
+    candidates = [i for n, i in infos.items() if args.function in (None, n)]
+    if len(candidates) != 1 or candidates[0].attention is None:
+        raise UserError("--simulate needs one public function (or --function) returning an "
+                        "int8attn.attention of its arguments")
+    info = candidates[0]
+    if info.attention.mode != "decode":
+        raise UserError(f"the {args.target} kernel covers decode; run mode = "
+                        f"\"{info.attention.mode}\" with --target cpu")
+    if args.inputs:
+        arrays = load_inputs(args.inputs, info)
+    else:
+        seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        print(f"random inputs, seed {seed} (repeat with --seed {seed})")
+        arrays = random_inputs(info, seed)
+    start = time.perf_counter()
+    operands = [arrays[i] for i in info.attention.argument_of]
+    out = simulate_decode(*operands, info.attention.softmax_scale, target=args.target)
+    print(f"@{info.name}: {args.target} kernels simulated in {time.perf_counter() - start:.2f} s")
+    if args.output:
+        import io
+
+        buffer = io.BytesIO()
+        np.savez(buffer, result0=out)
+        write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
+        print(f"wrote {args.output} (result0)")
+    if not args.inputs:
+        report([out], arrays, info, CompileOptions(target=args.target))
+    return 0

@@ -1,0 +1,54 @@
+// RUN: int8attn compile %s --target gfx936 --emit mlir -o - | filecheck %s
+// RUN: int8attn compile %s --target gfx942 --emit mlir -o - | filecheck %s --check-prefix=GFX942
+
+// Decode, 32 query heads over 8 KV heads, D = 128, 4096 tokens (16 partitions).
+// Per wave: QK = 4 token blocks x 4 K steps, PV = 2 MMACs x 8 head-dim tiles.
+// CHECK-LABEL: stream.executable private @decode_partition
+// CHECK: workgroups() -> (index, index, index)
+// CHECK-DAG: %[[P:.*]] = arith.constant 16 : index
+// CHECK-DAG: %[[H:.*]] = arith.constant 8 : index
+// CHECK: stream.return %[[P]], %[[H]], %{{.*}} : index, index, index
+// CHECK: func.func @decode_partition
+// CHECK-SAME: translation_info = #translation
+// CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"(%{{.*}}, %{{.*}}, %{{.*}}) : (i64, i64, vector<4xi32>) -> vector<4xi32>
+// CHECK-NOT: llvm.call_intrinsic
+// CHECK-LABEL: stream.executable private @decode_merge
+// CHECK-NOT: llvm.call_intrinsic
+// CHECK-LABEL: func.func @decode(
+
+// The W absmax per (row, MMAC): |W| maxed in-lane, then xor shuffles 16 and
+// 32 over the four lanes that share a row in the gfx936 C "jump" layout.
+// ABSMAX-LABEL: func.func @decode_partition
+// ABSMAX: math.absf
+// ABSMAX: %[[S16:.*]], %{{.*}} = gpu.shuffle xor %[[A:[^,]*]], %c16_i32, %c64_i32 : f32
+// ABSMAX-NEXT: %[[M16:.*]] = arith.maximumf %[[A]], %[[S16]] : f32
+// ABSMAX-NEXT: %[[S32:.*]], %{{.*}} = gpu.shuffle xor %[[M16]], %c32_i32, %c64_i32 : f32
+// ABSMAX-NEXT: arith.maximumf %[[M16]], %[[S32]] : f32
+// ABSMAX-NOT: gpu.shuffle xor %{{.*}}, %c1_i32
+// RUN: int8attn compile %s --target gfx936 --emit mlir -o - | filecheck %s --check-prefix=ABSMAX
+
+// V is read 16 bytes per lane from the token-innermost cache [B, Hkv, D, S].
+// VLOAD: func.func @decode_partition
+// VLOAD-COUNT-8: vector.load %{{.*}} : memref<1x8x128x4096xi8>, vector<16xi8>
+// VLOAD-NOT: vector<8xi8> from memref<1x8x128x4096xi8>
+// RUN: int8attn compile %s --target gfx936 --emit mlir -o - | filecheck %s --check-prefix=VLOAD
+
+// gfx942: same generator, MFMA C layout: the absmax reduces over lane bits
+// 1, 2, 4 (lanes sharing a row and a group), and PV is amdgpu.mfma.
+// GFX942-LABEL: func.func @decode_partition
+// GFX942-COUNT-16: amdgpu.mfma 16x16x32
+// GFX942: math.absf
+// GFX942: gpu.shuffle xor %{{.*}}, %c1_i32, %c64_i32 : f32
+// GFX942-NEXT: arith.maximumf
+// GFX942-NEXT: gpu.shuffle xor %{{.*}}, %c2_i32, %c64_i32 : f32
+// GFX942-NEXT: arith.maximumf
+// GFX942-NEXT: gpu.shuffle xor %{{.*}}, %c4_i32, %c64_i32 : f32
+// GFX942-NEXT: arith.maximumf
+// GFX942-NOT: %c8_i32, %c64_i32
+// GFX942-COUNT-16: amdgpu.mfma 16x16x32
+// GFX942-NOT: amdgpu.mfma
+// GFX942-LABEL: stream.executable private @decode_merge
+func.func @decode(%q: tensor<1x32x128xf32>, %k: tensor<1x8x4096x128xi8>, %ks: tensor<1x8x4096xf32>, %v: tensor<1x8x4096x128xi8>, %vs: tensor<1x8x4096xf32>) -> tensor<1x32x128xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.0883883461 : f32} : (tensor<1x32x128xf32>, tensor<1x8x4096x128xi8>, tensor<1x8x4096xf32>, tensor<1x8x4096x128xi8>, tensor<1x8x4096xf32>) -> tensor<1x32x128xf32>
+  return %o : tensor<1x32x128xf32>
+}

@@ -1,0 +1,131 @@
+"""Lane-level decode kernels: generated IR, the lane simulator, gfx942 through IREE."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from conftest import decode_inputs, seeded_rng
+from int8attn import reference as ref
+from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
+from int8attn.graph import decode_graph
+from int8attn.simulator import simulate_decode
+from int8attn.simulator.isa import matrix_16x16x32_i8
+from test_cli import run
+
+FRAGMENT_TOL = 5e-5
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942"])
+def test_isa_tables_agree_with_the_fragment_model(target):
+    # Two independent encodings of the same instruction: scatter random matrices
+    # into lanes with the fragment model, multiply with the simulator's ISA table.
+    rng = seeded_rng(40)
+    inst = fragment_model(target).instruction
+    a = rng.integers(-127, 128, (16, 32))
+    b = rng.integers(-127, 128, (32, 16))
+    c = rng.integers(-1000, 1000, (16, 16))
+    lanes = lambda layout, m: m[layout.coords[..., 0], layout.coords[..., 1]]
+    out = matrix_16x16x32_i8(target, lanes(inst.a, a)[None], lanes(inst.b, b)[None],
+                             lanes(inst.c, c)[None].astype(np.int32))[0]
+    assert np.array_equal(out, lanes(inst.c, a @ b + c))
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942"])
+@pytest.mark.parametrize("shape", [
+    (1, 8, 2, 300, 64),      # ragged, D=64, GQA 4:1
+    (2, 4, 1, 1000, 128),    # batch 2, MQA, D=128
+    (1, 16, 4, 257, 64),     # one token into the second partition
+    (1, 4, 4, 40, 128),      # shorter than one wave, MHA
+])
+def test_simulated_kernels_match_the_fragment_reference(target, shape):
+    args = decode_inputs(sum(shape), *shape)
+    scale = shape[-1] ** -0.5
+    out = simulate_decode(*args, scale, target=target)
+    fragment = ref.fragment_attention(*args, scale, target=target)
+    slack = ref.rounding_tie_slack(*args, scale, target=target)
+    err = np.abs(out - fragment)
+    assert (err <= FRAGMENT_TOL + slack).all(), f"{target} {shape}: {err.max():.3e}"
+    print(f"{target} {shape}: simulated kernel vs fragment reference max abs {err.max():.3e}")
+
+
+def test_a_wrong_layout_fails_the_comparison():
+    # The MFMA C layout on gfx936: the kernel misreads which row and token each
+    # score register holds; the simulator executes the real gfx936 MMAC.
+    shape = (1, 8, 2, 300, 64)
+    args = decode_inputs(50, *shape)
+    wrong = FragmentModel("gfx936", dataclasses.replace(GFX936_MMAC, c=GFX942_MFMA.c),
+                          VLoadScheme(16))
+    out = simulate_decode(*args, 0.125, target="gfx936", fragments=wrong)
+    fragment = ref.fragment_attention(*args, 0.125)
+    assert not np.isfinite(out).all() or np.abs(out - fragment).max() > 1e-2
+
+
+def test_the_load_scheme_sets_the_groups_end_to_end():
+    # A kernel generated for 8-byte V loads consumes contiguous groups: it matches
+    # the contiguous-group reference, not the interleaved one.
+    shape = (1, 8, 2, 512, 64)
+    args = decode_inputs(51, *shape)
+    eight = fragment_model("gfx936").with_v_load(8)
+    out = simulate_decode(*args, 0.125, target="gfx936", fragments=eight)
+    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight)
+    interleaved = ref.fragment_attention(*args, 0.125)
+    assert np.abs(out - contiguous).max() <= FRAGMENT_TOL
+    assert np.abs(out - interleaved).max() > 10 * np.abs(out - contiguous).max()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_mmacs_per_wave(tmp_path, head_dim):
+    path = tmp_path / "decode.mlir"
+    path.write_text(decode_graph(1, 8, 2, 600, head_dim))
+    text = run("int8attn", "compile", path, "--target", "gfx936", "-o", "-", check_rc=0).stdout
+    partition = text[:text.index("stream.executable private @decode_merge")]
+    qk = (64 // 16) * (head_dim // 32)          # token blocks x K steps
+    pv = 2 * (head_dim // 16)                   # MMACs x head-dim tiles
+    assert partition.count('llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"') == qk + pv
+
+
+def test_gfx942_isa_has_the_int8_mfma(tmp_path):
+    path = tmp_path / "decode.mlir"
+    path.write_text(decode_graph(1, 8, 2, 600, 64))
+    isa = tmp_path / "decode.s"
+    run("int8attn", "compile", path, "--target", "gfx942", "--emit", "isa", "-o", isa, check_rc=0)
+    text = isa.read_text()
+    assert text.count("v_mfma_i32_16x16x32_i8") == (64 // 16) * (64 // 32) + 2 * (64 // 16)
+    assert "s_barrier" in text
+    vmfb = tmp_path / "decode.vmfb"
+    run("int8attn", "compile", path, "--target", "gfx942", "-o", vmfb, check_rc=0)
+    assert vmfb.stat().st_size > 1000
+
+
+def test_run_simulate_with_inputs_and_output(tmp_path):
+    path = tmp_path / "decode.mlir"
+    path.write_text(decode_graph(1, 4, 1, 100, 64))
+    arrays = decode_inputs(52, 1, 4, 1, 100, 64)
+    np.savez(tmp_path / "in.npz", **{f"arg{i}": a for i, a in enumerate(arrays)})
+    run("int8attn", "run", path, "--target", "gfx936", "--simulate", "--inputs",
+        tmp_path / "in.npz", "--output", tmp_path / "out.npz", check_rc=0)
+    with np.load(tmp_path / "out.npz") as out:
+        expected = ref.fragment_attention(*arrays, 0.125)
+        assert np.abs(out["result0"] - expected).max() <= FRAGMENT_TOL
+    report = run("int8attn", "run", path, "--target", "gfx942", "--simulate", "--seed", "1",
+                 check_rc=0).stdout
+    fragment_err = float(re.search(r"vs fragment-level reference\s+max abs ([0-9.e+-]+)",
+                                   report).group(1))
+    assert fragment_err <= FRAGMENT_TOL
+
+
+def test_kernel_targets_reject_what_they_do_not_cover(tmp_path):
+    from int8attn.graph import prefill_graph
+
+    path = tmp_path / "prefill.mlir"
+    path.write_text(prefill_graph(1, 4, 1, 100, 5, 64))
+    proc = run("int8attn", "compile", path, "--target", "gfx936", "-o", "-", check_rc=1)
+    assert "kernel covers decode" in proc.stderr
+    decode = tmp_path / "decode.mlir"
+    decode.write_text(decode_graph(1, 4, 1, 100, 64))
+    assert "add --simulate" in run("int8attn", "run", decode, "--target", "gfx942",
+                                   check_rc=1).stderr
+    assert "emits mlir" in run("int8attn", "compile", decode, "--target", "gfx936", "--emit",
+                               "isa", "-o", tmp_path / "x.s", check_rc=1).stderr
