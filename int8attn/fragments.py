@@ -30,6 +30,7 @@ __all__ = [
     "FragmentModel",
     "GFX936_MMAC",
     "GFX942_MFMA",
+    "SM80_MMA_S8",
     "TARGETS",
     "fragment_model",
     "format_token_set",
@@ -67,6 +68,26 @@ class OperandLayout:
         row, col = self.coords[lane, slot]
         return int(row), int(col)
 
+    def runs(self, axis: int) -> list[tuple[int, int]]:
+        """(first slot, length) of the slot runs that are consecutive along `axis`
+        (the other coordinate fixed) on every lane: one vector load each."""
+        coords = self.coords
+        other = 1 - axis
+        starts = [0]
+        for slot in range(1, self.slots):
+            step = coords[:, slot] - coords[:, slot - 1]
+            if not ((step[:, axis] == 1) & (step[:, other] == 0)).all():
+                starts.append(slot)
+        bounds = starts + [self.slots]
+        return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
+
+    def lane_groups(self, axis: int) -> np.ndarray:
+        """int [lanes]: rank of each lane's set of `axis` coordinates (lanes that
+        hold the same K rows of B form one group), ordered by the smallest."""
+        keys = [tuple(sorted(set(self.coords[l, :, axis].tolist()))) for l in range(self.lanes)]
+        order = {key: rank for rank, key in enumerate(sorted(set(keys)))}
+        return np.array([order[key] for key in keys], dtype=np.int64)
+
     def owner(self) -> dict[tuple[int, int], tuple[int, int]]:
         """Inverse map: matrix element (row, col) -> (lane, slot)."""
         return {self.element(l, s): (l, s)
@@ -75,7 +96,11 @@ class OperandLayout:
 
 @dataclass(frozen=True, eq=False)
 class MatrixInstruction:
-    """An int8 x int8 -> int32 matrix instruction: C[MxN] += A[MxK] * B[KxN]."""
+    """An int8 x int8 -> int32 matrix instruction: C[MxN] += A[MxK] * B[KxN].
+
+    `a_vector`, `b_vector`, `c_vector` are the operand register shapes the
+    instruction's IR op takes (e.g. vector<8xi8>, or vector<4x4xi8> for PTX).
+    """
 
     name: str
     intrinsic: str
@@ -86,6 +111,9 @@ class MatrixInstruction:
     a: OperandLayout
     b: OperandLayout
     c: OperandLayout
+    a_vector: tuple[int, ...] = (8,)
+    b_vector: tuple[int, ...] = (8,)
+    c_vector: tuple[int, ...] = (4,)
 
 
 def _wave64_16x16x32(name: str, intrinsic: str,
@@ -108,6 +136,35 @@ GFX936_MMAC = _wave64_16x16x32(
 GFX942_MFMA = _wave64_16x16x32(
     "v_mfma_i32_16x16x32_i8", "llvm.amdgcn.mfma.i32.16x16x32.i8",
     lambda l, i: (4 * (l // 16) + i, l % 16))
+
+
+def _ptx_m16n8k32_a(l: int, s: int) -> tuple[int, int]:
+    # registers a0..a3 of 4 bytes: rows {g, g+8, g, g+8}, k {4t.., 4t.., 16+4t.., 16+4t..}
+    g, t = l // 4, l % 4
+    reg, byte = divmod(s, 4)
+    return g + 8 * (reg % 2), 16 * (reg // 2) + 4 * t + byte
+
+
+def _ptx_m16n8k32_b(l: int, s: int) -> tuple[int, int]:
+    # registers b0, b1 of 4 bytes: k {4t.., 16+4t..}, column g
+    g, t = l // 4, l % 4
+    reg, byte = divmod(s, 4)
+    return 16 * reg + 4 * t + byte, g
+
+
+def _ptx_m16n8_c(l: int, i: int) -> tuple[int, int]:
+    # c0..c3: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+    g, t = l // 4, l % 4
+    return g + 8 * (i // 2), 2 * t + i % 2
+
+
+# NVIDIA sm_80+: mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32, 32-lane warps.
+SM80_MMA_S8 = MatrixInstruction(
+    name="mma.sync.m16n8k32.s8", intrinsic="nvgpu.mma.sync", m=16, n=8, k=32, wave_size=32,
+    a=OperandLayout.from_table("A", 32, 16, _ptx_m16n8k32_a),
+    b=OperandLayout.from_table("B", 32, 8, _ptx_m16n8k32_b),
+    c=OperandLayout.from_table("C", 32, 4, _ptx_m16n8_c),
+    a_vector=(4, 4), b_vector=(2, 4), c_vector=(2, 2))
 
 
 @dataclass(frozen=True)
@@ -160,15 +217,15 @@ class FragmentModel:
     def wave_token_groups(self) -> np.ndarray:
         """int64 [mmacs_per_wave, K]: token (within the wave) of each K slot."""
         b = self.instruction.b
-        lane_groups = self.instruction.k // b.slots
+        lane_group = b.lane_groups(axis=0)
+        lane_groups = int(lane_group.max()) + 1
         groups = np.full((self.mmacs_per_wave, self.instruction.k), -1, dtype=np.int64)
         for mmac in range(self.mmacs_per_wave):
             for lane in range(b.lanes):
                 for slot in range(b.slots):
                     k_row, _ = b.element(lane, slot)
-                    lane_group = b.element(lane, 0)[0] // b.slots
                     token = self.v_load.token_of_byte(
-                        lane_group, lane_groups, mmac * b.slots + slot)
+                        int(lane_group[lane]), lane_groups, mmac * b.slots + slot)
                     if groups[mmac, k_row] not in (-1, token):
                         raise ValueError(
                             f"{self.target}: lanes disagree on the token of K slot "
@@ -224,6 +281,8 @@ TARGETS: dict[str, FragmentModel] = {
     # The seed's decode kernel: 16-byte V loads from the token-innermost cache.
     "gfx936": FragmentModel("gfx936", GFX936_MMAC, VLoadScheme(16)),
     "gfx942": FragmentModel("gfx942", GFX942_MFMA, VLoadScheme(16)),
+    # NVIDIA: 4 warps of 32 lanes per 256-token partition, 64 tokens per warp.
+    "cuda": FragmentModel("cuda", SM80_MMA_S8, VLoadScheme(16)),
 }
 
 
@@ -344,25 +403,25 @@ class DecodeKernelLayout:
     def blocks(self) -> int:
         return self.model.wave_tokens // self.instruction.n
 
-    def _contiguous_start(self, layout: OperandLayout, axis: int) -> LaneMap:
-        coords = layout.coords
-        start = coords[:, :1, axis]
-        if not np.array_equal(coords[:, :, axis], start + np.arange(layout.slots)):
-            raise ValueError(f"{layout.name} slots are not contiguous along axis {axis}")
-        return LaneMap.fit(start[:, 0])
+    # QK: A = query rows x head dim, B = head dim x tokens. Operands load as
+    # runs of slots consecutive along K; each run is one vector load.
+    def a_runs(self) -> list[tuple[LaneMap, LaneMap, int]]:
+        """(row, first K, length) of each A run, in register order."""
+        coords = self.instruction.a.coords
+        return [(LaneMap.fit(coords[:, first, 0]), LaneMap.fit(coords[:, first, 1]), length)
+                for first, length in self.instruction.a.runs(axis=1)]
 
-    # QK: A = query rows x head dim, B = head dim x tokens.
-    def a_row(self) -> LaneMap:
-        return LaneMap.fit(self.instruction.a.coords[:, 0, 0])
-
-    def a_k_start(self) -> LaneMap:
-        return self._contiguous_start(self.instruction.a, 1)
-
-    def b_k_start(self) -> LaneMap:
-        return self._contiguous_start(self.instruction.b, 0)
+    def b_runs(self) -> list[tuple[LaneMap, int]]:
+        """(first K, length) of each B run, in register order."""
+        coords = self.instruction.b.coords
+        return [(LaneMap.fit(coords[:, first, 0]), length)
+                for first, length in self.instruction.b.runs(axis=0)]
 
     def b_col(self) -> LaneMap:
-        return LaneMap.fit(self.instruction.b.coords[:, 0, 1])
+        cols = self.instruction.b.coords[:, :, 1]
+        if not (cols == cols[:, :1]).all():
+            raise ValueError("a lane's B slots span several columns")
+        return LaneMap.fit(cols[:, 0])
 
     def c_row(self, i: int) -> LaneMap:
         return LaneMap.fit(self.instruction.c.coords[:, i, 0])
@@ -395,34 +454,41 @@ class DecodeKernelLayout:
         return xor_reduction_offsets(self.group_keys())
 
     # PV: A = Wq rows x the group's tokens (from LDS), B = V tokens x head dim.
-    def a_token_start(self, mmac: int) -> LaneMap:
-        """Wave token of the first of a lane's A slots for PV MMAC `mmac`."""
+    def a_token_runs(self, mmac: int) -> list[tuple[LaneMap, LaneMap, int]]:
+        """(row, first wave token, length) of each A run of PV MMAC `mmac`: the
+        run's K slots must be consecutive tokens, i.e. consecutive LDS bytes."""
         groups = self.model.wave_token_groups[mmac]
-        k = self.instruction.a.coords[:, :, 1]
-        tokens = groups[k]
-        if not np.array_equal(tokens, tokens[:, :1] + np.arange(k.shape[1])):
-            raise ValueError("a lane's A slots are not consecutive tokens in LDS")
-        return LaneMap.fit(tokens[:, 0])
+        coords = self.instruction.a.coords
+        runs = []
+        for first, length in self.instruction.a.runs(axis=1):
+            tokens = groups[coords[:, first:first + length, 1]]
+            if not np.array_equal(tokens, tokens[:, :1] + np.arange(length)):
+                raise ValueError("an A run's K slots are not consecutive tokens in LDS")
+            runs.append((LaneMap.fit(coords[:, first, 0]), LaneMap.fit(tokens[:, 0]), length))
+        return runs
 
     def v_loads(self) -> int:
-        total = self.mmacs_per_wave_bytes()
-        return total // self.model.v_load.bytes_per_lane
-
-    def mmacs_per_wave_bytes(self) -> int:
-        return self.model.mmacs_per_wave * self.instruction.b.slots
+        return self.model.mmacs_per_wave * self.instruction.b.slots // \
+            self.model.v_load.bytes_per_lane
 
     def v_load_start(self, load: int) -> LaneMap:
         """Wave token of the first byte of a lane's `load`-th V load."""
-        b = self.instruction.b
-        lane_groups = self.instruction.k // b.slots
-        lane_group = b.coords[:, 0, 0] // b.slots
+        lane_group = self.instruction.b.lane_groups(axis=0)
+        groups = int(lane_group.max()) + 1
         width = self.model.v_load.bytes_per_lane
-        return LaneMap.fit([self.model.v_load.token_of_byte(int(g), lane_groups, load * width)
+        return LaneMap.fit([self.model.v_load.token_of_byte(int(g), groups, load * width)
                             for g in lane_group])
 
-    def v_bytes_of_mmac(self, mmac: int) -> tuple[int, int]:
-        """(load, byte offset in it) of the B slots of PV MMAC `mmac`."""
-        return divmod(mmac * self.instruction.b.slots, self.model.v_load.bytes_per_lane)
+    def v_runs_of_mmac(self, mmac: int) -> list[tuple[int, int, int]]:
+        """(load, byte offset in it, length) of each B run of PV MMAC `mmac`."""
+        width = self.model.v_load.bytes_per_lane
+        runs = []
+        for first, length in self.instruction.b.runs(axis=0):
+            load, offset = divmod(mmac * self.instruction.b.slots + first, width)
+            if offset + length > width:
+                raise ValueError("a B run straddles two V loads")
+            runs.append((load, offset, length))
+        return runs
 
 
 def thread_distribution(rows: int, cols: int, threads: int) -> tuple[int, list[tuple[LaneMap, LaneMap]]]:

@@ -26,7 +26,7 @@ from iree.compiler.dialects import arith, func, math, memref, stream, vector
 
 from int8attn.fragments import (DecodeKernelLayout, FragmentModel, element_classes,
                                 thread_distribution)
-from int8attn.kernels.lanes import (Lanes, binding, load_vector, mma, vector_type,
+from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
                                     workgroup_id)
 
 ROWS = 16  # MMAC M: query rows of a tile (GQA heads, zero-padded)
@@ -143,26 +143,27 @@ class _PartitionKernel:
     def qk(self):
         """Scores of the lane's C elements, f32, masked past the context."""
         lanes, inst, (b, h) = self.lanes, self.instruction, self.where
-        a_row = lanes.of_lane(self.layout.a_row())
-        a_k = lanes.of_lane(self.layout.a_k_start())
-        b_k = lanes.of_lane(self.layout.b_k_start())
+        a_runs = [(lanes.of_lane(row), lanes.of_lane(k), n) for row, k, n in self.layout.a_runs()]
+        b_runs = [(lanes.of_lane(k), n) for k, n in self.layout.b_runs()]
         b_col = lanes.of_lane(self.layout.b_col())
         scores = []
         for n in range(self.layout.blocks):
             token = lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n)
-            acc = lanes.zeros(inst.c.slots, "i32")
+            acc = lanes.zeros(inst.c_vector, "i32")
             for step in range(self.shape.head_dim // inst.k):
-                a = load_vector(self.qq, [b, h, a_row, lanes.plus(a_k, step * inst.k)],
-                                inst.a.slots, "i8")
-                kb = load_vector(self.k, [b, h, token, lanes.plus(b_k, step * inst.k)],
-                                 inst.b.slots, "i8")
+                a = lanes.assemble([load_vector(self.qq, [b, h, row, lanes.plus(k, step * inst.k)],
+                                                length, "i8") for row, k, length in a_runs],
+                                   inst.a_vector)
+                kb = lanes.assemble([load_vector(self.k, [b, h, token, lanes.plus(k, step * inst.k)],
+                                                 length, "i8") for k, length in b_runs],
+                                    inst.b_vector)
                 acc = mma(inst, self.target, a, kb, acc)
             for i in range(inst.c.slots):
                 element = n * inst.c.slots + i
                 row = lanes.of_lane(self._row_map(element))
                 token_e = lanes.affine((self.wave_token0, 1),
                                        (lanes.of_lane(self._token_in_wave(element)), 1))
-                value = arith.sitofp(ir.F32Type.get(), vector.extract(acc, [], [i]))
+                value = arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i))
                 value = arith.mulf(arith.mulf(value, memref.load(self.sq, [b, h, row])),
                                    memref.load(self.ks, [b, h, token_e]))
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
@@ -243,21 +244,20 @@ class _PartitionKernel:
                                                      (lanes.of_lane(layout.v_load_start(u)), 1))],
                               width, "i8") for tile in range(tiles)]
                  for u in range(layout.v_loads())]
-        a_row = lanes.of_lane(layout.a_row())
         o = [[None] * inst.c.slots for _ in range(tiles)]
         for t in range(self.model.mmacs_per_wave):
-            a = load_vector(wq_lds, [lanes.wave, a_row, lanes.of_lane(layout.a_token_start(t))],
-                            inst.a.slots, "i8")
-            u, offset = layout.v_bytes_of_mmac(t)
+            a = lanes.assemble([load_vector(wq_lds, [lanes.wave, lanes.of_lane(row),
+                                                     lanes.of_lane(token)], length, "i8")
+                                for row, token, length in layout.a_token_runs(t)], inst.a_vector)
             for tile in range(tiles):
-                bv = vector.extract_strided_slice(vector_type(inst.b.slots, "i8"), loads[u][tile],
-                                                  [offset], [inst.b.slots], [1])
-                acc = mma(inst, self.target, a, bv, lanes.zeros(inst.c.slots, "i32"))
+                bv = lanes.assemble([vector.extract_strided_slice(
+                    vector_type(length, "i8"), loads[u][tile], [offset], [length], [1])
+                    for u, offset, length in layout.v_runs_of_mmac(t)], inst.b_vector)
+                acc = mma(inst, self.target, a, bv, lanes.zeros(inst.c_vector, "i32"))
                 for i in range(inst.c.slots):
                     sw = memref.load(sw_lds, [lanes.wave, lanes.of_lane(layout.c_row(i)),
                                               lanes.index(t)])
-                    term = arith.mulf(arith.sitofp(ir.F32Type.get(),
-                                                   vector.extract(acc, [], [i])), sw)
+                    term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)), sw)
                     o[tile][i] = term if o[tile][i] is None else arith.addf(o[tile][i], term)
         return o
 

@@ -7,6 +7,7 @@ multiplies and adds of the lane id; nothing here knows a layout.
 
 from __future__ import annotations
 
+import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, llvm, memref, stream, vector
 
@@ -53,10 +54,21 @@ class Lanes:
             self._constants[key] = arith.constant(ir.Type.parse(element), value)
         return self._constants[key]
 
-    def zeros(self, count: int, element: str) -> ir.Value:
-        t = vector_type(count, element)
+    def zeros(self, shape, element: str) -> ir.Value:
+        t = ir.VectorType.get(list(shape) if not isinstance(shape, int) else [shape],
+                              ir.Type.parse(element))
         return arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.IntegerAttr.get(
             ir.Type.parse(element), 0)))
+
+    def assemble(self, pieces, shape) -> ir.Value:
+        """Register runs (1-D vectors) as the instruction's operand vector."""
+        if len(shape) == 1:
+            (piece,) = pieces
+            return piece
+        value = self.zeros(shape, str(ir.VectorType(pieces[0].type).element_type))
+        for r, piece in enumerate(pieces):
+            value = vector.InsertOp(piece, value, [], [r]).result
+        return value
 
     # lane maps ---------------------------------------------------------------
     def of_lane(self, lane_map: LaneMap, of=None) -> ir.Value:
@@ -123,10 +135,22 @@ def load_vector(base: ir.Value, indices, count: int, element: str) -> ir.Value:
     return vector.LoadOp(vector_type(count, element), base, list(indices)).result
 
 
+def c_element(acc: ir.Value, instruction: MatrixInstruction, i: int) -> ir.Value:
+    """Register i of a C fragment (row-major over the instruction's C vector)."""
+    position = [int(p) for p in np.unravel_index(i, instruction.c_vector)]
+    return vector.extract(acc, [], position)
+
+
 def mma(instruction: MatrixInstruction, target: str, a: ir.Value, b: ir.Value,
         c: ir.Value) -> ir.Value:
-    """One int8 matrix instruction on vector<8xi8> A/B fragments and a vector<4xi32> C."""
-    acc_type = vector_type(instruction.c.slots, "i32")
+    """One int8 matrix instruction on its A/B/C operand vectors."""
+    acc_type = ir.VectorType.get(list(instruction.c_vector), ir.IntegerType.get_signless(32))
+    if target == "cuda":
+        # nvgpu has no Python module: generic form (DESIGN.md section 9).
+        shape = ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d)
+                                  for d in (instruction.m, instruction.n, instruction.k)])
+        return ir.Operation.create("nvgpu.mma.sync", results=[acc_type], operands=[a, b, c],
+                                   attributes={"mmaShape": shape}).result
     if target == "gfx942":
         return amdgpu.MFMAOp(instruction.m, instruction.n, instruction.k, a, b, c).result
     # gfx936: the DTK builtin takes the 8 bytes of A and B as one i64 each.

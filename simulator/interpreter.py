@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.simulator.isa import matrix_16x16x32_i8
+from int8attn.simulator.isa import matrix_instruction
 
 DTYPES = {"i1": np.bool_, "i8": np.int8, "i32": np.int32, "i64": np.int64, "index": np.int64,
           "f32": np.float32}
@@ -164,7 +164,7 @@ class Machine:
         if isinstance(t, ir.VectorType):
             splat = ir.DenseElementsAttr(attr).get_splat_value()
             scalar = splat.value
-            return np.full((1, t.shape[0]), scalar, dtype=dtype)
+            return np.full((1,) + tuple(t.shape), scalar, dtype=dtype)
         return np.array([attr.value], dtype=dtype)
 
     def _binary(fn):
@@ -211,8 +211,17 @@ class Machine:
 
     # vectors and matrix instructions -----------------------------------------
     def op_vector_extract(self, op, operands):
-        position = list(ir.DenseI64ArrayAttr(op.attributes["static_position"]))
-        return operands[0][..., position[0]]
+        position = tuple(ir.DenseI64ArrayAttr(op.attributes["static_position"]))
+        source = operands[0]
+        return source[(slice(None),) + position]
+
+    def op_vector_insert(self, op, operands):
+        position = tuple(ir.DenseI64ArrayAttr(op.attributes["static_position"]))
+        value, dest = operands
+        shape = (self.thread_count,) + tuple(ir.VectorType(op.result.type).shape)
+        out = np.array(np.broadcast_to(dest, shape))
+        out[(slice(None),) + position] = value
+        return out
 
     def op_vector_extract_strided_slice(self, op, operands):
         offset = ir.IntegerAttr(ir.ArrayAttr(op.attributes["offsets"])[0]).value
@@ -226,9 +235,19 @@ class Machine:
 
     def _matrix(self, target, a, b, c):
         waves = self.thread_count // self.wave_size
-        full = lambda x, n: np.broadcast_to(x, (self.thread_count, n)).reshape(waves, self.wave_size, n)
-        out = matrix_16x16x32_i8(target, full(a, 8), full(b, 8), full(c, 4))
-        return out.reshape(self.thread_count, 4)
+
+        def per_wave(x):
+            x = np.broadcast_to(x, (self.thread_count,) + x.shape[1:])
+            return x.reshape(waves, self.wave_size, -1)
+
+        out = matrix_instruction(target, per_wave(a), per_wave(b), per_wave(c))
+        return out.reshape((self.thread_count,) + c.shape[1:])
+
+    def op_nvgpu_mma_sync(self, op, operands):
+        shape = tuple(ir.IntegerAttr(d).value for d in ir.ArrayAttr(op.attributes["mmaShape"]))
+        if shape != (16, 8, 32):
+            raise SimulationError(f"unsupported nvgpu.mma.sync shape {shape}")
+        return self._matrix("cuda", *operands)
 
     def op_llvm_call_intrinsic(self, op, operands):
         name = ir.StringAttr(op.attributes["intrin"]).value

@@ -1,48 +1,67 @@
 """Matrix-instruction semantics, written directly from the ISA lane tables.
 
 Deliberately independent of `int8attn.fragments`: the simulator checks the
-compiler's fragment model, so it must not share it. Each function takes the
-per-lane operands of whole waves ([waves, 64, ...]) and returns the per-lane
-result, D = A x B + C in int32.
+compiler's fragment model, so it must not share it. `matrix_instruction`
+takes the per-lane operands of whole waves ([waves, lanes, ...]) and returns
+the per-lane result, D = A x B + C in int32.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-LANES = np.arange(64)
+L64 = np.arange(64)
+L32 = np.arange(32)
 
 
-def _gather_a_b(a: np.ndarray, b: np.ndarray):
-    """A[16x32], B[32x16] of each wave from 8 int8 per lane (gfx936 = gfx942 here)."""
+def _amd_a_b(j):
+    # v_mmac / v_mfma 16x16x32 i8: lane l holds A[l%16][8(l/16)+j], B[8(l/16)+j][l%16]
+    return (L64 % 16, 8 * (L64 // 16) + j), (8 * (L64 // 16) + j, L64 % 16)
+
+
+def _ptx_a(s):
+    # mma.m16n8k32.s8 A: a_r byte j: row g + 8(r%2), k 16(r/2) + 4t + j
+    r, j = divmod(s, 4)
+    return L32 // 4 + 8 * (r % 2), 16 * (r // 2) + 4 * (L32 % 4) + j
+
+
+def _ptx_b(s):
+    # B: b_r byte j: k 16r + 4t + j, column g
+    r, j = divmod(s, 4)
+    return 16 * r + 4 * (L32 % 4) + j, L32 // 4
+
+
+TABLES = {
+    "gfx936": dict(mnk=(16, 16, 32), a=lambda s: _amd_a_b(s)[0], b=lambda s: _amd_a_b(s)[1],
+                   # v_mmac "jump" layout: C[l%16][l/16 + 4i]
+                   c=lambda i: (L64 % 16, L64 // 16 + 4 * i)),
+    "gfx942": dict(mnk=(16, 16, 32), a=lambda s: _amd_a_b(s)[0], b=lambda s: _amd_a_b(s)[1],
+                   # v_mfma: C[4(l/16) + i][l%16]
+                   c=lambda i: (4 * (L64 // 16) + i, L64 % 16)),
+    "cuda": dict(mnk=(16, 8, 32), a=_ptx_a, b=_ptx_b,
+                 # c0..c3: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+                 c=lambda i: (L32 // 4 + 8 * (i // 2), 2 * (L32 % 4) + i % 2)),
+}
+
+
+def matrix_instruction(target: str, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """a, b: int8 [waves, lanes, slots]; c: int32 [waves, lanes, 4] (flattened registers)."""
+    if target not in TABLES:
+        raise ValueError(f"no ISA table for {target}")
+    table = TABLES[target]
+    m, n, k = table["mnk"]
     waves = a.shape[0]
-    mat_a = np.zeros((waves, 16, 32), dtype=np.int64)
-    mat_b = np.zeros((waves, 32, 16), dtype=np.int64)
-    for j in range(8):
-        # lane l holds A[l % 16][8 * (l / 16) + j] and B[8 * (l / 16) + j][l % 16]
-        mat_a[:, LANES % 16, 8 * (LANES // 16) + j] = a[:, :, j]
-        mat_b[:, 8 * (LANES // 16) + j, LANES % 16] = b[:, :, j]
-    return mat_a, mat_b
-
-
-def _c_coordinates(target: str, i: int):
-    if target == "gfx936":      # v_mmac_i32_16x16x32_i8, "jump" layout: C[l%16][l/16 + 4i]
-        return LANES % 16, LANES // 16 + 4 * i
-    if target == "gfx942":      # v_mfma_i32_16x16x32_i8: C[4(l/16) + i][l%16]
-        return 4 * (LANES // 16) + i, LANES % 16
-    raise ValueError(f"no ISA table for {target}")
-
-
-def matrix_16x16x32_i8(target: str, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """a, b: int8 [waves, 64, 8]; c: int32 [waves, 64, 4] -> int32 [waves, 64, 4]."""
-    mat_a, mat_b = _gather_a_b(a.astype(np.int64), b.astype(np.int64))
-    mat_c = np.zeros((a.shape[0], 16, 16), dtype=np.int64)
-    for i in range(4):
-        rows, cols = _c_coordinates(target, i)
-        mat_c[:, rows, cols] = c[:, :, i]
+    mat_a = np.zeros((waves, m, k), dtype=np.int64)
+    mat_b = np.zeros((waves, k, n), dtype=np.int64)
+    mat_c = np.zeros((waves, m, n), dtype=np.int64)
+    for s in range(a.shape[2]):
+        mat_a[(slice(None),) + table["a"](s)] = a[:, :, s]
+    for s in range(b.shape[2]):
+        mat_b[(slice(None),) + table["b"](s)] = b[:, :, s]
+    for i in range(c.shape[2]):
+        mat_c[(slice(None),) + table["c"](i)] = c[:, :, i]
     mat_d = (np.einsum("wmk,wkn->wmn", mat_a, mat_b) + mat_c).astype(np.int32)
-    out = np.empty_like(c)
-    for i in range(4):
-        rows, cols = _c_coordinates(target, i)
-        out[:, :, i] = mat_d[:, rows, cols]
+    out = np.empty(c.shape, dtype=np.int32)
+    for i in range(c.shape[2]):
+        out[:, :, i] = mat_d[(slice(None),) + table["c"](i)]
     return out

@@ -11,28 +11,28 @@ from int8attn import reference as ref
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
 from int8attn.graph import decode_graph
 from int8attn.simulator import simulate_decode
-from int8attn.simulator.isa import matrix_16x16x32_i8
+from int8attn.simulator.isa import matrix_instruction
 from test_cli import run
 
 FRAGMENT_TOL = 5e-5
 
 
-@pytest.mark.parametrize("target", ["gfx936", "gfx942"])
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
 def test_isa_tables_agree_with_the_fragment_model(target):
     # Two independent encodings of the same instruction: scatter random matrices
     # into lanes with the fragment model, multiply with the simulator's ISA table.
     rng = seeded_rng(40)
     inst = fragment_model(target).instruction
-    a = rng.integers(-127, 128, (16, 32))
-    b = rng.integers(-127, 128, (32, 16))
-    c = rng.integers(-1000, 1000, (16, 16))
+    a = rng.integers(-127, 128, (inst.m, inst.k))
+    b = rng.integers(-127, 128, (inst.k, inst.n))
+    c = rng.integers(-1000, 1000, (inst.m, inst.n))
     lanes = lambda layout, m: m[layout.coords[..., 0], layout.coords[..., 1]]
-    out = matrix_16x16x32_i8(target, lanes(inst.a, a)[None], lanes(inst.b, b)[None],
+    out = matrix_instruction(target, lanes(inst.a, a)[None], lanes(inst.b, b)[None],
                              lanes(inst.c, c)[None].astype(np.int32))[0]
     assert np.array_equal(out, lanes(inst.c, a @ b + c))
 
 
-@pytest.mark.parametrize("target", ["gfx936", "gfx942"])
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
 @pytest.mark.parametrize("shape", [
     (1, 8, 2, 300, 64),      # ragged, D=64, GQA 4:1
     (2, 4, 1, 1000, 128),    # batch 2, MQA, D=128
