@@ -9,7 +9,7 @@ import numpy as np
 
 from int8attn.files import check_output_path, write_atomic
 
-EMITS = {"gfx936": ("mlir",), "gfx942": ("vmfb", "mlir", "isa")}
+EMITS = {"gfx936": ("mlir",), "gfx942": ("vmfb", "mlir", "isa"), "cuda": ("vmfb", "mlir", "isa")}
 
 
 def _write(output: str, data, graph: str) -> None:
@@ -30,7 +30,10 @@ def compile_kernels(args, source: str) -> int:
     if args.output != "-":
         check_output_path(args.output, [args.graph])
     start = time.perf_counter()
-    kernel_ir = make_kernel_module(source, args.graph, args.target)
+    if args.pv == "f32":
+        raise UserError("the kernel targets have INT8 PV and (cuda) the BF16-PV baseline; "
+                        "use --pv int8 or --pv bf16")
+    kernel_ir = make_kernel_module(source, args.graph, args.target, pv=args.pv)
     if emit == "mlir":
         _write(args.output, kernel_ir, args.graph)
         return 0
@@ -68,7 +71,8 @@ def run_simulated(args, source: str, load_inputs, report) -> int:
         arrays = random_inputs(info, seed)
     start = time.perf_counter()
     operands = [arrays[i] for i in info.attention.argument_of]
-    out = simulate_decode(*operands, info.attention.softmax_scale, target=args.target)
+    out = simulate_decode(*operands, info.attention.softmax_scale, target=args.target,
+                          pv=args.pv)
     print(f"@{info.name}: {args.target} kernels simulated in {time.perf_counter() - start:.2f} s")
     if args.output:
         import io
@@ -78,5 +82,5 @@ def run_simulated(args, source: str, load_inputs, report) -> int:
         write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
         print(f"wrote {args.output} (result0)")
     if not args.inputs:
-        report([out], arrays, info, CompileOptions(target=args.target))
+        report([out], arrays, info, CompileOptions(pv=args.pv, target=args.target))
     return 0

@@ -31,6 +31,8 @@ __all__ = [
     "GFX936_MMAC",
     "GFX942_MFMA",
     "SM80_MMA_S8",
+    "SM80_MMA_BF16",
+    "bf16_pv_model",
     "TARGETS",
     "fragment_model",
     "format_token_set",
@@ -158,6 +160,20 @@ def _ptx_m16n8_c(l: int, i: int) -> tuple[int, int]:
     return g + 8 * (i // 2), 2 * t + i % 2
 
 
+def _ptx_m16n8k16_a(l: int, s: int) -> tuple[int, int]:
+    # bf16 registers a0..a3 of 2 elements: rows {g, g+8, g, g+8}, k {2t.., 2t.., 2t+8.., 2t+8..}
+    g, t = l // 4, l % 4
+    reg, element = divmod(s, 2)
+    return g + 8 * (reg % 2), 8 * (reg // 2) + 2 * t + element
+
+
+def _ptx_m16n8k16_b(l: int, s: int) -> tuple[int, int]:
+    # bf16 registers b0, b1 of 2 elements: k {2t.., 2t+8..}, column g
+    g, t = l // 4, l % 4
+    reg, element = divmod(s, 2)
+    return 8 * reg + 2 * t + element, g
+
+
 # NVIDIA sm_80+: mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32, 32-lane warps.
 SM80_MMA_S8 = MatrixInstruction(
     name="mma.sync.m16n8k32.s8", intrinsic="nvgpu.mma.sync", m=16, n=8, k=32, wave_size=32,
@@ -165,6 +181,14 @@ SM80_MMA_S8 = MatrixInstruction(
     b=OperandLayout.from_table("B", 32, 8, _ptx_m16n8k32_b),
     c=OperandLayout.from_table("C", 32, 4, _ptx_m16n8_c),
     a_vector=(4, 4), b_vector=(2, 4), c_vector=(2, 2))
+
+# The BF16-PV baseline's instruction: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32.
+SM80_MMA_BF16 = MatrixInstruction(
+    name="mma.sync.m16n8k16.bf16", intrinsic="nvgpu.mma.sync", m=16, n=8, k=16, wave_size=32,
+    a=OperandLayout.from_table("A", 32, 8, _ptx_m16n8k16_a),
+    b=OperandLayout.from_table("B", 32, 4, _ptx_m16n8k16_b),
+    c=OperandLayout.from_table("C", 32, 4, _ptx_m16n8_c),
+    a_vector=(4, 2), b_vector=(2, 2), c_vector=(2, 2))
 
 
 @dataclass(frozen=True)
@@ -284,6 +308,21 @@ TARGETS: dict[str, FragmentModel] = {
     # NVIDIA: 4 warps of 32 lanes per 256-token partition, 64 tokens per warp.
     "cuda": FragmentModel("cuda", SM80_MMA_S8, VLoadScheme(16)),
 }
+
+
+# Targets whose kernels can also run PV in bf16 (the seed's BF16-PV baseline).
+BF16_PV_INSTRUCTIONS = {"cuda": SM80_MMA_BF16}
+
+
+def bf16_pv_model(target: str) -> FragmentModel:
+    """The target's model with its bf16 PV instruction: the tokens each bf16 MMA
+    consumes follow from the same V load scheme."""
+    model = fragment_model(target)
+    if target not in BF16_PV_INSTRUCTIONS:
+        raise KeyError(f"{target} has no bf16 PV kernel (targets with one: "
+                       f"{', '.join(BF16_PV_INSTRUCTIONS)})")
+    return FragmentModel(target, BF16_PV_INSTRUCTIONS[target], model.v_load,
+                         model.wave_tokens, model.waves_per_partition)
 
 
 def fragment_model(target: str) -> FragmentModel:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, func, math, memref, stream, vector
 
-from int8attn.fragments import (DecodeKernelLayout, FragmentModel, element_classes,
-                                thread_distribution)
+from int8attn.fragments import (DecodeKernelLayout, FragmentModel, bf16_pv_model,
+                                element_classes, thread_distribution)
 from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
                                     workgroup_id)
 
@@ -78,10 +78,13 @@ def _executable(name: str, grid, arguments: int, body, threads: int, wave_size: 
 class _PartitionKernel:
     """Builds the partition kernel body; one method per stage of the docstring."""
 
-    def __init__(self, shape: DecodeShape, model: FragmentModel, target: str):
+    def __init__(self, shape: DecodeShape, model: FragmentModel, target: str, pv: str = "int8"):
         self.shape = shape
         self.model = model
+        self.pv_kind = pv
         self.layout = DecodeKernelLayout(model)
+        # PV's instruction: the same as QK's for INT8 PV, the bf16 one for the baseline.
+        self.pv_layout = self.layout if pv == "int8" else DecodeKernelLayout(bf16_pv_model(target))
         self.instruction = model.instruction
         self.target = target
         self.waves = model.waves_per_partition
@@ -119,8 +122,10 @@ class _PartitionKernel:
              for i, x in enumerate(scores)]
         l = self.wave_reduce(e, row_classes, "sum")
         w = self.weights(e, l, row_classes)
-        wq_lds, sw_lds = self.quantize(w)
-        o = self.pv(wq_lds, sw_lds)
+        if self.pv_kind == "int8":
+            o = self.pv(*self.quantize(w))
+        else:
+            o = self.pv_bf16(self.stage_bf16(w))
         self.store_partition(o, out_o, p)
         for values, out in ((m, out_m), (l, out_l)):
             for c, members in enumerate(row_classes):
@@ -261,9 +266,58 @@ class _PartitionKernel:
                     o[tile][i] = term if o[tile][i] is None else arith.addf(o[tile][i], term)
         return o
 
+    def _v_loads(self, layout):
+        lanes, (b, h), inst = self.lanes, self.where, layout.instruction
+        b_col = lanes.of_lane(layout.b_col())
+        tiles = self.shape.head_dim // inst.n
+        return [[load_vector(self.vt, [b, h, lanes.plus(b_col, tile * inst.n),
+                                       lanes.affine((self.wave_token0, 1),
+                                                    (lanes.of_lane(layout.v_load_start(u)), 1))],
+                             self.model.v_load.bytes_per_lane, "i8") for tile in range(tiles)]
+                for u in range(layout.v_loads())]
+
+    def stage_bf16(self, w):
+        """The BF16-PV baseline: W rounded to bf16 into LDS (no scales)."""
+        lanes = self.lanes
+        w_lds = lanes.shared([self.waves, ROWS, self.model.wave_tokens], "bf16")
+        bf16 = ir.BF16Type.get()
+        for e, value in enumerate(w):
+            memref.store(arith.truncf(bf16, value), w_lds,
+                         [lanes.wave, lanes.of_lane(self._row_map(e)),
+                          lanes.of_lane(self._token_in_wave(e))])
+        lanes.barrier()
+        return w_lds
+
+    def pv_bf16(self, w_lds):
+        """O partial with bf16 W x bf16(Vq) on the bf16 instruction, f32 accumulate."""
+        lanes, layout = self.lanes, self.pv_layout
+        inst, model = layout.instruction, layout.model
+        loads = self._v_loads(layout)
+        tiles = self.shape.head_dim // inst.n
+        f32, bf16 = ir.F32Type.get(), ir.BF16Type.get()
+        o = [[None] * inst.c.slots for _ in range(tiles)]
+        for t in range(model.mmacs_per_wave):
+            a = lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),
+                                                    lanes.of_lane(token)], length, "bf16")
+                                for row, token, length in layout.a_token_runs(t)], inst.a_vector)
+            for tile in range(tiles):
+                runs = []
+                for u, offset, length in layout.v_runs_of_mmac(t):
+                    piece = vector.extract_strided_slice(vector_type(length, "i8"), loads[u][tile],
+                                                         [offset], [length], [1])
+                    as_f32 = arith.sitofp(vector_type(length, "f32"), piece)
+                    runs.append(arith.truncf(vector_type(length, "bf16"), as_f32))
+                acc = mma(inst, self.target, a, lanes.assemble(runs, inst.b_vector),
+                          lanes.zeros(inst.c_vector, "f32"))
+                for i in range(inst.c.slots):
+                    term = c_element(acc, inst, i)
+                    o[tile][i] = term if o[tile][i] is None else arith.addf(o[tile][i], term)
+        return o
+
     def store_partition(self, o, out_o, p):
         """Sum the waves' partials through LDS; all threads store a slice."""
-        lanes, inst, layout, (b, h) = self.lanes, self.instruction, self.layout, self.where
+        lanes, layout, (b, h) = self.lanes, self.pv_layout, self.where
+        inst = layout.instruction
         d = self.shape.head_dim
         o_lds = lanes.shared([self.waves, ROWS, d], "f32")
         for tile, regs in enumerate(o):
@@ -337,8 +391,12 @@ PARTITION_KERNEL = "decode_partition"
 MERGE_KERNEL = "decode_merge"
 
 
-def build_decode_kernels(shape: DecodeShape, model: FragmentModel, target: str) -> DecodeKernels:
-    """A module holding both stream.executables (needs an active context/location)."""
+def build_decode_kernels(shape: DecodeShape, model: FragmentModel, target: str,
+                         pv: str = "int8") -> DecodeKernels:
+    """A module holding both stream.executables (needs an active context/location).
+
+    `pv="bf16"` builds the BF16-PV baseline: everything identical but PV.
+    """
     if shape.rows > ROWS:
         raise ValueError(f"{shape.rows} query heads per KV head do not fit one {ROWS}-row "
                          f"MMAC tile")
@@ -346,7 +404,7 @@ def build_decode_kernels(shape: DecodeShape, model: FragmentModel, target: str) 
     if shape.head_dim % inst.k or shape.head_dim % inst.n:
         raise ValueError(f"head dim {shape.head_dim} must be a multiple of {inst.k} "
                          f"(the MMAC K) for the lane-level kernel")
-    partition = _PartitionKernel(shape, model, target)
+    partition = _PartitionKernel(shape, model, target, pv)
     merge = _MergeKernel(shape, model, partition.partitions)
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):

@@ -25,14 +25,20 @@ def _dispatch(executable: str, results, arguments):
     return list(op.results)
 
 
-def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type) -> None:
-    """func.func @name(q, k, k_scale, v, v_scale) at the current insertion point."""
+def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
+                        v_token_innermost: bool = False) -> None:
+    """func.func @name(q, k, k_scale, v, v_scale) at the current insertion point.
+
+    With `v_token_innermost`, v comes as [B, Hkv, D, S] (the kernel's layout, as
+    a paged cache would hold it) and the per-call transpose disappears.
+    """
     s = kernels.shape
     b, hkv, rows, dim, padded = s.batch, s.kv_heads, s.rows, s.head_dim, kernels.padded_tokens
     cache = d.tensor([b, hkv, s.tokens, dim], "i8")
+    v_type = d.tensor([b, hkv, dim, s.tokens], "i8") if v_token_innermost else cache
     scales = d.tensor([b, hkv, s.tokens], "f32")
 
-    @func.FuncOp.from_py_func(q_type, cache, scales, cache, scales, name=name)
+    @func.FuncOp.from_py_func(q_type, cache, scales, v_type, scales, name=name)
     def host(q, k, k_scale, v, v_scale):
         if d.element_of(q) != "f32":
             from iree.compiler.dialects import arith
@@ -45,10 +51,13 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type) -> N
         k = build.pad_dim(k, 2, padded, build.zero("i8"))
         k_scale = build.pad_dim(k_scale, 2, padded, build.zero("f32"))
         v_scale = build.pad_dim(v_scale, 2, padded, build.zero("f32"))
-        v = build.pad_dim(v, 2, padded, build.zero("i8"))
-        v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
-                               permutation=[0, 1, 3, 2])
-        v_t = v_t if isinstance(v_t, ir.Value) else v_t.result
+        if v_token_innermost:
+            v_t = build.pad_dim(v, 3, padded, build.zero("i8"))
+        else:
+            v = build.pad_dim(v, 2, padded, build.zero("i8"))
+            v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
+                                   permutation=[0, 1, 3, 2])
+            v_t = v_t if isinstance(v_t, ir.Value) else v_t.result
         parts = [b, hkv, kernels.partitions, ROWS]
         o_part, m_part, l_part = _dispatch(
             PARTITION_KERNEL,

@@ -55,10 +55,11 @@ class Lanes:
         return self._constants[key]
 
     def zeros(self, shape, element: str) -> ir.Value:
-        t = ir.VectorType.get(list(shape) if not isinstance(shape, int) else [shape],
-                              ir.Type.parse(element))
-        return arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.IntegerAttr.get(
-            ir.Type.parse(element), 0)))
+        scalar = ir.Type.parse(element)
+        t = ir.VectorType.get(list(shape) if not isinstance(shape, int) else [shape], scalar)
+        zero = (ir.FloatAttr.get(scalar, 0.0) if isinstance(scalar, ir.FloatType)
+                else ir.IntegerAttr.get(scalar, 0))
+        return arith.constant(t, ir.DenseElementsAttr.get_splat(t, zero))
 
     def assemble(self, pieces, shape) -> ir.Value:
         """Register runs (1-D vectors) as the instruction's operand vector."""
@@ -144,11 +145,13 @@ def c_element(acc: ir.Value, instruction: MatrixInstruction, i: int) -> ir.Value
 def mma(instruction: MatrixInstruction, target: str, a: ir.Value, b: ir.Value,
         c: ir.Value) -> ir.Value:
     """One int8 matrix instruction on its A/B/C operand vectors."""
-    acc_type = ir.VectorType.get(list(instruction.c_vector), ir.IntegerType.get_signless(32))
+    acc_element = ir.VectorType(c.type).element_type
+    acc_type = ir.VectorType.get(list(instruction.c_vector), acc_element)
     if target == "cuda":
         # nvgpu has no Python module: generic form (DESIGN.md section 9).
         shape = ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d)
                                   for d in (instruction.m, instruction.n, instruction.k)])
+        # mma.sync takes the bf16 and int8 fragments alike in the generic form
         return ir.Operation.create("nvgpu.mma.sync", results=[acc_type], operands=[a, b, c],
                                    attributes={"mmaShape": shape}).result
     if target == "gfx942":

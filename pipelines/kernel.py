@@ -25,8 +25,11 @@ from int8attn.passes import LowerQuantize
 from int8attn.pipelines.compile import StageError, new_context, parse_graph
 from int8attn.pipelines.manager import UpstreamPass, run_passes
 
-KERNEL_TARGETS = ("gfx936", "gfx942")
-ROCM_FLAGS = {"gfx942": ["--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"]}
+KERNEL_TARGETS = ("gfx936", "gfx942", "cuda")
+# IREE 3.13 knows sm_80, not sm_90: the driver JITs the PTX on Hopper.
+ROCM_FLAGS = {"gfx942": ["--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"],
+              "cuda": ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]}
+ASSEMBLY = {"gfx942": "*.rocmasm", "cuda": "*.ptx"}
 
 
 def _attention_function(module: ir.Operation, function: str | None):
@@ -41,7 +44,8 @@ def _attention_function(module: ir.Operation, function: str | None):
 
 
 def make_kernel_module(source: str, filename: str, target: str, function: str | None = None,
-                       fragments=None) -> str:
+                       fragments=None, v_token_innermost: bool = False,
+                       pv: str = "int8") -> str:
     """MLIR text: the two decode executables and the host function."""
     with new_context():
         graph = parse_graph(source, filename)
@@ -61,12 +65,14 @@ def make_kernel_module(source: str, filename: str, target: str, function: str | 
                                   "attention operands as arguments 0..4 in order")
         with attention.location:
             try:
-                kernels = build_decode_kernels(shape, fragments or fragment_model(target), target)
-            except ValueError as error:
-                raise DiagnosticError(attention.location, str(error)) from None
+                kernels = build_decode_kernels(shape, fragments or fragment_model(target), target,
+                                               pv)
+            except (ValueError, KeyError) as error:
+                    raise DiagnosticError(attention.location, str(error).strip("'")) from None
             with ir.InsertionPoint(kernels.module.regions[0].blocks[0]):
                 build_host_function(kernels, info.name, ir.Type.parse(
-                    f"tensor<{'x'.join(map(str, q_spec.shape))}x{q_spec.element}>"))
+                    f"tensor<{'x'.join(map(str, q_spec.shape))}x{q_spec.element}>"),
+                    v_token_innermost=v_token_innermost)
             run_passes(kernels.module, [LowerQuantize(), UpstreamPass("canonicalize")])
         return str(kernels.module)
 
@@ -78,12 +84,13 @@ def _ops(module):
 
 
 def make_rocm_vmfb(kernel_ir: str, target: str) -> tuple[bytes, str]:
-    """(vmfb, AMDGPU assembly) from IREE's ROCm backend."""
+    """(vmfb, assembly: AMDGPU ISA or PTX) from IREE's ROCm or CUDA backend."""
     if target not in ROCM_FLAGS:
         raise DiagnosticError(None, f"IREE has no backend for {target}; emit the kernel IR "
                               f"with --emit mlir for a {target} toolchain")
     with tempfile.TemporaryDirectory(prefix="int8attn-rocm-") as dump:
-        flags = ROCM_FLAGS[target] + [f"--iree-hal-dump-executable-intermediates-to={dump}"]
+        flags = ROCM_FLAGS[target] + [f"--iree-hal-dump-executable-intermediates-to={dump}",
+                                      f"--iree-hal-dump-executable-binaries-to={dump}"]
         try:
             vmfb = compile_str(kernel_ir, extra_args=flags)
         except CompilerToolError as error:
@@ -91,7 +98,8 @@ def make_rocm_vmfb(kernel_ir: str, target: str) -> tuple[bytes, str]:
             with os.fdopen(handle, "w") as out:
                 out.write(kernel_ir)
             command = shlex.join(["iree-compile", saved, *ROCM_FLAGS[target], "-o", "out.vmfb"])
-            raise StageError("IREE ROCm compilation (iree-compile)",
+            raise StageError(f"IREE {target} compilation (iree-compile)",
                              "\n".join(str(error).strip().splitlines()[-12:]), command) from None
-        isa = "\n".join(open(path).read() for path in sorted(glob.glob(f"{dump}/*.rocmasm")))
+        isa = "\n".join(open(path).read()
+                         for path in sorted(glob.glob(f"{dump}/{ASSEMBLY[target]}")))
     return vmfb, isa

@@ -34,18 +34,21 @@ def host_buffers(q, k, k_scale, v, v_scale, padded: int):
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",
-                    fragments: FragmentModel | None = None, kernels=None) -> np.ndarray:
+                    fragments: FragmentModel | None = None, kernels=None,
+                    pv: str = "int8") -> np.ndarray:
     """Output [B, Hq, D] of the decode kernels for `target`, run in the simulator.
 
     `fragments` overrides the model the kernels are generated from (the
-    simulator's instruction semantics stay the real ones of `target`).
+    simulator's instruction semantics stay the real ones of `target`);
+    `pv="bf16"` runs the BF16-PV baseline kernel (targets with a bf16 MMA).
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
     shape = DecodeShape(batch, kv_heads, q_heads // kv_heads, tokens, head_dim,
                         float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
-        built = kernels or build_decode_kernels(shape, fragments or fragment_model(target), target)
+        built = kernels or build_decode_kernels(shape, fragments or fragment_model(target), target,
+                                                pv)
         inputs = host_buffers(q, k, k_scale, v, v_scale, built.padded_tokens)
         parts = (batch, kv_heads, built.partitions, ROWS)
         o_part = np.zeros(parts + (head_dim,), np.float32)

@@ -15,8 +15,9 @@ from iree.compiler import ir
 
 from int8attn.simulator.isa import matrix_instruction
 
+# bf16 values live in f32 arrays, rounded where the IR truncates to bf16.
 DTYPES = {"i1": np.bool_, "i8": np.int8, "i32": np.int32, "i64": np.int64, "index": np.int64,
-          "f32": np.float32}
+          "f32": np.float32, "bf16": np.float32}
 INTRINSICS = {"llvm.amdgcn.mmac.i32.16x16x32i8": "gfx936"}
 CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
         5: np.greater_equal, 6: np.less, 7: np.less_equal, 8: np.greater, 9: np.greater_equal}
@@ -203,6 +204,13 @@ class Machine:
     def op_arith_sitofp(self, op, operands):
         return operands[0].astype(np.float32)
 
+    def op_arith_truncf(self, op, operands):
+        if _element(op.result.type) != "bf16":
+            raise SimulationError(f"unsupported truncf to {op.result.type}")
+        from int8attn.reference.common import round_to_bf16
+
+        return round_to_bf16(np.asarray(operands[0], np.float32))
+
     def op_arith_fptosi(self, op, operands):
         return np.trunc(operands[0]).astype(DTYPES[_element(op.result.type)])
 
@@ -245,9 +253,10 @@ class Machine:
 
     def op_nvgpu_mma_sync(self, op, operands):
         shape = tuple(ir.IntegerAttr(d).value for d in ir.ArrayAttr(op.attributes["mmaShape"]))
-        if shape != (16, 8, 32):
+        kinds = {(16, 8, 32): "cuda", (16, 8, 16): "cuda-bf16"}
+        if shape not in kinds:
             raise SimulationError(f"unsupported nvgpu.mma.sync shape {shape}")
-        return self._matrix("cuda", *operands)
+        return self._matrix(kinds[shape], *operands)
 
     def op_llvm_call_intrinsic(self, op, operands):
         name = ir.StringAttr(op.attributes["intrin"]).value

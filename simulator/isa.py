@@ -1,4 +1,4 @@
-"""Matrix-instruction semantics, written directly from the ISA lane tables.
+"""Matrix-instruction semantics, written directly from the ISA lane tables (and PTX's).
 
 Deliberately independent of `int8attn.fragments`: the simulator checks the
 compiler's fragment model, so it must not share it. `matrix_instruction`
@@ -31,6 +31,20 @@ def _ptx_b(s):
     return 16 * r + 4 * (L32 % 4) + j, L32 // 4
 
 
+def _ptx_bf16_a(s):
+    # mma.m16n8k16.bf16 A: a_r element j: row g + 8(r%2), k 8(r/2) + 2t + j
+    r, j = divmod(s, 2)
+    return L32 // 4 + 8 * (r % 2), 8 * (r // 2) + 2 * (L32 % 4) + j
+
+
+def _ptx_bf16_b(s):
+    # B: b_r element j: k 8r + 2t + j, column g
+    r, j = divmod(s, 2)
+    return 8 * r + 2 * (L32 % 4) + j, L32 // 4
+
+
+_PTX_C = lambda i: (L32 // 4 + 8 * (i // 2), 2 * (L32 % 4) + i % 2)
+
 TABLES = {
     "gfx936": dict(mnk=(16, 16, 32), a=lambda s: _amd_a_b(s)[0], b=lambda s: _amd_a_b(s)[1],
                    # v_mmac "jump" layout: C[l%16][l/16 + 4i]
@@ -40,7 +54,9 @@ TABLES = {
                    c=lambda i: (4 * (L64 // 16) + i, L64 % 16)),
     "cuda": dict(mnk=(16, 8, 32), a=_ptx_a, b=_ptx_b,
                  # c0..c3: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
-                 c=lambda i: (L32 // 4 + 8 * (i // 2), 2 * (L32 % 4) + i % 2)),
+                 c=_PTX_C),
+    # bf16 operands, f32 accumulate (the BF16-PV baseline)
+    "cuda-bf16": dict(mnk=(16, 8, 16), a=_ptx_bf16_a, b=_ptx_bf16_b, c=_PTX_C, float=True),
 }
 
 
@@ -51,17 +67,19 @@ def matrix_instruction(target: str, a: np.ndarray, b: np.ndarray, c: np.ndarray)
     table = TABLES[target]
     m, n, k = table["mnk"]
     waves = a.shape[0]
-    mat_a = np.zeros((waves, m, k), dtype=np.int64)
-    mat_b = np.zeros((waves, k, n), dtype=np.int64)
-    mat_c = np.zeros((waves, m, n), dtype=np.int64)
+    wide = np.float64 if table.get("float") else np.int64
+    mat_a = np.zeros((waves, m, k), dtype=wide)
+    mat_b = np.zeros((waves, k, n), dtype=wide)
+    mat_c = np.zeros((waves, m, n), dtype=wide)
     for s in range(a.shape[2]):
         mat_a[(slice(None),) + table["a"](s)] = a[:, :, s]
     for s in range(b.shape[2]):
         mat_b[(slice(None),) + table["b"](s)] = b[:, :, s]
     for i in range(c.shape[2]):
         mat_c[(slice(None),) + table["c"](i)] = c[:, :, i]
-    mat_d = (np.einsum("wmk,wkn->wmn", mat_a, mat_b) + mat_c).astype(np.int32)
-    out = np.empty(c.shape, dtype=np.int32)
+    result = np.float32 if table.get("float") else np.int32
+    mat_d = (np.einsum("wmk,wkn->wmn", mat_a, mat_b) + mat_c).astype(result)
+    out = np.empty(c.shape, dtype=result)
     for i in range(c.shape[2]):
         out[:, :, i] = mat_d[(slice(None),) + table["c"](i)]
     return out
