@@ -68,3 +68,23 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
         real = tensor.ExtractSliceOp(d.tensor([b, hkv, rows, dim], "f32"), out, [], [], [],
                                      [0, 0, 0, 0], [b, hkv, rows, dim], [1, 1, 1, 1]).result
         return build.collapse(real, [[0], [1, 2], [3]])
+
+
+def build_kernel_entries(kernels: DecodeKernels) -> None:
+    """@partition(qq, sq, k, k_scale, v_t, v_scale) -> (o, m, l) and @merge(o, m, l) -> out:
+    the two kernels alone, for checking each against the lane simulator on a device."""
+    s = kernels.shape
+    b, hkv, dim, padded = s.batch, s.kv_heads, s.head_dim, kernels.padded_tokens
+    parts = [b, hkv, kernels.partitions, ROWS]
+    outs = [d.tensor(parts + [dim], "f32"), d.tensor(parts, "f32"), d.tensor(parts, "f32")]
+    inputs = [d.tensor([b, hkv, ROWS, dim], "i8"), d.tensor([b, hkv, ROWS], "f32"),
+              d.tensor([b, hkv, padded, dim], "i8"), d.tensor([b, hkv, padded], "f32"),
+              d.tensor([b, hkv, dim, padded], "i8"), d.tensor([b, hkv, padded], "f32")]
+
+    @func.FuncOp.from_py_func(*inputs, name="partition")
+    def partition(*args):
+        return tuple(_dispatch(PARTITION_KERNEL, outs, list(args)))
+
+    @func.FuncOp.from_py_func(*outs, name="merge")
+    def merge(o, m, l):
+        return _dispatch(MERGE_KERNEL, [d.tensor([b, hkv, ROWS, dim], "f32")], [o, m, l])[0]
