@@ -83,7 +83,58 @@ def build_parser() -> argparse.ArgumentParser:
                          help="split the error against exact attention on the float cache "
                               "into its INT8-QK, V-cache and W-quantization terms, and "
                               "compare INT8 PV with BF16 and f32 PV (random inputs)")
+    bench_cmd = commands.add_parser(
+        "bench", help="time the decode kernels on a GPU (cuda) against BF16 PV and torch SDPA",
+        description="Compile (sm_80 PTX) and run the INT8-PV and BF16-PV decode kernels "
+                    "through IREE's CUDA runtime; check them against the fragment-level "
+                    "reference; time them, torch SDPA on a bf16 KV cache and a device copy. "
+                    "Writes a Markdown table, a JSON file and a PNG plot.")
+    bench_cmd.add_argument("--target", choices=("cuda",), default="cuda")
+    bench_cmd.add_argument("--mode", choices=("decode",), default="decode")
+    bench_cmd.add_argument("--context", default="4096,8192,16384",
+                           help="comma-separated context lengths (default 4096,8192,16384)")
+    bench_cmd.add_argument("--batch", type=int, default=16)
+    bench_cmd.add_argument("--q-heads", type=int, default=32)
+    bench_cmd.add_argument("--kv-heads", type=int, default=8)
+    bench_cmd.add_argument("--head-dim", type=int, default=128)
+    bench_cmd.add_argument("--iterations", type=int, default=50)
+    bench_cmd.add_argument("--prepare-only", metavar="DIR",
+                           help="only compile the modules into DIR (for a GPU machine "
+                                "without IREE's compiler)")
+    bench_cmd.add_argument("--from", dest="from_dir", metavar="DIR",
+                           help="run modules compiled earlier with --prepare-only")
+    bench_cmd.add_argument("--out", default="bench-cuda", metavar="PREFIX",
+                           help="writes PREFIX.md, PREFIX.json and PREFIX.png")
     return parser
+
+
+def cmd_bench(args) -> int:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from int8attn import bench_cuda
+
+    contexts = [int(c) for c in args.context.split(",")]
+    if args.from_dir:
+        directory = Path(args.from_dir)
+    else:
+        directory = Path(args.prepare_only or tempfile.mkdtemp(prefix="int8attn-bench-"))
+        bench_cuda.prepare(directory, contexts, args.batch, args.q_heads, args.kv_heads,
+                           args.head_dim)
+        if args.prepare_only:
+            return 0
+    try:
+        rows = bench_cuda.run(directory, iterations=args.iterations)
+    except RuntimeError as error:
+        raise UserError(f"cannot run on CUDA here ({error}); compile with --prepare-only "
+                        f"and run with --from on a machine with an NVIDIA GPU") from None
+    table = bench_cuda.markdown(rows)
+    print(table)
+    write_atomic(f"{args.out}.md", table + "\n")
+    write_atomic(f"{args.out}.json", json.dumps(rows, indent=2))
+    bench_cuda.plot(rows, Path(f"{args.out}.png"))
+    return 0
 
 
 def _options(args) -> CompileOptions:
@@ -225,7 +276,7 @@ def cmd_run(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"compile": cmd_compile, "run": cmd_run}[args.command]
+    handler = {"compile": cmd_compile, "run": cmd_run, "bench": cmd_bench}[args.command]
     try:
         return handler(args)
     except DiagnosticError as error:

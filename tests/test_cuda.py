@@ -1,0 +1,57 @@
+"""The CUDA target: kernels from the mma.sync model, compiled for sm_80; on a GPU, run."""
+
+import re
+
+import numpy as np
+import pytest
+
+from conftest import decode_inputs
+from int8attn import reference as ref
+from int8attn.graph import decode_graph
+from int8attn.simulator import simulate_decode
+from test_cli import run
+
+
+def _cuda_device():
+    try:
+        import iree.runtime as rt
+
+        return rt.Config("cuda")
+    except Exception:  # no driver, no GPU: the runtime says so in various ways
+        return None
+
+
+def test_ptx_has_the_int8_and_bf16_mma(tmp_path):
+    path = tmp_path / "decode.mlir"
+    path.write_text(decode_graph(1, 8, 2, 512, 64))
+    int8 = run("int8attn", "compile", path, "--target", "cuda", "--emit", "isa", "-o", "-",
+               check_rc=0).stdout
+    bf16 = run("int8attn", "compile", path, "--target", "cuda", "--pv", "bf16", "--emit", "isa",
+               "-o", "-", check_rc=0).stdout
+    s8 = re.compile(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.(satfinite\.)?s32\.s8\.s8\.s32")
+    bf = re.compile(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32")
+    qk = (64 // 8) * (64 // 32)                  # 8-token blocks x K steps, per warp
+    assert len(s8.findall(int8)) == qk + 2 * (64 // 8)
+    assert not bf.findall(int8)
+    assert len(s8.findall(bf16)) == qk
+    assert len(bf.findall(bf16)) == 4 * (64 // 8)
+    assert "shfl.sync.bfly" in int8 and "bar.sync" in int8
+
+
+def test_bf16_pv_kernel_differs_only_in_pv():
+    shape = (1, 8, 2, 300, 64)
+    args = decode_inputs(61, *shape)
+    out = simulate_decode(*args, 0.125, target="cuda", pv="bf16")
+    assert np.abs(out - ref.fragment_attention(*args, 0.125, pv="bf16")).max() <= 5e-5
+    int8 = simulate_decode(*args, 0.125, target="cuda")
+    assert np.abs(int8 - ref.fragment_attention(*args, 0.125, target="cuda")).max() <= 5e-5
+
+
+@pytest.mark.skipif(_cuda_device() is None, reason="no CUDA device for IREE's CUDA runtime")
+def test_kernels_on_the_gpu(tmp_path):
+    from int8attn import bench_cuda
+
+    bench_cuda.prepare(tmp_path, [4096], 2, 32, 8, 128)
+    (row,) = bench_cuda.run(tmp_path, iterations=3)
+    assert row["int8_within_tolerance"] and row["bf16_within_tolerance"]
+    assert row["int8_transpose_v_within_tolerance"]
