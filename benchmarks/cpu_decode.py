@@ -16,7 +16,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 
 from int8attn.graph import decode_graph, describe_functions, random_inputs
 from int8attn.pipelines.compile import (CompileOptions, make_linalg, make_vmfb, new_context,

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from iree.compiler import ir
-
 from int8attn.diagnostics import DiagnosticError
 from int8attn.files import OutputError, write_atomic
 from int8attn.passes import PASSES

@@ -294,7 +294,6 @@ class _PartitionKernel:
         inst, model = layout.instruction, layout.model
         loads = self._v_loads(layout)
         tiles = self.shape.head_dim // inst.n
-        f32, bf16 = ir.F32Type.get(), ir.BF16Type.get()
         o = [[None] * inst.c.slots for _ in range(tiles)]
         for t in range(model.mmacs_per_wave):
             a = lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),

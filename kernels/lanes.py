@@ -157,8 +157,6 @@ def mma(instruction: MatrixInstruction, target: str, a: ir.Value, b: ir.Value,
     if target == "gfx942":
         return amdgpu.MFMAOp(instruction.m, instruction.n, instruction.k, a, b, c).result
     # gfx936: the DTK builtin takes the 8 bytes of A and B as one i64 each.
-    i64 = ir.IntegerType.get_signless(64)
-
     def as_i64(fragment):
         packed = vector.BitCastOp(vector_type(1, "i64"), fragment).result
         return vector.extract(packed, [], [0])

@@ -1,6 +1,5 @@
 """The int8attn and int8attn-opt commands, as a user runs them."""
 
-import os
 import re
 import shutil
 import subprocess
@@ -10,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, decode_inputs
+from conftest import decode_inputs
 from int8attn.graph import decode_graph
 
 BIN = Path(sys.executable).parent

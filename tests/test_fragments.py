@@ -71,7 +71,7 @@ def test_gfx936_and_gfx942_share_a_and_b_but_not_c():
 
 
 def test_unknown_target_names_the_known_ones():
-    with pytest.raises(KeyError, match="known targets: gfx936, gfx942"):
+    with pytest.raises(KeyError, match="known targets: cuda, gfx936, gfx942"):
         fragment_model("gfx1100")
 
 

@@ -32,7 +32,7 @@ def round_to_bf16(x: np.ndarray) -> np.ndarray:
 
 def group_rows(q: np.ndarray, kv_heads: int) -> np.ndarray:
     """[B,Hq,D] -> [B,Hkv,G,D];  [B,Hq,Sq,D] -> [B,Hkv,G*Sq,D] (head-major rows)."""
-    batch, q_heads, head_dim = q.shape[0], q.shape[1], q.shape[-1]
+    batch, head_dim = q.shape[0], q.shape[-1]
     return q.reshape(batch, kv_heads, -1, head_dim)
 
 

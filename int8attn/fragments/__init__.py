@@ -1,0 +1,43 @@
+"""The fragment model: matrix-instruction operand layouts and load schemes as data.
+
+This is the single place where lane, register-slot and token indices are
+related to each other. Everything that needs to know which tokens one matrix
+instruction consumes -- the W scale groups, the token gathers of the
+tensor-level lowering, the verifier and the numpy fragment-level reference --
+reads it from a `FragmentModel` here.
+
+Each operand layout is a table `coords[lane, slot] = (row, col)` written from
+the ISA lane tables (DESIGN.md section 3). A `VLoadScheme` says which token
+each byte of a lane's V registers holds. Composing the B layout with the load
+scheme gives, for every MMAC of a wave, the token behind each of its K slots.
+"""
+
+from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
+                                             SM80_MMA_S8, MatrixInstruction, OperandLayout)
+from int8attn.fragments.kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
+                                              thread_distribution, xor_reduction_offsets)
+from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, SCALE_GROUP_KINDS, TARGETS,
+                                      FragmentModel, VLoadScheme, bf16_pv_model,
+                                      format_token_set, fragment_model)
+
+__all__ = [
+    "SCALE_GROUP_KINDS",
+    "BF16_PV_INSTRUCTIONS",
+    "OperandLayout",
+    "MatrixInstruction",
+    "VLoadScheme",
+    "FragmentModel",
+    "GFX936_MMAC",
+    "GFX942_MFMA",
+    "SM80_MMA_S8",
+    "SM80_MMA_BF16",
+    "bf16_pv_model",
+    "TARGETS",
+    "fragment_model",
+    "format_token_set",
+    "LaneMap",
+    "DecodeKernelLayout",
+    "xor_reduction_offsets",
+    "element_classes",
+    "thread_distribution",
+]

@@ -1,0 +1,205 @@
+"""Per-lane quantities of the lane-level kernels, derived from a fragment model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from int8attn.fragments.instructions import MatrixInstruction
+from int8attn.fragments.model import FragmentModel
+
+# ----------------------------------------------------------------------------
+# Lane maps: per-lane quantities of the lane-level kernels, as data
+# ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaneMap:
+    """value(lane) = offset + sum over runs of ((lane >> lo) & (2**width - 1)) * scale.
+
+    Every per-lane index of the kernels (an operand row, a token, an LDS
+    offset) is one of these, fitted from a fragment table; the kernel
+    generator only turns runs into shifts, masks and multiplies.
+    """
+
+    offset: int
+    runs: tuple[tuple[int, int, int], ...]  # (lo_bit, width, scale)
+
+    @staticmethod
+    def fit(table) -> "LaneMap":
+        table = [int(v) for v in table]
+        bits = (len(table) - 1).bit_length()
+        if len(table) != 1 << bits:
+            raise ValueError(f"a lane table needs a power-of-two length, got {len(table)}")
+        offset = table[0]
+        basis = [table[1 << b] - offset for b in range(bits)]
+        for lane, value in enumerate(table):
+            if value != offset + sum(basis[b] for b in range(bits) if lane >> b & 1):
+                raise ValueError(f"lane table is not linear in the lane bits: {table}")
+        runs: list[tuple[int, int, int]] = []
+        for b, scale in enumerate(basis):
+            if scale == 0:
+                continue
+            if runs and runs[-1][0] + runs[-1][1] == b and runs[-1][2] << runs[-1][1] == scale:
+                lo, width, first = runs[-1]
+                runs[-1] = (lo, width + 1, first)
+            else:
+                runs.append((b, 1, scale))
+        return LaneMap(offset, tuple(runs))
+
+    def __call__(self, lane):
+        lane = np.asarray(lane)
+        value = np.full(lane.shape, self.offset, dtype=np.int64)
+        for lo, width, scale in self.runs:
+            value = value + ((lane >> lo) & ((1 << width) - 1)) * scale
+        return value
+
+    def shifted(self, amount: int) -> "LaneMap":
+        return LaneMap(self.offset + amount, self.runs)
+
+
+def xor_reduction_offsets(keys: np.ndarray) -> tuple[int, ...]:
+    """Lane xor offsets that never change `keys[lane, element]` (reduce over them)."""
+    lanes = keys.shape[0]
+    offsets = []
+    for b in range((lanes - 1).bit_length()):
+        partner = np.arange(lanes) ^ (1 << b)
+        if np.array_equal(keys[partner], keys):
+            offsets.append(1 << b)
+    return tuple(offsets)
+
+
+def element_classes(keys: np.ndarray) -> list[list[int]]:
+    """Partition a lane's elements into classes with equal keys on every lane."""
+    classes: list[list[int]] = []
+    for e in range(keys.shape[1]):
+        for members in classes:
+            same = keys[:, members[0]] == keys[:, e]
+            if same.all():
+                members.append(e)
+                break
+            if same.any():
+                raise ValueError("element keys coincide on some lanes only")
+        else:
+            classes.append([e])
+    return classes
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeKernelLayout:
+    """Everything the decode kernel generator needs, derived from one FragmentModel.
+
+    A wave's scores are `blocks` MMAC C tiles (16 rows x n tokens each); element
+    (n, i) of lane l is row `c_row[i](l)`, wave token `n*N + c_col[i](l)`.
+    """
+
+    model: FragmentModel
+
+    @property
+    def instruction(self) -> MatrixInstruction:
+        return self.model.instruction
+
+    @property
+    def blocks(self) -> int:
+        return self.model.wave_tokens // self.instruction.n
+
+    # QK: A = query rows x head dim, B = head dim x tokens. Operands load as
+    # runs of slots consecutive along K; each run is one vector load.
+    def a_runs(self) -> list[tuple[LaneMap, LaneMap, int]]:
+        """(row, first K, length) of each A run, in register order."""
+        coords = self.instruction.a.coords
+        return [(LaneMap.fit(coords[:, first, 0]), LaneMap.fit(coords[:, first, 1]), length)
+                for first, length in self.instruction.a.runs(axis=1)]
+
+    def b_runs(self) -> list[tuple[LaneMap, int]]:
+        """(first K, length) of each B run, in register order."""
+        coords = self.instruction.b.coords
+        return [(LaneMap.fit(coords[:, first, 0]), length)
+                for first, length in self.instruction.b.runs(axis=0)]
+
+    def b_col(self) -> LaneMap:
+        cols = self.instruction.b.coords[:, :, 1]
+        if not (cols == cols[:, :1]).all():
+            raise ValueError("a lane's B slots span several columns")
+        return LaneMap.fit(cols[:, 0])
+
+    def c_row(self, i: int) -> LaneMap:
+        return LaneMap.fit(self.instruction.c.coords[:, i, 0])
+
+    def c_col(self, i: int) -> LaneMap:
+        return LaneMap.fit(self.instruction.c.coords[:, i, 1])
+
+    def element_tokens(self) -> np.ndarray:
+        """int [lanes, blocks*slots]: wave token of score element (n, i)."""
+        c = self.instruction.c.coords
+        return np.concatenate([n * self.instruction.n + c[:, :, 1] for n in range(self.blocks)], 1)
+
+    def element_rows(self) -> np.ndarray:
+        c = self.instruction.c.coords
+        return np.concatenate([c[:, :, 0]] * self.blocks, 1)
+
+    def element_groups(self) -> np.ndarray:
+        return self.model.group_of_token(self.model.wave_tokens)[self.element_tokens()]
+
+    def group_map(self, element: int) -> LaneMap:
+        return LaneMap.fit(self.element_groups()[:, element])
+
+    def row_max_offsets(self) -> tuple[int, ...]:
+        return xor_reduction_offsets(self.element_rows())
+
+    def group_keys(self) -> np.ndarray:
+        return self.element_rows() * self.model.mmacs_per_wave + self.element_groups()
+
+    def group_max_offsets(self) -> tuple[int, ...]:
+        return xor_reduction_offsets(self.group_keys())
+
+    # PV: A = Wq rows x the group's tokens (from LDS), B = V tokens x head dim.
+    def a_token_runs(self, mmac: int) -> list[tuple[LaneMap, LaneMap, int]]:
+        """(row, first wave token, length) of each A run of PV MMAC `mmac`: the
+        run's K slots must be consecutive tokens, i.e. consecutive LDS bytes."""
+        groups = self.model.wave_token_groups[mmac]
+        coords = self.instruction.a.coords
+        runs = []
+        for first, length in self.instruction.a.runs(axis=1):
+            tokens = groups[coords[:, first:first + length, 1]]
+            if not np.array_equal(tokens, tokens[:, :1] + np.arange(length)):
+                raise ValueError("an A run's K slots are not consecutive tokens in LDS")
+            runs.append((LaneMap.fit(coords[:, first, 0]), LaneMap.fit(tokens[:, 0]), length))
+        return runs
+
+    def v_loads(self) -> int:
+        return self.model.mmacs_per_wave * self.instruction.b.slots // \
+            self.model.v_load.bytes_per_lane
+
+    def v_load_start(self, load: int) -> LaneMap:
+        """Wave token of the first byte of a lane's `load`-th V load."""
+        lane_group = self.instruction.b.lane_groups(axis=0)
+        groups = int(lane_group.max()) + 1
+        width = self.model.v_load.bytes_per_lane
+        return LaneMap.fit([self.model.v_load.token_of_byte(int(g), groups, load * width)
+                            for g in lane_group])
+
+    def v_runs_of_mmac(self, mmac: int) -> list[tuple[int, int, int]]:
+        """(load, byte offset in it, length) of each B run of PV MMAC `mmac`."""
+        width = self.model.v_load.bytes_per_lane
+        runs = []
+        for first, length in self.instruction.b.runs(axis=0):
+            load, offset = divmod(mmac * self.instruction.b.slots + first, width)
+            if offset + length > width:
+                raise ValueError("a B run straddles two V loads")
+            runs.append((load, offset, length))
+        return runs
+
+
+def thread_distribution(rows: int, cols: int, threads: int) -> tuple[int, list[tuple[LaneMap, LaneMap]]]:
+    """Row-major split of a rows x cols tile over threads: per slot u, (row, col) maps."""
+    total = rows * cols
+    if total % threads:
+        raise ValueError(f"{rows}x{cols} does not split over {threads} threads")
+    per = total // threads
+    thread = np.arange(threads)
+    maps = []
+    for u in range(per):
+        element = thread * per + u
+        maps.append((LaneMap.fit(element // cols), LaneMap.fit(element % cols)))
+    return per, maps

@@ -1,0 +1,170 @@
+"""Fragment models: an instruction plus the V load scheme; the MMAC token sets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
+                                             SM80_MMA_S8, MatrixInstruction)
+
+SCALE_GROUP_KINDS = ("fragment", "contiguous")
+
+
+@dataclass(frozen=True)
+class VLoadScheme:
+    """How a wave loads V from the token-innermost cache ([..., D, S]).
+
+    Lanes that hold the same K rows of the B operand form a lane group; one
+    load gives each lane `bytes_per_lane` consecutive tokens of one head-dim
+    column. Successive loads of a lane continue after all lane groups' bytes.
+    A lane's loaded bytes, in load order, feed its B registers: MMAC t takes
+    bytes `slots*t .. slots*t + slots - 1`.
+    """
+
+    bytes_per_lane: int
+
+    def token_of_byte(self, lane_group: int, lane_groups: int, byte: int) -> int:
+        load, offset = divmod(byte, self.bytes_per_lane)
+        return (load * lane_groups + lane_group) * self.bytes_per_lane + offset
+
+
+@dataclass(frozen=True, eq=False)
+class FragmentModel:
+    """A target's matrix instruction plus the decode kernel's load scheme.
+
+    `wave_tokens` tokens are processed by one wave; a decode partition is
+    `waves_per_partition` waves. Token sets are published per wave
+    (`wave_token_groups`) and per block of whole waves (`token_groups`).
+    """
+
+    target: str
+    instruction: MatrixInstruction
+    v_load: VLoadScheme
+    wave_tokens: int = 64
+    waves_per_partition: int = 4
+
+    @property
+    def group_size(self) -> int:
+        """Tokens per W scale group: the K extent of one instruction."""
+        return self.instruction.k
+
+    @property
+    def partition_tokens(self) -> int:
+        return self.wave_tokens * self.waves_per_partition
+
+    @property
+    def mmacs_per_wave(self) -> int:
+        return self.wave_tokens // self.instruction.k
+
+    @cached_property
+    def wave_token_groups(self) -> np.ndarray:
+        """int64 [mmacs_per_wave, K]: token (within the wave) of each K slot."""
+        b = self.instruction.b
+        lane_group = b.lane_groups(axis=0)
+        lane_groups = int(lane_group.max()) + 1
+        groups = np.full((self.mmacs_per_wave, self.instruction.k), -1, dtype=np.int64)
+        for mmac in range(self.mmacs_per_wave):
+            for lane in range(b.lanes):
+                for slot in range(b.slots):
+                    k_row, _ = b.element(lane, slot)
+                    token = self.v_load.token_of_byte(
+                        int(lane_group[lane]), lane_groups, mmac * b.slots + slot)
+                    if groups[mmac, k_row] not in (-1, token):
+                        raise ValueError(
+                            f"{self.target}: lanes disagree on the token of K slot "
+                            f"{k_row} of MMAC {mmac}")
+                    groups[mmac, k_row] = token
+        covered = np.sort(groups.ravel())
+        if not np.array_equal(covered, np.arange(self.wave_tokens)):
+            raise ValueError(f"{self.target}: the V load scheme with "
+                             f"{self.v_load.bytes_per_lane}-byte loads does not cover "
+                             f"the wave's {self.wave_tokens} tokens exactly once")
+        return groups
+
+    def token_groups(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens / K, K]: token sets of a block of whole waves."""
+        if block_tokens % self.wave_tokens:
+            raise ValueError(f"a block of {block_tokens} tokens is not a whole number "
+                             f"of {self.wave_tokens}-token waves")
+        waves = block_tokens // self.wave_tokens
+        wave_offsets = np.arange(waves, dtype=np.int64)[:, None, None] * self.wave_tokens
+        return (wave_offsets + self.wave_token_groups[None]).reshape(-1, self.instruction.k)
+
+    def contiguous_groups(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens / K, K]: logical token order cut into K-token runs.
+
+        Not what any MMAC of this model consumes with its V-load scheme: this is
+        the seed's bug (scales over tokens 0-31 / 32-63 of a wave), kept so that
+        its damage can be reproduced and the verifier shown to reject it.
+        """
+        self.token_groups(block_tokens)  # same validity rules
+        return np.arange(block_tokens, dtype=np.int64).reshape(-1, self.instruction.k)
+
+    def scale_groups(self, block_tokens: int, kind: str) -> np.ndarray:
+        """The groups W scales are computed over: "fragment" (correct) or "contiguous"."""
+        if kind == "fragment":
+            return self.token_groups(block_tokens)
+        if kind == "contiguous":
+            return self.contiguous_groups(block_tokens)
+        raise ValueError(f"scale groups must be 'fragment' or 'contiguous', got '{kind}'")
+
+    def group_of_token(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens]: the group index consuming each token of a block."""
+        groups = self.token_groups(block_tokens)
+        owner = np.empty(block_tokens, dtype=np.int64)
+        owner[groups.ravel()] = np.repeat(np.arange(groups.shape[0]), groups.shape[1])
+        return owner
+
+    def with_v_load(self, bytes_per_lane: int) -> "FragmentModel":
+        return FragmentModel(self.target, self.instruction, VLoadScheme(bytes_per_lane),
+                             self.wave_tokens, self.waves_per_partition)
+
+
+TARGETS: dict[str, FragmentModel] = {
+    # The seed's decode kernel: 16-byte V loads from the token-innermost cache.
+    "gfx936": FragmentModel("gfx936", GFX936_MMAC, VLoadScheme(16)),
+    "gfx942": FragmentModel("gfx942", GFX942_MFMA, VLoadScheme(16)),
+    # NVIDIA: 4 warps of 32 lanes per 256-token partition, 64 tokens per warp.
+    "cuda": FragmentModel("cuda", SM80_MMA_S8, VLoadScheme(16)),
+}
+
+
+# Targets whose kernels can also run PV in bf16 (the seed's BF16-PV baseline).
+BF16_PV_INSTRUCTIONS = {"cuda": SM80_MMA_BF16}
+
+
+def bf16_pv_model(target: str) -> FragmentModel:
+    """The target's model with its bf16 PV instruction: the tokens each bf16 MMA
+    consumes follow from the same V load scheme."""
+    model = fragment_model(target)
+    if target not in BF16_PV_INSTRUCTIONS:
+        raise KeyError(f"{target} has no bf16 PV kernel (targets with one: "
+                       f"{', '.join(BF16_PV_INSTRUCTIONS)})")
+    return FragmentModel(target, BF16_PV_INSTRUCTIONS[target], model.v_load,
+                         model.wave_tokens, model.waves_per_partition)
+
+
+def fragment_model(target: str) -> FragmentModel:
+    try:
+        return TARGETS[target]
+    except KeyError:
+        raise KeyError(f"unknown target '{target}'; known targets: "
+                       f"{', '.join(sorted(TARGETS))}") from None
+
+
+def format_token_set(tokens) -> str:
+    """Compact set notation: [0..7, 16..23] -> '{0-7,16-23}'."""
+    values = sorted(int(t) for t in tokens)
+    runs: list[str] = []
+    start = prev = None
+    for value in values + [None]:
+        if start is not None and value is not None and value == prev + 1:
+            prev = value
+            continue
+        if start is not None:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = value
+    return "{" + ",".join(runs) + "}"
