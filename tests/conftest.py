@@ -9,8 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Property-based tests: `quick` runs in CI (fixed, derandomized examples);
+# `long` (--hypothesis-profile=long) draws >= 10,000 fresh cases on demand.
+_FUZZ = dict(deadline=None, print_blob=True,
+             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("quick", max_examples=30, derandomize=True, **_FUZZ)
+settings.register_profile("long", max_examples=10_000, **_FUZZ)
+settings.load_profile("quick")
 
 
 @pytest.fixture(autouse=True, scope="session")
