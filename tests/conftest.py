@@ -43,6 +43,18 @@ def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8"):
     return int8attn.compile(source, filename=f"decode_{tokens}.mlir", pv=pv, cache=False)
 
 
+@lru_cache(maxsize=None)
+def compiled_attention(mode, shape, pv="int8"):
+    """shape = (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode."""
+    import int8attn
+    from int8attn.graph import attention_graph
+
+    batch, q_heads, kv_heads, tokens, query_tokens, head_dim = shape
+    source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
+                             query_tokens=query_tokens)
+    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, cache=False)
+
+
 def decode_inputs(seed, batch, q_heads, kv_heads, tokens, head_dim):
     from int8attn.reference import quantize_cache
 

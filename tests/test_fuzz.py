@@ -4,19 +4,18 @@ Hypothesis draws the mode, a shape from a bounded grid (B, Hq/Hkv GQA ratios,
 S around the 16/32/64/256 boundaries, Sq, D), the PV precision, a value
 distribution per tensor and a numpy seed; every case must pass the derived
 tolerances of `accuracy.check_against_references`. Compiled modules are cached
-per (mode, shape, pv) in-process.
+per (mode, shape, pv) in-process (`conftest.compiled_attention`).
 
     python -m pytest tests/test_fuzz.py                                  # quick (CI)
     python -m pytest tests/test_fuzz.py --hypothesis-profile=long \\
         --hypothesis-show-statistics                                     # >= 10,000 cases
 """
 
-from functools import lru_cache
-
 import numpy as np
 from hypothesis import given, note, strategies as st
 
 from accuracy import check_against_references
+from conftest import compiled_attention
 from int8attn.reference import quantize_cache
 
 # (B, Hq, Hkv, S, Sq, D); decode has Sq = 1 and q [B, Hq, D].
@@ -29,17 +28,6 @@ SHAPES = {
                 (2, 6, 2, 97, 33, 48)],
 }
 DISTRIBUTIONS = ("gaussian", "uniform", "heavy_tailed", "scaled", "token_scaled", "zero_rows")
-
-
-@lru_cache(maxsize=None)
-def compiled(mode, shape, pv):
-    import int8attn
-    from int8attn.graph import attention_graph
-
-    batch, q_heads, kv_heads, tokens, query_tokens, head_dim = shape
-    source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
-                             query_tokens=query_tokens)
-    return int8attn.compile(source, filename=f"fuzz_{mode}.mlir", pv=pv, cache=False)
 
 
 def values(rng, kind: str, shape) -> np.ndarray:
@@ -87,5 +75,5 @@ def test_compiled_module_matches_references(case):
     mode, shape, pv, kinds, seed = case
     note(f"{mode} B,Hq,Hkv,S,Sq,D={shape} pv={pv} q/k/v values {kinds}, numpy seed {seed}")
     args = inputs(mode, shape, kinds, seed)
-    out = compiled(mode, shape, pv)(*args)
+    out = compiled_attention(mode, shape, pv)(*args)
     check_against_references(out, args, shape[-1] ** -0.5, pv)
