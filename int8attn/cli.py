@@ -98,8 +98,10 @@ def _read_graph(path: str) -> str:
         return Path(path).read_text()
     except FileNotFoundError:
         raise UserError(f"graph file '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read graph file '{path}': {error}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"graph file '{path}' is not MLIR text (not UTF-8)") from None
+    except OSError as error:
+        raise UserError(f"cannot read graph file '{path}': {error.strerror}") from None
 
 
 def cmd_compile(args) -> int:
