@@ -24,6 +24,13 @@ scale groups of K tokens each.
 `groups` is a table `[array<i64: ...>, ...]`: row g lists the tokens of a
 block that scale group g (one MMAC) consumes, in K-slot order. It always
 comes from the fragment model (`int8attn.fragments`).
+
+quantize / group_quantize of a row x: `a = max|x|`, `s = a/127` (NaN when `a`
+is not finite), `q = clamp(rne(x*(127/a)), -127, 127)`, except `q = 0` when
+`a < QUANTIZE_MIN_ABSMAX` (0 included) or `a` is NaN/Inf. The threshold keeps
+127/a finite and every value that rounds to a nonzero q a normal f32, so the
+result does not depend on flush-to-zero; a non-finite row poisons only its own
+results through the NaN scale (README: non-finite and extreme inputs).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ GROUPED_PV = "int8attn.grouped_pv"
 MMAC_TILES = "int8attn.mmac_tiles"
 
 MODES = ("decode", "prefill")
+QUANTIZE_MIN_ABSMAX = 2.0 ** -118
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
 

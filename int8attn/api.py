@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.graph import FunctionInfo
+from int8attn.graph import FunctionInfo, check_cache_scales
 from int8attn.pipelines.compile import CompileOptions, compile_graph
 from int8attn.runtime import LoadedModule, ModuleCache
 from int8attn.runtime.module import InputError
@@ -57,6 +57,7 @@ class CompiledGraph:
 
     def run(self, arrays, function: str | None = None) -> list[np.ndarray]:
         info = self.entry(function)
+        check_cache_scales(info, arrays)
         start = time.perf_counter()
         results = self.module.call(info.name, *arrays)
         self.timings["run"] = time.perf_counter() - start

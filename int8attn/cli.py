@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.diagnostics import DiagnosticError
+from int8attn.diagnostics import DiagnosticError, StageError
 from int8attn.files import OutputError, check_output_path, write_atomic
 from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS
 from int8attn.pipelines import PV_CHOICES
-from int8attn.pipelines.compile import BACKENDS, CompileOptions, StageError
+from int8attn.pipelines.compile import BACKENDS, CompileOptions
 from int8attn.pipelines.kernel import KERNEL_TARGETS
 from int8attn.runtime.module import InputError
 
@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--output", help="npz to write the results to (result0, ...)")
     run_cmd.add_argument("--function", help="public function to call (default: the only one)")
     run_cmd.add_argument("--simulate", action="store_true",
-                         help="with --target gfx936/gfx942: run the generated lane-level "
+                         help="with --target gfx936/gfx942/cuda: run the generated lane-level "
                               "kernels in the lane simulator")
-    run_cmd.add_argument("--seed", type=int, default=None,
+    run_cmd.add_argument("--seed", type=_seed, default=None,
                          help="seed of the random inputs (default: drawn and printed)")
     run_cmd.add_argument("--no-cache", action="store_true",
                          help="compile even if the module cache has this graph")
@@ -137,6 +137,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+    if not 0 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**63, got {value}")
+    return value
+
+
 def _options(args) -> CompileOptions:
     return CompileOptions(backend=args.target, pv=args.pv, target=args.fragment_model,
                           scale_groups=args.scale_groups, verify=not args.no_verify)
@@ -147,8 +157,10 @@ def _read_graph(path: str) -> str:
         return Path(path).read_text()
     except FileNotFoundError:
         raise UserError(f"graph file '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read graph file '{path}': {error}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"graph file '{path}' is not MLIR text (not UTF-8)") from None
+    except OSError as error:
+        raise UserError(f"cannot read graph file '{path}': {error.strerror}") from None
 
 
 def cmd_compile(args) -> int:
@@ -180,8 +192,15 @@ def _load_inputs(path: str, info) -> list[np.ndarray]:
         archive = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise UserError(f"inputs file '{path}' does not exist") from None
-    except (OSError, ValueError) as error:
-        raise UserError(f"cannot read inputs file '{path}' as .npz: {error}") from None
+    except IsADirectoryError:
+        raise UserError(f"inputs file '{path}' is a directory") from None
+    except (OSError, ValueError, EOFError):
+        raise UserError(f"inputs file '{path}' is not an .npz archive; write one with "
+                        f"numpy.savez(path, arg0=..., arg1=...)") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise UserError(f"inputs file '{path}' holds a single array (.npy), not an .npz "
+                        f"archive of the arguments; write one with numpy.savez(path, "
+                        f"arg0=..., arg1=...)")
     with archive:
         keys = set(archive.files)
         arrays = []
@@ -191,25 +210,27 @@ def _load_inputs(path: str, info) -> list[np.ndarray]:
                 raise UserError(f"inputs file '{path}' has no array '{key}' for argument {i} "
                                 f"({spec.describe()}) of @{info.name}; it has "
                                 f"{', '.join(sorted(keys)) or 'no arrays'}")
-            arrays.append(archive[key])
+            try:
+                arrays.append(archive[key])
+            except (OSError, ValueError, EOFError) as error:
+                raise UserError(f"array '{key}' of inputs file '{path}' cannot be read "
+                                f"without pickle ({error}); save plain numeric arrays") from None
         extra = keys - {f"arg{i}" for i in range(len(info.arguments))}
         if extra:
             raise UserError(f"inputs file '{path}' has arrays {', '.join(sorted(extra))} that "
                             f"are not arguments of @{info.name} (expected arg0..arg"
                             f"{len(info.arguments) - 1})")
-    _check_scales(arrays, info)
     return arrays
 
 
-def _check_scales(arrays, info) -> None:
-    if info.attention is None:
-        return
-    names = ("q", "k", "k_scale", "v", "v_scale")
-    for name, index in zip(names, info.attention.argument_of):
-        if name.endswith("scale") and arrays[index].dtype.kind == "f" and \
-                not np.all(np.isfinite(arrays[index])):
-            raise UserError(f"arg{index} ({name}) holds NaN or Inf; cache scales must be "
-                            f"finite")
+def _note_nonfinite_queries(info, arrays) -> None:
+    from int8attn.graph import nonfinite_query_rows
+
+    bad, rows = nonfinite_query_rows(info, arrays)
+    if bad:
+        index = info.attention.argument_of[0]
+        print(f"note: arg{index} (q) holds NaN or Inf in {bad} of its {rows} rows; the results "
+              f"of exactly those rows are NaN (README: non-finite inputs)", file=sys.stderr)
 
 
 def _report(outputs, arrays, info, options) -> None:
@@ -245,6 +266,7 @@ def cmd_run(args) -> int:
     info = graph.entry(args.function)
     if args.inputs:
         arrays = _load_inputs(args.inputs, info)
+        _note_nonfinite_queries(info, arrays)
     else:
         seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         print(f"random inputs, seed {seed} (repeat with --seed {seed})")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
-__all__ = ["DiagnosticError", "format_location"]
+__all__ = ["DiagnosticError", "StageError", "format_location", "save_for_repro"]
 
 _FILE_LINE_COL = re.compile(r'loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)')
 
@@ -36,3 +38,27 @@ class DiagnosticError(Exception):
 
     def __str__(self) -> str:
         return self.format()
+
+
+class StageError(Exception):
+    """IREE failed in a stage; `reproducer` is a shell command that shows it again."""
+
+    def __init__(self, stage: str, message: str, reproducer: str):
+        super().__init__(f"{stage} failed: {message}\nreproduce with:\n  {reproducer}")
+        self.stage = stage
+        self.reproducer = reproducer
+
+
+def save_for_repro(files: dict) -> Path:
+    """A fresh directory holding `files` (name -> text, bytes or a numpy array)."""
+    import numpy as np
+
+    directory = Path(tempfile.mkdtemp(prefix="int8attn-repro-"))
+    for name, content in files.items():
+        if isinstance(content, np.ndarray):
+            np.save(directory / name, content)
+        elif isinstance(content, bytes):
+            (directory / name).write_bytes(content)
+        else:
+            (directory / name).write_text(content)
+    return directory

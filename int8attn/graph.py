@@ -15,7 +15,7 @@ from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
 from int8attn.reference import exact_attention, fragment_attention, quantize_cache
-from int8attn.runtime.module import NUMPY_DTYPES, TensorSpec
+from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,36 @@ def _attention_call(block, terminator) -> AttentionCall | None:
         return AttentionCall(tuple(argument_of), ir.StringAttr(owner.attributes["mode"]).value,
                              ir.FloatAttr(owner.attributes["softmax_scale"]).value, index)
     return None
+
+
+OPERANDS = ("q", "k", "k_scale", "v", "v_scale")
+
+
+def check_cache_scales(info: FunctionInfo, arrays) -> None:
+    """k_scale and v_scale must be finite and >= 0 (README: non-finite inputs)."""
+    if info.attention is None:
+        return
+    for name, index in zip(OPERANDS, info.attention.argument_of):
+        scales = np.asarray(arrays[index])
+        if not name.endswith("scale") or scales.dtype.kind != "f":
+            continue
+        for problem, bad in (("NaN", np.isnan(scales)), ("Inf", np.isinf(scales)),
+                             ("a negative value", scales < 0)):
+            if bad.any():
+                where = [int(i) for i in np.argwhere(bad)[0]]
+                raise InputError(
+                    f"argument {index} ({name}, arg{index}) of @{info.name} holds {problem} at "
+                    f"{where} ({int(bad.sum())} of {bad.size}); cache scales are max|row|/127 of "
+                    f"each token and must be finite and >= 0")
+
+
+def nonfinite_query_rows(info: FunctionInfo, arrays) -> tuple[int, int]:
+    """(rows of q holding NaN or Inf, all rows of q): those rows' results are NaN."""
+    if info.attention is None:
+        return 0, 0
+    q = np.asarray(arrays[info.attention.argument_of[0]])
+    rows = q.reshape(-1, q.shape[-1]) if q.ndim else q.reshape(1, 1)
+    return int((~np.isfinite(rows)).any(axis=-1).sum()), rows.shape[0]
 
 
 def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):

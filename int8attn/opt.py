@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from int8attn.diagnostics import DiagnosticError
-from int8attn.files import OutputError, write_atomic
+from int8attn.files import OutputError, check_output_path, write_atomic
 from int8attn.passes import PASSES
 from int8attn.pipelines import NAMED_PIPELINES, named_pipeline
 from int8attn.pipelines.compile import new_context, parse_graph
@@ -93,9 +93,17 @@ def main(argv=None) -> int:
         parser.error(str(error))
     filename = "<stdin>" if args.input == "-" else args.input
     try:
+        if args.output:
+            check_output_path(args.output, [args.input])
         text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+    except OutputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except OSError as error:
         print(f"error: cannot read '{args.input}': {error.strerror}", file=sys.stderr)
+        return 1
+    except UnicodeDecodeError:
+        print(f"error: '{filename}' is not MLIR text (not UTF-8)", file=sys.stderr)
         return 1
     chunks = split_input(text) if args.split_input_file else [text]
     outputs, failed = [], False

@@ -2,13 +2,15 @@
 
 Rewrites `int8attn.quantize(x)` (per row, last dimension) into
 
-    a = max_j |x_j|;   s = a / 127;   inv = a == 0 ? 0 : 127 / a
-    q = fptosi(clamp(roundeven(x * inv), -127, 127))
+    a = max_j |x_j|;   s = a == inf ? NaN : a / 127
+    inv = (a >= QUANTIZE_MIN_ABSMAX and a < inf) ? 127 / a : 0
+    q = fptosi(inv == 0 ? 0 : clamp(roundeven(x * inv), -127, 127))
 
 and `int8attn.group_quantize(W) {groups}` into a token gather of W into
 [..., G, K] (the fragment order of `groups`) followed by the same per-row
 quantization over K (with `scale_groups`, the absmax comes from a second
-gather over those token sets instead). An all-zero row gives q = 0, s = 0, never NaN.
+gather over those token sets instead). An all-zero or tiny row gives q = 0; a
+row holding NaN or Inf gives q = 0, s = NaN (never a poison fptosi).
 """
 
 from __future__ import annotations
@@ -38,20 +40,28 @@ def quantize_rows(x: ir.Value, amax: ir.Value | None = None) -> tuple[ir.Value, 
     dims = "abcdefghij"[:len(shape)]
     row, row_shape = dims[:-1], shape[:-1]
     amax = row_absmax(x) if amax is None else amax
-    qmax = build.f32(127.0)
-    scale = build.generic([amax], [row], row, build.empty(row_shape, "f32"),
-                          lambda a, _: arith.divf(a, qmax))
-    zero = build.f32(0.0)
-    inverse = build.generic(
+    qmax, zero, inf = build.f32(127.0), build.f32(0.0), build.f32(float("inf"))
+    scale = build.generic(
         [amax], [row], row, build.empty(row_shape, "f32"),
-        lambda a, _: arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a, zero),
-                                  zero, arith.divf(qmax, a)))
+        lambda a, _: arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, a, inf),
+                                  build.f32(float("nan")), arith.divf(a, qmax)))
+
+    def inverse_of(a, _):
+        quantizable = arith.andi(
+            arith.cmpf(arith.CmpFPredicate.OGE, a, build.f32(d.QUANTIZE_MIN_ABSMAX)),
+            arith.cmpf(arith.CmpFPredicate.OLT, a, inf))
+        return arith.select(quantizable, arith.divf(qmax, a), zero)
+
+    inverse = build.generic([amax], [row], row, build.empty(row_shape, "f32"), inverse_of)
     qmin = build.f32(-127.0)
     i8 = ir.IntegerType.get_signless(8)
-    q = build.generic(
-        [x, inverse], [dims, row], dims, build.empty(shape, "i8"),
-        lambda xi, inv, _: arith.fptosi(i8, arith.minimumf(arith.maximumf(
-            math.roundeven(arith.mulf(xi, inv)), qmin), qmax)))
+
+    def quantized(xi, inv, _):
+        clamped = arith.minimumf(arith.maximumf(math.roundeven(arith.mulf(xi, inv)), qmin), qmax)
+        skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inv, zero)
+        return arith.fptosi(i8, arith.select(skipped, zero, clamped))
+
+    q = build.generic([x, inverse], [dims, row], dims, build.empty(shape, "i8"), quantized)
     return q, scale
 
 

@@ -6,7 +6,9 @@ Rewrites `int8attn.grouped_pv(Wq, sW, v) {groups}` into
     O   = sum_g f32(acc_g) * sW_g
 
 Each tile is one `target` matrix instruction's K extent: int32 sums never
-cross groups, so no int32 value ever mixes two scales.
+cross groups, so no int32 value ever mixes two scales. The head dim is the
+instruction's N: a head dim that is not a whole number of N-wide tiles is
+rejected (use a float PV baseline or pad D).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ def to_mmac_tiles(op, rewriter, target: str):
             op.location, f"'{op.name}' op has groups of {groups.shape[1]} tokens but "
             f"{target}'s {instruction.name} consumes K={instruction.k}")
     head_dim = d.shape_of(v)[-1]
+    if head_dim % instruction.n:
+        raise DiagnosticError(
+            op.location, f"head dim {head_dim} is not a multiple of N={instruction.n} of "
+            f"{target}'s {instruction.name}, which computes {instruction.n} head-dim columns "
+            f"at a time; pad D to {-(-head_dim // instruction.n) * instruction.n} with zero "
+            f"columns, or use a float PV (--pv bf16 or --pv f32)")
     with rewriter.ip, op.location:
         acc = d.mmac_tiles(wq, v, groups, target=target)
         out = build.generic(

@@ -45,6 +45,16 @@ class PipelineOptions:
         if self.scale_groups not in SCALE_GROUP_KINDS:
             raise PipelineError(f"scale-groups must be one of {', '.join(SCALE_GROUP_KINDS)}, "
                                 f"got '{self.scale_groups}'")
+        for name, tokens in (("partition-tokens", self.partition_tokens),
+                             ("tile-tokens", self.tile_tokens)):
+            if tokens <= 0:
+                raise PipelineError(f"{name} must be positive, got {tokens}")
+            if self.pv == "int8":
+                try:
+                    TARGETS[self.target].token_groups(tokens)
+                except ValueError as error:
+                    raise PipelineError(f"{name}={tokens} with pv=int8: {error} "
+                                        f"({self.target})") from None
 
 
 def to_linalg(options: PipelineOptions) -> list:

@@ -8,17 +8,16 @@ reproduces it on the IR saved next to the error.
 
 from __future__ import annotations
 
-import os
+import re
 import shlex
-import tempfile
 import time
 from dataclasses import dataclass, field
 
 from iree.compiler import ir
 from iree.compiler.tools import CompilerToolError, compile_str
 
-from int8attn.diagnostics import DiagnosticError
-from int8attn.dialects.int8attn import walk
+from int8attn.diagnostics import DiagnosticError, StageError, save_for_repro
+from int8attn.dialects.int8attn import verify, walk
 from int8attn.graph import FunctionInfo, describe_functions
 from int8attn.pipelines import PipelineOptions, to_linalg
 from int8attn.pipelines.manager import run_passes
@@ -52,15 +51,6 @@ class CompileOptions:
                                self.scale_groups, self.verify)
 
 
-class StageError(Exception):
-    """IREE failed in a stage; `reproducer` is a shell command that shows it again."""
-
-    def __init__(self, stage: str, message: str, reproducer: str):
-        super().__init__(f"{stage} failed: {message}\nreproduce with:\n  {reproducer}")
-        self.stage = stage
-        self.reproducer = reproducer
-
-
 @dataclass
 class Compiled:
     vmfb: bytes
@@ -82,12 +72,22 @@ def parse_graph(source: str, filename: str) -> ir.Operation:
     except ir.MLIRError as error:
         if "single top-level operation" not in str(error):
             raise _parse_error(error, filename) from None
-        return _parse_wrapped(source, filename, error)
+        return _reject_unknown_ops(_parse_wrapped(source, filename, error))
     if op.name == "builtin.module":
-        return op
+        return _reject_unknown_ops(op)
     module = ir.Operation.create("builtin.module", regions=1, loc=op.location)
     module.regions[0].blocks.append()
     ir.InsertionPoint(module.regions[0].blocks[0]).insert(op.operation)
+    return _reject_unknown_ops(module)
+
+
+def _reject_unknown_ops(module: ir.Operation) -> ir.Operation:
+    # Unregistered dialects are allowed only for int8attn's own ops.
+    for op in walk(module):
+        if not op.name.startswith("int8attn.") and \
+                not op.context.is_registered_operation(op.name):
+            raise DiagnosticError(op.location, f"unknown op '{op.name}': neither an int8attn op "
+                                  f"nor an op of a dialect IREE's compiler registers")
     return module
 
 
@@ -127,20 +127,19 @@ def make_vmfb(linalg_ir: str, options: CompileOptions) -> bytes:
     try:
         return compile_str(linalg_ir, extra_args=iree_flags(options))
     except CompilerToolError as error:
-        saved = _save_for_repro(linalg_ir)
-        command = shlex.join(["iree-compile", saved, *iree_flags(options), "-o", "out.vmfb"])
-        raise StageError("IREE compilation (iree-compile)", _tail(str(error)), command) from None
+        saved = save_for_repro({"linalg.mlir": linalg_ir})
+        command = shlex.join(["iree-compile", str(saved / "linalg.mlir"), *iree_flags(options),
+                              "-o", str(saved / "out.vmfb")])
+        raise StageError("IREE compilation (iree-compile)", _diagnostics(str(error)),
+                         command) from None
 
 
-def _save_for_repro(text: str) -> str:
-    handle, path = tempfile.mkstemp(prefix="int8attn-repro-", suffix=".mlir")
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    return path
-
-
-def _tail(text: str, lines: int = 12) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+def _diagnostics(text: str, lines: int = 12) -> str:
+    """The compiler's own messages: no invocation, temp-file hints or stack frames."""
+    body = text.split("Diagnostics:", 1)[-1].split("Invoked with:", 1)[0]
+    kept = [line for line in body.strip().splitlines()
+            if line.strip() and not re.match(r"\s*#\d+ 0x", line)]
+    return "\n".join(kept[:lines]) or text.strip()
 
 
 def compile_graph(source: str, filename: str, options: CompileOptions) -> Compiled:
@@ -148,7 +147,12 @@ def compile_graph(source: str, filename: str, options: CompileOptions) -> Compil
     with new_context():
         start = time.perf_counter()
         module = parse_graph(source, filename)
+        verify(module)
         functions = describe_functions(module)
+        if not functions:
+            raise DiagnosticError(module.location, "the graph has no public func.func to "
+                                  "compile (e.g. func.func @decode(...) returning an "
+                                  "int8attn.attention)")
         make_linalg(module, options)
         linalg_ir = str(module)
         passes_done = time.perf_counter()

@@ -9,20 +9,19 @@
 from __future__ import annotations
 
 import glob
-import os
 import shlex
 import tempfile
 
 from iree.compiler import ir
 from iree.compiler.tools import CompilerToolError, compile_str
 
-from int8attn.diagnostics import DiagnosticError
+from int8attn.diagnostics import DiagnosticError, StageError, save_for_repro
 from int8attn.fragments import fragment_model
 from int8attn.graph import describe_functions
 from int8attn.kernels.decode import DecodeShape, build_decode_kernels
 from int8attn.kernels.host import build_host_function
 from int8attn.passes import LowerQuantize
-from int8attn.pipelines.compile import StageError, new_context, parse_graph
+from int8attn.pipelines.compile import new_context, parse_graph
 from int8attn.pipelines.manager import UpstreamPass, run_passes
 
 KERNEL_TARGETS = ("gfx936", "gfx942", "cuda")
@@ -98,10 +97,9 @@ def make_rocm_vmfb(kernel_ir: str, target: str) -> tuple[bytes, str]:
         try:
             vmfb = compile_str(kernel_ir, extra_args=flags)
         except CompilerToolError as error:
-            handle, saved = tempfile.mkstemp(prefix="int8attn-repro-", suffix=".mlir")
-            with os.fdopen(handle, "w") as out:
-                out.write(kernel_ir)
-            command = shlex.join(["iree-compile", saved, *ROCM_FLAGS[target], "-o", "out.vmfb"])
+            saved = save_for_repro({"kernels.mlir": kernel_ir}) / "kernels.mlir"
+            command = shlex.join(["iree-compile", str(saved), *ROCM_FLAGS[target], "-o",
+                                  "out.vmfb"])
             raise StageError(f"IREE {target} compilation (iree-compile)",
                              "\n".join(str(error).strip().splitlines()[-12:]), command) from None
         isa = "\n".join(open(path).read()

@@ -114,7 +114,10 @@ def parse_pipeline(text: str) -> list:
         try:
             with ir.Context():
                 passmanager.PassManager.parse(f"builtin.module({element})")
-        except ValueError:
+        except ValueError as error:
+            if "no such option" in str(error) or "failed to add" in str(error):
+                detail = str(error).strip().splitlines()[0].split(">: ")[-1]
+                raise PipelineError(f"IREE pass '{name}': {detail}") from None
             raise PipelineError(
                 f"unknown pass '{name}' in pipeline. int8attn passes: {known_passes()}; "
                 f"any pass registered with IREE (canonicalize, cse, ...) is also accepted"

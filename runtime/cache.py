@@ -2,7 +2,8 @@
 
 The key covers the source text, every compile option, the IREE compiler
 version and int8attn's own sources, so a hit is always the module the same
-compile would produce. Entries are written atomically (temp file + rename).
+compile would produce. Entries are written atomically (temp file + rename) and
+carry the vmfb's sha256: a damaged entry is a miss, never a broken module.
 """
 
 from __future__ import annotations
@@ -55,11 +56,15 @@ class ModuleCache:
     def load(self, key: str) -> tuple[bytes, dict] | None:
         vmfb, meta = self.directory / f"{key}.vmfb", self.directory / f"{key}.json"
         try:
-            return vmfb.read_bytes(), json.loads(meta.read_text())
+            data, info = vmfb.read_bytes(), json.loads(meta.read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(info, dict) or info.get("vmfb_sha256") != hashlib.sha256(data).hexdigest():
+            return None
+        return data, info
 
     def store(self, key: str, vmfb: bytes, meta: dict) -> None:
+        meta = {**meta, "vmfb_sha256": hashlib.sha256(vmfb).hexdigest()}
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             _atomic_write(self.directory / f"{key}.json", json.dumps(meta).encode())

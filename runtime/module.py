@@ -1,11 +1,20 @@
-"""A compiled module loaded into the IREE runtime, called on numpy arrays."""
+"""A compiled module loaded into the IREE runtime, called on numpy arrays.
+
+A failure inside iree.runtime (a module that does not load, a call that
+raises) is a `StageError` naming the stage, with an `iree-run-module` command
+line that reproduces it on the saved vmfb and inputs.
+"""
 
 from __future__ import annotations
 
+import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import iree.runtime as rt
+
+from int8attn.diagnostics import StageError, save_for_repro
 
 # MLIR element type -> numpy dtype accepted at the module boundary.
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "i32": np.int32,
@@ -30,10 +39,31 @@ class LoadedModule:
 
     def __init__(self, vmfb: bytes, signatures: dict[str, list[TensorSpec]],
                  driver: str = "local-task"):
-        self._context = rt.SystemContext(config=rt.Config(driver))
-        self._vm_module = rt.VmModule.copy_buffer(self._context.instance, vmfb)
-        self._context.add_vm_module(self._vm_module)
+        self.vmfb = vmfb
         self.signatures = signatures
+        self.driver = driver
+        self._context = None
+
+    def _functions(self, function: str, arguments):
+        if self._context is None:
+            with self._stage("loading the module", function, arguments):
+                context = rt.SystemContext(config=rt.Config(self.driver))
+                context.add_vm_module(rt.VmModule.copy_buffer(context.instance, self.vmfb))
+            self._context = context
+        return self._context.modules.module
+
+    @contextmanager
+    def _stage(self, what: str, function: str, arguments):
+        try:
+            yield
+        except (RuntimeError, ValueError) as error:
+            saved = save_for_repro({"module.vmfb": self.vmfb,
+                                    **{f"arg{i}.npy": a for i, a in enumerate(arguments)}})
+            command = ["iree-run-module", f"--module={saved / 'module.vmfb'}",
+                       f"--device={self.driver}", f"--function={function}"]
+            command += [f"--input=@{saved / f'arg{i}.npy'}" for i in range(len(arguments))]
+            message = "\n".join(str(error).strip().splitlines()[:6])
+            raise StageError(f"IREE runtime ({what})", message, shlex.join(command)) from None
 
     def check_arguments(self, function: str, arrays) -> list[np.ndarray]:
         specs = self.signatures[function]
@@ -61,10 +91,9 @@ class LoadedModule:
         """Seconds per call with the arguments already on the device."""
         import time
 
-        config = self._context.config
-        device_args = [rt.asdevicearray(config.device, a)
-                       for a in self.check_arguments(function, arrays)]
-        entry = self._context.modules.module[function]
+        arguments = self.check_arguments(function, arrays)
+        entry = self._functions(function, arguments)[function]
+        device_args = [rt.asdevicearray(self._context.config.device, a) for a in arguments]
         for _ in range(warmup):
             entry(*device_args)
         seconds = []
@@ -80,7 +109,9 @@ class LoadedModule:
             raise InputError(f"no public function @{function}; the module has "
                              f"{', '.join('@' + f for f in self.signatures)}")
         arguments = self.check_arguments(function, arrays)
-        results = self._context.modules.module[function](*arguments)
-        if not isinstance(results, (tuple, list)):
-            results = [results]
-        return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+        entry = self._functions(function, arguments)[function]
+        with self._stage(f"calling @{function}", function, arguments):
+            results = entry(*arguments)
+            if not isinstance(results, (tuple, list)):
+                results = [results]
+            return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]

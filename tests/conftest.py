@@ -9,8 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Property-based tests: `quick` runs in CI (fixed, derandomized examples);
+# `long` (--hypothesis-profile=long) draws >= 10,000 fresh cases on demand.
+_FUZZ = dict(deadline=None, print_blob=True,
+             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("quick", max_examples=30, derandomize=True, **_FUZZ)
+settings.register_profile("long", max_examples=10_000, **_FUZZ)
+settings.load_profile("quick")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -32,6 +41,18 @@ def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8"):
 
     source = decode_graph(batch, q_heads, kv_heads, tokens, head_dim)
     return int8attn.compile(source, filename=f"decode_{tokens}.mlir", pv=pv, cache=False)
+
+
+@lru_cache(maxsize=None)
+def compiled_attention(mode, shape, pv="int8"):
+    """shape = (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode."""
+    import int8attn
+    from int8attn.graph import attention_graph
+
+    batch, q_heads, kv_heads, tokens, query_tokens, head_dim = shape
+    source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
+                             query_tokens=query_tokens)
+    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, cache=False)
 
 
 def decode_inputs(seed, batch, q_heads, kv_heads, tokens, head_dim):

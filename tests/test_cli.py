@@ -100,7 +100,12 @@ def test_no_cache_recompiles(graph):
     (lambda a: a.pop("arg3"), "has no array 'arg3' for argument 3"),
     (lambda a: a.update(arg1=a["arg1"].astype(np.int32)), "argument 1 (arg1) of @decode must be int8"),
     (lambda a: a.update(arg0=a["arg0"][:, :4]), "must have shape [1, 8, 64]"),
-    (lambda a: a["arg4"].__setitem__((0, 0, 5), np.nan), "arg4 (v_scale) holds NaN or Inf"),
+    (lambda a: a["arg4"].__setitem__((0, 0, 5), np.nan),
+     "argument 4 (v_scale, arg4) of @decode holds NaN at [0, 0, 5] (1 of 2000)"),
+    (lambda a: a["arg2"].__setitem__((0, 1, 7), -np.inf),
+     "argument 2 (k_scale, arg2) of @decode holds Inf at [0, 1, 7] (1 of 2000)"),
+    (lambda a: a["arg2"].__setitem__((0, 1, 9), -0.5),
+     "argument 2 (k_scale, arg2) of @decode holds a negative value at [0, 1, 9]"),
     (lambda a: a.update(extra=np.zeros(3)), "arrays extra that are not arguments"),
 ])
 def test_bad_inputs_are_named_and_no_output_is_written(graph, inputs, tmp_path, mutate, message):
@@ -116,6 +121,35 @@ def test_bad_inputs_are_named_and_no_output_is_written(graph, inputs, tmp_path, 
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_inputs_that_are_not_an_npz_of_arrays(graph, inputs, tmp_path):
+    _, arrays = inputs
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, **{f"arg{i}": a for i, a in enumerate(arrays)
+                         if i}, arg0=np.array([{"q": 1}], dtype=object))
+    single, text = tmp_path / "q.npy", tmp_path / "q.npz"
+    np.save(single, arrays[0])
+    text.write_text("arg0 = 1\n")
+    for path, message in ((pickled, "array 'arg0' of inputs file '{}' cannot be read without pickle"),
+                          (single, "inputs file '{}' holds a single array (.npy), not an .npz"),
+                          (text, "inputs file '{}' is not an .npz archive"),
+                          (tmp_path, "inputs file '{}' is a directory")):
+        assert message.format(path) in run("int8attn", "run", graph, "--inputs", path,
+                                           check_rc=1).stderr
+
+
+def test_nonfinite_q_rows_give_nan_rows_and_a_note(graph, inputs, tmp_path):
+    _, arrays = inputs
+    q = arrays[0].copy()
+    q[0, 3, 10] = np.nan
+    path, out = tmp_path / "nan_q.npz", tmp_path / "out.npz"
+    np.savez(path, **{f"arg{i}": a for i, a in enumerate([q, *arrays[1:]])})
+    proc = run("int8attn", "run", graph, "--inputs", path, "--output", out, check_rc=0)
+    assert "note: arg0 (q) holds NaN or Inf in 1 of its 8 rows" in proc.stderr
+    with np.load(out) as results:
+        nan_rows = np.isnan(results["result0"]).all(axis=-1)
+    assert nan_rows.tolist() == [[h == 3 for h in range(8)]]
+
+
 def test_missing_files_are_reported(graph, tmp_path):
     proc = run("int8attn", "run", tmp_path / "nope.mlir", check_rc=1)
     assert "graph file" in proc.stderr and "does not exist" in proc.stderr
@@ -123,11 +157,42 @@ def test_missing_files_are_reported(graph, tmp_path):
     assert "inputs file" in proc.stderr and "does not exist" in proc.stderr
 
 
-def test_output_never_overwrites_an_input(graph):
+def test_output_never_overwrites_an_input(graph, inputs, tmp_path):
     before = graph.read_text()
     proc = run("int8attn", "compile", graph, "-o", graph, check_rc=1)
     assert "is the input file" in proc.stderr
     assert graph.read_text() == before
+    npz, _ = inputs
+    npz_before = npz.read_bytes()
+    proc = run("int8attn", "run", graph, "--inputs", npz, "--output", npz, check_rc=1)
+    assert f"output '{npz}' is the input file '{npz}'" in proc.stderr
+    assert npz.read_bytes() == npz_before
+    link = tmp_path / "link.mlir"
+    link.symlink_to(graph)
+    for target in (graph, link):
+        proc = run("int8attn-opt", graph, "-p", "int8-qk", "-o", target, check_rc=1)
+        assert f"output '{target}' is the input file '{graph}'" in proc.stderr
+    assert graph.read_text() == before
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    from int8attn import files
+
+    out = tmp_path / "out.mlir"
+    out.write_text("previous")
+    real_replace = files.os.replace
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_atomic(out, "x" * 100_000)
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    assert out.read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mlir"]
+    with pytest.raises(files.OutputError, match="output directory .* does not exist"):
+        files.write_atomic(tmp_path / "missing" / "out.mlir", "x")
 
 
 def test_parse_and_verifier_errors_have_locations(tmp_path):

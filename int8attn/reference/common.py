@@ -4,18 +4,34 @@ from __future__ import annotations
 
 import numpy as np
 
+from int8attn.dialects.int8attn import QUANTIZE_MIN_ABSMAX
+
 PV_MODES = ("int8", "bf16", "f32")
 F32 = np.float32
 
 
+def quantization_inverse(amax: np.ndarray) -> np.ndarray:
+    """127/a, or 0 where the row quantizes to zero (a tiny, zero, NaN or Inf)."""
+    amax = np.asarray(amax, dtype=F32)
+    quantizable = (amax >= F32(QUANTIZE_MIN_ABSMAX)) & (amax < np.inf)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return np.where(quantizable, F32(127) / amax, F32(0)).astype(F32)
+
+
+def quantize_with(x: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of x quantized against `amax` (their own absmax, or the seed's bug's)."""
+    inverse = quantization_inverse(amax)
+    with np.errstate(invalid="ignore"):
+        steps = np.clip(np.rint(x * inverse[..., None]), -127, 127)
+        q = np.where(inverse[..., None] == 0, 0, steps).astype(np.int8)
+        scale = np.where(amax == np.inf, np.nan, amax / F32(127)).astype(F32)
+    return q, scale
+
+
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per row (last axis): q = clamp(rne(x*127/a)), s = a/127."""
+    """Symmetric int8 per row (last axis), dialects/int8attn.py's quantize."""
     x = np.asarray(x, dtype=F32)
-    amax = np.max(np.abs(x), axis=-1)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
-    q = np.clip(np.rint(x * inverse[..., None]), -127, 127).astype(np.int8)
-    return q, (amax / F32(127)).astype(F32)
+    return quantize_with(x, np.max(np.abs(x), axis=-1))
 
 
 def quantize_cache(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,11 +88,7 @@ def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:
     if scale_groups is None:
         wq, sw = quantize(w_groups)
     else:
-        amax = np.abs(w[..., scale_groups]).max(axis=-1)
-        with np.errstate(divide="ignore"):
-            inverse = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
-        wq = np.clip(np.rint(w_groups * inverse[..., None]), -127, 127).astype(np.int8)
-        sw = (amax / F32(127)).astype(F32)
+        wq, sw = quantize_with(w_groups, np.abs(w[..., scale_groups]).max(axis=-1))
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
     acc = np.einsum("bhrngk,bhngkd->bhrngd", wq.astype(np.int64), v_groups.astype(np.int64))
     assert np.abs(acc).max(initial=0) < 2**31, "int32 accumulator overflow"

@@ -5,13 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn.fragments import FragmentModel, fragment_model
-from int8attn.reference.common import F32, group_rows, quantize, visible
+from int8attn.reference.common import F32, group_rows, quantization_inverse, quantize, visible
 from int8attn.reference.fragment import blocks_for
 
 # Two f32 implementations of the contract (different exp, summation order)
 # give W values a few ulps apart; an element whose W*127/max lies this close
 # to a .5 tie (in units of one quantization step) may round either way.
 TIE_WINDOW = 2e-4
+# Likewise for pv=bf16: a W whose f32 bits lie within this many f32 ulps of a
+# bf16 rounding midpoint may round to either neighbour.
+BF16_TIE_ULPS = 32
 
 
 def _groups(st, target, fragments: FragmentModel | None):
@@ -25,39 +28,70 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
     They differ only by the W rounding term sum_n omega_n sum_i eW_i Vq_i with
     |eW_i| <= sW/2 (sW of the group consuming token i). The bound puts every
     |eW| at sW/2 with the worst signs; the standard deviation takes eW uniform
-    in [-sW/2, sW/2]. Both shaped like q.
-    """
-    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
-    groups = _groups(st, target, fragments)
-    _, sw = quantize(st.w[..., groups])                                # [B,Hkv,R,N,G]
-    v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)     # [B,Hkv,N,G,K,D]
-    sw = sw.astype(np.float64)
-    worst = np.einsum("bhrng,bhngkd->bhrnd", sw / 2, np.abs(v_groups))
-    variance = np.einsum("bhrng,bhngkd->bhrnd", sw * sw / 12, v_groups * v_groups)
-    bound = np.einsum("bhrn,bhrnd->bhrd", st.omega, worst)
-    sigma = np.sqrt(np.einsum("bhrn,bhrnd->bhrd", st.omega ** 2, variance))
-    return bound.reshape(q.shape), sigma.reshape(q.shape)
-
-
-def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *,
-                       target: str = "gfx936", fragments=None, **block_sizes) -> np.ndarray:
-    """Per output: how much W elements sitting on a rounding tie may move it.
-
-    A tie that rounds the other way changes Wq by 1, so the output by
-    omega_n * sW * |Vq|. Returns the sum over all tie elements (usually zero),
-    shaped like q: the fragment-level comparison allows exactly that.
+    in [-sW/2, sW/2]. A group whose max a is below QUANTIZE_MIN_ABSMAX is set to
+    zero (|eW| <= a): that deterministic part is added to both. Shaped like q.
     """
     st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
     groups = _groups(st, target, fragments)
     w_groups = st.w[..., groups]
     amax = np.abs(w_groups).max(axis=-1)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(amax == 0, 0, F32(127) / amax).astype(F32)
-    steps = w_groups * inverse[..., None]
+    flushed = quantization_inverse(amax) == 0
+    _, sw = quantize(w_groups)                                         # [B,Hkv,R,N,G]
+    v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)     # [B,Hkv,N,G,K,D]
+    sw = np.where(flushed, 0, sw).astype(np.float64)
+    worst = np.einsum("bhrng,bhngkd->bhrnd", sw / 2, np.abs(v_groups))
+    variance = np.einsum("bhrng,bhngkd->bhrnd", sw * sw / 12, v_groups * v_groups)
+    zeroed = np.einsum("bhrng,bhngkd->bhrnd", np.where(flushed, amax, 0), np.abs(v_groups))
+    bound = np.einsum("bhrn,bhrnd->bhrd", st.omega, worst + zeroed)
+    sigma = np.sqrt(np.einsum("bhrn,bhrnd->bhrd", st.omega ** 2, variance)) + \
+        np.einsum("bhrn,bhrnd->bhrd", st.omega, zeroed)
+    return bound.reshape(q.shape), sigma.reshape(q.shape)
+
+
+def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
+                       target: str = "gfx936", fragments=None, **block_sizes) -> np.ndarray:
+    """Per output: how much W elements sitting on a rounding tie may move it.
+
+    pv=int8: a tie that rounds the other way changes Wq by 1, so the output by
+    omega_n * sW * |Vq|. pv=bf16: a W next to a bf16 midpoint moves by one bf16
+    ulp (<= 2^-7 |W|). pv=f32 has no rounding of W. Returns the sum over all
+    tie elements (usually zero), shaped like q: the fragment-level comparison
+    allows exactly that.
+    """
+    if pv == "f32":
+        return np.zeros(q.shape)
+    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
+    if pv == "bf16":
+        low_bits = (st.w.view(np.uint32) & 0xFFFF).astype(np.int64)
+        near = np.abs(low_bits - 0x8000) <= BF16_TIE_ULPS
+        moves = near * np.abs(st.w.astype(np.float64)) * 2.0 ** -7
+        per_block = np.einsum("bhrnt,bhntd->bhrnd", moves, np.abs(st.v_blocks.astype(np.float64)))
+        return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
+    groups = _groups(st, target, fragments)
+    w_groups = st.w[..., groups]
+    amax = np.abs(w_groups).max(axis=-1)
+    steps = w_groups * quantization_inverse(amax)[..., None]
     ties = np.abs(steps - np.floor(steps) - 0.5) < TIE_WINDOW
     v_groups = np.abs(st.v_blocks[:, :, :, groups, :].astype(np.float64))
     per_block = np.einsum("bhrngk,bhngkd->bhrnd", ties * (amax / 127)[..., None], v_groups)
     return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
+
+
+def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float,
+                              **block_sizes):
+    """Hard bound and standard deviation of BF16 PV minus f32 PV, shaped like q.
+
+    bf16 keeps 8 significant bits: |W - bf16(W)| <= 2^-8 |W|, uniform in that
+    interval for the standard deviation.
+    """
+    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
+    half_ulp = np.abs(st.w.astype(np.float64)) * 2.0 ** -8
+    v_blocks = st.v_blocks.astype(np.float64)
+    worst = np.einsum("bhrnt,bhntd->bhrnd", half_ulp, np.abs(v_blocks))
+    variance = np.einsum("bhrnt,bhntd->bhrnd", half_ulp ** 2 / 3, v_blocks ** 2)
+    bound = np.einsum("bhrn,bhrnd->bhrd", st.omega, worst)
+    sigma = np.sqrt(np.einsum("bhrn,bhrnd->bhrd", st.omega ** 2, variance))
+    return bound.reshape(q.shape), sigma.reshape(q.shape)
 
 
 def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float) -> np.ndarray:
@@ -86,3 +120,44 @@ def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float)
                 - 2 * out * np.einsum("bhrs,bhsd->bhrd", a, v_deq)
                 + out * out * a.sum(axis=-1)[..., None])
     return np.sqrt(np.maximum(variance, 0)).reshape(q.shape)
+
+
+def qk_quantization_error_bound(q, k, k_scale, v, v_scale, softmax_scale: float):
+    """Hard bounds on the INT8-QK error in the output, shaped like q.
+
+    Each score moves by |d_i| <= delta_i = scale * sK_i * (sQ/2) * sum_d |Kq_id|
+    (plus f32 rounding of the score). With delta the row's largest, every
+    softmax weight changes by a factor within e^(+-2 delta), so the output moves
+    by at most (e^(2 delta) - 1) * h, h the half range of the visible V_d.
+    Returns (that bound, the part of it beyond the first-order term of
+    `qk_quantization_error_scale`: (2 delta^2 e^(2 delta) + e^(2 delta) - 1 - 2 delta) * h).
+    """
+    k64 = k.astype(np.float64)
+    v_deq = v.astype(np.float64) * v_scale[..., None]
+    rows = group_rows(np.asarray(q, dtype=F32), k.shape[1])
+    _, sq = quantize(rows)
+    scale = float(F32(softmax_scale))
+    k_deq = k64 * k_scale[..., None]
+    scores = np.abs(np.einsum("bhrd,bhsd->bhrs", rows.astype(np.float64), k_deq)) * scale
+    per_token = scale * k_scale.astype(np.float64)[:, :, None, :] * \
+        (sq.astype(np.float64)[..., None] / 2) * np.abs(k64).sum(axis=-1)[:, :, None, :]
+    per_token = per_token * (1 + 1e-5) + 1e-6 * scores
+    seen = visible(q.shape, k.shape[1], k.shape[2])                 # [R or 1, S]
+    delta = np.where(seen, per_token, 0).max(axis=-1)[..., None]     # [B,Hkv,R,1]
+    half_range = _visible_half_range(v_deq, seen)                    # [B,Hkv,R,D]
+    with np.errstate(over="ignore", invalid="ignore"):
+        growth = np.expm1(2 * delta)
+        remainder = 2 * delta ** 2 * np.exp(2 * delta) + growth - 2 * delta
+        hard, beyond = growth * half_range, remainder * half_range
+    hard = np.where(half_range == 0, 0, hard)
+    beyond = np.where(half_range == 0, 0, beyond)
+    return hard.reshape(q.shape), beyond.reshape(q.shape)
+
+
+def _visible_half_range(v_deq: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """(max - min)/2 of V_d over each row's visible tokens: [B,Hkv,R,D]."""
+    # Visible sets are prefixes (all tokens, or causal): use running extrema.
+    highest = np.maximum.accumulate(v_deq, axis=2)
+    lowest = np.minimum.accumulate(v_deq, axis=2)
+    last = seen.shape[1] - 1 - np.argmax(seen[:, ::-1], axis=1)     # last visible token
+    return (highest[:, :, last] - lowest[:, :, last]) / 2

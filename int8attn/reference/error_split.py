@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn.fragments import fragment_model
-from int8attn.reference.common import F32, pad_tokens
+from int8attn.reference.common import F32, pad_tokens, quantize_with
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import blocks_for
 
@@ -56,11 +56,8 @@ def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: floa
     model = fragment_model(target)
     groups = model.token_groups(block_tokens)
     amax = np.abs(st.w[..., model.scale_groups(block_tokens, scale_groups)]).max(axis=-1)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
-    wq = np.clip(np.rint(st.w[..., groups] * inverse[..., None]), -127, 127)
-    e_w = wq * (amax / F32(127)).astype(F32)[..., None].astype(np.float64) \
-        - st.w[..., groups].astype(np.float64)
+    wq, sw = quantize_with(st.w[..., groups], amax)
+    e_w = wq * sw[..., None].astype(np.float64) - st.w[..., groups].astype(np.float64)
     v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)
     w_term = np.einsum("bhrn,bhrnd->bhrd", st.omega,
                        np.einsum("bhrngk,bhngkd->bhrnd", e_w, v_groups)).reshape(q.shape)

@@ -1,24 +1,35 @@
 // RUN: int8attn-opt %s --split-input-file -p lower-quantize | filecheck %s
 
-// a = max|x|, s = a/127, inv = (a == 0 ? 0 : 127/a), q = clamp(rne(x*inv)).
+// a = max|x|, s = (a == inf ? NaN : a/127),
+// inv = (a >= 2^-118 and a < inf ? 127/a : 0), q = (inv == 0 ? 0 : clamp(rne(x*inv))).
 // CHECK-LABEL: func.func @rows
 // CHECK-SAME: (%[[X:.*]]: tensor<2x4x64xf32>)
 // CHECK-DAG: %[[QMAX:.*]] = arith.constant 1.270000e+02 : f32
 // CHECK-DAG: %[[QMIN:.*]] = arith.constant -1.270000e+02 : f32
+// CHECK-DAG: %[[ZERO:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK-DAG: %[[INF:.*]] = arith.constant 0x7F800000 : f32
+// CHECK-DAG: %[[NAN:.*]] = arith.constant 0x7FC00000 : f32
+// CHECK-DAG: %[[TINY:.*]] = arith.constant 3.0092655{{[0-9]}}E-36 : f32
 // CHECK: %[[AMAX:.*]] = linalg.generic {{.*}} ins(%[[X]] : tensor<2x4x64xf32>)
 // CHECK:   %[[ABS:.*]] = math.absf
 // CHECK:   arith.maximumf %{{.*}}, %[[ABS]]
 // CHECK: %[[SCALE:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] :
-// CHECK:   arith.divf %{{.*}}, %[[QMAX]]
+// CHECK:   %[[IS_INF:.*]] = arith.cmpf oeq, %{{.*}}, %[[INF]]
+// CHECK:   %[[S:.*]] = arith.divf %{{.*}}, %[[QMAX]]
+// CHECK:   arith.select %[[IS_INF]], %[[NAN]], %[[S]]
 // CHECK: %[[INV:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] :
-// CHECK:   %[[IS_ZERO:.*]] = arith.cmpf oeq
-// CHECK:   %[[RECIP:.*]] = arith.divf %[[QMAX]]
-// CHECK:   arith.select %[[IS_ZERO]], %{{.*}}, %[[RECIP]]
+// CHECK:   %[[BIG:.*]] = arith.cmpf oge, %[[A:.*]], %[[TINY]]
+// CHECK:   %[[FINITE:.*]] = arith.cmpf olt, %[[A]], %[[INF]]
+// CHECK:   %[[OK:.*]] = arith.andi %[[BIG]], %[[FINITE]]
+// CHECK:   %[[RECIP:.*]] = arith.divf %[[QMAX]], %[[A]]
+// CHECK:   arith.select %[[OK]], %[[RECIP]], %[[ZERO]]
 // CHECK: %[[Q:.*]] = linalg.generic {{.*}} ins(%[[X]], %[[INV]] :
 // CHECK:   %[[R:.*]] = math.roundeven
 // CHECK:   %[[LO:.*]] = arith.maximumf %[[R]], %[[QMIN]]
 // CHECK:   %[[HI:.*]] = arith.minimumf %[[LO]], %[[QMAX]]
-// CHECK:   arith.fptosi %[[HI]] : f32 to i8
+// CHECK:   %[[SKIP:.*]] = arith.cmpf oeq, %{{.*}}, %[[ZERO]]
+// CHECK:   %[[SEL:.*]] = arith.select %[[SKIP]], %[[ZERO]], %[[HI]]
+// CHECK:   arith.fptosi %[[SEL]] : f32 to i8
 // CHECK: return %[[Q]], %[[SCALE]]
 func.func @rows(%x: tensor<2x4x64xf32>) -> (tensor<2x4x64xi8>, tensor<2x4xf32>) {
   %q:2 = "int8attn.quantize"(%x) : (tensor<2x4x64xf32>) -> (tensor<2x4x64xi8>, tensor<2x4xf32>)

@@ -84,3 +84,19 @@ func.func @unknown(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // CHECK: ops-invalid.mlir:[[# @LINE + 1]]:3: error: custom op 'func.retur' is unknown
   func.retur
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: unknown op 'foo.bar': neither an int8attn op nor an op of a dialect IREE's compiler registers
+func.func @foreign() -> f32 {
+  %0 = "foo.bar"() : () -> f32
+  return %0 : f32
+}
+
+// -----
+
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.attention' op k_scale has shape [1, 4, 7], expected [1, 4, 8]
+func.func @scale_tokens(%q: tensor<1x4x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: tensor<1x4x7xf32>, %v: tensor<1x4x8x16xi8>, %vs: tensor<1x4x8xf32>) -> tensor<1x4x16xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x4x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x7xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x16xf32>
+  return %o : tensor<1x4x16xf32>
+}

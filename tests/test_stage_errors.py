@@ -1,0 +1,94 @@
+"""Failures inside IREE name their stage and a command line that reproduces them;
+the module cache never hands out a damaged module and never changes a result."""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import int8attn
+from int8attn.api import CompiledGraph
+from int8attn.diagnostics import StageError
+from int8attn.graph import decode_graph, random_inputs
+from int8attn.runtime import ModuleCache
+
+SOURCE = decode_graph(1, 4, 2, 40, 32)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return int8attn.compile(SOURCE, cache=False)
+
+
+def reproduce(command: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(shlex.split(command), capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_iree_compile_failure_names_the_stage_and_reproduces():
+    with pytest.raises(StageError) as failure:
+        int8attn.compile(SOURCE, cache=False, iree_flags=("--iree-no-such-flag",))
+    error = failure.value
+    assert error.stage == "IREE compilation (iree-compile)"
+    assert "Unknown command line argument '--iree-no-such-flag'" in str(error)
+    assert "Invoked with" not in str(error)          # the compiler's words, not the wrapper's
+    saved = Path(shlex.split(error.reproducer)[1]).read_text()
+    assert "func.func @decode" in saved and "int8attn." not in saved   # the IR handed to IREE
+    again = reproduce(error.reproducer)
+    assert again.returncode != 0 and "--iree-no-such-flag" in again.stderr
+
+
+def test_a_module_that_does_not_load_names_the_stage_and_reproduces(graph):
+    arrays = random_inputs(graph.entry(), seed=1)
+    damaged = CompiledGraph(graph.vmfb[:200], graph.functions, graph.options)
+    with pytest.raises(StageError) as failure:
+        damaged(*arrays)
+    error = failure.value
+    assert error.stage == "IREE runtime (loading the module)"
+    assert "FlatBuffer" in str(error)
+    assert error.reproducer.startswith("iree-run-module --module=")
+    again = reproduce(error.reproducer)
+    assert again.returncode != 0 and "FlatBuffer length prefix out of bounds" in again.stderr
+
+
+def test_a_call_that_fails_in_the_runtime_names_the_stage_and_reproduces(graph):
+    # The module is for S = 40; a signature claiming S = 41 lets S = 41 inputs
+    # through the Python checks, so iree.runtime itself rejects the call.
+    other = int8attn.compile(decode_graph(1, 4, 2, 41, 32), cache=False)
+    mismatched = CompiledGraph(graph.vmfb, other.functions, graph.options)
+    with pytest.raises(StageError) as failure:
+        mismatched(*random_inputs(other.entry(), seed=2))
+    error = failure.value
+    assert error.stage == "IREE runtime (calling @decode)"
+    assert "expected 40 but have 41" in str(error)
+    again = reproduce(error.reproducer)
+    assert again.returncode != 0 and "expected 40 but have 41" in again.stderr
+
+
+def test_a_damaged_cache_entry_is_recompiled(tmp_path):
+    cache = ModuleCache(tmp_path)
+    first = int8attn.compile(SOURCE, cache=cache)
+    (entry,) = tmp_path.glob("*.vmfb")
+    entry.write_bytes(entry.read_bytes()[:-100])
+    again = int8attn.compile(SOURCE, cache=cache)
+    assert not first.cache_hit and not again.cache_hit
+    assert again.vmfb == first.vmfb
+    assert int8attn.compile(SOURCE, cache=cache).cache_hit
+
+
+def test_outputs_are_bitwise_identical_across_runs_and_cache_hits(tmp_path):
+    cache = ModuleCache(tmp_path)
+    fresh = int8attn.compile(SOURCE, cache=cache)
+    hit = int8attn.compile(SOURCE, cache=cache)
+    uncached = int8attn.compile(SOURCE, cache=False)
+    assert not fresh.cache_hit and hit.cache_hit
+    arrays = random_inputs(fresh.entry(), seed=3)
+    expected = fresh(*arrays)
+    for graph in (fresh, hit, uncached):
+        for _ in range(3):
+            assert np.array_equal(graph(*arrays), expected)
+    assert hit.vmfb == fresh.vmfb == uncached.vmfb
