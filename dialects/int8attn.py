@@ -41,6 +41,7 @@ import numpy as np
 from iree.compiler import ir
 
 from int8attn.diagnostics import DiagnosticError
+from int8attn.reference.common import QUANTIZE_MIN_ABSMAX  # the contract's one definition
 from int8attn.fragments import TARGETS
 
 ATTENTION = "int8attn.attention"
@@ -53,7 +54,6 @@ GROUPED_PV = "int8attn.grouped_pv"
 MMAC_TILES = "int8attn.mmac_tiles"
 
 MODES = ("decode", "prefill")
-QUANTIZE_MIN_ABSMAX = 2.0 ** -118
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
 

@@ -133,7 +133,11 @@ def cmd_bench(args) -> int:
     print(table)
     write_atomic(f"{args.out}.md", table + "\n")
     write_atomic(f"{args.out}.json", json.dumps(rows, indent=2))
-    bench_cuda.plot(rows, Path(f"{args.out}.png"))
+    try:
+        bench_cuda.plot(rows, Path(f"{args.out}.png"))
+    except ImportError:
+        print(f"note: no PNG written: install matplotlib (pip install 'int8attn[bench]')",
+              file=sys.stderr)
     return 0
 
 
