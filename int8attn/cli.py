@@ -258,7 +258,7 @@ def cmd_run(args) -> int:
     if args.output:
         check_output_path(args.output, [args.graph, args.inputs])
     source = _read_graph(args.graph)
-    if args.target in KERNEL_TARGETS or args.simulate:
+    if args.target in KERNEL_TARGETS or args.simulate:  # lane simulator, or cuda on the GPU
         from int8attn.cli_kernels import run_simulated
 
         return run_simulated(args, source, _load_inputs, _report)

@@ -50,9 +50,10 @@ def run_simulated(args, source: str, load_inputs, report) -> int:
     from int8attn.pipelines.compile import CompileOptions, new_context, parse_graph
     from int8attn.simulator import simulate_decode
 
-    if args.target not in EMITS or not args.simulate:
+    on_gpu = args.target == "cuda" and not args.simulate
+    if args.target not in EMITS or not (args.simulate or on_gpu):
         raise UserError(f"--target {args.target} runs only in the lane simulator here (add "
-                        f"--simulate); --simulate needs --target gfx936 or gfx942")
+                        f"--simulate); --simulate needs --target gfx936, gfx942 or cuda")
     with new_context():
         infos = describe_functions(parse_graph(source, args.graph))
     candidates = [i for n, i in infos.items() if args.function in (None, n)]
@@ -71,9 +72,15 @@ def run_simulated(args, source: str, load_inputs, report) -> int:
         arrays = random_inputs(info, seed)
     start = time.perf_counter()
     operands = [arrays[i] for i in info.attention.argument_of]
-    out = simulate_decode(*operands, info.attention.softmax_scale, target=args.target,
-                          pv=args.pv)
-    print(f"@{info.name}: {args.target} kernels simulated in {time.perf_counter() - start:.2f} s")
+    if on_gpu:
+        out = _run_on_cuda(source, args, info, arrays)
+        print(f"@{info.name}: cuda kernels compiled and run in "
+              f"{time.perf_counter() - start:.2f} s")
+    else:
+        out = simulate_decode(*operands, info.attention.softmax_scale, target=args.target,
+                              pv=args.pv)
+        print(f"@{info.name}: {args.target} kernels simulated in "
+              f"{time.perf_counter() - start:.2f} s")
     if args.output:
         import io
 
@@ -84,3 +91,18 @@ def run_simulated(args, source: str, load_inputs, report) -> int:
     if not args.inputs:
         report([out], arrays, info, CompileOptions(pv=args.pv, target=args.target))
     return 0
+
+
+def _run_on_cuda(source: str, args, info, arrays):
+    """Compile the kernel module for sm_80 and call it through IREE's CUDA driver."""
+    from int8attn.cli import UserError
+    from int8attn.pipelines.kernel import make_kernel_module, make_rocm_vmfb
+    from int8attn.runtime import LoadedModule
+
+    vmfb, _ = make_rocm_vmfb(make_kernel_module(source, args.graph, "cuda", pv=args.pv), "cuda")
+    try:
+        module = LoadedModule(vmfb, {info.name: list(info.arguments)}, driver="cuda")
+    except (RuntimeError, ValueError) as error:
+        raise UserError(f"IREE's CUDA driver is not usable here ({error}); run on a machine "
+                        f"with an NVIDIA GPU, or add --simulate") from None
+    return module.call(info.name, *arrays)[info.attention.result_index]

@@ -55,3 +55,12 @@ def test_kernels_on_the_gpu(tmp_path):
     (row,) = bench_cuda.run(tmp_path, iterations=3)
     assert row["int8_within_tolerance"] and row["bf16_within_tolerance"]
     assert row["int8_transpose_v_within_tolerance"]
+
+
+@pytest.mark.skipif(_cuda_device() is None, reason="no CUDA device for IREE's CUDA runtime")
+def test_run_target_cuda_on_the_gpu(tmp_path):
+    path = tmp_path / "decode.mlir"
+    path.write_text(decode_graph(1, 8, 2, 1000, 64))
+    out = run("int8attn", "run", path, "--target", "cuda", "--seed", "3", check_rc=0).stdout
+    fragment = float(re.search(r"vs fragment-level reference\s+max abs ([0-9.e+-]+)", out).group(1))
+    assert fragment <= 5e-5
