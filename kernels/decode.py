@@ -181,14 +181,13 @@ class _PartitionKernel:
         """Per row class: reduce in-lane, across lanes (xor), across waves (LDS)."""
         lanes = self.lanes
         combine = arith.maximumf if kind == "max" else arith.addf
-        shuffle = lanes.xor_max if kind == "max" else lanes.xor_sum
         lds = lanes.shared([self.waves * ROWS], "f32")
         rows = []
         for members in classes:
             value = values[members[0]]
             for e in members[1:]:
                 value = combine(value, values[e])
-            value = shuffle(value, self.layout.row_max_offsets())
+            value = lanes.xor_reduce(value, self.layout.row_max_offsets(), combine)
             row = lanes.of_lane(self._row_map(members[0]))
             rows.append(row)
             memref.store(value, lds, [lanes.affine((lanes.wave, ROWS), (row, 1))])
@@ -224,7 +223,7 @@ class _PartitionKernel:
             amax = math.absf(w[members[0]])
             for e in members[1:]:
                 amax = arith.maximumf(amax, math.absf(w[e]))
-            amax = lanes.xor_max(amax, layout.group_max_offsets())
+            amax = lanes.xor_reduce(amax, layout.group_max_offsets(), arith.maximumf)
             inverse = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, amax, zero), zero,
                                    arith.divf(qmax, amax))
             row = lanes.of_lane(self._row_map(members[0]))

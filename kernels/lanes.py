@@ -102,18 +102,12 @@ class Lanes:
         return self.plus(total, constant)
 
     # cross-lane --------------------------------------------------------------
-    def xor_max(self, value: ir.Value, offsets) -> ir.Value:
+    def xor_reduce(self, value: ir.Value, offsets, combine) -> ir.Value:
+        """Butterfly reduction over the lanes that differ in the `offsets` bits."""
         for offset in offsets:
             other = gpu.shuffle(value, self.i32(offset), self.i32(self.wave_size),
                                 gpu.ShuffleMode.XOR)[0]
-            value = arith.maximumf(value, other)
-        return value
-
-    def xor_sum(self, value: ir.Value, offsets) -> ir.Value:
-        for offset in offsets:
-            other = gpu.shuffle(value, self.i32(offset), self.i32(self.wave_size),
-                                gpu.ShuffleMode.XOR)[0]
-            value = arith.addf(value, other)
+            value = combine(value, other)
         return value
 
     def barrier(self) -> None:
