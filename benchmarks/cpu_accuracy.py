@@ -17,7 +17,7 @@ import numpy as np
 
 import int8attn
 from int8attn import reference as ref
-from int8attn.graph import attention_graph, error_stats, random_inputs
+from int8attn.driver.graph import attention_graph, error_stats, random_inputs
 
 
 def cases(args):

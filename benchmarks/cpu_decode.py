@@ -17,7 +17,7 @@ import sys
 import time
 
 
-from int8attn.graph import decode_graph, describe_functions, random_inputs
+from int8attn.driver.graph import decode_graph, describe_functions, random_inputs
 from int8attn.pipelines.compile import (CompileOptions, make_linalg, make_vmfb, new_context,
                                         parse_graph)
 from int8attn.runtime import LoadedModule

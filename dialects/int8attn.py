@@ -19,7 +19,7 @@ scale groups of K tokens each.
 | folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D] -> f32 [B,Hkv,R,N,D] |
 | group_quantize  | w f32 [..., T] {groups[, scale_groups]} -> (i8 [..., G, K], f32 [..., G]) |
 | grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v {groups} -> f32 [B,Hkv,R,N,D] |
-| mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v {groups, target} -> i32 [B,Hkv,R,N,G,D] |
+| mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v {groups, fragment_model} -> i32 [B,Hkv,R,N,G,D] |
 
 `groups` is a table `[array<i64: ...>, ...]`: row g lists the tokens of a
 block that scale group g (one MMAC) consumes, in K-slot order. It always
@@ -40,9 +40,10 @@ from typing import Callable, Sequence
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.diagnostics import DiagnosticError
+from int8attn.support.diagnostics import DiagnosticError
+from int8attn.support.ir import walk
 from int8attn.reference.common import QUANTIZE_MIN_ABSMAX  # the contract's one definition
-from int8attn.fragments import TARGETS
+from int8attn.fragments import FRAGMENT_MODELS
 
 ATTENTION = "int8attn.attention"
 QUANTIZE = "int8attn.quantize"
@@ -171,10 +172,11 @@ def grouped_pv(wq, sw, v, groups: np.ndarray, *, loc=None) -> ir.Value:
                    {"groups": groups_attr(groups)}, loc).result
 
 
-def mmac_tiles(wq, v, groups: np.ndarray, *, target: str, loc=None) -> ir.Value:
+def mmac_tiles(wq, v, groups: np.ndarray, *, fragment_model: str, loc=None) -> ir.Value:
     out = shape_of(wq)[:-1] + [shape_of(v)[-1]]
     return _create(MMAC_TILES, [tensor(out, "i32")], [wq, v],
-                   {"groups": groups_attr(groups), "target": ir.StringAttr.get(target)},
+                   {"groups": groups_attr(groups),
+                    "fragment_model": ir.StringAttr.get(fragment_model)},
                    loc).result
 
 
@@ -382,11 +384,11 @@ def _verify_mmac_tiles(op):
     c.arity(2, 1)
     wq, v = op.operands
     groups = _grouped_weights(c, wq, v)
-    target = c.string_attr("target", tuple(sorted(TARGETS)))
-    k = TARGETS[target].instruction.k
+    model = FRAGMENT_MODELS[c.string_attr("fragment_model", tuple(sorted(FRAGMENT_MODELS)))]
+    k = model.instruction.k
     c.that(groups.shape[1] == k,
-           f"groups of {groups.shape[1]} tokens do not match the K={k} of {target}'s "
-           f"{TARGETS[target].instruction.name}")
+           f"groups of {groups.shape[1]} tokens do not match the K={k} of {model.name}'s "
+           f"{model.instruction.name}")
     c.that(shape_of(v)[:3] == shape_of(wq)[:2] + [shape_of(wq)[3]],
            "v's leading [B, Hkv, N] do not match wq's")
     c.ranked(op.result, "result", 6, ("i32",))
@@ -403,15 +405,6 @@ VERIFIERS: dict[str, Callable[[ir.Operation], None]] = {
     GROUPED_PV: _verify_grouped_pv,
     MMAC_TILES: _verify_mmac_tiles,
 }
-
-
-def walk(op: ir.Operation):
-    """Pre-order walk of `op` and everything nested in it."""
-    yield op
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield from walk(child.operation)
 
 
 def verify(module: ir.Operation) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.graph import FunctionInfo, check_cache_scales
+from int8attn.driver.graph import FunctionInfo, check_cache_scales
 from int8attn.pipelines.compile import CompileOptions, compile_graph
 from int8attn.runtime import LoadedModule, ModuleCache
 from int8attn.runtime.module import InputError

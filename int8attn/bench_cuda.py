@@ -29,7 +29,7 @@ def _name(variant: str, tokens: int) -> str:
 
 def prepare(directory: Path, contexts, batch: int, q_heads: int, kv_heads: int,
             head_dim: int) -> None:
-    from int8attn.graph import decode_graph
+    from int8attn.driver.graph import decode_graph
     from int8attn.pipelines.kernel import make_kernel_module, make_rocm_vmfb
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -133,9 +133,9 @@ def run(directory: Path, warmup: int = 5, iterations: int = 50, seed: int = 0) -
         shape = (meta["batch"], meta["q_heads"], meta["kv_heads"], tokens, meta["head_dim"])
         q, k, k_scale, v, v_scale = _inputs(seed + tokens, *shape)
         scale = float(np.float32(meta["head_dim"] ** -0.5))
-        expected = {pv: fragment_attention(q, k, k_scale, v, v_scale, scale, target="cuda", pv=pv)
+        expected = {pv: fragment_attention(q, k, k_scale, v, v_scale, scale, model="cuda", pv=pv)
                     for pv in ("int8", "bf16")}
-        slack = {"int8": rounding_tie_slack(q, k, k_scale, v, v_scale, scale, target="cuda"),
+        slack = {"int8": rounding_tie_slack(q, k, k_scale, v, v_scale, scale, model="cuda"),
                  "bf16": 0}
         row = dict(context=tokens, batch=meta["batch"], q_heads=meta["q_heads"],
                    kv_heads=meta["kv_heads"], head_dim=meta["head_dim"])

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.diagnostics import DiagnosticError, StageError
-from int8attn.files import OutputError, check_output_path, write_atomic
-from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS
+from int8attn.support.diagnostics import DiagnosticError, StageError
+from int8attn.support.files import OutputError, check_output_path, write_atomic
+from int8attn.fragments import SCALE_GROUP_KINDS, FRAGMENT_MODELS
 from int8attn.pipelines import PV_CHOICES
 from int8attn.pipelines.compile import BACKENDS, CompileOptions
 from int8attn.pipelines.kernel import KERNEL_TARGETS
@@ -38,7 +38,7 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pv", choices=PV_CHOICES, default="int8",
                         help="PV precision: int8 (MMAC tiles), or the bf16/f32 baselines "
                              "(default: int8)")
-    parser.add_argument("--fragment-model", choices=sorted(TARGETS), default="gfx936",
+    parser.add_argument("--fragment-model", choices=sorted(FRAGMENT_MODELS), default="gfx936",
                         help="matrix instruction whose token groups the W scales follow "
                              "(default: gfx936)")
     parser.add_argument("--scale-groups", choices=SCALE_GROUP_KINDS, default="fragment",
@@ -228,7 +228,7 @@ def _load_inputs(path: str, info) -> list[np.ndarray]:
 
 
 def _note_nonfinite_queries(info, arrays) -> None:
-    from int8attn.graph import nonfinite_query_rows
+    from int8attn.driver.graph import nonfinite_query_rows
 
     bad, rows = nonfinite_query_rows(info, arrays)
     if bad:
@@ -238,7 +238,7 @@ def _note_nonfinite_queries(info, arrays) -> None:
 
 
 def _report(outputs, arrays, info, options) -> None:
-    from int8attn.graph import error_stats, references
+    from int8attn.driver.graph import error_stats, references
 
     refs = references(info, arrays, pv=options.pv, target=options.target,
                       partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
@@ -253,7 +253,7 @@ def _report(outputs, arrays, info, options) -> None:
 
 def cmd_run(args) -> int:
     import int8attn
-    from int8attn.graph import random_inputs
+    from int8attn.driver.graph import random_inputs
 
     if args.output:
         check_output_path(args.output, [args.graph, args.inputs])

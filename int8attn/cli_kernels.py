@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from int8attn.files import check_output_path, write_atomic
+from int8attn.support.files import check_output_path, write_atomic
 
 EMITS = {"gfx936": ("mlir",), "gfx942": ("vmfb", "mlir", "isa"), "cuda": ("vmfb", "mlir", "isa")}
 
@@ -46,7 +46,7 @@ def compile_kernels(args, source: str) -> int:
 
 def run_simulated(args, source: str, load_inputs, report) -> int:
     from int8attn.cli import UserError
-    from int8attn.graph import describe_functions, random_inputs
+    from int8attn.driver.graph import describe_functions, random_inputs
     from int8attn.pipelines.compile import CompileOptions, new_context, parse_graph
     from int8attn.simulator import simulate_decode
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from int8attn.diagnostics import DiagnosticError
-from int8attn.files import OutputError, check_output_path, write_atomic
 from int8attn.passes import PASSES
 from int8attn.pipelines import NAMED_PIPELINES, named_pipeline
-from int8attn.pipelines.compile import new_context, parse_graph
-from int8attn.pipelines.manager import PipelineError, parse_pipeline, pass_name, run_passes
+from int8attn.pipelines.manager import PipelineError, parse_pipeline, run_passes
+from int8attn.support.diagnostics import DiagnosticError
+from int8attn.support.files import OutputError, check_output_path, write_atomic
+from int8attn.support.ir import new_context, parse_module
 
 SPLIT_MARKER = "// -----"
 
@@ -44,10 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("-p", "--pass-pipeline", dest="pipeline_text", metavar="PIPELINE",
                        help='comma-separated passes, e.g. "int8-qk,decode-split-kv{partition-tokens=256}"')
     group.add_argument("--pipeline", metavar="NAME",
-                       help='a named pipeline, e.g. "int8attn-to-linalg{pv=int8 target=gfx936}"')
+                       help='a named pipeline, e.g. "int8attn-to-linalg{pv=int8 fragment-model=gfx936}"')
     parser.add_argument("-o", "--output", help="write the result here instead of stdout")
     parser.add_argument("--print-ir-after-all", action="store_true",
                         help="print the IR to stderr after every pass")
+    parser.add_argument("--mlir-timing", action="store_true",
+                        help="print MLIR's pass timing report to stderr")
     parser.add_argument("--split-input-file", action="store_true",
                         help="process chunks separated by '// -----' independently")
     parser.add_argument("--list-passes", action="store_true",
@@ -66,13 +68,10 @@ def list_passes() -> str:
     return "\n".join(lines)
 
 
-def process(chunk: str, filename: str, passes, print_after_all: bool) -> str:
-    def dump(p, module):
-        print(f"// -----// IR Dump After {pass_name(p)} //----- //\n{module}", file=sys.stderr)
-
+def process(chunk: str, filename: str, passes, print_after_all: bool, timing: bool) -> str:
     with new_context():
-        module = parse_graph(chunk, filename)
-        run_passes(module, passes, dump if print_after_all else None)
+        module = parse_module(chunk, filename)
+        run_passes(module, passes, print_ir_after_all=print_after_all, timing=timing)
         return str(module)
 
 
@@ -109,7 +108,8 @@ def main(argv=None) -> int:
     outputs, failed = [], False
     for chunk in chunks:
         try:
-            outputs.append(process(chunk, filename, passes, args.print_ir_after_all))
+            outputs.append(process(chunk, filename, passes, args.print_ir_after_all,
+                                   args.mlir_timing))
         except DiagnosticError as error:
             print(error.format(), file=sys.stderr)
             failed = True

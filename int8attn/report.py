@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from int8attn.graph import error_stats
+from int8attn.driver.graph import error_stats
 from int8attn.reference import TERMS, error_split
 
 _LABELS = {

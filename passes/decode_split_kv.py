@@ -23,6 +23,7 @@ from iree.compiler.dialects import arith, math
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
 
 
 def _max(x, acc):
@@ -79,15 +80,11 @@ def split_kv(op, rewriter, partition_tokens: int):
 
 
 @dataclass(frozen=True)
-class DecodeSplitKV:
+class DecodeSplitKV(TypedOptions):
     """Split decode softmax+PV into `partition_tokens`-token partitions and merge."""
 
     argument: ClassVar[str] = "decode-split-kv"
-    partition_tokens: int = 256
-
-    def __post_init__(self):
-        if self.partition_tokens <= 0:
-            raise ValueError("partition_tokens must be positive")
+    partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.SOFTMAX_PV: lambda op, rw: split_kv(op, rw, self.partition_tokens)})

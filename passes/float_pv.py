@@ -11,7 +11,7 @@ the INT8 path, so the baselines differ from it only in PV.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith
@@ -19,8 +19,9 @@ from iree.compiler.dialects import arith
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
 
-PRECISIONS = ("f32", "bf16")
+FloatPVKind = Literal["f32", "bf16"]
 
 
 def round_to_bf16(x: ir.Value) -> ir.Value:
@@ -49,15 +50,11 @@ def float_contraction(op, rewriter, pv: str):
 
 
 @dataclass(frozen=True)
-class FloatPV:
+class FloatPV(TypedOptions):
     """Lower the folded PV contraction in f32, or with W rounded to bf16."""
 
     argument: ClassVar[str] = "float-pv"
-    pv: str = "f32"
-
-    def __post_init__(self):
-        if self.pv not in PRECISIONS:
-            raise ValueError(f"pv must be one of {', '.join(PRECISIONS)}, got '{self.pv}'")
+    pv: FloatPVKind = option("f32", "precision of W in the contraction: f32 or bf16")
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.FOLDED_PV: lambda op, rw: float_contraction(op, rw, self.pv)})

@@ -28,6 +28,7 @@ from iree.compiler.dialects import arith, math, scf
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
 
 
 def _causal_mask(scores: ir.Value, query_tokens: int, tokens: int) -> ir.Value:
@@ -108,15 +109,11 @@ def online_softmax(op, rewriter, tile_tokens: int):
 
 
 @dataclass(frozen=True)
-class PrefillOnlineSoftmax:
+class PrefillOnlineSoftmax(TypedOptions):
     """Causal prefill: an online-softmax loop over `tile_tokens`-token KV tiles."""
 
     argument: ClassVar[str] = "prefill-online-softmax"
-    tile_tokens: int = 64
-
-    def __post_init__(self):
-        if self.tile_tokens <= 0:
-            raise ValueError("tile_tokens must be positive")
+    tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.SOFTMAX_PV: lambda op, rw: online_softmax(op, rw, self.tile_tokens)})

@@ -2,10 +2,10 @@
 
 Rewrites `int8attn.grouped_pv(Wq, sW, v) {groups}` into
 
-    acc = int8attn.mmac_tiles(Wq, v) {groups, target}   int32, one K group each
+    acc = int8attn.mmac_tiles(Wq, v) {groups, fragment_model}   int32, one K group each
     O   = sum_g f32(acc_g) * sW_g
 
-Each tile is one `target` matrix instruction's K extent: int32 sums never
+Each tile is one fragment model's matrix instruction's K extent: int32 sums never
 cross groups, so no int32 value ever mixes two scales. The head dim is the
 instruction's N: a head dim that is not a whole number of N-wide tiles is
 rejected (use a float PV baseline or pad D).
@@ -19,30 +19,31 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from int8attn.diagnostics import DiagnosticError
+from int8attn.support.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
-from int8attn.fragments import TARGETS, fragment_model
+from int8attn.fragments import FragmentModelName, fragment_model
 from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
 
 
-def to_mmac_tiles(op, rewriter, target: str):
+def to_mmac_tiles(op, rewriter, model_name: str):
     wq, sw, v = op.operands
     groups = d.groups_of(op)
-    instruction = fragment_model(target).instruction
+    instruction = fragment_model(model_name).instruction
     if groups.shape[1] != instruction.k:
         raise DiagnosticError(
             op.location, f"'{op.name}' op has groups of {groups.shape[1]} tokens but "
-            f"{target}'s {instruction.name} consumes K={instruction.k}")
+            f"{model_name}'s {instruction.name} consumes K={instruction.k}")
     head_dim = d.shape_of(v)[-1]
     if head_dim % instruction.n:
         raise DiagnosticError(
             op.location, f"head dim {head_dim} is not a multiple of N={instruction.n} of "
-            f"{target}'s {instruction.name}, which computes {instruction.n} head-dim columns "
+            f"{model_name}'s {instruction.name}, which computes {instruction.n} head-dim columns "
             f"at a time; pad D to {-(-head_dim // instruction.n) * instruction.n} with zero "
             f"columns, or use a float PV (--pv bf16 or --pv f32)")
     with rewriter.ip, op.location:
-        acc = d.mmac_tiles(wq, v, groups, target=target)
+        acc = d.mmac_tiles(wq, v, groups, fragment_model=model_name)
         out = build.generic(
             [acc, sw], ["bhrngd", "bhrng"], "bhrnd",
             build.zeros(d.shape_of(wq)[:4] + [head_dim], "f32"),
@@ -51,15 +52,13 @@ def to_mmac_tiles(op, rewriter, target: str):
 
 
 @dataclass(frozen=True)
-class PVToMMAC:
-    """Lower the grouped PV contraction to `target` MMAC tiles and rescale by sW."""
+class PVToMMAC(TypedOptions):
+    """Lower the grouped PV contraction to the fragment model's MMAC tiles and rescale by sW."""
 
     argument: ClassVar[str] = "pv-to-mmac"
-    target: str = "gfx936"
-
-    def __post_init__(self):
-        if self.target not in TARGETS:
-            raise ValueError(f"unknown target '{self.target}' (known: {', '.join(TARGETS)})")
+    fragment_model: FragmentModelName = option(
+        "gfx936", "matrix instruction whose K the groups must match")
 
     def run(self, module: ir.Operation) -> None:
-        apply_patterns(module, {d.GROUPED_PV: lambda op, rw: to_mmac_tiles(op, rw, self.target)})
+        apply_patterns(module, {d.GROUPED_PV: lambda op, rw: to_mmac_tiles(
+            op, rw, self.fragment_model)})

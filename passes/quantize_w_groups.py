@@ -5,7 +5,7 @@ Rewrites `int8attn.folded_pv(W, v)` into
     Wq, sW = int8attn.group_quantize(W) {groups}
     O      = int8attn.grouped_pv(Wq, sW, v) {groups}
 
-`groups` is the target fragment model's token table for a block: row g holds
+`groups` is the fragment model's token table for a block: row g holds
 the tokens (in K-slot order) that one MMAC consumes. There is one scale per
 (query row, block, group); on gfx936 with 16-byte V loads the groups of a wave
 are {0-7,16-23,32-39,48-55} and {8-15,24-31,40-47,56-63}.
@@ -23,21 +23,22 @@ from typing import ClassVar
 
 from iree.compiler import ir
 
-from int8attn.diagnostics import DiagnosticError
+from int8attn.support.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
-from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS, fragment_model
+from int8attn.fragments import FragmentModelName, ScaleGroupKind, fragment_model
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
 
 
-def quantize_groups(op, rewriter, target: str, scale_groups: str):
+def quantize_groups(op, rewriter, model_name: str, scale_groups: str):
     w, v = op.operands
     block_tokens = d.shape_of(w)[-1]
-    model = fragment_model(target)
+    model = fragment_model(model_name)
     try:
         groups = model.token_groups(block_tokens)
         scales = model.scale_groups(block_tokens, scale_groups)
     except ValueError as error:
-        raise DiagnosticError(op.location, f"'{op.name}' op: {error} ({target})") from None
+        raise DiagnosticError(op.location, f"'{op.name}' op: {error} ({model_name})") from None
     with rewriter.ip, op.location:
         wq, sw = d.group_quantize(
             w, groups, scale_groups=None if scale_groups == "fragment" else scales)
@@ -46,20 +47,16 @@ def quantize_groups(op, rewriter, target: str, scale_groups: str):
 
 
 @dataclass(frozen=True)
-class QuantizeWGroups:
-    """Quantize W with one scale per group of tokens one MMAC of `target` consumes."""
+class QuantizeWGroups(TypedOptions):
+    """Quantize W with one scale per group of tokens one MMAC of the fragment model consumes."""
 
     argument: ClassVar[str] = "quantize-w-groups"
-    target: str = "gfx936"
-    scale_groups: str = "fragment"
-
-    def __post_init__(self):
-        if self.target not in TARGETS:
-            raise ValueError(f"unknown target '{self.target}' (known: {', '.join(TARGETS)})")
-        if self.scale_groups not in SCALE_GROUP_KINDS:
-            raise ValueError(f"scale-groups must be one of {', '.join(SCALE_GROUP_KINDS)}, "
-                             f"got '{self.scale_groups}'")
+    fragment_model: FragmentModelName = option(
+        "gfx936", "matrix instruction and V-load scheme whose MMAC token sets are the groups")
+    scale_groups: ScaleGroupKind = option(
+        "fragment", "token sets of the W scales: fragment (the MMAC's) or contiguous (the "
+        "seed's bug, for the verifier to reject)")
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.FOLDED_PV: lambda op, rw: quantize_groups(
-            op, rw, self.target, self.scale_groups)})
+            op, rw, self.fragment_model, self.scale_groups)})

@@ -6,7 +6,7 @@ from typing import Callable
 
 from iree.compiler import ir, rewrite
 
-from int8attn.dialects.int8attn import walk
+from int8attn.support.ir import walk
 
 Pattern = Callable[[ir.Operation, "rewrite.PatternRewriter"], None]
 

@@ -8,7 +8,7 @@ Checks, from the IR alone, every consumer of quantized W (`grouped_pv`,
   it quantizes into group g (`scale_groups` row g == `groups` row g, as sets);
 - the consumer reads V through the same `groups` table (K slot k of group g
   pairs W and V of the same token);
-- for `mmac_tiles`, those are the tokens the target's MMAC really consumes
+- for `mmac_tiles`, those are the tokens the fragment model's MMAC really consumes
   (the fragment model's groups for the block).
 
 On a mismatch it reports an error at the offending op naming both token sets,
@@ -23,8 +23,9 @@ from typing import ClassVar
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.diagnostics import DiagnosticError, format_location
+from int8attn.support.diagnostics import DiagnosticError, format_location
 from int8attn.dialects import int8attn as d
+from int8attn.support.ir import walk
 from int8attn.fragments import fragment_model, format_token_set
 
 
@@ -74,14 +75,14 @@ def _check_consumer(consumer) -> None:
             f"{format_token_set(groups[g])}) with V tokens {format_token_set(consumed[g])}",
             (f"Wq produced at {format_location(quantize.location)}",) if distinct else ())
     if consumer.name == d.MMAC_TILES:
-        target = ir.StringAttr(consumer.attributes["target"]).value
-        real = fragment_model(target).token_groups(d.shape_of(consumer.operands[1])[3])
+        model_name = ir.StringAttr(consumer.attributes["fragment_model"]).value
+        real = fragment_model(model_name).token_groups(d.shape_of(consumer.operands[1])[3])
         g = _first_mismatch(consumed, real, as_sets=False)
         if g is not None:
             raise DiagnosticError(
                 consumer.location,
                 f"'{consumer.name}' op claims MMAC {g} consumes tokens "
-                f"{format_token_set(consumed[g])} but {target}'s fragment model says "
+                f"{format_token_set(consumed[g])} but {model_name}'s fragment model says "
                 f"{format_token_set(real[g])}")
 
 
@@ -92,6 +93,6 @@ class VerifyScaleGroups:
     argument: ClassVar[str] = "verify-scale-groups"
 
     def run(self, module: ir.Operation) -> None:
-        for op in list(d.walk(module)):
+        for op in list(walk(module)):
             if op.name in (d.GROUPED_PV, d.MMAC_TILES):
                 _check_consumer(op)

@@ -1,104 +1,105 @@
-"""Named pipelines: the whole lowering, built from pipeline options.
+"""Named pipelines: the tensor-level lowering, built from one options type.
 
-`int8attn-to-linalg{pv=int8 target=gfx936}` takes an `int8attn.attention`
-graph to standard dialects (linalg/tensor/arith/math) that every IREE backend
-compiles. Only the PV part differs between `pv` values:
+    int8attn-to-algorithm   attention -> INT8 QK, split-KV / online softmax,
+                            W = P*sV, W groups from the fragment model, verified
+                            MMAC tiles (or the float PV baselines)
+    int8attn-to-linalg      the same, then the tiles and quantizations lowered
+                            to linalg/arith/math that every IREE backend compiles
+
+Only the PV part differs between `pv` values:
 
     pv=int8:       quantize-w-groups, verify-scale-groups, pv-to-mmac,
-                   verify-scale-groups, lower-mmac-tiles
+                   verify-scale-groups             (+ lower-mmac-tiles)
     pv=bf16|f32:   float-pv
 
 `verify=false` drops the verifier (only to measure a deliberately wrong
-`scale-groups=contiguous`).
+`scale-groups=contiguous`). `PipelineOptions` is the one declaration of these
+options: the pass options, the pipeline string, the CLI flags and the API
+keywords all derive from its fields.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from int8attn.fragments import SCALE_GROUP_KINDS, TARGETS
+from int8attn.fragments import FragmentModelName, ScaleGroupKind, fragment_model
 from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerMMACTiles,
                              LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
+from int8attn.reference.common import PV_MODES, PVKind
+from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
-PV_CHOICES = ("int8", "bf16", "f32")
+PV_CHOICES = PV_MODES
 
 
 @dataclass(frozen=True)
-class PipelineOptions:
-    """Options of the named pipelines (and of `int8attn compile/run`)."""
+class PipelineOptions(TypedOptions):
+    """Options of the named pipelines (and, through `CompileOptions`, of the driver)."""
 
-    pv: str = "int8"
-    target: str = "gfx936"
-    partition_tokens: int = 256
-    tile_tokens: int = 64
-    scale_groups: str = "fragment"
-    verify: bool = True
+    pv: PVKind = option("int8", "PV precision: int8 (MMAC tiles, W quantized per MMAC "
+                        "group), or the bf16 / f32 baselines")
+    fragment_model: FragmentModelName = option(
+        "gfx936", "matrix instruction and V-load scheme whose MMAC token sets the W scale "
+        "groups follow")
+    scale_groups: ScaleGroupKind = option(
+        "fragment", "token sets of the W scales: fragment (the MMAC's real sets) or "
+        "contiguous (the seed's bug, rejected by the verifier unless verification is off)")
+    verify: bool = option(True, "run verify-scale-groups (off only to measure a wrong "
+                          "grouping)", flag="--no-verify")
+    partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
+    tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
 
     def __post_init__(self):
-        if self.pv not in PV_CHOICES:
-            raise PipelineError(f"pv must be one of {', '.join(PV_CHOICES)}, got '{self.pv}'")
-        if self.target not in TARGETS:
-            raise PipelineError(f"target must be one of {', '.join(TARGETS)}, got '{self.target}'")
-        if self.scale_groups not in SCALE_GROUP_KINDS:
-            raise PipelineError(f"scale-groups must be one of {', '.join(SCALE_GROUP_KINDS)}, "
-                                f"got '{self.scale_groups}'")
+        super().__post_init__()
+        if self.pv != "int8":
+            return
+        model = fragment_model(self.fragment_model)
         for name, tokens in (("partition-tokens", self.partition_tokens),
                              ("tile-tokens", self.tile_tokens)):
-            if tokens <= 0:
-                raise PipelineError(f"{name} must be positive, got {tokens}")
-            if self.pv == "int8":
-                try:
-                    TARGETS[self.target].token_groups(tokens)
-                except ValueError as error:
-                    raise PipelineError(f"{name}={tokens} with pv=int8: {error} "
-                                        f"({self.target})") from None
+            try:
+                model.token_groups(tokens)
+            except ValueError as error:
+                raise OptionError(f"{name}={tokens} with pv=int8: {error} "
+                                  f"({self.fragment_model})") from None
 
 
-def to_linalg(options: PipelineOptions) -> list:
-    """The algorithm passes, then cleanup."""
+def to_algorithm(options: PipelineOptions) -> list:
+    """Graph -> the algorithm: verified MMAC tiles (or float PV), not yet lowered."""
     if options.pv == "int8":
         verify = [VerifyScaleGroups()] if options.verify else []
-        pv = [QuantizeWGroups(options.target, options.scale_groups), *verify,
-              PVToMMAC(options.target), *verify, LowerMMACTiles()]
+        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups), *verify,
+              PVToMMAC(options.fragment_model), *verify]
     else:
         pv = [FloatPV(options.pv)]
     return [Int8QK(), DecodeSplitKV(options.partition_tokens),
-            PrefillOnlineSoftmax(options.tile_tokens), FoldVScale(), *pv,
-            LowerQuantize(), UpstreamPass("canonicalize"), UpstreamPass("cse")]
+            PrefillOnlineSoftmax(options.tile_tokens), FoldVScale(), *pv]
 
 
-NAMED_PIPELINES = {"int8attn-to-linalg": to_linalg}
+def algorithm_to_linalg(options: PipelineOptions) -> list:
+    """The algorithm's int8attn ops -> linalg/arith/math, then cleanup."""
+    tiles = [LowerMMACTiles()] if options.pv == "int8" else []
+    return [*tiles, LowerQuantize(), UpstreamPass("canonicalize"), UpstreamPass("cse")]
+
+
+def to_linalg(options: PipelineOptions) -> list:
+    """Graph -> standard dialects for IREE: the algorithm, then its lowering."""
+    return to_algorithm(options) + algorithm_to_linalg(options)
+
+
+NAMED_PIPELINES = {"int8attn-to-algorithm": to_algorithm, "int8attn-to-linalg": to_linalg}
 
 
 def named_pipeline(text: str) -> list:
-    """`name{k=v ...}` -> pass list."""
+    """`name{key=value ...}` -> pass list."""
     name, _, rest = text.partition("{")
     name = name.strip()
     if name not in NAMED_PIPELINES:
         raise PipelineError(f"unknown pipeline '{name}'; known pipelines: "
                             f"{', '.join(NAMED_PIPELINES)}")
-    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(PipelineOptions)}
-    options = {}
-    for item in rest.rstrip("}").replace(",", " ").split():
-        key, sep, value = item.partition("=")
-        if not sep or key not in fields:
-            raise PipelineError(f"pipeline '{name}' has no option '{item}' "
-                                f"(options: {', '.join(fields)})")
-        try:
-            options[fields[key].name] = _option_value(fields[key].type, value)
-        except ValueError:
-            raise PipelineError(f"option '{key}' expects {fields[key].type}, got '{value}'") from None
-    return NAMED_PIPELINES[name](PipelineOptions(**options))
-
-
-def _option_value(kind: str, text: str):
-    if kind == "int":
-        return int(text)
-    if kind == "bool":
-        if text.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(text)
-        return text.lower() in ("true", "1")
-    return text
+    try:
+        options = PipelineOptions(**parse_option_items(PipelineOptions, rest.rstrip("}"),
+                                                       f"pipeline '{name}'"))
+    except OptionError as error:
+        raise PipelineError(str(error)) from None
+    return NAMED_PIPELINES[name](options)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from iree.compiler import ir
 from iree.compiler.tools import CompilerToolError, compile_str
 
-from int8attn.diagnostics import DiagnosticError, StageError, save_for_repro
+from int8attn.support.diagnostics import DiagnosticError, StageError, save_for_repro
 from int8attn.dialects.int8attn import verify, walk
-from int8attn.graph import FunctionInfo, describe_functions
+from int8attn.driver.graph import FunctionInfo, describe_functions
 from int8attn.pipelines import PipelineOptions, to_linalg
 from int8attn.pipelines.manager import run_passes
 

@@ -15,9 +15,9 @@ import tempfile
 from iree.compiler import ir
 from iree.compiler.tools import CompilerToolError, compile_str
 
-from int8attn.diagnostics import DiagnosticError, StageError, save_for_repro
+from int8attn.support.diagnostics import DiagnosticError, StageError, save_for_repro
 from int8attn.fragments import fragment_model
-from int8attn.graph import describe_functions
+from int8attn.driver.graph import describe_functions
 from int8attn.kernels.decode import DecodeShape, build_decode_kernels
 from int8attn.kernels.host import build_host_function
 from int8attn.passes import LowerQuantize

@@ -1,21 +1,25 @@
-"""Textual pass pipelines: parse `a,b{opt=v},canonicalize` and run it.
+"""Pass pipelines on MLIR's PassManager: parse `a,b{opt=v},canonicalize` and run it.
 
-Project passes are looked up in `int8attn.passes.PASSES`; any other name is
-handed to IREE's pass registry (canonicalize, cse, ...), one pass at a time,
-so the IR can be printed and verified after each.
+Project passes (looked up in `int8attn.passes.PASSES`) are added to one real
+`PassManager` as Python passes, upstream ones (canonicalize, cse, any pass IREE
+registers) by their textual element, so IR printing, timing and the verifier
+after every pass come from MLIR. After each project pass the int8attn op
+verifiers run too; an error raised inside a pass reaches the caller as the
+pass raised it (a `DiagnosticError` at the op's location).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from iree.compiler import ir, passmanager
 
-from int8attn.diagnostics import DiagnosticError
 from int8attn.dialects.int8attn import verify
 from int8attn.passes import PASSES
+from int8attn.support.ir import mlir_error
+from int8attn.support.options import OptionError, option_string, parse_option_items
 
 
 class PipelineError(ValueError):
@@ -32,30 +36,12 @@ class UpstreamPass:
     def argument(self) -> str:
         return self.text.split("{", 1)[0]
 
-    def run(self, module: ir.Operation) -> None:
-        manager = passmanager.PassManager.parse(f"builtin.module({self.text})")
-        try:
-            manager.run(module)
-        except ir.MLIRError as error:
-            raise DiagnosticError(_first_location(error), f"pass '{self.argument}' failed: "
-                                  f"{_diagnostic_text(error)}") from None
-
-
-def _first_location(error) -> ir.Location | None:
-    diagnostics = getattr(error, "error_diagnostics", None) or []
-    return diagnostics[0].location if diagnostics else None
-
-
-def _diagnostic_text(error) -> str:
-    diagnostics = getattr(error, "error_diagnostics", None) or []
-    return "; ".join(d.message for d in diagnostics) or str(error)
-
 
 def pass_name(p) -> str:
+    """The pass as a pipeline element, with every option: `argument{key=value ...}`."""
     if isinstance(p, UpstreamPass):
         return p.text
-    options = " ".join(f"{f.name}={getattr(p, f.name)}" for f in dataclasses.fields(p))
-    return p.argument + (f"{{{options}}}" if options else "")
+    return p.argument + option_string(p)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -74,25 +60,6 @@ def _split_top_level(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _parse_options(cls, name: str, body: str) -> dict:
-    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
-    options = {}
-    for item in body.replace(",", " ").split():
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise PipelineError(f"option '{item}' of pass '{name}' needs a value (key=value)")
-        field = fields.get(key) or fields.get(key.replace("_", "-"))
-        if field is None:
-            known = ", ".join(fields) or "none"
-            raise PipelineError(f"pass '{name}' has no option '{key}' (options: {known})")
-        try:
-            options[field.name] = int(value) if field.type == "int" else value
-        except ValueError:
-            raise PipelineError(f"option '{key}' of pass '{name}' expects an integer, "
-                                f"got '{value}'") from None
-    return options
-
-
 def known_passes() -> str:
     return ", ".join(sorted(PASSES))
 
@@ -105,10 +72,10 @@ def parse_pipeline(text: str) -> list:
         name = name.strip()
         if name in PASSES:
             cls = PASSES[name]
-            options = _parse_options(cls, name, rest.rstrip("}")) if rest else {}
             try:
+                options = parse_option_items(cls, rest.rstrip("}"), f"pass '{name}'")
                 passes.append(cls(**options))
-            except ValueError as error:
+            except OptionError as error:
                 raise PipelineError(f"pass '{name}': {error}") from None
             continue
         try:
@@ -126,14 +93,39 @@ def parse_pipeline(text: str) -> list:
     return passes
 
 
-def run_passes(module: ir.Operation, passes: Sequence,
-               after_pass: Callable[[object, ir.Operation], None] | None = None) -> None:
-    """Run `passes` in order, verifying the module after each one."""
-    verify(module)
+def _python_pass(p):
+    def run(op, _pass):
+        p.run(op)
+        verify(op)
+    return run
+
+
+def pass_manager(passes: Sequence, *, print_ir_after_all: bool = False,
+                 timing: bool = False) -> passmanager.PassManager:
+    """One PassManager on builtin.module holding `passes` in order (current context)."""
+    manager = passmanager.PassManager("builtin.module")
     for p in passes:
-        p.run(module)
-        if not module.verify():
-            raise DiagnosticError(None, f"the IR is invalid after pass '{pass_name(p)}'")
-        verify(module)
-        if after_pass is not None:
-            after_pass(p, module)
+        if isinstance(p, UpstreamPass):
+            manager.add(p.text)
+        else:
+            doc = (type(p).__doc__ or "").strip().splitlines()[0]
+            manager.add(_python_pass(p), name=pass_name(p), argument=p.argument,
+                        description=doc)
+    if print_ir_after_all:
+        manager.enable_ir_printing()
+    if timing:
+        manager.enable_timing()
+    return manager
+
+
+def run_passes(module: ir.Operation, passes: Sequence, *, print_ir_after_all: bool = False,
+               timing: bool = False) -> None:
+    """Verify `module`, then run `passes` on it in place through one PassManager."""
+    verify(module)
+    if not passes:
+        return
+    manager = pass_manager(passes, print_ir_after_all=print_ir_after_all, timing=timing)
+    try:
+        manager.run(module)
+    except ir.MLIRError as error:
+        raise mlir_error(error, "pipeline failed: ") from None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import iree.runtime as rt
 
-from int8attn.diagnostics import StageError, save_for_repro
+from int8attn.support.diagnostics import StageError, save_for_repro
 
 # MLIR element type -> numpy dtype accepted at the module boundary.
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "i32": np.int32,

@@ -7,7 +7,7 @@ import re
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.dialects.int8attn import walk
+from int8attn.support.ir import walk
 from int8attn.simulator.interpreter import Machine, SimulationError
 
 

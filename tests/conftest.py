@@ -37,7 +37,7 @@ def seeded_rng(seed: int) -> np.random.Generator:
 @lru_cache(maxsize=None)
 def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8"):
     import int8attn
-    from int8attn.graph import decode_graph
+    from int8attn.driver.graph import decode_graph
 
     source = decode_graph(batch, q_heads, kv_heads, tokens, head_dim)
     return int8attn.compile(source, filename=f"decode_{tokens}.mlir", pv=pv, cache=False)
@@ -47,7 +47,7 @@ def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8"):
 def compiled_attention(mode, shape, pv="int8"):
     """shape = (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode."""
     import int8attn
-    from int8attn.graph import attention_graph
+    from int8attn.driver.graph import attention_graph
 
     batch, q_heads, kv_heads, tokens, query_tokens, head_dim = shape
     source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import decode_inputs
-from int8attn.graph import decode_graph
+from int8attn.driver.graph import decode_graph
 
 BIN = Path(sys.executable).parent
 

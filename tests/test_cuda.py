@@ -7,7 +7,7 @@ import pytest
 
 from conftest import decode_inputs
 from int8attn import reference as ref
-from int8attn.graph import decode_graph
+from int8attn.driver.graph import decode_graph
 from int8attn.simulator import simulate_decode
 from test_cli import run
 
@@ -44,7 +44,7 @@ def test_bf16_pv_kernel_differs_only_in_pv():
     out = simulate_decode(*args, 0.125, target="cuda", pv="bf16")
     assert np.abs(out - ref.fragment_attention(*args, 0.125, pv="bf16")).max() <= 5e-5
     int8 = simulate_decode(*args, 0.125, target="cuda")
-    assert np.abs(int8 - ref.fragment_attention(*args, 0.125, target="cuda")).max() <= 5e-5
+    assert np.abs(int8 - ref.fragment_attention(*args, 0.125, model="cuda")).max() <= 5e-5
 
 
 @pytest.mark.skipif(_cuda_device() is None, reason="no CUDA device for IREE's CUDA runtime")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from int8attn.fragments import (GFX936_MMAC, GFX942_MFMA, TARGETS, format_token_set,
+from int8attn.fragments import (GFX936_MMAC, GFX942_MFMA, FRAGMENT_MODELS, format_token_set,
                                 fragment_model)
 
 INTERLEAVED = ("{0-7,16-23,32-39,48-55}", "{8-15,24-31,40-47,56-63}")
@@ -67,11 +67,11 @@ def test_gfx936_and_gfx942_share_a_and_b_but_not_c():
     assert np.array_equal(GFX936_MMAC.a.coords, GFX942_MFMA.a.coords)
     assert np.array_equal(GFX936_MMAC.b.coords, GFX942_MFMA.b.coords)
     assert not np.array_equal(GFX936_MMAC.c.coords, GFX942_MFMA.c.coords)
-    assert set(TARGETS) >= {"gfx936", "gfx942"}
+    assert set(FRAGMENT_MODELS) >= {"gfx936", "gfx942"}
 
 
 def test_unknown_target_names_the_known_ones():
-    with pytest.raises(KeyError, match="known targets: cuda, gfx936, gfx942"):
+    with pytest.raises(KeyError, match="known models: cuda, gfx936, gfx942"):
         fragment_model("gfx1100")
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import decode_inputs, seeded_rng
 from int8attn import reference as ref
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
-from int8attn.graph import decode_graph
+from int8attn.driver.graph import decode_graph
 from int8attn.simulator import simulate_decode
 from int8attn.simulator.isa import matrix_instruction
 from test_cli import run
@@ -43,8 +43,8 @@ def test_simulated_kernels_match_the_fragment_reference(target, shape):
     args = decode_inputs(sum(shape), *shape)
     scale = shape[-1] ** -0.5
     out = simulate_decode(*args, scale, target=target)
-    fragment = ref.fragment_attention(*args, scale, target=target)
-    slack = ref.rounding_tie_slack(*args, scale, target=target)
+    fragment = ref.fragment_attention(*args, scale, model=target)
+    slack = ref.rounding_tie_slack(*args, scale, model=target)
     err = np.abs(out - fragment)
     assert (err <= FRAGMENT_TOL + slack).all(), f"{target} {shape}: {err.max():.3e}"
     print(f"{target} {shape}: simulated kernel vs fragment reference max abs {err.max():.3e}")
@@ -117,7 +117,7 @@ def test_run_simulate_with_inputs_and_output(tmp_path):
 
 
 def test_kernel_targets_reject_what_they_do_not_cover(tmp_path):
-    from int8attn.graph import prefill_graph
+    from int8attn.driver.graph import prefill_graph
 
     path = tmp_path / "prefill.mlir"
     path.write_text(prefill_graph(1, 4, 1, 100, 5, 64))

@@ -21,7 +21,7 @@ FLOAT_SLACK = 2e-6
 @lru_cache(maxsize=None)
 def compiled_prefill(batch, q_heads, kv_heads, tokens, query_tokens, head_dim, pv="int8"):
     import int8attn
-    from int8attn.graph import prefill_graph
+    from int8attn.driver.graph import prefill_graph
 
     source = prefill_graph(batch, q_heads, kv_heads, tokens, query_tokens, head_dim)
     return int8attn.compile(source, filename="prefill.mlir", pv=pv, cache=False)

@@ -8,7 +8,7 @@ import pytest
 from conftest import seeded_rng
 from int8attn import reference as ref
 from int8attn.fragments import fragment_model, format_token_set
-from int8attn.graph import attention_graph, decode_graph
+from int8attn.driver.graph import attention_graph, decode_graph
 from test_cli import run
 
 
@@ -56,7 +56,7 @@ def test_error_split_terms_add_up(mode, query_tokens, tokens, scale_groups):
     source = attention_graph(1, 8, 2, tokens, 64, mode=mode, query_tokens=query_tokens)
     graph = int8attn.compile(source, scale_groups=scale_groups, verify=False)
     info = graph.entry()
-    from int8attn.graph import random_inputs
+    from int8attn.driver.graph import random_inputs
 
     arrays, floats = random_inputs(info, 17, float_caches=True)
     out = graph(*arrays)

@@ -12,8 +12,8 @@ import pytest
 
 import int8attn
 from int8attn.api import CompiledGraph
-from int8attn.diagnostics import StageError
-from int8attn.graph import decode_graph, random_inputs
+from int8attn.support.diagnostics import StageError
+from int8attn.driver.graph import decode_graph, random_inputs
 from int8attn.runtime import ModuleCache
 
 SOURCE = decode_graph(1, 4, 2, 40, 32)

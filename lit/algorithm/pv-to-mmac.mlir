@@ -5,7 +5,7 @@
 // CHECK-LABEL: func.func @tiles
 // CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[SW:.*]]: tensor<1x1x4x1x2xf32>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
 // CHECK: %[[ACC:.*]] = "int8attn.mmac_tiles"(%[[WQ]], %[[V]])
-// CHECK-SAME: target = "gfx936"
+// CHECK-SAME: fragment_model = "gfx936"
 // CHECK-SAME: -> tensor<1x1x4x1x2x16xi32>
 // CHECK: %[[O:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[ACC]], %[[SW]] :
 // CHECK:   %[[F:.*]] = arith.sitofp %{{.*}} : i32 to f32

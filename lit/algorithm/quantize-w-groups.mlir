@@ -1,5 +1,5 @@
 // RUN: int8attn-opt %s -p quantize-w-groups | filecheck %s
-// RUN: int8attn-opt %s -p "quantize-w-groups{target=gfx942}" | filecheck %s
+// RUN: int8attn-opt %s -p "quantize-w-groups{fragment-model=gfx942}" | filecheck %s
 
 // One scale per (row, partition, MMAC group). The groups of a wave are the
 // gfx936 MMAC's real token sets with 16-byte V loads:

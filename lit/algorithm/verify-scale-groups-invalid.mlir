@@ -37,7 +37,7 @@ func.func @v_gather_mismatch(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16x
                array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
 func.func @not_the_mmac(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #contiguous} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
-  %acc = "int8attn.mmac_tiles"(%q#0, %v) {groups = #contiguous, target = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
+  %acc = "int8attn.mmac_tiles"(%q#0, %v) {groups = #contiguous, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
   return %acc : tensor<1x1x4x1x2x16xi32>
 }
 

@@ -34,7 +34,7 @@ def _blocks_of(x: np.ndarray, block_tokens: int) -> np.ndarray:
 
 
 def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: float,
-                output: np.ndarray, *, target: str = "gfx936", partition_tokens: int = 256,
+                output: np.ndarray, *, model: str = "gfx936", partition_tokens: int = 256,
                 tile_tokens: int = 64, scale_groups: str = "fragment") -> dict[str, np.ndarray]:
     """The terms above (each shaped like q), plus `total` and `exact`.
 
@@ -53,7 +53,7 @@ def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: floa
         per_block = np.einsum("bhrnt,bhntd->bhrnd", p, per_token)
         return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
 
-    model = fragment_model(target)
+    model = fragment_model(model)
     groups = model.token_groups(block_tokens)
     amax = np.abs(st.w[..., model.scale_groups(block_tokens, scale_groups)]).max(axis=-1)
     wq, sw = quantize_with(st.w[..., groups], amax)

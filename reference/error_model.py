@@ -17,12 +17,12 @@ TIE_WINDOW = 2e-4
 BF16_TIE_ULPS = 32
 
 
-def _groups(st, target, fragments: FragmentModel | None):
-    return (fragments or fragment_model(target)).token_groups(st.w.shape[-1])
+def _groups(st, model, fragments: FragmentModel | None):
+    return (fragments or fragment_model(model)).token_groups(st.w.shape[-1])
 
 
 def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
-                               target: str = "gfx936", fragments=None, **block_sizes):
+                               model: str = "gfx936", fragments=None, **block_sizes):
     """Hard bound and standard deviation of INT8 PV minus f32 PV.
 
     They differ only by the W rounding term sum_n omega_n sum_i eW_i Vq_i with
@@ -32,7 +32,7 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
     zero (|eW| <= a): that deterministic part is added to both. Shaped like q.
     """
     st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
-    groups = _groups(st, target, fragments)
+    groups = _groups(st, model, fragments)
     w_groups = st.w[..., groups]
     amax = np.abs(w_groups).max(axis=-1)
     flushed = quantization_inverse(amax) == 0
@@ -49,7 +49,7 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
 
 
 def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
-                       target: str = "gfx936", fragments=None, **block_sizes) -> np.ndarray:
+                       model: str = "gfx936", fragments=None, **block_sizes) -> np.ndarray:
     """Per output: how much W elements sitting on a rounding tie may move it.
 
     pv=int8: a tie that rounds the other way changes Wq by 1, so the output by
@@ -67,7 +67,7 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
         moves = near * np.abs(st.w.astype(np.float64)) * 2.0 ** -7
         per_block = np.einsum("bhrnt,bhntd->bhrnd", moves, np.abs(st.v_blocks.astype(np.float64)))
         return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
-    groups = _groups(st, target, fragments)
+    groups = _groups(st, model, fragments)
     w_groups = st.w[..., groups]
     amax = np.abs(w_groups).max(axis=-1)
     steps = w_groups * quantization_inverse(amax)[..., None]

@@ -12,7 +12,7 @@ implementation of the contract; compiled modules must match it to f32 rounding.
 `error_model` says how far the INT8 results may be from those, per output.
 """
 
-from int8attn.reference.common import PV_MODES, quantize, quantize_cache, round_to_bf16
+from int8attn.reference.common import PV_MODES, PVKind, quantize, quantize_cache, round_to_bf16
 from int8attn.reference.error_model import (TIE_WINDOW, bf16_rounding_error_scale,
                                             qk_quantization_error_bound,
                                             qk_quantization_error_scale, rounding_tie_slack,
@@ -21,7 +21,7 @@ from int8attn.reference.error_split import TERMS, error_split
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import fragment_attention, fragment_softmax_pv
 
-__all__ = ["TERMS", "error_split", "PV_MODES", "TIE_WINDOW", "quantize", "quantize_cache", "round_to_bf16",
+__all__ = ["TERMS", "error_split", "PV_MODES", "PVKind", "TIE_WINDOW", "quantize", "quantize_cache", "round_to_bf16",
            "exact_attention", "fragment_attention", "fragment_softmax_pv", "w_quantization_error_scale",
            "qk_quantization_error_scale", "qk_quantization_error_bound", "bf16_rounding_error_scale",
            "rounding_tie_slack"]

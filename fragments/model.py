@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 from functools import cached_property
 
 import numpy as np
@@ -10,7 +11,11 @@ import numpy as np
 from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
                                              SM80_MMA_S8, MatrixInstruction)
 
-SCALE_GROUP_KINDS = ("fragment", "contiguous")
+# The names of the fragment models (the matrix instruction plus load scheme a
+# W scale group follows) and the two ways of choosing W scale groups.
+FragmentModelName = Literal["gfx936", "gfx942", "cuda"]
+ScaleGroupKind = Literal["fragment", "contiguous"]
+SCALE_GROUP_KINDS = get_args(ScaleGroupKind)
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class FragmentModel:
     (`wave_token_groups`) and per block of whole waves (`token_groups`).
     """
 
-    target: str
+    name: str
     instruction: MatrixInstruction
     v_load: VLoadScheme
     wave_tokens: int = 64
@@ -74,12 +79,12 @@ class FragmentModel:
                         int(lane_group[lane]), lane_groups, mmac * b.slots + slot)
                     if groups[mmac, k_row] not in (-1, token):
                         raise ValueError(
-                            f"{self.target}: lanes disagree on the token of K slot "
+                            f"{self.name}: lanes disagree on the token of K slot "
                             f"{k_row} of MMAC {mmac}")
                     groups[mmac, k_row] = token
         covered = np.sort(groups.ravel())
         if not np.array_equal(covered, np.arange(self.wave_tokens)):
-            raise ValueError(f"{self.target}: the V load scheme with "
+            raise ValueError(f"{self.name}: the V load scheme with "
                              f"{self.v_load.bytes_per_lane}-byte loads does not cover "
                              f"the wave's {self.wave_tokens} tokens exactly once")
         return groups
@@ -119,40 +124,41 @@ class FragmentModel:
         return owner
 
     def with_v_load(self, bytes_per_lane: int) -> "FragmentModel":
-        return FragmentModel(self.target, self.instruction, VLoadScheme(bytes_per_lane),
+        return FragmentModel(self.name, self.instruction, VLoadScheme(bytes_per_lane),
                              self.wave_tokens, self.waves_per_partition)
 
 
-TARGETS: dict[str, FragmentModel] = {
+FRAGMENT_MODELS: dict[str, FragmentModel] = {
     # The seed's decode kernel: 16-byte V loads from the token-innermost cache.
     "gfx936": FragmentModel("gfx936", GFX936_MMAC, VLoadScheme(16)),
     "gfx942": FragmentModel("gfx942", GFX942_MFMA, VLoadScheme(16)),
     # NVIDIA: 4 warps of 32 lanes per 256-token partition, 64 tokens per warp.
     "cuda": FragmentModel("cuda", SM80_MMA_S8, VLoadScheme(16)),
 }
+assert tuple(FRAGMENT_MODELS) == get_args(FragmentModelName)
 
 
 # Targets whose kernels can also run PV in bf16 (the seed's BF16-PV baseline).
 BF16_PV_INSTRUCTIONS = {"cuda": SM80_MMA_BF16}
 
 
-def bf16_pv_model(target: str) -> FragmentModel:
-    """The target's model with its bf16 PV instruction: the tokens each bf16 MMA
+def bf16_pv_model(name: str) -> FragmentModel:
+    """The model with its bf16 PV instruction: the tokens each bf16 MMA
     consumes follow from the same V load scheme."""
-    model = fragment_model(target)
-    if target not in BF16_PV_INSTRUCTIONS:
-        raise KeyError(f"{target} has no bf16 PV kernel (targets with one: "
+    model = fragment_model(name)
+    if name not in BF16_PV_INSTRUCTIONS:
+        raise KeyError(f"{name} has no bf16 PV kernel (models with one: "
                        f"{', '.join(BF16_PV_INSTRUCTIONS)})")
-    return FragmentModel(target, BF16_PV_INSTRUCTIONS[target], model.v_load,
+    return FragmentModel(name, BF16_PV_INSTRUCTIONS[name], model.v_load,
                          model.wave_tokens, model.waves_per_partition)
 
 
-def fragment_model(target: str) -> FragmentModel:
+def fragment_model(name: str) -> FragmentModel:
     try:
-        return TARGETS[target]
+        return FRAGMENT_MODELS[name]
     except KeyError:
-        raise KeyError(f"unknown target '{target}'; known targets: "
-                       f"{', '.join(sorted(TARGETS))}") from None
+        raise KeyError(f"unknown fragment model '{name}'; known models: "
+                       f"{', '.join(sorted(FRAGMENT_MODELS))}") from None
 
 
 def format_token_set(tokens) -> str:

@@ -84,24 +84,24 @@ def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256
 
 
 def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
-                       target: str = "gfx936", partition_tokens: int = 256,
+                       model: str = "gfx936", partition_tokens: int = 256,
                        tile_tokens: int = 64, fragments: FragmentModel | None = None,
                        scale_groups: str = "fragment") -> np.ndarray:
     """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
 
-    `fragments` overrides the target's model (e.g. another V-load scheme);
+    `fragments` overrides the named model (e.g. another V-load scheme);
     `scale_groups="contiguous"` reproduces the seed's bug like the compiler does.
     """
     scores = int8_scores(q, k, k_scale, softmax_scale)
     mode = "decode" if q.ndim == 3 else "prefill"
-    out = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, target=target,
+    out = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, model=model,
                               block_tokens=partition_tokens if mode == "decode" else tile_tokens,
                               fragments=fragments, scale_groups=scale_groups)
     return out.reshape(q.shape)
 
 
 def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
-                        target: str = "gfx936", block_tokens: int | None = None,
+                        model: str = "gfx936", block_tokens: int | None = None,
                         fragments: FragmentModel | None = None,
                         scale_groups: str = "fragment") -> np.ndarray:
     """Softmax and PV of the contract on given scores [B,Hkv,R,S] (-inf = masked).
@@ -116,7 +116,7 @@ def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
     else:
         st = prefill_blocks(scores, v, v_scale, block_tokens or 64)
     if pv == "int8":
-        model = fragments or fragment_model(target)
+        model = fragments or fragment_model(model)
         groups = model.token_groups(st.w.shape[-1])
         scales = model.scale_groups(st.w.shape[-1], scale_groups)
         partial = int8_pv(st.w, st.v_blocks, groups,

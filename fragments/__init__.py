@@ -16,8 +16,9 @@ from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_
                                              SM80_MMA_S8, MatrixInstruction, OperandLayout)
 from int8attn.fragments.kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
                                               thread_distribution, xor_reduction_offsets)
-from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, SCALE_GROUP_KINDS, TARGETS,
-                                      FragmentModel, VLoadScheme, bf16_pv_model,
+from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, SCALE_GROUP_KINDS,
+                                      FragmentModel, FragmentModelName, ScaleGroupKind,
+                                      VLoadScheme, bf16_pv_model,
                                       format_token_set, fragment_model)
 
 __all__ = [
@@ -27,12 +28,14 @@ __all__ = [
     "MatrixInstruction",
     "VLoadScheme",
     "FragmentModel",
+    "FragmentModelName",
+    "ScaleGroupKind",
     "GFX936_MMAC",
     "GFX942_MFMA",
     "SM80_MMA_S8",
     "SM80_MMA_BF16",
     "bf16_pv_model",
-    "TARGETS",
+    "FRAGMENT_MODELS",
     "fragment_model",
     "format_token_set",
     "LaneMap",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 
-
-PV_MODES = ("int8", "bf16", "f32")
+# How PV is computed: the INT8 instruction, or the bf16 / f32 baselines.
+PVKind = Literal["int8", "bf16", "f32"]
+PV_MODES = get_args(PVKind)
 # A row whose absmax is below this quantizes to zero (127/a would overflow f32).
 # The compiler's lower-quantize reads it from here; the references need no compiler.
 QUANTIZE_MIN_ABSMAX = 2.0 ** -118

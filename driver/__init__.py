@@ -1,0 +1,1 @@
+"""The one driver: options, the stage table of every target, compile(), inputs."""

@@ -1,0 +1,1 @@
+"""Shared support: located diagnostics, safe file output, generic IR helpers."""
