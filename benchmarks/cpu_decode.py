@@ -17,9 +17,9 @@ import sys
 import time
 
 
-from int8attn.driver.graph import decode_graph, describe_functions, random_inputs
-from int8attn.pipelines.compile import (CompileOptions, make_linalg, make_vmfb, new_context,
-                                        parse_graph)
+from int8attn.driver.compile import compile
+from int8attn.driver.graph import decode_graph, random_inputs
+from int8attn.driver.options import CompileOptions
 from int8attn.runtime import LoadedModule
 
 PVS = ("int8", "bf16", "f32")
@@ -27,17 +27,10 @@ PVS = ("int8", "bf16", "f32")
 
 def measure(tokens: int, pv: str, args, iterations: int, seed: int) -> dict:
     source = decode_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim)
-    options = CompileOptions(pv=pv)
-    with new_context():
-        start = time.perf_counter()
-        module = parse_graph(source, f"decode_{tokens}.mlir")
-        info = describe_functions(module)["decode"]
-        make_linalg(module, options)
-        linalg_ir = str(module)
-        passes = time.perf_counter() - start
-    start = time.perf_counter()
-    vmfb = make_vmfb(linalg_ir, options)
-    iree_compile = time.perf_counter() - start
+    compiled = compile(source, CompileOptions(pv=pv), filename=f"decode_{tokens}.mlir")
+    info, vmfb = compiled.functions["decode"], compiled.artifacts["vmfb"]
+    passes = sum(compiled.timings[s] for s in ("graph", "algorithm", "linalg"))
+    iree_compile = compiled.timings["vmfb"]
     loaded = LoadedModule(vmfb, {"decode": list(info.arguments)})
     inputs = random_inputs(info, seed)
     run = statistics.median(loaded.time_calls("decode", inputs, iterations))

@@ -19,11 +19,12 @@ def prepare(directory: Path):
     from int8attn.fragments import fragment_model
     from int8attn.kernels.decode import MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeShape, build_decode_kernels
     from int8attn.kernels.host import build_kernel_entries
-    from int8attn.pipelines.compile import new_context
-    from int8attn.pipelines.kernel import make_rocm_vmfb
+    from int8attn.driver.stages import iree_compile
+    from int8attn.driver.targets import TARGETS
     from int8attn.reference import quantize_cache
     from int8attn.simulator.decode import host_buffers
     from int8attn.simulator.run import run_executable
+    from int8attn.support.ir import new_context
 
     directory.mkdir(parents=True, exist_ok=True)
     b, hq, hkv, s, dim = (SHAPE[k] for k in ("batch", "q_heads", "kv_heads", "tokens", "head_dim"))
@@ -43,7 +44,7 @@ def prepare(directory: Path):
         with ir.InsertionPoint(kernels.module.regions[0].blocks[0]):
             build_kernel_entries(kernels)
         text = str(kernels.module)
-    vmfb, ptx = make_rocm_vmfb(text, "cuda")
+    vmfb, ptx = iree_compile(text, TARGETS["cuda"])
     (directory / "kernels.vmfb").write_bytes(vmfb)
     (directory / "kernels.ptx").write_text(ptx)
     np.savez(directory / "data.npz", *inputs, o=o, m=m, l=l, out=out)

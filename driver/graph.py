@@ -15,7 +15,7 @@ from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
 from int8attn.reference import exact_attention, fragment_attention, quantize_cache
-from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec
+from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_signature
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,16 @@ def _attention_call(block, terminator) -> AttentionCall | None:
 OPERANDS = ("q", "k", "k_scale", "v", "v_scale")
 
 
+def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
+    """The input checks every target runs before a call (the CPU runtime, CUDA and
+    the lane simulator alike): count, dtype and shape per argument, then the
+    cache-scale rule. Returns the arrays as contiguous numpy arrays."""
+    names = {} if info.attention is None else dict(zip(info.attention.argument_of, OPERANDS))
+    arrays = check_signature(info.name, list(info.arguments), list(arrays), names)
+    check_cache_scales(info, arrays)
+    return arrays
+
+
 def check_cache_scales(info: FunctionInfo, arrays) -> None:
     """k_scale and v_scale must be finite and >= 0 (README: non-finite inputs)."""
     if info.attention is None:
@@ -124,6 +134,32 @@ def nonfinite_query_rows(info: FunctionInfo, arrays) -> tuple[int, int]:
     return int((~np.isfinite(rows)).any(axis=-1).sum()), rows.shape[0]
 
 
+def memory_bytes(info: FunctionInfo, float_caches: bool = False) -> int:
+    """Bytes the arguments (and the float caches behind random k, v) take."""
+    size = lambda spec: int(np.prod(spec.shape, dtype=np.int64))
+    total = sum(size(s) * np.dtype(NUMPY_DTYPES.get(s.element, np.float32)).itemsize
+                for s in info.arguments)
+    if float_caches and info.attention is not None:
+        for index in (info.attention.argument_of[1], info.attention.argument_of[3]):
+            total += size(info.arguments[index]) * 4
+    return total
+
+
+def check_memory(info: FunctionInfo, float_caches: bool = False) -> None:
+    """Refuse, before allocating, inputs that would not fit in this machine's memory."""
+    import os
+
+    needed = memory_bytes(info, float_caches)
+    try:
+        available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if needed > available // 2:
+        raise InputError(f"the inputs of @{info.name} need {needed / 2**30:.1f} GiB (with the "
+                         f"references, several times that); this machine has "
+                         f"{available / 2**30:.1f} GiB: use a smaller graph")
+
+
 def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
     """Gaussian q; K and V Gaussian, quantized per token (int8 + f32 scale).
 
@@ -132,6 +168,7 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
     if info.attention is None:
         raise ValueError(f"@{info.name} does not return an int8attn.attention of its own "
                          f"arguments, so random inputs cannot be made for it; pass --inputs")
+    check_memory(info, float_caches)
     rng = np.random.default_rng(seed)
     q_arg, k_arg, ks_arg, v_arg, vs_arg = info.attention.argument_of
     arrays: list[np.ndarray | None] = [None] * len(info.arguments)
@@ -144,7 +181,7 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
     return (arrays, floats) if float_caches else arrays
 
 
-def references(info: FunctionInfo, arrays, *, pv: str, target: str,
+def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                partition_tokens: int = 256, tile_tokens: int = 64,
                scale_groups: str = "fragment") -> dict[str, np.ndarray]:
     """The exact and the fragment-level reference for the attention result."""
@@ -153,7 +190,7 @@ def references(info: FunctionInfo, arrays, *, pv: str, target: str,
     return {
         "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale),
         "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
-                                       target=target, partition_tokens=partition_tokens,
+                                       model=model, partition_tokens=partition_tokens,
                                        tile_tokens=tile_tokens, scale_groups=scale_groups),
     }
 
@@ -185,7 +222,7 @@ def attention_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_d
                     name: str = "attention", q_element: str = "f32") -> str:
     from iree.compiler.dialects import func
 
-    from int8attn.pipelines.compile import new_context
+    from int8attn.support.ir import new_context
 
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     with new_context(), ir.Location.unknown():

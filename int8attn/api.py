@@ -1,39 +1,69 @@
-"""The Python API: compile a graph, call it on numpy arrays.
+"""The Python API: compile a graph for a target, call it on numpy arrays.
 
     graph = int8attn.compile(open("decode.mlir").read(), filename="decode.mlir", pv="int8")
     out = graph(q, k, k_scale, v, v_scale)
+    graph = int8attn.compile(source, target="gfx936", simulate=True)   # lane simulator
 
+The keywords are the fields of `CompileOptions` (declared once, shared with
+the CLI). Every call checks its inputs first (`driver.graph.check_arguments`),
+whichever executes it: IREE's CPU or CUDA runtime, or the lane simulator.
 Compiled modules are cached by content and options (`int8attn.runtime.ModuleCache`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 
-from int8attn.driver.graph import FunctionInfo, check_cache_scales
-from int8attn.pipelines.compile import CompileOptions, compile_graph
+from int8attn.driver.compile import compile as compile_stages
+from int8attn.driver.graph import FunctionInfo, check_arguments
+from int8attn.driver.options import CompileOptions
+from int8attn.driver.targets import TARGETS, OptionRefused
 from int8attn.runtime import LoadedModule, ModuleCache
 from int8attn.runtime.module import InputError
 
 __all__ = ["compile", "compile_file", "CompiledGraph", "CompileOptions"]
 
 
-class CompiledGraph:
-    """A compiled graph, loaded lazily into the IREE runtime on first call."""
+class _Simulated:
+    """Calls run the kernel-stage module in the lane simulator."""
 
-    def __init__(self, vmfb: bytes, functions: dict[str, FunctionInfo], options: CompileOptions,
-                 *, linalg_ir: str | None = None, timings: dict | None = None,
-                 cache_hit: bool = False):
-        self.vmfb = vmfb
+    def __init__(self, kernel_ir: str, layout: dict):
+        self.kernel_ir, self.layout = kernel_ir, layout
+
+    def call(self, function: str, *arrays) -> list[np.ndarray]:
+        from int8attn.simulator import simulate_kernel_ir
+
+        return [simulate_kernel_ir(self.kernel_ir, self.layout, arrays)]
+
+
+class CompiledGraph:
+    """A compiled graph, loaded lazily into its executor on the first call."""
+
+    def __init__(self, functions: dict[str, FunctionInfo], options: CompileOptions, *,
+                 vmfb: bytes | None = None, kernel_ir: str | None = None,
+                 kernel_layout: dict | None = None, artifacts: dict | None = None,
+                 timings: dict | None = None, cache_hit: bool = False):
         self.functions = functions
         self.options = options
-        self.linalg_ir = linalg_ir
+        self.vmfb = vmfb
+        self.kernel_ir = kernel_ir
+        self.kernel_layout = kernel_layout
+        self.artifacts = dict(artifacts or {})
         self.timings = dict(timings or {})
         self.cache_hit = cache_hit
-        self._module: LoadedModule | None = None
+        self._executor = None
+
+    @property
+    def linalg_ir(self) -> str | None:
+        return self.artifacts.get("linalg")
+
+    @property
+    def simulated(self) -> bool:
+        return self.vmfb is None
 
     def entry(self, function: str | None = None) -> FunctionInfo:
         """The named public function, or the only one."""
@@ -49,17 +79,23 @@ class CompiledGraph:
         return next(iter(self.functions.values()))
 
     @property
-    def module(self) -> LoadedModule:
-        if self._module is None:
-            signatures = {name: list(info.arguments) for name, info in self.functions.items()}
-            self._module = LoadedModule(self.vmfb, signatures)
-        return self._module
+    def executor(self):
+        if self._executor is None:
+            if self.simulated:
+                self._executor = _Simulated(self.kernel_ir, self.kernel_layout)
+            else:
+                signatures = {name: list(info.arguments) for name, info in self.functions.items()}
+                driver = TARGETS[self.options.target].runtime_driver
+                self._executor = LoadedModule(self.vmfb, signatures, driver=driver)
+        return self._executor
+
+    module = executor  # the loaded IREE module (for timing calls)
 
     def run(self, arrays, function: str | None = None) -> list[np.ndarray]:
         info = self.entry(function)
-        check_cache_scales(info, arrays)
+        arrays = check_arguments(info, arrays)
         start = time.perf_counter()
-        results = self.module.call(info.name, *arrays)
+        results = self.executor.call(info.name, *arrays)
         self.timings["run"] = time.perf_counter() - start
         return results
 
@@ -68,27 +104,57 @@ class CompiledGraph:
         return results[0] if len(results) == 1 else tuple(results)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(self.vmfb)
+        Path(path).write_bytes(self.vmfb if self.vmfb is not None else self.kernel_ir.encode())
+
+
+def compile_options(**options) -> CompileOptions:
+    """CompileOptions from keywords, with an unknown keyword named as such."""
+    known = [f.name for f in dataclasses.fields(CompileOptions)]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise OptionRefused(f"unknown option {', '.join(map(repr, unknown))} (options: "
+                            f"{', '.join(known)})")
+    return CompileOptions(**options)
 
 
 def compile(source: str, *, filename: str = "<string>", cache: bool | ModuleCache = True,
-            **options) -> CompiledGraph:
-    """Compile MLIR text holding int8attn graphs (options: see CompileOptions)."""
-    compile_options = CompileOptions(**options)
-    store = (ModuleCache() if cache is True else cache) or None
-    key = store.key(source, compile_options) if store else None
+            simulate: bool = False, save_stages: str | Path | None = None,
+            progress=None, **options) -> CompiledGraph:
+    """Compile MLIR text for `target` (keywords: the fields of CompileOptions).
+
+    `simulate=True` (kernel targets) runs calls in the lane simulator instead
+    of on the target's GPU.
+    """
+    compile_options_ = compile_options(**options)
+    target = TARGETS[compile_options_.target]
+    if simulate and not target.simulates:
+        raise OptionRefused(f"--simulate runs lane-level kernels; --target "
+                            f"{target.name} has none (use --target gfx936, gfx942 or cuda)")
+    if not simulate and target.runtime_driver is None:
+        raise OptionRefused(f"--target {target.name} has no IREE runtime here (its kernels "
+                            f"need a {target.name} toolchain); run them in the lane "
+                            f"simulator with --simulate")
+    until = "kernel" if simulate else "vmfb"
+    store = None if simulate or save_stages else (ModuleCache() if cache is True else cache) or None
+    key = store.key(source, target.check(compile_options_)) if store else None
     if store:
         hit = store.load(key)
         if hit is not None:
             vmfb, meta = hit
             functions = {f["name"]: FunctionInfo.from_json(f) for f in meta["functions"]}
-            return CompiledGraph(vmfb, functions, compile_options, cache_hit=True)
-    compiled = compile_graph(source, filename, compile_options)
+            return CompiledGraph(functions, target.check(compile_options_), vmfb=vmfb,
+                                 cache_hit=True)
+    compiled = compile_stages(source, compile_options_, filename=filename, until=until,
+                              save_stages=save_stages, progress=progress)
+    if simulate:
+        return CompiledGraph(compiled.functions, compiled.options, kernel_ir=compiled.last,
+                             kernel_layout=compiled.kernel_layout,
+                             artifacts=compiled.artifacts, timings=compiled.timings)
     if store:
-        store.store(key, compiled.vmfb,
+        store.store(key, compiled.last,
                     {"functions": [f.to_json() for f in compiled.functions.values()]})
-    return CompiledGraph(compiled.vmfb, compiled.functions, compile_options,
-                         linalg_ir=compiled.linalg_ir, timings=compiled.timings)
+    return CompiledGraph(compiled.functions, compiled.options, vmfb=compiled.last,
+                         artifacts=compiled.artifacts, timings=compiled.timings)
 
 
 def compile_file(path: str | Path, **options) -> CompiledGraph:

@@ -29,16 +29,17 @@ def _name(variant: str, tokens: int) -> str:
 
 def prepare(directory: Path, contexts, batch: int, q_heads: int, kv_heads: int,
             head_dim: int) -> None:
+    from int8attn.driver.compile import compile
     from int8attn.driver.graph import decode_graph
-    from int8attn.pipelines.kernel import make_kernel_module, make_rocm_vmfb
+    from int8attn.driver.options import CompileOptions
 
     directory.mkdir(parents=True, exist_ok=True)
     for tokens in contexts:
         source = decode_graph(batch, q_heads, kv_heads, tokens, head_dim)
         for variant, (pv, innermost) in VARIANTS.items():
-            text = make_kernel_module(source, f"decode_{tokens}.mlir", "cuda",
-                                      v_token_innermost=innermost, pv=pv)
-            vmfb, ptx = make_rocm_vmfb(text, "cuda")
+            options = CompileOptions(target="cuda", pv=pv, v_token_innermost=innermost)
+            compiled = compile(source, options, filename=f"decode_{tokens}.mlir", until="ptx")
+            vmfb, ptx = compiled.artifacts["vmfb"], compiled.artifacts["ptx"]
             (directory / _name(variant, tokens)).write_bytes(vmfb)
             print(f"prepared {variant} S={tokens}: {len(vmfb)} bytes, "
                   f"{ptx.count('mma.sync.aligned.m16n8k32')} int8 and "

@@ -1,52 +1,56 @@
-"""The `int8attn` command: compile and run attention graphs.
+"""The `int8attn` command: compile and run attention graphs, for every target.
 
-    int8attn compile GRAPH.mlir --target cpu [--pv int8|bf16|f32] -o OUT.vmfb
-    int8attn run GRAPH.mlir [--inputs IN.npz] [--output OUT.npz] [--pv ...]
+    int8attn compile GRAPH.mlir [--target T] [--emit STAGE] [--save-stages DIR] -o OUT
+    int8attn run GRAPH.mlir [--target T] [--simulate] [--inputs IN.npz] [--output OUT.npz]
+    int8attn targets
+    int8attn bench --target cuda
 
-Exit status: 0 success, 1 an error in the input or a failing stage (printed
-as `file:line:col: error: ...` where there is a location), 2 misuse.
+One driver serves every target (`int8attn.driver`): the compile flags are the
+fields of `CompileOptions`, the stages those of the target's row in
+`driver.targets`. Exit status: 0 success, 1 an error in the input or a failing
+stage (printed as `file:line:col: error: ...` where there is a location),
+2 misuse (an unknown flag, or an option the target does not offer).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from int8attn.driver.options import CompileOptions
+from int8attn.driver.targets import STAGE_NAMES, TARGETS, OptionRefused, describe
+from int8attn.runtime.module import InputError
 from int8attn.support.diagnostics import DiagnosticError, StageError
 from int8attn.support.files import OutputError, check_output_path, write_atomic
-from int8attn.fragments import SCALE_GROUP_KINDS, FRAGMENT_MODELS
-from int8attn.pipelines import PV_CHOICES
-from int8attn.pipelines.compile import BACKENDS, CompileOptions
-from int8attn.pipelines.kernel import KERNEL_TARGETS
-from int8attn.runtime.module import InputError
+from int8attn.support.options import OptionError, add_arguments, given
+
+# Flags of CompileOptions the CLI offers (v_token_innermost changes the
+# function's signature: a Python API / bench choice).
+CLI_OPTIONS = ("target", "pv", "fragment_model", "scale_groups", "verify", "partition_tokens",
+               "tile_tokens")
 
 
 class UserError(Exception):
     """A problem with the user's files or inputs: printed as `error: ...`, exit 1."""
 
 
+class UsageError(Exception):
+    """An option the chosen target does not offer: printed as `error: ...`, exit 2."""
+
+
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("graph", help="MLIR file with int8attn.attention graphs")
-    parser.add_argument("--target", choices=sorted(BACKENDS) + list(KERNEL_TARGETS),
-                        default="cpu",
-                        help="cpu: the tensor-level pipeline on IREE llvm-cpu (default); "
-                             "gfx936/gfx942: the lane-level decode kernels")
-    parser.add_argument("--pv", choices=PV_CHOICES, default="int8",
-                        help="PV precision: int8 (MMAC tiles), or the bf16/f32 baselines "
-                             "(default: int8)")
-    parser.add_argument("--fragment-model", choices=sorted(FRAGMENT_MODELS), default="gfx936",
-                        help="matrix instruction whose token groups the W scales follow "
-                             "(default: gfx936)")
-    parser.add_argument("--scale-groups", choices=SCALE_GROUP_KINDS, default="fragment",
-                        help="token sets of the W scales: fragment (the MMAC's real sets, "
-                             "default) or contiguous (the seed's bug, rejected by the "
-                             "verifier unless --no-verify)")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip verify-scale-groups (to measure a wrong grouping)")
+    add_arguments(parser, CompileOptions, only=CLI_OPTIONS)
+    parser.add_argument("--save-stages", metavar="DIR",
+                        help="write every stage's artifact to DIR (00-graph.mlir, ...), so a "
+                             "failing stage can be reproduced from its input")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,27 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
         prog="int8attn", description="Compile and run attention over an INT8 KV cache.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    compile_cmd = commands.add_parser("compile", help="compile a graph to an IREE module",
-                                      description="Run the whole pipeline, then IREE.")
+    compile_cmd = commands.add_parser(
+        "compile", help="compile a graph through its target's stages",
+        description="Run the target's chain of stages (int8attn targets lists them) up to "
+                    "--emit and write that stage's artifact.")
     _add_compile_options(compile_cmd)
-    compile_cmd.add_argument("-o", "--output", required=True, help="output file")
-    compile_cmd.add_argument("--emit", choices=("vmfb", "linalg", "mlir", "isa"), default=None,
-                             help="cpu: vmfb (default) or linalg, the IR handed to IREE; "
-                                  "gfx936: mlir (default), the kernel IR with MMAC intrinsics; "
-                                  "gfx942: vmfb (default), mlir or isa (AMDGPU assembly). "
-                                  "'-o -' writes text to stdout")
+    compile_cmd.add_argument("-o", "--output", required=True,
+                             help="output file ('-' writes to stdout)")
+    compile_cmd.add_argument("--emit", choices=STAGE_NAMES, default=None,
+                             help="stop after this stage and write its artifact (default: "
+                                  "vmfb on cpu, gfx942 and cuda; kernel on gfx936)")
+    compile_cmd.add_argument("--print-ir-after-all", action="store_true",
+                             help="print the IR to stderr after every pass")
 
     run_cmd = commands.add_parser(
-        "run", help="compile (cached) and execute on the IREE CPU runtime",
+        "run", help="compile (cached) and execute: IREE CPU/CUDA runtime or the lane simulator",
         description="Without --inputs: random inputs from a printed seed and a report of "
                     "the error against the exact and the fragment-level reference.")
     _add_compile_options(run_cmd)
+    run_cmd.add_argument("--simulate", action="store_true",
+                         help="with --target gfx936, gfx942 or cuda: run the generated "
+                              "lane-level kernels in the lane simulator")
     run_cmd.add_argument("--inputs", help="npz with the arguments as arg0, arg1, ...")
     run_cmd.add_argument("--output", help="npz to write the results to (result0, ...)")
     run_cmd.add_argument("--function", help="public function to call (default: the only one)")
-    run_cmd.add_argument("--simulate", action="store_true",
-                         help="with --target gfx936/gfx942/cuda: run the generated lane-level "
-                              "kernels in the lane simulator")
     run_cmd.add_argument("--seed", type=_seed, default=None,
                          help="seed of the random inputs (default: drawn and printed)")
     run_cmd.add_argument("--no-cache", action="store_true",
@@ -83,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="split the error against exact attention on the float cache "
                               "into its INT8-QK, V-cache and W-quantization terms, and "
                               "compare INT8 PV with BF16 and f32 PV (random inputs)")
+
+    commands.add_parser("targets", help="list the targets and their stages",
+                        description="Print each target's chain of stages and what runs it.")
+
     bench_cmd = commands.add_parser(
         "bench", help="time the decode kernels on a GPU (cuda) against BF16 PV and torch SDPA",
         description="Compile (sm_80 PTX) and run the INT8-PV and BF16-PV decode kernels "
@@ -108,10 +119,186 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+    if not 0 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**63, got {value}")
+    return value
+
+
+def _options(args) -> dict:
+    """The compile keywords the user gave (the rest keep CompileOptions' defaults)."""
+    return given(args, CompileOptions)
+
+
+def _read_graph(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise UserError(f"graph file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"graph file '{path}' is a directory") from None
+    except UnicodeDecodeError:
+        raise UserError(f"graph file '{path}' is not MLIR text (not UTF-8)") from None
+    except OSError as error:
+        raise UserError(f"cannot read graph file '{path}': {error.strerror}") from None
+
+
+def _progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def cmd_targets(args) -> int:
+    print(describe())
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from int8attn.driver.compile import compile
+
+    options = CompileOptions(**_options(args))
+    target = TARGETS[options.target]
+    emit = args.emit or target.default_emit
+    target.chain(emit)  # refuses a stage the target does not have, before any work
+    if args.output != "-":
+        check_output_path(args.output, [args.graph])
+    source = _read_graph(args.graph)
+    compiled = compile(source, options, filename=args.graph, until=emit,
+                       save_stages=args.save_stages, print_ir_after_all=args.print_ir_after_all)
+    artifact = compiled.last
+    if args.output == "-":
+        if isinstance(artifact, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(artifact)
+        else:
+            sys.stdout.write(artifact if artifact.endswith("\n") else artifact + "\n")
+        return 0
+    write_atomic(args.output, artifact if isinstance(artifact, bytes) or artifact.endswith("\n")
+                 else artifact + "\n", [args.graph])
+    stages = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in compiled.timings.items())
+    print(f"wrote {args.output} ({emit}, {len(artifact)} bytes; {stages})", file=sys.stderr)
+    return 0
+
+
+def _load_inputs(path: str, info) -> list[np.ndarray]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"inputs file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"inputs file '{path}' is a directory") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        raise UserError(f"inputs file '{path}' is not an .npz archive (or is damaged); write "
+                        f"one with numpy.savez(path, arg0=..., arg1=...)") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise UserError(f"inputs file '{path}' holds a single array (.npy), not an .npz "
+                        f"archive of the arguments; write one with numpy.savez(path, "
+                        f"arg0=..., arg1=...)")
+    with archive:
+        keys = set(archive.files)
+        arrays = []
+        for i, spec in enumerate(info.arguments):
+            key = f"arg{i}"
+            if key not in keys:
+                raise UserError(f"inputs file '{path}' has no array '{key}' for argument {i} "
+                                f"({spec.describe()}) of @{info.name}; it has "
+                                f"{', '.join(sorted(keys)) or 'no arrays'}")
+            try:
+                arrays.append(archive[key])
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+                raise UserError(f"array '{key}' of inputs file '{path}' cannot be read "
+                                f"without pickle ({error}); save plain numeric arrays") from None
+        extra = keys - {f"arg{i}" for i in range(len(info.arguments))}
+        if extra:
+            raise UserError(f"inputs file '{path}' has arrays {', '.join(sorted(extra))} that "
+                            f"are not arguments of @{info.name} (expected arg0..arg"
+                            f"{len(info.arguments) - 1})")
+    return arrays
+
+
+def _note_nonfinite_queries(info, arrays) -> None:
+    from int8attn.driver.graph import nonfinite_query_rows
+
+    bad, rows = nonfinite_query_rows(info, arrays)
+    if bad:
+        index = info.attention.argument_of[0]
+        print(f"note: arg{index} (q) holds NaN or Inf in {bad} of its {rows} rows; the results "
+              f"of exactly those rows are NaN (README: non-finite inputs)", file=sys.stderr)
+
+
+def _accuracy(result, arrays, info, options) -> None:
+    from int8attn.driver.graph import error_stats, references
+
+    refs = references(info, arrays, pv=options.pv, model=options.fragment_model,
+                      partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
+                      scale_groups=options.scale_groups)
+    print(f"accuracy of @{info.name} (target {options.target}, pv={options.pv}, fragment "
+          f"model {options.fragment_model}):")
+    for name, label in (("exact", "vs exact f32 reference      "),
+                        ("fragment", "vs fragment-level reference")):
+        stats = error_stats(result, refs[name])
+        print(f"  {label}  max abs {stats['max_abs']:.3e}   rms {stats['rms']:.3e}")
+
+
+def _executed_how(graph) -> str:
+    if graph.simulated:
+        return f"{graph.options.target} kernels simulated"
+    return f"ran on IREE {TARGETS[graph.options.target].runtime_driver}"
+
+
+def cmd_run(args) -> int:
+    import int8attn
+    from int8attn.driver.graph import random_inputs
+
+    if args.output:
+        check_output_path(args.output, [args.graph, args.inputs])
+    if args.inputs and args.report:
+        raise UsageError("--report needs random inputs (it uses the float cache behind them); "
+                         "drop --inputs")
+    source = _read_graph(args.graph)
+    start = time.perf_counter()
+    graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
+                             simulate=args.simulate, save_stages=args.save_stages,
+                             **_options(args))
+    compile_seconds = time.perf_counter() - start
+    info = graph.entry(args.function)
+    if args.inputs:
+        arrays = _load_inputs(args.inputs, info)
+        _note_nonfinite_queries(info, arrays)
+    else:
+        seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        print(f"random inputs, seed {seed} (repeat with --seed {seed})", flush=True)
+        try:
+            arrays, floats = random_inputs(info, seed, float_caches=True)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+    outputs = graph.run(arrays, info.name)
+    cached = "cached module" if graph.cache_hit else "compiled"
+    print(f"@{info.name}: {cached} in {compile_seconds:.2f} s, {_executed_how(graph)} in "
+          f"{graph.timings['run'] * 1e3:.1f} ms", flush=True)
+    if args.output:
+        buffer = io.BytesIO()
+        np.savez(buffer, **{f"result{i}": r for i, r in enumerate(outputs)})
+        write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
+        print(f"wrote {args.output} ({', '.join(f'result{i}' for i in range(len(outputs)))})")
+    if not args.inputs and info.attention is not None:
+        _accuracy(outputs[info.attention.result_index], arrays, info, graph.options)
+    if args.report:
+        from int8attn.report import print_report
+
+        if info.attention is None or graph.simulated or graph.options.target != "cpu":
+            raise UsageError("--report needs --target cpu and a graph returning one "
+                             "int8attn.attention of its arguments")
+        print_report(graph, source, args.graph, info, arrays, floats, outputs, graph.options)
+    return 0
+
+
 def cmd_bench(args) -> int:
     import json
     import tempfile
-    from pathlib import Path
 
     from int8attn import bench_cuda
 
@@ -136,175 +323,29 @@ def cmd_bench(args) -> int:
     try:
         bench_cuda.plot(rows, Path(f"{args.out}.png"))
     except ImportError:
-        print(f"note: no PNG written: install matplotlib (pip install 'int8attn[bench]')",
+        print("note: no PNG written: install matplotlib (pip install 'int8attn[bench]')",
               file=sys.stderr)
     return 0
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
-    if not 0 <= value < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**63, got {value}")
-    return value
-
-
-def _options(args) -> CompileOptions:
-    return CompileOptions(backend=args.target, pv=args.pv, target=args.fragment_model,
-                          scale_groups=args.scale_groups, verify=not args.no_verify)
-
-
-def _read_graph(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        raise UserError(f"graph file '{path}' does not exist") from None
-    except UnicodeDecodeError:
-        raise UserError(f"graph file '{path}' is not MLIR text (not UTF-8)") from None
-    except OSError as error:
-        raise UserError(f"cannot read graph file '{path}': {error.strerror}") from None
-
-
-def cmd_compile(args) -> int:
-    from int8attn.pipelines.compile import compile_graph, make_linalg, new_context, parse_graph
-
-    if args.target in KERNEL_TARGETS:
-        from int8attn.cli_kernels import compile_kernels
-
-        return compile_kernels(args, _read_graph(args.graph))
-    if args.emit not in (None, "vmfb", "linalg"):
-        raise UserError(f"--emit {args.emit} needs --target gfx936 or gfx942")
-    output = check_output_path(args.output, [args.graph])
-    source = _read_graph(args.graph)
-    options = _options(args)
-    if args.emit == "linalg":
-        with new_context():
-            module = make_linalg(parse_graph(source, args.graph), options)
-            write_atomic(output, str(module) + "\n", [args.graph])
-        return 0
-    compiled = compile_graph(source, args.graph, options)
-    write_atomic(output, compiled.vmfb, [args.graph])
-    print(f"wrote {output} ({len(compiled.vmfb)} bytes; passes {compiled.timings['passes']:.2f} s, "
-          f"iree-compile {compiled.timings['iree_compile']:.2f} s)", file=sys.stderr)
-    return 0
-
-
-def _load_inputs(path: str, info) -> list[np.ndarray]:
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UserError(f"inputs file '{path}' does not exist") from None
-    except IsADirectoryError:
-        raise UserError(f"inputs file '{path}' is a directory") from None
-    except (OSError, ValueError, EOFError):
-        raise UserError(f"inputs file '{path}' is not an .npz archive; write one with "
-                        f"numpy.savez(path, arg0=..., arg1=...)") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise UserError(f"inputs file '{path}' holds a single array (.npy), not an .npz "
-                        f"archive of the arguments; write one with numpy.savez(path, "
-                        f"arg0=..., arg1=...)")
-    with archive:
-        keys = set(archive.files)
-        arrays = []
-        for i, spec in enumerate(info.arguments):
-            key = f"arg{i}"
-            if key not in keys:
-                raise UserError(f"inputs file '{path}' has no array '{key}' for argument {i} "
-                                f"({spec.describe()}) of @{info.name}; it has "
-                                f"{', '.join(sorted(keys)) or 'no arrays'}")
-            try:
-                arrays.append(archive[key])
-            except (OSError, ValueError, EOFError) as error:
-                raise UserError(f"array '{key}' of inputs file '{path}' cannot be read "
-                                f"without pickle ({error}); save plain numeric arrays") from None
-        extra = keys - {f"arg{i}" for i in range(len(info.arguments))}
-        if extra:
-            raise UserError(f"inputs file '{path}' has arrays {', '.join(sorted(extra))} that "
-                            f"are not arguments of @{info.name} (expected arg0..arg"
-                            f"{len(info.arguments) - 1})")
-    return arrays
-
-
-def _note_nonfinite_queries(info, arrays) -> None:
-    from int8attn.driver.graph import nonfinite_query_rows
-
-    bad, rows = nonfinite_query_rows(info, arrays)
-    if bad:
-        index = info.attention.argument_of[0]
-        print(f"note: arg{index} (q) holds NaN or Inf in {bad} of its {rows} rows; the results "
-              f"of exactly those rows are NaN (README: non-finite inputs)", file=sys.stderr)
-
-
-def _report(outputs, arrays, info, options) -> None:
-    from int8attn.driver.graph import error_stats, references
-
-    refs = references(info, arrays, pv=options.pv, target=options.target,
-                      partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
-                      scale_groups=options.scale_groups)
-    result = outputs[info.attention.result_index]
-    print(f"accuracy of @{info.name} (pv={options.pv}, fragment model {options.target}):")
-    for name, label in (("exact", "vs exact f32 reference      "),
-                        ("fragment", "vs fragment-level reference")):
-        stats = error_stats(result, refs[name])
-        print(f"  {label}  max abs {stats['max_abs']:.3e}   rms {stats['rms']:.3e}")
-
-
-def cmd_run(args) -> int:
-    import int8attn
-    from int8attn.driver.graph import random_inputs
-
-    if args.output:
-        check_output_path(args.output, [args.graph, args.inputs])
-    source = _read_graph(args.graph)
-    if args.target in KERNEL_TARGETS or args.simulate:  # lane simulator, or cuda on the GPU
-        from int8attn.cli_kernels import run_simulated
-
-        return run_simulated(args, source, _load_inputs, _report)
-    options = _options(args)
-    start = time.perf_counter()
-    graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
-                             **options.__dict__)
-    compile_seconds = time.perf_counter() - start
-    info = graph.entry(args.function)
-    if args.inputs:
-        arrays = _load_inputs(args.inputs, info)
-        _note_nonfinite_queries(info, arrays)
-    else:
-        seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-        print(f"random inputs, seed {seed} (repeat with --seed {seed})")
-        try:
-            arrays, floats = random_inputs(info, seed, float_caches=True)
-        except ValueError as error:
-            raise UserError(str(error)) from None
-    outputs = graph.run(arrays, info.name)
-    cached = "cached module" if graph.cache_hit else "compiled"
-    print(f"@{info.name}: {cached} in {compile_seconds:.2f} s, ran in {graph.timings['run'] * 1e3:.1f} ms")
-    if args.output:
-        import io
-
-        buffer = io.BytesIO()
-        np.savez(buffer, **{f"result{i}": r for i, r in enumerate(outputs)})
-        write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
-        print(f"wrote {args.output} ({', '.join(f'result{i}' for i in range(len(outputs)))})")
-    if not args.inputs and info.attention is not None:
-        _report(outputs, arrays, info, options)
-    if args.report:
-        from int8attn.report import print_report
-
-        if args.inputs or info.attention is None:
-            raise UserError("--report needs random inputs of a graph returning one "
-                            "int8attn.attention (it uses the float cache behind them)")
-        print_report(graph, source, args.graph, info, arrays, floats, outputs, options)
+def _quiet_broken_pipe() -> int:
+    # The reader went away (`int8attn run ... | head -1`): nothing left to say.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
     return 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"compile": cmd_compile, "run": cmd_run, "bench": cmd_bench}[args.command]
+    handler = {"compile": cmd_compile, "run": cmd_run, "bench": cmd_bench,
+               "targets": cmd_targets}[args.command]
     try:
         return handler(args)
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except (OptionRefused, OptionError, UsageError) as error:
+        print(f"int8attn {args.command}: error: {error}", file=sys.stderr)
+        return 2
     except DiagnosticError as error:
         print(error.format(), file=sys.stderr)
     except StageError as error:

@@ -29,7 +29,7 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     result = outputs[call.result_index]
     split = error_split(q, k, k_scale, v, v_scale, floats["k"], floats["v"],
-                        call.softmax_scale, result, target=options.target,
+                        call.softmax_scale, result, model=options.fragment_model,
                         partition_tokens=options.partition_tokens,
                         tile_tokens=options.tile_tokens, scale_groups=options.scale_groups)
     print(f"error split against exact attention on the float cache (unquantized q, K, V), "
@@ -44,7 +44,7 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
     others = {}
     for pv in ("bf16", "f32"):
         baseline = int8attn.compile(source, filename=filename,
-                                    **dataclasses.replace(options, pv=pv).__dict__)
+                                    **dataclasses.asdict(dataclasses.replace(options, pv=pv)))
         others[pv] = baseline.run(arrays, info.name)[call.result_index]
     print("PV alone (same graph, inputs and pipeline; only PV differs):")
     print("| comparison | max abs | RMS |")

@@ -28,6 +28,7 @@ from int8attn.fragments import (DecodeKernelLayout, FragmentModel, bf16_pv_model
                                 element_classes, thread_distribution)
 from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
                                     workgroup_id)
+from int8attn.passes import quantize_contract as contract
 
 ROWS = 16  # MMAC M: query rows of a tile (GQA heads, zero-padded)
 
@@ -212,26 +213,29 @@ class _PartitionKernel:
         return w
 
     def quantize(self, w):
-        """Per (row, MMAC) scale; Wq bytes and sW to LDS for the PV operands."""
+        """Per (row, MMAC) scale; Wq bytes and sW to LDS for the PV operands.
+
+        The scalar ops are the contract's (passes/quantize_contract.py), as in
+        lower-quantize: a zero or tiny group gives Wq = 0, a NaN/Inf group Wq = 0
+        and sW = NaN. The absmax is NaN-propagating in-lane and across the xor
+        shuffles, so every lane of a group sees the same a.
+        """
         lanes, layout = self.lanes, self.layout
         mmacs, wave_tokens = self.model.mmacs_per_wave, self.model.wave_tokens
         wq_lds = lanes.shared([self.waves, ROWS, wave_tokens], "i8")
         sw_lds = lanes.shared([self.waves, ROWS, mmacs], "f32")
-        qmax, qmin, zero = lanes.f32(127.0), lanes.f32(-127.0), lanes.f32(0.0)
-        i8 = ir.IntegerType.get_signless(8)
+        c = contract.quantize_constants(lanes.f32)
         for members in element_classes(layout.group_keys()):
-            amax = math.absf(w[members[0]])
-            for e in members[1:]:
-                amax = arith.maximumf(amax, math.absf(w[e]))
-            amax = lanes.xor_reduce(amax, layout.group_max_offsets(), arith.maximumf)
-            inverse = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, amax, zero), zero,
-                                   arith.divf(qmax, amax))
+            amax = c.zero
+            for e in members:
+                amax = contract.absmax_step(amax, w[e])
+            amax = lanes.xor_reduce(amax, layout.group_max_offsets(), contract.absmax_merge)
+            inverse = contract.quantize_inverse(amax, c)
             row = lanes.of_lane(self._row_map(members[0]))
             group = lanes.of_lane(layout.group_map(members[0]))
-            memref.store(arith.divf(amax, qmax), sw_lds, [lanes.wave, row, group])
+            memref.store(contract.quantize_scale(amax, c), sw_lds, [lanes.wave, row, group])
             for e in members:
-                q = math.roundeven(arith.mulf(w[e], inverse))
-                q = arith.fptosi(i8, arith.minimumf(arith.maximumf(q, qmin), qmax))
+                q = contract.quantize_value(w[e], inverse, c)
                 token = lanes.of_lane(self._token_in_wave(e))
                 memref.store(q, wq_lds, [lanes.wave, lanes.of_lane(self._row_map(e)), token])
         lanes.barrier()

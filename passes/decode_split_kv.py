@@ -34,10 +34,10 @@ def _add(x, acc):
     return arith.addf(acc, x)
 
 
-def split_kv(op, rewriter, partition_tokens: int):
-    if ir.StringAttr(op.attributes["mode"]).value != "decode":
+def split_kv(op: d.SoftmaxPVOp, rewriter, partition_tokens: int):
+    if op.mode != "decode":
         return True  # prefill: left for prefill-online-softmax
-    scores, v, v_scale = op.operands
+    scores, v, v_scale = op.scores, op.v, op.v_scale
     batch, kv_heads, rows, tokens = d.shape_of(scores)
     head_dim = d.shape_of(v)[-1]
     blocks = -(-tokens // partition_tokens)

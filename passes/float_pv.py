@@ -37,8 +37,8 @@ def round_to_bf16(x: ir.Value) -> ir.Value:
     return arith.bitcast(ir.F32Type.get(), arith.andi(rounded, c(-65536)))
 
 
-def float_contraction(op, rewriter, pv: str):
-    w, v = op.operands
+def float_contraction(op: d.FoldedPVOp, rewriter, pv: str):
+    w, v = op.w, op.v
     def weight(w_i):
         return round_to_bf16(w_i) if pv == "bf16" else w_i
 

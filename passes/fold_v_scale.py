@@ -21,8 +21,8 @@ from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
 
 
-def fold_scale(op, rewriter):
-    p, v, v_scale = op.operands
+def fold_scale(op: d.PVOp, rewriter):
+    p, v, v_scale = op.p, op.v, op.v_scale
     with rewriter.ip, op.location:
         w = build.generic([p, v_scale], ["bhrnt", "bhnt"], "bhrnt",
                           build.empty(d.shape_of(p), "f32"),

@@ -47,10 +47,9 @@ def ungroup_query_rows(out: ir.Value, q_shape: list[int]) -> ir.Value:
     return build.collapse(heads, [[0], [1, 2], [3], [4]])
 
 
-def rewrite_attention(op, rewriter):
-    mode = ir.StringAttr(op.attributes["mode"]).value
-    q, k, k_scale, v, v_scale = op.operands
-    softmax_scale = ir.FloatAttr(op.attributes["softmax_scale"]).value
+def rewrite_attention(op: d.AttentionOp, rewriter):
+    mode, softmax_scale = op.mode, op.softmax_scale
+    q, k, k_scale, v, v_scale = op.q, op.k, op.k_scale, op.v, op.v_scale
     q_shape = d.shape_of(q)
     batch, kv_heads, tokens = d.shape_of(k)[:3]
     with rewriter.ip, op.location:

@@ -40,9 +40,8 @@ def gather_tokens(values: ir.Value, token_dim: int, groups) -> ir.Value:
     return build.generic([], [], dims, build.empty(out_shape, element), body)
 
 
-def lower_tiles(op, rewriter):
-    wq, v = op.operands
-    groups = d.groups_of(op)
+def lower_tiles(op: d.MMACTilesOp, rewriter):
+    wq, v, groups = op.wq, op.v, op.groups
     with rewriter.ip, op.location:
         v_groups = gather_tokens(v, 3, groups)
         acc = build.generic(

@@ -50,11 +50,11 @@ def _is_neg_inf(x: ir.Value) -> ir.Value:
     return arith.cmpf(arith.CmpFPredicate.OEQ, x, build.f32(float("-inf")))
 
 
-def online_softmax(op, rewriter, tile_tokens: int):
-    if ir.StringAttr(op.attributes["mode"]).value != "prefill":
+def online_softmax(op: d.SoftmaxPVOp, rewriter, tile_tokens: int):
+    if op.mode != "prefill":
         return True  # decode: left for decode-split-kv
-    scores, v, v_scale = op.operands
-    query_tokens = d.query_tokens_of(op)
+    scores, v, v_scale = op.scores, op.v, op.v_scale
+    query_tokens = op.query_tokens
     batch, kv_heads, rows, tokens = d.shape_of(scores)
     head_dim = d.shape_of(v)[-1]
     tiles = -(-tokens // tile_tokens)

@@ -27,9 +27,8 @@ from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 
 
-def to_mmac_tiles(op, rewriter, model_name: str):
-    wq, sw, v = op.operands
-    groups = d.groups_of(op)
+def to_mmac_tiles(op: d.GroupedPVOp, rewriter, model_name: str):
+    wq, sw, v, groups = op.wq, op.sw, op.v, op.groups
     instruction = fragment_model(model_name).instruction
     if groups.shape[1] != instruction.k:
         raise DiagnosticError(

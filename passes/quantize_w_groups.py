@@ -30,8 +30,8 @@ from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 
 
-def quantize_groups(op, rewriter, model_name: str, scale_groups: str):
-    w, v = op.operands
+def quantize_groups(op: d.FoldedPVOp, rewriter, model_name: str, scale_groups: str):
+    w, v = op.w, op.v
     block_tokens = d.shape_of(w)[-1]
     model = fragment_model(model_name)
     try:

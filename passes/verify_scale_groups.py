@@ -29,14 +29,13 @@ from int8attn.support.ir import walk
 from int8attn.fragments import fragment_model, format_token_set
 
 
-def _producer(value: ir.Value, consumer, what: str):
+def _producer(value: ir.Value, consumer, what: str) -> d.GroupQuantizeOp:
     owner = value.owner
-    op = owner.operation if isinstance(owner, ir.OpView) else None
-    if op is None or op.name != d.GROUP_QUANTIZE:
+    if not isinstance(owner, d.GroupQuantizeOp):
         raise DiagnosticError(consumer.location, f"cannot prove the W scale groups of "
                               f"'{consumer.name}': its {what} is not produced by "
                               f"'{d.GROUP_QUANTIZE}'")
-    return op
+    return owner
 
 
 def _first_mismatch(left: np.ndarray, right: np.ndarray, as_sets: bool) -> int | None:
@@ -47,24 +46,25 @@ def _first_mismatch(left: np.ndarray, right: np.ndarray, as_sets: bool) -> int |
     return None
 
 
-def _check_consumer(consumer) -> None:
-    quantize = _producer(consumer.operands[0], consumer, "Wq operand")
-    if consumer.name == d.GROUPED_PV:
-        scales = _producer(consumer.operands[1], consumer, "sW operand")
-        if scales != quantize or consumer.operands[1].result_number != 1:
+def _check_consumer(consumer: d.GroupedPVOp | d.MMACTilesOp) -> None:
+    quantize = _producer(consumer.wq, consumer, "Wq operand")
+    if isinstance(consumer, d.GroupedPVOp):
+        scales = _producer(consumer.sw, consumer, "sW operand")
+        if scales.operation != quantize.operation or consumer.sw.result_number != 1:
             raise DiagnosticError(consumer.location, f"'{consumer.name}' op takes Wq and sW "
                                   f"from different '{d.GROUP_QUANTIZE}' ops")
-    groups = d.groups_of(quantize)
-    consumed = d.groups_of(consumer)
+    groups = quantize.groups
+    consumed = consumer.groups
+    scale_groups = quantize.scale_groups
     distinct = format_location(consumer.location) != format_location(quantize.location)
     here = (f"consumer at {format_location(consumer.location)}; " if distinct else "")
 
-    g = _first_mismatch(d.scale_groups_of(quantize), groups, as_sets=True)
+    g = _first_mismatch(scale_groups, groups, as_sets=True)
     if g is not None:
         raise DiagnosticError(
             quantize.location,
             f"W scale of group {g} is computed over tokens "
-            f"{format_token_set(d.scale_groups_of(quantize)[g])} but the MMAC consuming its "
+            f"{format_token_set(scale_groups[g])} but the MMAC consuming its "
             f"quantized values reads tokens {format_token_set(groups[g])}",
             (f"{here}scales must come from the token set the MMAC really consumes",))
     g = _first_mismatch(groups, consumed, as_sets=False)
@@ -74,9 +74,9 @@ def _check_consumer(consumer) -> None:
             f"'{consumer.name}' op pairs quantized W group {g} (tokens "
             f"{format_token_set(groups[g])}) with V tokens {format_token_set(consumed[g])}",
             (f"Wq produced at {format_location(quantize.location)}",) if distinct else ())
-    if consumer.name == d.MMAC_TILES:
-        model_name = ir.StringAttr(consumer.attributes["fragment_model"]).value
-        real = fragment_model(model_name).token_groups(d.shape_of(consumer.operands[1])[3])
+    if isinstance(consumer, d.MMACTilesOp):
+        model_name = consumer.fragment_model
+        real = fragment_model(model_name).token_groups(d.shape_of(consumer.v)[3])
         g = _first_mismatch(consumed, real, as_sets=False)
         if g is not None:
             raise DiagnosticError(
@@ -94,5 +94,6 @@ class VerifyScaleGroups:
 
     def run(self, module: ir.Operation) -> None:
         for op in list(walk(module)):
-            if op.name in (d.GROUPED_PV, d.MMAC_TILES):
-                _check_consumer(op)
+            view = op.opview
+            if isinstance(view, (d.GroupedPVOp, d.MMACTilesOp)):
+                _check_consumer(view)

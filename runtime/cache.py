@@ -1,7 +1,7 @@
 """Content-addressed cache of compiled modules.
 
-The key covers the source text, every compile option, the IREE compiler
-version and int8attn's own sources, so a hit is always the module the same
+The key covers the source text, every compile option, the IREE compiler and
+runtime versions and every source file of every int8attn package (recursively), so a hit is always the module the same
 compile would produce. Entries are written atomically (temp file + rename) and
 carry the vmfb's sha256: a damaged entry is a miss, never a broken module.
 """
@@ -25,6 +25,35 @@ def default_cache_dir() -> Path:
     return Path(base) / "int8attn"
 
 
+PACKAGES = ("int8attn", "dialects", "driver", "fragments", "kernels", "passes", "pipelines",
+            "reference", "runtime", "simulator", "support")
+
+
+def project_source_roots() -> list[Path]:
+    """The folders of every int8attn package (each shapes what a compile produces)."""
+    import importlib
+
+    roots = []
+    for name in PACKAGES:
+        module = importlib.import_module("int8attn" if name == "int8attn" else f"int8attn.{name}")
+        roots.append(Path(module.__file__).parent)
+    return roots
+
+
+def source_fingerprint(roots) -> str:
+    """sha256 over every .py file under `roots`, recursively, with its relative path."""
+    digest = hashlib.sha256()
+    for root in roots:
+        root = Path(root)
+        for path in sorted(root.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            digest.update(f"{root.name}/{path.relative_to(root).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
 @lru_cache(maxsize=1)
 def _toolchain_fingerprint() -> str:
     digest = hashlib.sha256()
@@ -33,12 +62,7 @@ def _toolchain_fingerprint() -> str:
             digest.update(f"{dist}={metadata.version(dist)};".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{dist}=?;".encode())
-    import importlib
-
-    for package in ("int8attn", "int8attn.dialects", "int8attn.passes", "int8attn.pipelines"):
-        root = Path(importlib.import_module(package).__file__).parent
-        for path in sorted(root.glob("*.py")):
-            digest.update(path.read_bytes())
+    digest.update(source_fingerprint(project_source_roots()).encode())
     return digest.hexdigest()
 
 

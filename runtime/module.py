@@ -34,6 +34,36 @@ class TensorSpec:
         return "tensor<" + "x".join(map(str, self.shape)) + f"x{self.element}>"
 
 
+def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray]:
+    """Arrays as the function takes them: count, dtype and shape, each named.
+
+    `names` (argument index -> a name such as 'q') makes the messages clearer.
+    """
+    names = names or {}
+    label = lambda i: f"argument {i} (arg{i}{', ' + names[i] if i in names else ''})"
+    if len(arrays) != len(specs):
+        detail = (", ".join(f"{label(i)}: {specs[i].describe()}"
+                            for i in range(len(arrays), len(specs))))
+        what = f"missing {detail}" if len(arrays) < len(specs) else \
+            f"{len(arrays) - len(specs)} too many"
+        raise InputError(f"@{function} takes {len(specs)} arguments, got {len(arrays)}: {what}")
+    checked = []
+    for i, (array, spec) in enumerate(zip(arrays, specs)):
+        array = np.asarray(array)
+        dtype = NUMPY_DTYPES.get(spec.element)
+        if dtype is None:
+            raise InputError(f"{label(i)} of @{function} has element type {spec.element}, "
+                             f"which the runner cannot pass from numpy")
+        if array.dtype != dtype:
+            raise InputError(f"{label(i)} of @{function} must be {np.dtype(dtype)} for "
+                             f"{spec.describe()}, got {array.dtype}")
+        if tuple(array.shape) != spec.shape:
+            raise InputError(f"{label(i)} of @{function} must have shape {list(spec.shape)} "
+                             f"for {spec.describe()}, got {list(array.shape)}")
+        checked.append(np.ascontiguousarray(array))
+    return checked
+
+
 class LoadedModule:
     """One vmfb in its own runtime context on `driver` (default: local-task CPU)."""
 
@@ -66,26 +96,7 @@ class LoadedModule:
             raise StageError(f"IREE runtime ({what})", message, shlex.join(command)) from None
 
     def check_arguments(self, function: str, arrays) -> list[np.ndarray]:
-        specs = self.signatures[function]
-        if len(arrays) != len(specs):
-            raise InputError(f"@{function} takes {len(specs)} arguments "
-                             f"({', '.join(s.describe() for s in specs)}), got {len(arrays)}")
-        checked = []
-        for i, (array, spec) in enumerate(zip(arrays, specs)):
-            array = np.asarray(array)
-            dtype = NUMPY_DTYPES.get(spec.element)
-            if dtype is None:
-                raise InputError(f"argument {i} of @{function} has element type "
-                                 f"{spec.element}, which the runner cannot pass from numpy")
-            if array.dtype != dtype:
-                raise InputError(f"argument {i} (arg{i}) of @{function} must be {np.dtype(dtype)} "
-                                 f"for {spec.describe()}, got {array.dtype}")
-            if tuple(array.shape) != spec.shape:
-                raise InputError(f"argument {i} (arg{i}) of @{function} must have shape "
-                                 f"{list(spec.shape)} for {spec.describe()}, got "
-                                 f"{list(array.shape)}")
-            checked.append(np.ascontiguousarray(array))
-        return checked
+        return check_signature(function, self.signatures[function], arrays)
 
     def time_calls(self, function: str, arrays, iterations: int = 20, warmup: int = 3) -> list[float]:
         """Seconds per call with the arguments already on the device."""

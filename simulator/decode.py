@@ -13,9 +13,9 @@ from iree.compiler import ir
 from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeShape,
                                      build_decode_kernels)
-from int8attn.pipelines.compile import new_context
 from int8attn.reference.common import pad_tokens, quantize
 from int8attn.simulator.run import run_executable
+from int8attn.support.ir import new_context
 
 
 def host_buffers(q, k, k_scale, v, v_scale, padded: int):
@@ -49,11 +49,29 @@ def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: 
     with new_context(), ir.Location.unknown():
         built = kernels or build_decode_kernels(shape, fragments or fragment_model(target), target,
                                                 pv)
-        inputs = host_buffers(q, k, k_scale, v, v_scale, built.padded_tokens)
-        parts = (batch, kv_heads, built.partitions, ROWS)
-        o_part = np.zeros(parts + (head_dim,), np.float32)
-        m_part, l_part = np.zeros(parts, np.float32), np.zeros(parts, np.float32)
-        run_executable(built.module, PARTITION_KERNEL, inputs + [o_part, m_part, l_part])
-        out = np.zeros((batch, kv_heads, ROWS, head_dim), np.float32)
-        run_executable(built.module, MERGE_KERNEL, [o_part, m_part, l_part, out])
-    return out[:, :, :shape.rows].reshape(batch, q_heads, head_dim)
+        return run_decode_kernels(built.module, built.partitions, built.padded_tokens,
+                                  q, k, k_scale, v, v_scale)
+
+
+def run_decode_kernels(module: ir.Operation, partitions: int, padded_tokens: int,
+                       q, k, k_scale, v, v_scale) -> np.ndarray:
+    """Run the partition and merge executables of a kernel module on the arrays."""
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    inputs = host_buffers(q, k, k_scale, v, v_scale, padded_tokens)
+    parts = (batch, kv_heads, partitions, ROWS)
+    o_part = np.zeros(parts + (head_dim,), np.float32)
+    m_part, l_part = np.zeros(parts, np.float32), np.zeros(parts, np.float32)
+    run_executable(module, PARTITION_KERNEL, inputs + [o_part, m_part, l_part])
+    out = np.zeros((batch, kv_heads, ROWS, head_dim), np.float32)
+    run_executable(module, MERGE_KERNEL, [o_part, m_part, l_part, out])
+    return out[:, :, :q_heads // kv_heads].reshape(batch, q_heads, head_dim)
+
+
+def simulate_kernel_ir(kernel_ir: str, layout: dict, arrays) -> np.ndarray:
+    """The driver's `kernel` artifact (MLIR text) run in the simulator on the
+    function's arguments (q, k, k_scale, v, v_scale)."""
+    with new_context():
+        module = ir.Operation.parse(kernel_ir)
+        return run_decode_kernels(module, layout["partitions"], layout["padded_tokens"],
+                                  *arrays)

@@ -1,5 +1,5 @@
-// RUN: int8attn compile %s --target gfx936 --emit mlir -o - | filecheck %s
-// RUN: int8attn compile %s --target gfx942 --emit mlir -o - | filecheck %s --check-prefix=GFX942
+// RUN: int8attn compile %s --target gfx936 --emit kernel -o - | filecheck %s
+// RUN: int8attn compile %s --target gfx942 --emit kernel -o - | filecheck %s --check-prefix=GFX942
 
 // Decode, 32 query heads over 8 KV heads, D = 128, 4096 tokens (16 partitions).
 // Per wave: QK = 4 token blocks x 4 K steps, PV = 2 MMACs x 8 head-dim tiles.
@@ -25,13 +25,13 @@
 // ABSMAX-NEXT: %[[S32:.*]], %{{.*}} = gpu.shuffle xor %[[M16]], %c32_i32, %c64_i32 : f32
 // ABSMAX-NEXT: arith.maximumf %[[M16]], %[[S32]] : f32
 // ABSMAX-NOT: gpu.shuffle xor %{{.*}}, %c1_i32
-// RUN: int8attn compile %s --target gfx936 --emit mlir -o - | filecheck %s --check-prefix=ABSMAX
+// RUN: int8attn compile %s --target gfx936 --emit kernel -o - | filecheck %s --check-prefix=ABSMAX
 
 // V is read 16 bytes per lane from the token-innermost cache [B, Hkv, D, S].
 // VLOAD: func.func @decode_partition
 // VLOAD-COUNT-8: vector.load %{{.*}} : memref<1x8x128x4096xi8>, vector<16xi8>
 // VLOAD-NOT: vector<8xi8> from memref<1x8x128x4096xi8>
-// RUN: int8attn compile %s --target gfx936 --emit mlir -o - | filecheck %s --check-prefix=VLOAD
+// RUN: int8attn compile %s --target gfx936 --emit kernel -o - | filecheck %s --check-prefix=VLOAD
 
 // gfx942: same generator, MFMA C layout: the absmax reduces over lane bits
 // 1, 2, 4 (lanes sharing a row and a group), and PV is amdgpu.mfma.

@@ -10,11 +10,11 @@
 // UNKNOWN: usage: int8attn-opt
 // UNKNOWN: error: unknown pass 'no-such-pass' in pipeline. int8attn passes: decode-split-kv, float-pv, fold-v-scale, int8-qk, lower-mmac-tiles, lower-quantize, prefill-online-softmax, pv-to-mmac, quantize-w-groups
 
-// OPTION: error: pv must be one of int8, bf16, f32, got 'int4'
-// INTEGER: error: option 'tile-tokens' expects int, got '64x'
-// PIPELINE: error: unknown pipeline 'no-such-pipeline'; known pipelines: int8attn-to-linalg
+// OPTION: error: option 'pv' expects one of int8, bf16, f32, got 'int4'
+// INTEGER: error: option 'tile-tokens' expects an integer, got '64x'
+// PIPELINE: error: unknown pipeline 'no-such-pipeline'; known pipelines: int8attn-to-algorithm, int8attn-to-linalg
 // POSITIVE: usage: int8attn-opt
-// POSITIVE: error: partition-tokens must be positive, got 0
+// POSITIVE: error: option 'partition-tokens' must be at least 1, got 0
 // With pv=int8 a block must be whole 64-token waves (the float baselines take any size).
 // WAVES: error: tile-tokens=48 with pv=int8: a block of 48 tokens is not a whole number of 64-token waves (gfx936)
 // UPSTREAM: error: IREE pass 'canonicalize': no such option bogus

@@ -26,22 +26,22 @@
 
 // STAGES: IR Dump After int8-qk
 // STAGES: "int8attn.softmax_pv"
-// STAGES: IR Dump After decode-split-kv{partition_tokens=256}
+// STAGES: IR Dump After decode-split-kv{partition-tokens=256}
 // STAGES: "int8attn.pv"
-// STAGES: IR Dump After prefill-online-softmax{tile_tokens=64}
+// STAGES: IR Dump After prefill-online-softmax{tile-tokens=64}
 // STAGES: IR Dump After fold-v-scale
 // STAGES: "int8attn.folded_pv"
-// STAGES: IR Dump After quantize-w-groups{target=gfx936 scale_groups=fragment}
+// STAGES: IR Dump After quantize-w-groups{fragment-model=gfx936 scale-groups=fragment}
 // STAGES: "int8attn.group_quantize"
 // STAGES: "int8attn.grouped_pv"
 // STAGES: IR Dump After verify-scale-groups
-// STAGES: IR Dump After pv-to-mmac{target=gfx936}
+// STAGES: IR Dump After pv-to-mmac{fragment-model=gfx936}
 // STAGES: "int8attn.mmac_tiles"
 // STAGES: IR Dump After verify-scale-groups
 // STAGES: IR Dump After lower-mmac-tiles
 // STAGES: IR Dump After lower-quantize
-// STAGES: IR Dump After canonicalize
-// STAGES: IR Dump After cse
+// STAGES: IR Dump After CanonicalizerPass
+// STAGES: IR Dump After CSEPass
 func.func @decode(%q: tensor<1x8x64xf32>, %k: tensor<1x2x300x64xi8>, %ks: tensor<1x2x300xf32>, %v: tensor<1x2x300x64xi8>, %vs: tensor<1x2x300xf32>) -> tensor<1x8x64xf32> {
   %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.125 : f32} : (tensor<1x8x64xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x8x64xf32>
   return %o : tensor<1x8x64xf32>

@@ -1,0 +1,64 @@
+"""`compile(source, options, until=STAGE)`: the one driver.
+
+The CLI, the Python API, the bench and the simulator all compile through
+here: the target's row of the stage table (`driver.targets`) gives the chain,
+each stage's artifact is kept, and `save_stages` writes every artifact as it
+is made (`00-graph.mlir`, `01-algorithm.mlir`, ...), so a stage that fails can
+be reproduced from the saved input of that stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from int8attn.driver.graph import FunctionInfo
+from int8attn.driver.options import CompileOptions
+from int8attn.driver.stages import Compilation
+from int8attn.driver.targets import TARGETS
+from int8attn.support.files import write_atomic
+from int8attn.support.ir import new_context
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What a compile produced: every stage's artifact, in chain order."""
+
+    options: CompileOptions
+    artifacts: dict[str, str | bytes]
+    functions: dict[str, FunctionInfo]
+    timings: dict[str, float]
+    kernel_layout: dict | None
+
+    @property
+    def last(self) -> str | bytes:
+        return list(self.artifacts.values())[-1]
+
+
+def compile(source: str, options: CompileOptions, *, filename: str = "<string>",
+            until: str | None = None, save_stages: str | Path | None = None,
+            print_ir_after_all: bool = False,
+            progress: Callable[[str], None] | None = None) -> Compiled:
+    """Run the target's chain up to `until` (default: the target's main artifact)."""
+    target = TARGETS[options.target]
+    options = target.check(options)
+    chain = target.chain(until)
+    directory = Path(save_stages) if save_stages is not None else None
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+    with new_context():
+        c = Compilation(source, filename, options, target,
+                        print_ir_after_all=print_ir_after_all)
+        for number, stage in enumerate(chain):
+            if progress is not None:
+                progress(f"{stage.name}: {stage.summary}")
+            start = time.perf_counter()
+            artifact = stage.make(c)
+            c.timings[stage.name] = time.perf_counter() - start
+            c.artifacts[stage.name] = artifact
+            if directory is not None:
+                write_atomic(directory / f"{number:02d}-{stage.name}{stage.suffix}", artifact)
+    return Compiled(options, dict(c.artifacts), dict(c.functions), dict(c.timings),
+                    c.kernel_layout)

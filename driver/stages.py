@@ -1,0 +1,189 @@
+"""The stages a target's chain is made of: `make_<stage>(compilation)`.
+
+Each stage reads the `Compilation` (the IR so far, the options, the artifacts
+of earlier stages) and returns its own artifact: MLIR text for IR stages,
+bytes for a module, assembly text. Which stages a target runs, in which
+order, is its row of the table in `driver.targets`; nothing here branches on
+a target's name.
+
+A failure inside a stage is located (`DiagnosticError`, `file:line:col`) where
+the IR has a location, or a `StageError` with a command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+
+from iree.compiler import ir
+from iree.compiler.tools import CompilerToolError, compile_str
+
+from int8attn.dialects.int8attn import ATTENTION, verify
+from int8attn.driver.graph import FunctionInfo, describe_functions
+from int8attn.driver.options import CompileOptions
+from int8attn.pipelines import algorithm_to_linalg, to_algorithm
+from int8attn.pipelines.manager import UpstreamPass, run_passes
+from int8attn.support.diagnostics import DiagnosticError, StageError, save_for_repro
+from int8attn.support.ir import NAMESPACE, parse_module, walk
+
+
+@dataclass
+class Compilation:
+    """The state one compile carries from stage to stage (inside one context)."""
+
+    source: str
+    filename: str
+    options: CompileOptions
+    target: "object"                       # the driver.targets.Target row
+    module: ir.Operation | None = None     # the IR of the latest IR stage
+    functions: dict[str, FunctionInfo] = field(default_factory=dict)
+    artifacts: dict[str, str | bytes] = field(default_factory=dict)
+    kernel_layout: dict | None = None      # what a kernel's host side must pass it
+    assembly: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    print_ir_after_all: bool = False
+
+    def last_ir(self) -> str:
+        """The text of the latest IR artifact (the input of a module stage)."""
+        return next(a for a in reversed(self.artifacts.values()) if isinstance(a, str))
+
+
+def make_graph(c: Compilation) -> str:
+    """Parse, reject foreign ops, run every int8attn op verifier, read the signatures."""
+    c.module = parse_module(c.source, c.filename)
+    verify(c.module)
+    c.functions = describe_functions(c.module)
+    if not c.functions:
+        raise DiagnosticError(c.module.location, "the graph has no public func.func to "
+                              "compile (e.g. func.func @decode(...) returning an "
+                              "int8attn.attention)")
+    _refuse_unused_arguments(c)
+    return str(c.module)
+
+
+def _refuse_unused_arguments(c: Compilation) -> None:
+    # An argument nothing reads is a caller's mistake (a cache passed twice,
+    # a stale operand): say so instead of compiling a function that ignores it.
+    for op in c.module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "func.func" or "sym_visibility" in op.attributes:
+            continue
+        for argument in op.regions[0].blocks[0].arguments:
+            if not list(argument.uses):
+                name = ir.StringAttr(op.attributes["sym_name"]).value
+                raise DiagnosticError(op.location, f"argument {argument.arg_number} of "
+                                      f"@{name} ({argument.type}) is not used; remove it "
+                                      f"from the signature")
+
+
+def make_algorithm(c: Compilation) -> str:
+    """The tensor-level algorithm: INT8 QK, partitions / online softmax, verified W groups."""
+    run_passes(c.module, to_algorithm(c.options.pipeline_options()),
+               print_ir_after_all=c.print_ir_after_all)
+    return str(c.module)
+
+
+def make_linalg(c: Compilation) -> str:
+    """The algorithm's ops lowered to linalg/arith/math; no int8attn op may be left."""
+    run_passes(c.module, algorithm_to_linalg(c.options.pipeline_options()),
+               print_ir_after_all=c.print_ir_after_all)
+    for op in walk(c.module):
+        if op.name.startswith(NAMESPACE):
+            raise DiagnosticError(op.location, f"'{op.name}' was not lowered by the pipeline")
+    return str(c.module)
+
+
+def make_kernel(c: Compilation) -> str:
+    """The lane-level decode kernels and the host function that dispatches them."""
+    from int8attn.fragments import fragment_model
+    from int8attn.kernels.decode import DecodeShape, build_decode_kernels
+    from int8attn.kernels.host import build_host_function
+    from int8attn.passes import LowerQuantize
+
+    info, attention = _kernel_entry(c)
+    call = info.attention
+    q_spec = info.arguments[call.argument_of[0]]
+    batch, kv_heads, tokens, head_dim = info.arguments[call.argument_of[1]].shape
+    shape = DecodeShape(batch, kv_heads, q_spec.shape[1] // kv_heads, tokens, head_dim,
+                        call.softmax_scale)
+    target = c.options.target
+    with attention.location:
+        try:
+            kernels = build_decode_kernels(shape, fragment_model(target), target, c.options.pv)
+        except (ValueError, KeyError) as error:
+            raise DiagnosticError(attention.location, f"the {target} decode kernel: "
+                                  + str(error).strip("'")) from None
+        with ir.InsertionPoint(kernels.module.regions[0].blocks[0]):
+            build_host_function(kernels, info.name, ir.Type.parse(
+                f"tensor<{'x'.join(map(str, q_spec.shape))}x{q_spec.element}>"),
+                v_token_innermost=c.options.v_token_innermost)
+        run_passes(kernels.module, [LowerQuantize(), UpstreamPass("canonicalize")])
+    c.module = kernels.module
+    c.kernel_layout = {"function": info.name, "partitions": kernels.partitions,
+                       "padded_tokens": kernels.padded_tokens}
+    if c.options.v_token_innermost:
+        c.functions = describe_functions(c.module)
+    return str(c.module)
+
+
+def _kernel_entry(c: Compilation):
+    infos = {n: i for n, i in c.functions.items() if i.attention is not None}
+    if len(infos) != 1 or len(c.functions) != 1:
+        raise DiagnosticError(c.module.location, f"--target {c.options.target} compiles one "
+                              f"public function that returns an int8attn.attention of its "
+                              f"arguments; this graph has {len(c.functions)} public "
+                              f"function(s), {len(infos)} of them such")
+    info = next(iter(infos.values()))
+    attention = next(op for op in walk(c.module) if op.name == ATTENTION)
+    if info.attention.mode != "decode":
+        raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover "
+                              f"decode; mode = \"{info.attention.mode}\" compiles with "
+                              f"--target cpu")
+    if info.attention.argument_of != (0, 1, 2, 3, 4):
+        raise DiagnosticError(attention.location, "the kernel host function expects the "
+                              "attention operands as arguments 0..4 in order (q, k, "
+                              "k_scale, v, v_scale)")
+    return info, attention
+
+
+def make_vmfb(c: Compilation) -> bytes:
+    """IREE compiles the latest IR for the target's HAL device (and keeps its assembly)."""
+    vmfb, c.assembly = iree_compile(c.last_ir(), c.target)
+    return vmfb
+
+
+def iree_compile(source: str, target) -> tuple[bytes, str | None]:
+    """(vmfb, device assembly or None): `iree-compile` with the target row's flags."""
+    flags = list(target.iree_flags)
+    with tempfile.TemporaryDirectory(prefix="int8attn-dump-") as dump:
+        dumps = ([f"--iree-hal-dump-executable-intermediates-to={dump}",
+                  f"--iree-hal-dump-executable-binaries-to={dump}"]
+                 if target.assembly_glob else [])
+        try:
+            vmfb = compile_str(source, extra_args=flags + dumps)
+        except CompilerToolError as error:
+            saved = save_for_repro({"input.mlir": source})
+            command = shlex.join(["iree-compile", str(saved / "input.mlir"), *flags,
+                                  "-o", str(saved / "out.vmfb")])
+            raise StageError(f"IREE {target.name} compilation (iree-compile)",
+                             compiler_messages(str(error)), command) from None
+        if not target.assembly_glob:
+            return vmfb, None
+        return vmfb, "\n".join(open(path).read() for path in
+                               sorted(glob.glob(f"{dump}/{target.assembly_glob}")))
+
+
+def make_assembly(c: Compilation) -> str:
+    """The device assembly IREE produced in the vmfb stage (AMDGPU ISA or PTX)."""
+    return c.assembly or ""
+
+
+def compiler_messages(text: str, lines: int = 12) -> str:
+    """The compiler's own messages: no invocation, temp-file hints or stack frames."""
+    body = text.split("Diagnostics:", 1)[-1].split("Invoked with:", 1)[0]
+    kept = [line for line in body.strip().splitlines()
+            if line.strip() and not re.match(r"\s*#\d+ 0x", line)]
+    return "\n".join(kept[:lines]) or text.strip()

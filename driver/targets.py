@@ -1,0 +1,167 @@
+"""What `--target` does: one row per target, its named stages in order.
+
+    cpu     graph -> algorithm -> linalg -> vmfb          runs on IREE local-task
+    gfx936  graph -> kernel                               lane simulator only
+    gfx942  graph -> kernel -> vmfb -> isa                simulator; IREE hip
+    cuda    graph -> kernel -> vmfb -> ptx                simulator; IREE cuda
+
+Every chain starts with `graph` (parse, the int8attn op verifiers, the
+signatures), so every target rejects a malformed graph the same way; inputs
+are checked once, before any call, in `driver.graph.check_arguments`. A
+target also says which option values it accepts: an option that does not
+apply is refused with the reason, never ignored. Adding a target adds a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from int8attn.driver import stages
+from int8attn.driver.options import TARGET_NAMES, CompileOptions
+from int8attn.fragments import fragment_model
+from int8attn.support.options import kebab
+
+
+class OptionRefused(ValueError):
+    """An option value that the chosen target does not offer."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    make: Callable[[stages.Compilation], str | bytes]
+    suffix: str
+
+    @property
+    def summary(self) -> str:
+        return (self.make.__doc__ or "").strip().splitlines()[0]
+
+
+GRAPH = Stage("graph", stages.make_graph, ".mlir")
+ALGORITHM = Stage("algorithm", stages.make_algorithm, ".mlir")
+LINALG = Stage("linalg", stages.make_linalg, ".mlir")
+KERNEL = Stage("kernel", stages.make_kernel, ".mlir")
+VMFB = Stage("vmfb", stages.make_vmfb, ".vmfb")
+ISA = Stage("isa", stages.make_assembly, ".s")
+PTX = Stage("ptx", stages.make_assembly, ".ptx")
+
+
+def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], bool], str]]:
+    """Options a lane-kernel target refuses: (is the value refused?, why)."""
+    model = fragment_model(target)
+    return {
+        "fragment_model": (lambda o: o.fragment_model not in (None, target),
+                           f"--target {target} generates its kernels from its own fragment "
+                           f"model ({target}); --fragment-model chooses the W groups of "
+                           f"--target cpu"),
+        "scale_groups": (lambda o: o.scale_groups != "fragment",
+                         "the lane kernels compute each W scale in the lanes that feed its "
+                         "MMAC, so their groups are the MMAC's token sets by construction; "
+                         "measure the seed's contiguous groups with --target cpu"),
+        "verify": (lambda o: not o.verify,
+                   "--no-verify only lets --scale-groups contiguous past the verifier, which "
+                   "only --target cpu offers"),
+        "partition_tokens": (lambda o: o.partition_tokens != model.partition_tokens,
+                             f"the decode kernels' partition is fixed by the fragment model: "
+                             f"{model.waves_per_partition} waves of {model.wave_tokens} "
+                             f"tokens = {model.partition_tokens}"),
+        "tile_tokens": (lambda o: o.tile_tokens != CompileOptions.tile_tokens,
+                        "tile-tokens is the prefill KV tile of --target cpu; the kernels "
+                        "cover decode"),
+    }
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    summary: str
+    stages: tuple[Stage, ...]
+    default_emit: str
+    pv: tuple[str, ...]                     # PV precisions it has kernels / passes for
+    runtime_driver: str | None              # IREE HAL driver that runs its vmfb
+    simulates: bool                         # its kernels run in the lane simulator
+    iree_flags: tuple[str, ...] = ()
+    assembly_glob: str | None = None
+    refusals: Mapping[str, tuple[Callable[[CompileOptions], bool], str]] = \
+        dataclasses.field(default_factory=dict)
+
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def chain(self, until: str | None = None) -> tuple[Stage, ...]:
+        """The stages up to and including `until` (default: `default_emit`)."""
+        until = until or self.default_emit
+        names = self.stage_names()
+        if until not in names:
+            raise OptionRefused(f"--target {self.name} has the stages {', '.join(names)}; "
+                                f"there is no '{until}' to emit")
+        return self.stages[:names.index(until) + 1]
+
+    def check(self, options: CompileOptions) -> CompileOptions:
+        """Refuse what does not apply; return the options with defaults resolved."""
+        if options.pv not in self.pv:
+            raise OptionRefused(f"--pv {options.pv} does not apply to --target {self.name}: "
+                                f"it has {' and '.join(self.pv)} PV")
+        for name, (refused, why) in self.refusals.items():
+            if refused(options):
+                value = getattr(options, name)
+                flag = f"--{kebab(name)}" if not isinstance(value, bool) else \
+                    ("--no-verify" if name == "verify" else f"--{kebab(name)}")
+                shown = "" if isinstance(value, bool) else f" {value}"
+                raise OptionRefused(f"{flag}{shown} does not apply to --target {self.name}: "
+                                    f"{why}")
+        return options.resolved()
+
+
+_KERNEL_FLAGS = (
+    # Binding fusion packs the partition outputs into one buffer, and its offsets
+    # do not reach the hand-written kernel's subspans (seen on an H200: the
+    # outputs landed on top of each other).
+    "--iree-scheduling-optimize-bindings=false",
+)
+_CPU_ONLY = {"v_token_innermost": (lambda o: o.v_token_innermost,
+                                   "V layouts are a kernel-target choice")}
+
+TARGETS: dict[str, Target] = {
+    "cpu": Target(
+        "cpu", "the tensor-level pipeline compiled by IREE llvm-cpu (runs here)",
+        (GRAPH, ALGORITHM, LINALG, VMFB), "vmfb", ("int8", "bf16", "f32"), "local-task", False,
+        ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+         "--iree-llvmcpu-target-cpu=host"),
+        refusals=_CPU_ONLY),
+    "gfx936": Target(
+        "gfx936", "lane-level decode kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
+        "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",
+        (GRAPH, KERNEL), "kernel", ("int8",), None, True,
+        refusals=_kernel_refusals("gfx936")),
+    "gfx942": Target(
+        "gfx942", "lane-level decode kernels on v_mfma_i32_16x16x32_i8 through IREE's ROCm "
+        "backend",
+        (GRAPH, KERNEL, VMFB, ISA), "vmfb", ("int8",), "hip", True,
+        ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942", *_KERNEL_FLAGS),
+        "*.rocmasm", refusals=_kernel_refusals("gfx942")),
+    "cuda": Target(
+        "cuda", "lane-level decode kernels on mma.sync.m16n8k32.s8 through IREE's CUDA "
+        "backend (sm_80 PTX; the driver JITs it on newer GPUs)",
+        (GRAPH, KERNEL, VMFB, PTX), "vmfb", ("int8", "bf16"), "cuda", True,
+        ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80", *_KERNEL_FLAGS),
+        "*.ptx", refusals=_kernel_refusals("cuda")),
+}
+
+STAGE_NAMES = tuple(dict.fromkeys(s.name for t in TARGETS.values() for s in t.stages))
+
+
+def describe() -> str:
+    """The table as text (for `int8attn targets` and the README)."""
+    lines = []
+    for t in TARGETS.values():
+        lines.append(f"{t.name:7} {' -> '.join(t.stage_names())}")
+        lines.append(f"        {t.summary}")
+        runs = ([f"IREE {t.runtime_driver}"] if t.runtime_driver else []) + \
+            (["the lane simulator (--simulate)"] if t.simulates else [])
+        lines.append(f"        pv: {', '.join(t.pv)}; runs on: {' or '.join(runs)}")
+    return "\n".join(lines)
+
+assert tuple(TARGETS) == TARGET_NAMES

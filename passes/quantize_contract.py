@@ -1,0 +1,83 @@
+"""The quantization contract (DESIGN.md section 2) as scalar f32 IR, one definition.
+
+    a   = max_j |x_j|                       absmax_step / absmax_merge (NaN propagates)
+    s   = a == inf ? NaN : a / 127          quantize_scale   (a NaN gives NaN / 127 = NaN)
+    inv = (a >= 2^-118 and a < inf) ? 127 / a : 0                        quantize_inverse
+    q   = fptosi(inv == 0 ? 0 : clamp(roundeven(x * inv), -127, 127))    quantize_value
+
+A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
+NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
+
+Every compiler consumer builds the contract from these functions: lower-quantize
+inside its linalg.generic bodies, the lane-level decode kernels on the per-lane
+scalars of a W group. The numpy reference (reference/common.py) stays the
+independent statement of the same rules and owns the threshold.
+
+Each function builds its ops at the current insertion point and location. The
+constants come from one `QuantizeConstants`, built once where it dominates every use
+(`quantize_constants()`, or with the caller's own constant builder, e.g. a kernel's
+cached `Lanes.f32`). The max reductions must be NaN-propagating (`arith.maximumf`,
+never `maxnumf`): a NaN anywhere in a row has to reach its absmax, and from there
+its scale. Only ordered compare predicates (oeq, oge, olt) are used.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, math
+
+from int8attn.reference.common import QUANTIZE_MIN_ABSMAX
+
+QMAX = 127.0
+
+
+class QuantizeConstants(NamedTuple):
+    qmax: ir.Value        # 127
+    qmin: ir.Value        # -127
+    zero: ir.Value
+    inf: ir.Value
+    nan: ir.Value
+    min_absmax: ir.Value  # QUANTIZE_MIN_ABSMAX = 2^-118
+
+
+def _f32(value: float) -> ir.Value:
+    return arith.constant(ir.F32Type.get(), float(value))
+
+
+def quantize_constants(f32: Callable[[float], ir.Value] = _f32) -> QuantizeConstants:
+    """The contract's f32 constants, made with `f32` (default: arith.constant here)."""
+    return QuantizeConstants(f32(QMAX), f32(-QMAX), f32(0.0), f32(float("inf")),
+                             f32(float("nan")), f32(QUANTIZE_MIN_ABSMAX))
+
+
+def absmax_step(acc: ir.Value, x: ir.Value) -> ir.Value:
+    """One element into a running absmax: max(acc, |x|), NaN-propagating."""
+    return arith.maximumf(acc, math.absf(x))
+
+
+def absmax_merge(a: ir.Value, b: ir.Value) -> ir.Value:
+    """Two partial absmaxes (e.g. across lanes) into one, NaN-propagating."""
+    return arith.maximumf(a, b)
+
+
+def quantize_scale(amax: ir.Value, c: QuantizeConstants) -> ir.Value:
+    """s = a / 127, NaN when the row held NaN (a is NaN) or Inf (a is +inf)."""
+    is_inf = arith.cmpf(arith.CmpFPredicate.OEQ, amax, c.inf)
+    return arith.select(is_inf, c.nan, arith.divf(amax, c.qmax))
+
+
+def quantize_inverse(amax: ir.Value, c: QuantizeConstants) -> ir.Value:
+    """127 / a, or 0 where the row quantizes to zero (a tiny, zero, NaN or Inf)."""
+    quantizable = arith.andi(arith.cmpf(arith.CmpFPredicate.OGE, amax, c.min_absmax),
+                             arith.cmpf(arith.CmpFPredicate.OLT, amax, c.inf))
+    return arith.select(quantizable, arith.divf(c.qmax, amax), c.zero)
+
+
+def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
+    """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0."""
+    steps = math.roundeven(arith.mulf(x, inverse))
+    clamped = arith.minimumf(arith.maximumf(steps, c.qmin), c.qmax)
+    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
+    return arith.fptosi(ir.IntegerType.get_signless(8), arith.select(skipped, c.zero, clamped))

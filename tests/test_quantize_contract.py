@@ -1,0 +1,203 @@
+"""One quantization contract (DESIGN.md section 2) in every compiler consumer.
+
+passes/quantize_contract.py builds the scalar ops that lower-quantize and the
+lane-level decode kernels share. These tests run them in the lane simulator
+against the numpy reference: the scalars on their own over the special rows
+(zero, tiny, threshold, NaN, Inf, huge, ties), and the decode kernels of every
+target with a NaN/Inf query row (its W groups are NaN), W groups that are
+exactly zero, and W groups below 2^-118.
+
+fptosi of NaN or of an out-of-range value is poison in LLVM; the simulator's
+numpy cast would hide it, so here it raises instead.
+"""
+
+import numpy as np
+import pytest
+from iree.compiler import ir
+from iree.compiler.dialects import func, memref
+
+from conftest import seeded_rng
+from int8attn import reference as ref
+from int8attn.fragments import fragment_model
+from int8attn.kernels.lanes import Lanes, binding
+from int8attn.passes import quantize_contract as contract
+from int8attn.reference.common import QUANTIZE_MIN_ABSMAX
+from int8attn.simulator import simulate_decode
+from int8attn.simulator.interpreter import DTYPES, Machine, SimulationError
+
+TARGETS = ("gfx936", "gfx942", "cuda")
+SHAPE = (1, 4, 1, 300, 32)            # B, Hq, Hkv, S, D: two partitions, the second ragged
+SCALE = SHAPE[-1] ** -0.5
+FRAGMENT_TOL = 5e-5                   # as tests/test_kernels.py
+TINY = np.float32(1e-38)              # v_scale: every W = P * sV < 2^-118
+
+
+@pytest.fixture(autouse=True)
+def strict_fptosi(monkeypatch):
+    def fptosi(self, op, operands):
+        x = np.asarray(operands[0])
+        dtype = DTYPES[str(op.result.type)]
+        info = np.iinfo(dtype)
+        bad = ~np.isfinite(x) | (np.trunc(x) < info.min) | (np.trunc(x) > info.max)
+        if bad.any():
+            raise SimulationError(f"arith.fptosi of {x[bad].ravel()[0]!r} to {dtype.__name__} "
+                                  f"(poison): {int(bad.sum())} lanes")
+        return np.trunc(x).astype(dtype)
+
+    monkeypatch.setattr(Machine, "op_arith_fptosi", fptosi)
+
+
+# the scalar contract ------------------------------------------------------------
+def special_rows(rng, width=8):
+    threshold = np.float32(QUANTIZE_MIN_ABSMAX)
+    f32max = np.finfo(np.float32).max
+    rows = [
+        rng.standard_normal(width),
+        np.zeros(width),
+        -np.zeros(width),
+        rng.uniform(-1, 1, width) * threshold,
+        np.full(width, threshold),
+        np.full(width, np.nextafter(threshold, np.float32(0))),
+        rng.uniform(-1, 1, width) * TINY,
+        np.full(width, np.float32(2.0 ** -140)),                     # subnormal
+        np.r_[rng.standard_normal(width - 1), np.nan],
+        np.r_[np.inf, rng.standard_normal(width - 1)],
+        np.r_[rng.standard_normal(width - 1), -np.inf],
+        np.r_[np.nan, np.inf, np.zeros(width - 2)],
+        np.r_[f32max, -f32max, rng.standard_normal(width - 2)],
+        np.r_[127.0, 0.5, -0.5, 1.5, -2.5, 3.5, 126.5, -126.5],     # exact ties (inv = 1)
+        rng.standard_normal(width) * 1e30,
+        rng.standard_normal(width) * 1e-30,
+    ]
+    return np.array(rows, dtype=np.float32)
+
+
+def simulate_contract(x: np.ndarray):
+    """q, s of each row of x through the contract's ops, one thread per row."""
+    rows, width = x.shape
+    threads = 1 << (rows - 1).bit_length()
+    x_pad = np.zeros((threads, width), np.float32)
+    x_pad[:rows] = x
+    q, s = np.zeros((threads, width), np.int8), np.zeros(threads, np.float32)
+    with ir.Context() as context, ir.Location.unknown():
+        context.allow_unregistered_dialects = True
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            binding_type = ir.Type.parse("!stream.binding")
+            kernel = func.FuncOp("contract", ir.FunctionType.get([binding_type] * 3, []))
+            with ir.InsertionPoint(kernel.add_entry_block()):
+                args = list(kernel.arguments)
+                lanes = Lanes(threads, threads)
+                zero = lanes.index(0)
+                xs = binding(args[0], (threads, width), "f32", zero)
+                qs = binding(args[1], (threads, width), "i8", zero)
+                ss = binding(args[2], (threads,), "f32", zero)
+                c = contract.quantize_constants(lanes.f32)
+                values = [memref.load(xs, [lanes.thread, lanes.index(j)]) for j in range(width)]
+                amax = c.zero
+                for value in values:
+                    amax = contract.absmax_step(amax, value)
+                memref.store(contract.quantize_scale(amax, c), ss, [lanes.thread])
+                inverse = contract.quantize_inverse(amax, c)
+                for j, value in enumerate(values):
+                    memref.store(contract.quantize_value(value, inverse, c), qs,
+                                 [lanes.thread, lanes.index(j)])
+                func.ReturnOp([])
+        Machine(kernel.operation, [x_pad, q, s], (1, 1, 1), threads, threads).run()
+    return q[:rows], s[:rows]
+
+
+def test_the_scalar_contract_matches_the_numpy_reference():
+    x = special_rows(seeded_rng(60))
+    q, s = simulate_contract(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q_ref, s_ref = ref.quantize(x)
+    assert np.array_equal(q, q_ref)
+    assert np.array_equal(s, s_ref, equal_nan=True)
+    # the rules themselves, not only agreement
+    nonfinite = ~np.isfinite(x).all(axis=1)
+    tiny = np.abs(x).max(axis=1) < QUANTIZE_MIN_ABSMAX
+    assert np.isnan(s[nonfinite]).all() and not q[nonfinite | tiny].any()
+    assert np.array_equal(s[tiny], np.abs(x[tiny]).max(axis=1) / np.float32(127))
+    assert np.array_equal(q[13], [127, 0, 0, 2, -2, 4, 126, -126])
+
+
+# the decode kernels -------------------------------------------------------------
+def inputs(seed):
+    batch, q_heads, kv_heads, tokens, head_dim = SHAPE
+    rng = seeded_rng(seed)
+    q = rng.standard_normal((batch, q_heads, head_dim)).astype(np.float32)
+    cache = (batch, kv_heads, tokens, head_dim)
+    k, k_scale = ref.quantize_cache(rng.standard_normal(cache).astype(np.float32))
+    v, v_scale = ref.quantize_cache(rng.standard_normal(cache).astype(np.float32))
+    return [q, k, k_scale, v, v_scale]
+
+
+def w_group_tokens(target, partition, group):
+    """The live tokens of one MMAC's W group (the fragment model's token set)."""
+    tokens = fragment_model(target).token_groups(256)[group] + 256 * partition
+    return tokens[tokens < SHAPE[3]]
+
+
+def assert_matches_reference(out, args, target):
+    with np.errstate(invalid="ignore"):
+        fragment = ref.fragment_attention(*args, SCALE, model=target)
+        slack = ref.rounding_tie_slack(*args, SCALE, model=target)
+    assert np.array_equal(np.isnan(out), np.isnan(fragment))
+    finite = ~np.isnan(fragment)
+    assert np.isfinite(out[finite]).all()
+    err = np.abs(out - fragment)[finite]
+    assert (err <= FRAGMENT_TOL + slack[finite]).all(), f"{target}: {err.max():.3e}"
+    return err.max() if err.size else 0.0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_nonfinite_q_row_is_nan_in_exactly_its_row(target, bad):
+    args = inputs(61)
+    clean = simulate_decode(*args, SCALE, target=target)
+    q = args[0].copy()
+    q[0, 2, 5] = bad                       # its sQ is NaN, so are its scores, P, W groups
+    out = simulate_decode(q, *args[1:], SCALE, target=target)
+    row = np.zeros(SHAPE[1], dtype=bool)
+    row[2] = True
+    assert np.isnan(out[0, row]).all()
+    assert np.isfinite(out[0, ~row]).all()
+    assert np.array_equal(out[0, ~row], clean[0, ~row])       # other rows: bitwise
+    err = assert_matches_reference(out, [q] + args[1:], target)
+    print(f"{target} q[0,2,5]={bad}: other rows vs fragment reference {err:.2e}")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_exactly_zero_w_groups(target):
+    args = inputs(62)
+    v_scale = args[4].copy()
+    for partition, group in ((0, 3), (0, 4), (1, 0)):      # (1, 0) is partly past S
+        v_scale[:, :, w_group_tokens(target, partition, group)] = 0
+    args[4] = v_scale
+    out = simulate_decode(*args, SCALE, target=target)
+    err = assert_matches_reference(out, args, target)
+    print(f"{target} zero W groups: vs fragment reference {err:.2e}")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_w_groups_below_the_threshold_contribute_exactly_zero(target):
+    args = inputs(63)
+    tokens = np.concatenate([w_group_tokens(target, 0, 5), w_group_tokens(target, 1, 1)])
+    tiny, zero = args[4].copy(), args[4].copy()
+    tiny[:, :, tokens], zero[:, :, tokens] = TINY, 0
+    out = simulate_decode(*args[:4], tiny, SCALE, target=target)
+    err = assert_matches_reference(out, args[:4] + [tiny], target)
+    # Wq = 0 for a tiny group: the same output as an exactly zero group, bitwise
+    assert np.array_equal(out, simulate_decode(*args[:4], zero, SCALE, target=target))
+    print(f"{target} tiny W groups: vs fragment reference {err:.2e}")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_all_w_below_the_threshold_gives_exact_zeros(target):
+    args = inputs(64)
+    tiny = np.full_like(args[4], TINY)
+    out = simulate_decode(*args[:4], tiny, SCALE, target=target)
+    assert np.array_equal(ref.fragment_attention(*args[:4], tiny, SCALE, model=target),
+                          np.zeros_like(out))
+    assert not out.any() and not np.signbit(out).any(), f"{target}: max {np.abs(out).max():.3e}"
