@@ -30,6 +30,8 @@ class CompileOptions(PipelineOptions):
     target: TargetName = option(
         "cpu", "what to compile for: cpu (tensor-level pipeline on IREE llvm-cpu), gfx936 / "
         "gfx942 / cuda (lane-level decode kernels on that GPU's matrix instruction)")
+    iree_flags: tuple[str, ...] = option(
+        (), "Python API only: extra iree-compile flags appended to the target's own")
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")

@@ -151,13 +151,13 @@ def _kernel_entry(c: Compilation):
 
 def make_vmfb(c: Compilation) -> bytes:
     """IREE compiles the latest IR for the target's HAL device (and keeps its assembly)."""
-    vmfb, c.assembly = iree_compile(c.last_ir(), c.target)
+    vmfb, c.assembly = iree_compile(c.last_ir(), c.target, c.options.iree_flags)
     return vmfb
 
 
-def iree_compile(source: str, target) -> tuple[bytes, str | None]:
+def iree_compile(source: str, target, extra_flags=()) -> tuple[bytes, str | None]:
     """(vmfb, device assembly or None): `iree-compile` with the target row's flags."""
-    flags = list(target.iree_flags)
+    flags = list(target.iree_flags) + list(extra_flags)
     with tempfile.TemporaryDirectory(prefix="int8attn-dump-") as dump:
         dumps = ([f"--iree-hal-dump-executable-intermediates-to={dump}",
                   f"--iree-hal-dump-executable-binaries-to={dump}"]

@@ -135,7 +135,10 @@ TARGETS: dict[str, Target] = {
         "gfx936", "lane-level decode kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
         "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",
         (GRAPH, KERNEL), "kernel", ("int8",), None, True,
-        refusals=_kernel_refusals("gfx936")),
+        refusals={**_kernel_refusals("gfx936"),
+                  "iree_flags": (lambda o: bool(o.iree_flags),
+                                 "gfx936 has no IREE compilation stage (IREE does not know "
+                                 "the chip)")}),
     "gfx942": Target(
         "gfx942", "lane-level decode kernels on v_mfma_i32_16x16x32_i8 through IREE's ROCm "
         "backend",

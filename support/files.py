@@ -22,20 +22,38 @@ def check_output_path(output: str | Path, inputs=()) -> Path:
         raise OutputError(f"output '{output}' is a directory; give a file path")
     if not output.parent.resolve().is_dir():
         raise OutputError(f"output directory '{output.parent}' does not exist")
+    # Refused now, before the work: a run that fails only at the end loses it.
+    if not os.access(output.parent.resolve(), os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write '{output}': its directory '{output.parent}' is not "
+                          f"writable")
+    if output.exists() and not os.access(output, os.W_OK):
+        raise OutputError(f"cannot write '{output}': the file exists and is read-only")
     return output
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_atomic(output: str | Path, data: bytes | str, inputs=()) -> None:
     """Write `data` to a temp file beside `output`, then rename it into place."""
     output = check_output_path(output, inputs)
     payload = data.encode() if isinstance(data, str) else data
-    handle, temp = tempfile.mkstemp(dir=output.parent.resolve(), prefix=f".{output.name}.",
-                                    suffix=".partial")
+    try:
+        handle, temp = tempfile.mkstemp(dir=output.parent.resolve(), prefix=f".{output.name}.",
+                                        suffix=".partial")
+    except OSError as error:
+        raise OutputError(f"cannot write '{output}': {error.strerror}") from None
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(payload)
+        os.chmod(temp, 0o666 & ~_umask())  # what a plain open() would give, not mkstemp's 0600
         os.replace(temp, output)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temp):
             os.unlink(temp)
+        if isinstance(error, OSError):
+            raise OutputError(f"cannot write '{output}': {error.strerror}") from None
         raise

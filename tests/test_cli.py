@@ -98,7 +98,7 @@ def test_no_cache_recompiles(graph):
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda a: a.pop("arg3"), "has no array 'arg3' for argument 3"),
-    (lambda a: a.update(arg1=a["arg1"].astype(np.int32)), "argument 1 (arg1) of @decode must be int8"),
+    (lambda a: a.update(arg1=a["arg1"].astype(np.int32)), "argument 1 (arg1, k) of @decode must be int8"),
     (lambda a: a.update(arg0=a["arg0"][:, :4]), "must have shape [1, 8, 64]"),
     (lambda a: a["arg4"].__setitem__((0, 0, 5), np.nan),
      "argument 4 (v_scale, arg4) of @decode holds NaN at [0, 0, 5] (1 of 2000)"),
@@ -176,7 +176,7 @@ def test_output_never_overwrites_an_input(graph, inputs, tmp_path):
 
 
 def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
-    from int8attn import files
+    from int8attn.support import files
 
     out = tmp_path / "out.mlir"
     out.write_text("previous")

@@ -24,9 +24,9 @@ def _cuda_device():
 def test_ptx_has_the_int8_and_bf16_mma(tmp_path):
     path = tmp_path / "decode.mlir"
     path.write_text(decode_graph(1, 8, 2, 512, 64))
-    int8 = run("int8attn", "compile", path, "--target", "cuda", "--emit", "isa", "-o", "-",
+    int8 = run("int8attn", "compile", path, "--target", "cuda", "--emit", "ptx", "-o", "-",
                check_rc=0).stdout
-    bf16 = run("int8attn", "compile", path, "--target", "cuda", "--pv", "bf16", "--emit", "isa",
+    bf16 = run("int8attn", "compile", path, "--target", "cuda", "--pv", "bf16", "--emit", "ptx",
                "-o", "-", check_rc=0).stdout
     s8 = re.compile(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.(satfinite\.)?s32\.s8\.s8\.s32")
     bf = re.compile(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32")

@@ -90,5 +90,5 @@ def test_report_needs_random_inputs(tmp_path):
     arrays = ref.quantize_cache(seeded_rng(2).standard_normal((1, 4, 40, 16)).astype(np.float32))
     np.savez(tmp_path / "in.npz", arg0=np.ones((1, 4, 16), np.float32), arg1=arrays[0],
              arg2=arrays[1], arg3=arrays[0], arg4=arrays[1])
-    proc = run("int8attn", "run", path, "--inputs", tmp_path / "in.npz", "--report", check_rc=1)
+    proc = run("int8attn", "run", path, "--inputs", tmp_path / "in.npz", "--report", check_rc=2)
     assert "--report needs random inputs" in proc.stderr

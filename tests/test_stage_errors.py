@@ -33,7 +33,7 @@ def test_iree_compile_failure_names_the_stage_and_reproduces():
     with pytest.raises(StageError) as failure:
         int8attn.compile(SOURCE, cache=False, iree_flags=("--iree-no-such-flag",))
     error = failure.value
-    assert error.stage == "IREE compilation (iree-compile)"
+    assert error.stage == "IREE cpu compilation (iree-compile)"
     assert "Unknown command line argument '--iree-no-such-flag'" in str(error)
     assert "Invoked with" not in str(error)          # the compiler's words, not the wrapper's
     saved = Path(shlex.split(error.reproducer)[1]).read_text()
@@ -44,7 +44,7 @@ def test_iree_compile_failure_names_the_stage_and_reproduces():
 
 def test_a_module_that_does_not_load_names_the_stage_and_reproduces(graph):
     arrays = random_inputs(graph.entry(), seed=1)
-    damaged = CompiledGraph(graph.vmfb[:200], graph.functions, graph.options)
+    damaged = CompiledGraph(graph.functions, graph.options, vmfb=graph.vmfb[:200])
     with pytest.raises(StageError) as failure:
         damaged(*arrays)
     error = failure.value
@@ -59,7 +59,7 @@ def test_a_call_that_fails_in_the_runtime_names_the_stage_and_reproduces(graph):
     # The module is for S = 40; a signature claiming S = 41 lets S = 41 inputs
     # through the Python checks, so iree.runtime itself rejects the call.
     other = int8attn.compile(decode_graph(1, 4, 2, 41, 32), cache=False)
-    mismatched = CompiledGraph(graph.vmfb, other.functions, graph.options)
+    mismatched = CompiledGraph(other.functions, graph.options, vmfb=graph.vmfb)
     with pytest.raises(StageError) as failure:
         mismatched(*random_inputs(other.entry(), seed=2))
     error = failure.value
