@@ -80,17 +80,15 @@ def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:
 
 def _attention_call(block, terminator) -> AttentionCall | None:
     for index, value in enumerate(terminator.operands):
-        owner = value.owner
-        if not isinstance(owner, ir.OpView) or owner.operation.name != d.ATTENTION:
+        attention = value.owner
+        if not isinstance(attention, d.AttentionOp):
             continue
-        owner = owner.operation
         argument_of = []
-        for operand in owner.operands:
+        for operand in attention.operands:
             if not isinstance(operand, ir.BlockArgument) or operand.owner != block:
                 return None
             argument_of.append(operand.arg_number)
-        return AttentionCall(tuple(argument_of), ir.StringAttr(owner.attributes["mode"]).value,
-                             ir.FloatAttr(owner.attributes["softmax_scale"]).value, index)
+        return AttentionCall(tuple(argument_of), attention.mode, attention.softmax_scale, index)
     return None
 
 

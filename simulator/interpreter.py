@@ -212,7 +212,16 @@ class Machine:
         return round_to_bf16(np.asarray(operands[0], np.float32))
 
     def op_arith_fptosi(self, op, operands):
-        return np.trunc(operands[0]).astype(DTYPES[_element(op.result.type)])
+        # NaN, Inf or an out-of-range value is poison in LLVM: an error here, not a number.
+        x = np.asarray(operands[0])
+        dtype = DTYPES[_element(op.result.type)]
+        limits = np.iinfo(dtype)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(x) | (np.trunc(x) < limits.min) | (np.trunc(x) > limits.max)
+        if bad.any():
+            raise SimulationError(f"arith.fptosi of {x[bad].ravel()[0]!r} to {dtype.__name__} is "
+                                  f"poison ({int(bad.sum())} lanes)")
+        return np.trunc(x).astype(dtype)
 
     def op_arith_index_cast(self, op, operands):
         return operands[0].astype(DTYPES[_element(op.result.type)])
