@@ -172,10 +172,15 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
     arrays: list[np.ndarray | None] = [None] * len(info.arguments)
     q_spec = info.arguments[q_arg]
     arrays[q_arg] = rng.standard_normal(q_spec.shape).astype(NUMPY_DTYPES[q_spec.element])
-    floats = {}
-    for name, values, scales in (("k", k_arg, ks_arg), ("v", v_arg, vs_arg)):
-        floats[name] = rng.standard_normal(info.arguments[values].shape).astype(np.float32)
-        arrays[values], arrays[scales] = quantize_cache(floats[name])
+    floats = {"k": rng.standard_normal(info.arguments[k_arg].shape).astype(np.float32)}
+    arrays[k_arg], arrays[ks_arg] = quantize_cache(floats["k"])
+    if k_arg == v_arg or ks_arg == vs_arg:
+        # One argument serves as both caches (or both scales): V is K, so the
+        # float caches behind them stay consistent with what the call reads.
+        floats["v"] = floats["k"]
+    else:
+        floats["v"] = rng.standard_normal(info.arguments[v_arg].shape).astype(np.float32)
+    arrays[v_arg], arrays[vs_arg] = quantize_cache(floats["v"])
     return (arrays, floats) if float_caches else arrays
 
 

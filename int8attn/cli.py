@@ -249,6 +249,17 @@ def _executed_how(graph) -> str:
     return f"ran on IREE {TARGETS[graph.options.target].runtime_driver}"
 
 
+def _refuse_what_would_not_fit(source: str, args) -> None:
+    """Random inputs too large for this machine are refused before compiling."""
+    from int8attn.driver.compile import compile
+    from int8attn.driver.graph import check_memory
+
+    graph = compile(source, CompileOptions(**_options(args)), filename=args.graph, until="graph")
+    for name, info in graph.functions.items():
+        if args.function in (None, name) and info.attention is not None:
+            check_memory(info, float_caches=True)
+
+
 def cmd_run(args) -> int:
     import int8attn
     from int8attn.driver.graph import random_inputs
@@ -259,6 +270,8 @@ def cmd_run(args) -> int:
         raise UsageError("--report needs random inputs (it uses the float cache behind them); "
                          "drop --inputs")
     source = _read_graph(args.graph)
+    if not args.inputs:
+        _refuse_what_would_not_fit(source, args)
     start = time.perf_counter()
     graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
                              simulate=args.simulate, save_stages=args.save_stages,

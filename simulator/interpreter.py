@@ -240,6 +240,18 @@ class Machine:
         out[(slice(None),) + position] = value
         return out
 
+    def op_vector_to_elements(self, op, operands):
+        # Canonicalization's form of "extract every element": one result each, row-major.
+        source = np.asarray(operands[0])
+        rank = len(ir.VectorType(op.operands[0].type).shape)
+        flat = source.reshape(source.shape[:source.ndim - rank] + (-1,))
+        return tuple(flat[..., i] for i in range(flat.shape[-1]))
+
+    def op_vector_from_elements(self, op, operands):
+        shape = tuple(ir.VectorType(op.result.type).shape)
+        elements = np.broadcast_arrays(*[np.asarray(x) for x in operands])
+        return np.stack(elements, axis=-1).reshape(elements[0].shape + shape)
+
     def op_vector_extract_strided_slice(self, op, operands):
         offset = ir.IntegerAttr(ir.ArrayAttr(op.attributes["offsets"])[0]).value
         size = ir.IntegerAttr(ir.ArrayAttr(op.attributes["sizes"])[0]).value
