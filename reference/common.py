@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Callable, Iterator, Literal, get_args
 
 import numpy as np
 
@@ -13,6 +13,11 @@ PV_MODES = get_args(PVKind)
 # The compiler's lower-quantize reads it from here; the references need no compiler.
 QUANTIZE_MIN_ABSMAX = 2.0 ** -118
 F32 = np.float32
+# About how many bytes of intermediates the references hold at once: they work
+# through the query rows in chunks of this size, so their memory stays near
+# that of the inputs and outputs. Every row's result depends only on that row,
+# so the chunking changes no number.
+CHUNK_BYTES = 256 * 2**20
 
 
 def quantization_inverse(amax: np.ndarray) -> np.ndarray:
@@ -57,17 +62,34 @@ def group_rows(q: np.ndarray, kv_heads: int) -> np.ndarray:
     return q.reshape(batch, kv_heads, -1, head_dim)
 
 
-def visible(q_shape, kv_heads: int, tokens: int) -> np.ndarray:
+def visible(q_shape, kv_heads: int, tokens: int, rows: slice = slice(None)) -> np.ndarray:
     """bool [R, S]: the tokens each grouped row attends to (all, or causal prefill).
 
     Prefill queries are the last Sq of the S tokens: query s sits at S - Sq + s.
+    `rows` picks some of the R grouped rows (head-major: row r is query r % Sq).
     """
     if len(q_shape) == 3:
         return np.ones((1, tokens), dtype=bool)
     query_tokens = q_shape[2]
-    position = tokens - query_tokens + np.arange(query_tokens)
-    allowed = np.arange(tokens)[None, :] <= position[:, None]       # [Sq, S]
-    return np.tile(allowed, (q_shape[1] // kv_heads, 1))             # head-major rows
+    grouped = np.arange(q_shape[1] // kv_heads * query_tokens)[rows]
+    position = tokens - query_tokens + grouped % query_tokens
+    return np.arange(tokens)[None, :] <= position[:, None]
+
+
+def row_chunks(rows: int, bytes_per_row: int, progress: Callable[[str], None] | None = None,
+               what: str = "reference", q_rows_per_row: int = 1) -> Iterator[slice]:
+    """Slices of range(rows), each about CHUNK_BYTES of intermediates (at least one row).
+
+    After each chunk, `progress` (if given) gets e.g. "exact reference: rows
+    1024/16384", counted in rows of q (`q_rows_per_row` = B*Hkv of them per grouped row).
+    An empty range still gives one (empty) chunk, so the work runs as before.
+    """
+    step = max(1, CHUNK_BYTES // max(1, bytes_per_row))
+    for start in range(0, max(rows, 1), step):
+        stop = min(rows, start + step)
+        yield slice(start, stop)
+        if progress is not None:
+            progress(f"{what}: rows {stop * q_rows_per_row}/{rows * q_rows_per_row}")
 
 
 def pad_tokens(x: np.ndarray, axis: int, size: int, value) -> np.ndarray:
@@ -76,12 +98,12 @@ def pad_tokens(x: np.ndarray, axis: int, size: int, value) -> np.ndarray:
     return np.pad(x, widths, constant_values=value)
 
 
-def int8_scores(q, k, k_scale, softmax_scale) -> np.ndarray:
-    """INT8 QK in f32, [B,Hkv,R,S], masked tokens -inf."""
-    qq, sq = quantize(group_rows(np.asarray(q, dtype=F32), k.shape[1]))
+def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None)) -> np.ndarray:
+    """INT8 QK in f32, [B,Hkv,R,S] (the grouped rows `rows`), masked tokens -inf."""
+    qq, sq = quantize(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows])
     acc = np.einsum("bhrd,bhsd->bhrs", qq.astype(np.int32), k.astype(np.int32))
     scores = ((acc.astype(F32) * sq[..., None]) * k_scale[:, :, None, :]) * F32(softmax_scale)
-    return np.where(visible(q.shape, k.shape[1], k.shape[2]), scores, -np.inf).astype(F32)
+    return np.where(visible(q.shape, k.shape[1], k.shape[2], rows), scores, -np.inf).astype(F32)
 
 
 def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:

@@ -11,12 +11,17 @@ tile n, omega_n = exp(m_n - m_N) / l_N.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from int8attn.fragments import FragmentModel, fragment_model
-from int8attn.reference.common import (F32, PV_MODES, float_pv, int8_pv, int8_scores,
-                                       pad_tokens)
+from int8attn.reference.common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
+                                       int8_scores, pad_tokens, row_chunks)
+
+# Bytes per (row, token) held at once: scores, P, W and their temporaries (f32),
+# W quantized and widened for the exact int PV sums.
+_BYTES_PER_SCORE = 48
 
 
 @dataclass(frozen=True)
@@ -86,17 +91,25 @@ def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256
 def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
                        model: str = "gfx936", partition_tokens: int = 256,
                        tile_tokens: int = 64, fragments: FragmentModel | None = None,
-                       scale_groups: str = "fragment") -> np.ndarray:
+                       scale_groups: str = "fragment",
+                       progress: Callable[[str], None] | None = None) -> np.ndarray:
     """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
 
     `fragments` overrides the named model (e.g. another V-load scheme);
     `scale_groups="contiguous"` reproduces the seed's bug like the compiler does.
+    Works through the query rows in chunks (common.row_chunks), calling
+    `progress` with a short line after each.
     """
-    scores = int8_scores(q, k, k_scale, softmax_scale)
     mode = "decode" if q.ndim == 3 else "prefill"
-    out = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, model=model,
-                              block_tokens=partition_tokens if mode == "decode" else tile_tokens,
-                              fragments=fragments, scale_groups=scale_groups)
+    block_tokens = partition_tokens if mode == "decode" else tile_tokens
+    batch, kv_heads, tokens = k.shape[0], k.shape[1], k.shape[2]
+    out = np.empty(group_rows(np.asarray(q), kv_heads).shape, dtype=F32)   # [B,Hkv,R,D]
+    for chunk in row_chunks(out.shape[2], batch * kv_heads * tokens * _BYTES_PER_SCORE,
+                            progress, "fragment reference", batch * kv_heads):
+        scores = int8_scores(q, k, k_scale, softmax_scale, chunk)
+        out[:, :, chunk] = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, model=model,
+                                               block_tokens=block_tokens, fragments=fragments,
+                                               scale_groups=scale_groups)
     return out.reshape(q.shape)
 
 

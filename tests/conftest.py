@@ -29,6 +29,29 @@ def _private_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_temp_dir(tmp_path_factory):
+    """Reproducer folders (int8attn-repro-*) that tests provoke land in pytest's own
+    temporary tree, in this process and in the commands it starts; the system temp
+    dir must gain none."""
+    import tempfile
+
+    system = Path(tempfile.gettempdir())
+    before = set(system.glob("int8attn-repro-*"))
+    private = tmp_path_factory.mktemp("tmp")
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = str(private)
+    os.environ["TMPDIR"] = str(private)
+    yield
+    tempfile.tempdir = saved[0]
+    if saved[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[1]
+    leaked = set(system.glob("int8attn-repro-*")) - before
+    assert not leaked, f"tests left reproducer folders in {system}: {sorted(leaked)}"
+
+
 def seeded_rng(seed: int) -> np.random.Generator:
     print(f"random inputs: numpy default_rng seed {seed}", file=sys.stderr)
     return np.random.default_rng(seed)
