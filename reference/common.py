@@ -101,9 +101,19 @@ def pad_tokens(x: np.ndarray, axis: int, size: int, value) -> np.ndarray:
 def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None)) -> np.ndarray:
     """INT8 QK in f32, [B,Hkv,R,S] (the grouped rows `rows`), masked tokens -inf."""
     qq, sq = quantize(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows])
-    acc = np.einsum("bhrd,bhsd->bhrs", qq.astype(np.int32), k.astype(np.int32))
+    acc = exact_int_matmul(qq, np.swapaxes(k, -1, -2))             # the int32 sums
     scores = ((acc.astype(F32) * sq[..., None]) * k_scale[:, :, None, :]) * F32(softmax_scale)
     return np.where(visible(q.shape, k.shape[1], k.shape[2], rows), scores, -np.inf).astype(F32)
+
+
+def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b of int8 matrices, as integer-valued f64.
+
+    Exact, like an integer matmul (every partial sum is an integer below 2^53),
+    and fast (BLAS); converting it to f32 rounds as converting the int would.
+    """
+    return np.matmul(np.ascontiguousarray(a, dtype=np.float64),
+                     np.ascontiguousarray(b, dtype=np.float64))
 
 
 def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:
@@ -117,11 +127,13 @@ def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:
     else:
         wq, sw = quantize_with(w_groups, np.abs(w[..., scale_groups]).max(axis=-1))
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
-    acc = np.einsum("bhrngk,bhngkd->bhrngd", wq.astype(np.int64), v_groups.astype(np.int64))
-    assert np.abs(acc).max(initial=0) < 2**31, "int32 accumulator overflow"
-    out = np.zeros(acc.shape[:4] + acc.shape[5:], dtype=F32)
-    for g in range(acc.shape[4]):                   # groups in order, like the IR
-        out += acc[:, :, :, :, g, :].astype(F32) * sw[:, :, :, :, g, None]
+    out = np.zeros(wq.shape[:4] + v_groups.shape[-1:], dtype=F32)          # [B,Hkv,R,N,D]
+    for g in range(groups.shape[0]):                # groups in order, like the IR
+        # [B,Hkv,N,R,K] @ [B,Hkv,N,K,D] -> [B,Hkv,R,N,D]: the int32 sums of group g
+        acc = np.moveaxis(exact_int_matmul(np.moveaxis(wq[..., g, :], 2, 3),
+                                           v_groups[:, :, :, g]), 3, 2)
+        assert np.abs(acc).max(initial=0) < 2**31, "int32 accumulator overflow"
+        out += acc.astype(F32) * sw[:, :, :, :, g, None]
     return out
 
 
