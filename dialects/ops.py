@@ -23,6 +23,7 @@ from int8attn.fragments import FRAGMENT_MODELS
 from int8attn.support.diagnostics import DiagnosticError
 
 MODES = ("decode", "prefill")
+DYNAMIC = ir.ShapedType.get_dynamic_size()
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
 
@@ -103,18 +104,23 @@ class _Check:
                   f"expects {results} results, got {len(self.op.results)}")
 
     def ranked(self, value, what: str, rank: int | tuple[int, ...],
-               elements: tuple[str, ...]) -> list[int]:
+               elements: tuple[str, ...], dynamic: tuple[int, ...] = ()) -> list[int]:
+        """The static shape of a ranked tensor operand; dims listed in `dynamic`
+        may be `?` (returned as DYNAMIC)."""
         ranks = (rank,) if isinstance(rank, int) else rank
         if not isinstance(value.type, ir.RankedTensorType):
             self.fail(f"{what} must be a ranked tensor, got {value.type}")
         t = ir.RankedTensorType(value.type)
-        if not t.has_static_shape:
-            self.fail(f"{what} must have a static shape, got {value.type}")
+        if any(t.is_dynamic_dim(i) and i not in dynamic for i in range(t.rank)):
+            may = (f" (only dims {', '.join(map(str, dynamic))} may be dynamic)" if dynamic
+                   else "")
+            self.fail(f"{what} must have a static shape{may}, got {value.type}")
         self.that(t.rank in ranks,
                   f"{what} must have rank {' or '.join(map(str, ranks))}, got {value.type}")
         self.that(str(t.element_type) in elements,
                   f"{what} must have element type {' or '.join(elements)}, got {value.type}")
-        self.that(all(d > 0 for d in t.shape), f"{what} has an empty dimension: {value.type}")
+        self.that(all(d > 0 or d == DYNAMIC for d in t.shape),
+                  f"{what} has an empty dimension: {value.type}")
         return list(t.shape)
 
     def same(self, actual, expected, what: str):
@@ -173,7 +179,7 @@ class _Check:
 
 
 def _dims(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
+    return "[" + ", ".join("?" if d == DYNAMIC else str(d) for d in shape) + "]"
 
 
 # ----------------------------------------------------------------------------

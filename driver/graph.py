@@ -58,7 +58,8 @@ class FunctionInfo:
 def _spec(t: ir.Type) -> TensorSpec:
     if not isinstance(t, ir.RankedTensorType):
         return TensorSpec((), str(t))
-    return TensorSpec(tuple(t.shape), str(t.element_type))
+    return TensorSpec(tuple(None if t.is_dynamic_dim(i) else n for i, n in enumerate(t.shape)),
+                      str(t.element_type))
 
 
 def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:

@@ -125,6 +125,15 @@ def unit_slice(value: ir.Value, dim: int, position: ir.Value) -> ir.Value:
                                  offsets, sizes, [1] * len(shape)).result
 
 
+def insert_unit_slice(value: ir.Value, into: ir.Value, dim: int, position: ir.Value) -> ir.Value:
+    """`into` with `value` (unit along `dim`) written at `position` of that dim."""
+    sizes = shape_of(value)
+    offsets = [0] * len(sizes)
+    offsets[dim] = ir.ShapedType.get_dynamic_stride_or_offset()
+    return tensor.InsertSliceOp(value, into, [position], [], [], offsets, sizes,
+                                [1] * len(sizes)).result
+
+
 def lookup_table(values) -> ir.Value:
     """A dense i64 constant, read in `generic` bodies with `lookup`."""
     values = np.ascontiguousarray(values, dtype=np.int64)

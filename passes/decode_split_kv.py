@@ -34,6 +34,20 @@ def _add(x, acc):
     return arith.addf(acc, x)
 
 
+def partition_softmax(scores: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """scores [B,Hkv,R,N,T] -> (m_p, l_p [B,Hkv,R,N], P [B,Hkv,R,N,T]) per partition."""
+    probs_shape = d.shape_of(scores)
+    stats = probs_shape[:4]
+    m = build.generic([scores], ["bhrnt"], "bhrn",
+                      build.full(stats, "f32", build.f32(float("-inf"))), _max)
+    e = build.generic([scores, m], ["bhrnt", "bhrn"], "bhrnt", build.empty(probs_shape, "f32"),
+                      lambda s, m_p, _: math.exp(arith.subf(s, m_p)))
+    l = build.generic([e], ["bhrnt"], "bhrn", build.zeros(stats, "f32"), _add)
+    p = build.generic([e, l], ["bhrnt", "bhrn"], "bhrnt", build.empty(probs_shape, "f32"),
+                      lambda e_i, l_p, _: arith.divf(e_i, l_p))
+    return m, l, p
+
+
 def split_kv(op: d.SoftmaxPVOp, rewriter, partition_tokens: int):
     if op.mode != "decode":
         return True  # prefill: left for prefill-online-softmax
@@ -54,13 +68,7 @@ def split_kv(op: d.SoftmaxPVOp, rewriter, partition_tokens: int):
         v_scale = build.expand(build.pad_dim(v_scale, 2, padded, build.zero("f32")),
                                [[0], [1], [2, 3]], [batch, kv_heads, blocks, partition_tokens])
 
-        m = build.generic([scores], ["bhrnt"], "bhrn", build.full(stats, "f32", neg_inf), _max)
-        e = build.generic([scores, m], ["bhrnt", "bhrn"], "bhrnt",
-                          build.empty(probs_shape, "f32"),
-                          lambda s, m_p, _: math.exp(arith.subf(s, m_p)))
-        l = build.generic([e], ["bhrnt"], "bhrn", build.zeros(stats, "f32"), _add)
-        p = build.generic([e, l], ["bhrnt", "bhrn"], "bhrnt", build.empty(probs_shape, "f32"),
-                          lambda e_i, l_p, _: arith.divf(e_i, l_p))
+        m, l, p = partition_softmax(scores)
         partial = d.pv(p, v, v_scale)
 
         rows_shape = [batch, kv_heads, rows]

@@ -51,27 +51,32 @@ def rewrite_attention(op: d.AttentionOp, rewriter):
     mode, softmax_scale = op.mode, op.softmax_scale
     q, k, k_scale, v, v_scale = op.q, op.k, op.k_scale, op.v, op.v_scale
     q_shape = d.shape_of(q)
-    batch, kv_heads, tokens = d.shape_of(k)[:3]
+    kv_heads = d.shape_of(k)[1]
     with rewriter.ip, op.location:
         if d.element_of(q) != "f32":
             q = arith.extf(d.tensor(q_shape, "f32"), q)
         grouped = group_query_rows(q, kv_heads)
-        rows = d.shape_of(grouped)[2]
         qq, sq = d.quantize(grouped)
-        acc = build.generic(
-            [qq, k], ["bhrd", "bhsd"], "bhrs",
-            build.zeros([batch, kv_heads, rows, tokens], "i32"),
-            _int8_dot)
-        scale = build.f32(softmax_scale)
-        scores = build.generic(
-            [acc, sq, k_scale], ["bhrs", "bhr", "bhs"], "bhrs",
-            build.empty([batch, kv_heads, rows, tokens], "f32"),
-            lambda a, s_q, s_k, _: arith.mulf(
-                arith.mulf(arith.mulf(build.to_f32(a), s_q), s_k), scale))
+        scores = int8_scores(qq, sq, k, k_scale, softmax_scale)
         out = d.softmax_pv(scores, v, v_scale, mode=mode,
                            query_tokens=q_shape[2] if mode == "prefill" else 1)
         result = ungroup_query_rows(out, q_shape)
     rewriter.replace_op(op, [result])
+
+
+def int8_scores(qq: ir.Value, sq: ir.Value, k: ir.Value, k_scale: ir.Value,
+                softmax_scale: float) -> ir.Value:
+    """scores[b,h,r,s] = f32(sum_d qq*k) * sq * k_scale * softmax_scale (the contract's QK)."""
+    batch, kv_heads, rows = d.shape_of(qq)[:3]
+    tokens = d.shape_of(k)[2]
+    acc = build.generic([qq, k], ["bhrd", "bhsd"], "bhrs",
+                        build.zeros([batch, kv_heads, rows, tokens], "i32"), _int8_dot)
+    scale = build.f32(softmax_scale)
+    return build.generic(
+        [acc, sq, k_scale], ["bhrs", "bhr", "bhs"], "bhrs",
+        build.empty([batch, kv_heads, rows, tokens], "f32"),
+        lambda a, s_q, s_k, _: arith.mulf(arith.mulf(arith.mulf(build.to_f32(a), s_q), s_k),
+                                          scale))
 
 
 def _int8_dot(lhs, rhs, acc):

@@ -1,6 +1,7 @@
 """Named pipelines: the tensor-level lowering, built from one options type.
 
-    int8attn-to-algorithm   attention -> INT8 QK, split-KV / online softmax,
+    int8attn-to-algorithm   attention / paged_attention -> INT8 QK, split-KV /
+                            loops over sequences and partitions / online softmax,
                             W = P*sV, W groups from the fragment model, verified
                             MMAC tiles (or the float PV baselines)
     int8attn-to-linalg      the same, then the tiles and quantizations lowered
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from int8attn.fragments import FragmentModelName, ScaleGroupKind, fragment_model
 from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerMMACTiles,
-                             LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
+                             LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
 from int8attn.reference.common import PV_MODES, PVKind
@@ -72,7 +73,8 @@ def to_algorithm(options: PipelineOptions) -> list:
               PVToMMAC(options.fragment_model), *verify]
     else:
         pv = [FloatPV(options.pv)]
-    return [Int8QK(), DecodeSplitKV(options.partition_tokens),
+    return [Int8QK(), LowerPagedAttention(options.partition_tokens),
+            DecodeSplitKV(options.partition_tokens),
             PrefillOnlineSoftmax(options.tile_tokens), FoldVScale(), *pv]
 
 

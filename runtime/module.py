@@ -27,11 +27,16 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class TensorSpec:
-    shape: tuple[int, ...]
+    shape: tuple[int | None, ...]      # None: a dynamic dimension (any size)
     element: str
 
     def describe(self) -> str:
-        return "tensor<" + "x".join(map(str, self.shape)) + f"x{self.element}>"
+        dims = ("?" if d is None else str(d) for d in self.shape)
+        return "tensor<" + "x".join(dims) + f"x{self.element}>"
+
+    def accepts(self, shape) -> bool:
+        return len(shape) == len(self.shape) and all(
+            d is None or d == n for d, n in zip(self.shape, shape))
 
 
 def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray]:
@@ -57,8 +62,9 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
         if array.dtype != dtype:
             raise InputError(f"{label(i)} of @{function} must be {np.dtype(dtype)} for "
                              f"{spec.describe()}, got {array.dtype}")
-        if tuple(array.shape) != spec.shape:
-            raise InputError(f"{label(i)} of @{function} must have shape {list(spec.shape)} "
+        if not spec.accepts(array.shape):
+            expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
+            raise InputError(f"{label(i)} of @{function} must have shape {expected} "
                              f"for {spec.describe()}, got {list(array.shape)}")
         checked.append(np.ascontiguousarray(array))
     return checked

@@ -1,0 +1,110 @@
+"""`int8attn.paged_attention`: decode over vLLM's paged INT8 KV cache (DESIGN.md §2b).
+
+    %o = "int8attn.paged_attention"(%q, %k_cache, %k_scale, %v_cache, %v_scale,
+                                    %block_tables, %context_lens)
+        {block_size = 16 : i64, softmax_scale = 0.0883883 : f32}
+        : (tensor<?x32x128xf32>, tensor<?x8x16x128xi8>, tensor<?x8x16xf32>,
+           tensor<?x8x128x16xi8>, tensor<?x8x16xf32>, tensor<?x?xi32>, tensor<?xi32>)
+        -> tensor<?x32x128xf32>
+
+q [B, Hq, D]; k_cache [NB, Hkv, BS, D] i8 (a token's D contiguous); v_cache
+[NB, Hkv, D, BS] i8 (token-innermost); k_scale, v_scale [NB, Hkv, BS] f32;
+block_tables [B, MB] i32; context_lens [B] i32. B, NB and MB may be dynamic;
+Hq, Hkv, D and BS are static. Sequence b attends to its tokens 0 .. len_b - 1,
+token t living in block `block_tables[b, t // BS]`, slot `t % BS`; table slots
+past a sequence's length are never read. What the verifier cannot see (lengths
+and block ids) the driver checks before every call (`driver.graph`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from iree.compiler import ir
+
+from int8attn.dialects.ops import (DYNAMIC, FLOAT_TYPES, Int8AttnOp, _Check, _Dialect, _cext,
+                                   _operand, shape_of, tensor)
+
+
+def _agree(a: int, b: int) -> bool:
+    return a == b or DYNAMIC in (a, b)
+
+
+@_cext.register_operation(_Dialect)
+class PagedAttentionOp(Int8AttnOp):
+    OPERATION_NAME = "int8attn.paged_attention"
+    q = _operand(0, "queries f32/f16/bf16 [B,Hq,D]")
+    k_cache = _operand(1, "key blocks i8 [NB,Hkv,BS,D]")
+    k_scale = _operand(2, "key scales f32 [NB,Hkv,BS]")
+    v_cache = _operand(3, "value blocks i8 [NB,Hkv,D,BS] (token-innermost)")
+    v_scale = _operand(4, "value scales f32 [NB,Hkv,BS]")
+    block_tables = _operand(5, "i32 [B,MB]: block of each sequence's BS-token slot")
+    context_lens = _operand(6, "i32 [B]: tokens of each sequence")
+
+    @property
+    def block_size(self) -> int:
+        return ir.IntegerAttr(self.attributes["block_size"]).value
+
+    @property
+    def softmax_scale(self) -> float:
+        return ir.FloatAttr(self.attributes["softmax_scale"]).value
+
+    @classmethod
+    def build(cls, q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, *,
+              softmax_scale: float, loc=None) -> "PagedAttentionOp":
+        attrs = {"block_size": ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                  shape_of(k_cache)[2]),
+                 "softmax_scale": ir.FloatAttr.get(ir.F32Type.get(), softmax_scale)}
+        return cls._create([tensor(shape_of(q), "f32")],
+                           [q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens],
+                           attrs, loc)
+
+    def verify(self) -> bool:
+        c = _Check(self)
+        c.arity(7, 1)
+        qs = c.ranked(self.q, "q", 3, FLOAT_TYPES, dynamic=(0,))
+        ks = c.ranked(self.k_cache, "k_cache", 4, ("i8",), dynamic=(0,))
+        vs = c.ranked(self.v_cache, "v_cache", 4, ("i8",), dynamic=(0,))
+        kss = c.ranked(self.k_scale, "k_scale", 3, ("f32",), dynamic=(0,))
+        vss = c.ranked(self.v_scale, "v_scale", 3, ("f32",), dynamic=(0,))
+        tables = c.ranked(self.block_tables, "block_tables", 2, ("i32",), dynamic=(0, 1))
+        lens = c.ranked(self.context_lens, "context_lens", 1, ("i32",), dynamic=(0,))
+        blocks, kv_heads, block_size, head_dim = ks
+        c.that(_agree(vs[0], blocks) and vs[1:] == [kv_heads, head_dim, block_size],
+               f"v_cache has shape {_dims(vs)}, expected [NB, Hkv, D, BS] = "
+               f"{_dims([blocks, kv_heads, head_dim, block_size])} (token-innermost blocks)")
+        for name, shape in (("k_scale", kss), ("v_scale", vss)):
+            c.that(_agree(shape[0], blocks) and shape[1:] == [kv_heads, block_size],
+                   f"{name} has shape {_dims(shape)}, expected [NB, Hkv, BS] = "
+                   f"{_dims([blocks, kv_heads, block_size])}")
+        c.that(_agree(tables[0], qs[0]) and _agree(lens[0], qs[0]),
+               f"q, block_tables and context_lens disagree on the batch: {_dims([qs[0]])}, "
+               f"{_dims([tables[0]])}, {_dims([lens[0]])}")
+        c.that(qs[2] == head_dim, f"q has head dim {qs[2]} but k_cache has head dim {head_dim}")
+        c.that(qs[1] % kv_heads == 0,
+               f"query heads ({qs[1]}) must be a multiple of KV heads ({kv_heads}) for GQA")
+        attr = self.attributes["block_size"] if "block_size" in self.attributes else None
+        if not isinstance(attr, ir.IntegerAttr):
+            c.fail(f"requires an integer attribute 'block_size' (the caches' BS, "
+                   f"{block_size})")
+        c.that(self.block_size == block_size,
+               f"attribute 'block_size' is {self.block_size} but the caches hold blocks of "
+               f"{block_size} tokens")
+        scale = self.attributes["softmax_scale"] if "softmax_scale" in self.attributes else None
+        if not isinstance(scale, ir.FloatAttr):
+            c.fail("requires an f32 attribute 'softmax_scale' (e.g. softmax_scale = 0.088 : f32)")
+        c.that(np.isfinite(self.softmax_scale) and self.softmax_scale > 0,
+               f"attribute 'softmax_scale' must be positive and finite, got {self.softmax_scale}")
+        result = c.ranked(self.result, "result", 3, ("f32",), dynamic=(0,))
+        c.that(_agree(result[0], qs[0]) and result[1:] == qs[1:],
+               f"result has shape {_dims(result)}, expected {_dims(qs)}")
+        return True
+
+
+def _dims(shape) -> str:
+    return "[" + ", ".join("?" if d == DYNAMIC else str(d) for d in shape) + "]"
+
+
+def paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, *,
+                    softmax_scale: float, loc=None) -> ir.Value:
+    return PagedAttentionOp.build(q, k_cache, k_scale, v_cache, v_scale, block_tables,
+                                  context_lens, softmax_scale=softmax_scale, loc=loc).result

@@ -1,0 +1,180 @@
+"""lower-paged-attention: decode over the paged cache as loops over sequences and partitions.
+
+Rewrites `int8attn.paged_attention` (B, NB, MB possibly dynamic) into
+
+    for b in [0, B):                                     (scf.for, B = dim(q, 0))
+      qq, sq = int8attn.quantize(q[b] grouped by KV head)
+      len = context_lens[b]
+      for p in [0, ceil(len / T)):                       (scf.for carrying M, L, O)
+        k, k_scale, v, v_scale = the partition's T tokens, gathered through
+            block_tables[b, t // BS], slot t % BS; a token past len reads the
+            sequence's last used table slot (never an unused one) and its
+            scales are 0
+        scores = f32(qq . k) * sq * k_scale * softmax_scale;  -inf past len
+        m_p, l_p, P = partition softmax;  O_p = int8attn.pv(P, v, v_scale)
+        M' = max(M, m_p);  w = exp(m_p - M') l_p
+        L' = exp(M - M') L + w;  O' = exp(M - M') O + w O_p
+      out[b] = O / L
+
+Each partition is the dense decode contract's (T = `partition-tokens` over the
+sequence's own length, the same `int8attn.pv` and so the same W groups), with
+static shapes inside the loops; one compiled module serves every B, NB, MB and
+mix of lengths. The running merge equals the contract's all-partition merge in
+exact arithmetic (f32 rounding may differ in the last bits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, math, scf, tensor
+
+from int8attn.dialects import int8attn as d
+from int8attn.passes import builders as build
+from int8attn.passes.decode_split_kv import partition_softmax
+from int8attn.passes.int8_qk import group_query_rows, int8_scores, ungroup_query_rows
+from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
+
+
+def _index_of(tensor_value: ir.Value, indices) -> ir.Value:
+    """An i32 tensor element as an index."""
+    return arith.index_cast(ir.IndexType.get(), tensor.ExtractOp(tensor_value, indices).result)
+
+
+class _Sequence:
+    """Addresses of sequence `b`'s tokens in the block pool (DESIGN.md §2b)."""
+
+    def __init__(self, op: d.PagedAttentionOp, b: ir.Value, length: ir.Value):
+        self.op, self.b, self.length = op, b, length
+        self.block_size = build.index(op.block_size)
+        # The last table slot the sequence uses: tokens past its length read this one.
+        self.last_slot = arith.divui(arith.subi(length, build.index(1)), self.block_size)
+
+    def address(self, token: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """(block, offset, token < length) of a token of the sequence."""
+        slot = arith.minui(arith.divui(token, self.block_size), self.last_slot)
+        block = _index_of(self.op.block_tables, [self.b, slot])
+        live = arith.cmpi(arith.CmpIPredicate.ult, token, self.length)
+        return block, arith.remui(token, self.block_size), live
+
+    def gather(self, start: ir.Value, tokens: int, what: str) -> ir.Value:
+        """The partition's `tokens` tokens of k ([1,Hkv,T,D]), v ([1,Hkv,1,T,D]) or of a
+        scale ([1,Hkv,1,T], 0 past the length)."""
+        op = self.op
+        kv_heads, head_dim = d.shape_of(op.k_cache)[1], d.shape_of(op.k_cache)[3]
+        shapes = {"k": [1, kv_heads, tokens, head_dim], "v": [1, kv_heads, 1, tokens, head_dim],
+                  "k_scale": [1, kv_heads, 1, tokens], "v_scale": [1, kv_heads, 1, tokens]}
+        shape = shapes[what]
+        token_dim = 2 if what == "k" else 3
+        element = "i8" if what in ("k", "v") else "f32"
+
+        def body(_):
+            loops = [build.loop_index(i) for i in range(len(shape))]
+            head, t = loops[1], loops[token_dim]
+            block, offset, live = self.address(arith.addi(start, t))
+            if what == "k":
+                return tensor.ExtractOp(op.k_cache, [block, head, offset, loops[3]]).result
+            if what == "v":  # token-innermost blocks
+                return tensor.ExtractOp(op.v_cache, [block, head, loops[4], offset]).result
+            scales = op.k_scale if what == "k_scale" else op.v_scale
+            value = tensor.ExtractOp(scales, [block, head, offset]).result
+            return arith.select(live, value, build.f32(0.0))
+
+        dims = "abcde"[:len(shape)]
+        return build.generic([], [], dims, build.empty(shape, element), body)
+
+
+def _masked_scores(scores: ir.Value, start: ir.Value, length: ir.Value) -> ir.Value:
+    """scores [1,Hkv,R,T] with -inf at tokens start + t >= length."""
+    def body(s, _):
+        token = arith.addi(start, build.loop_index(3))
+        live = arith.cmpi(arith.CmpIPredicate.ult, token, length)
+        return arith.select(live, s, build.f32(float("-inf")))
+
+    return build.generic([scores], ["bhrt"], "bhrt", build.empty(d.shape_of(scores), "f32"), body)
+
+
+def _partition(op, seq: _Sequence, qq, sq, p, tokens: int):
+    """(m_p, l_p [1,Hkv,R], O_p [1,Hkv,R,D]) of partition p of the sequence."""
+    start = arith.muli(p, build.index(tokens))
+    k = seq.gather(start, tokens, "k")
+    k_scale = build.collapse(seq.gather(start, tokens, "k_scale"), [[0], [1], [2, 3]])
+    scores = _masked_scores(int8_scores(qq, sq, k, k_scale, op.softmax_scale), start,
+                            seq.length)
+    batch, kv_heads, rows, _ = d.shape_of(scores)
+    m, l, probs = partition_softmax(build.expand(scores, [[0], [1], [2], [3, 4]],
+                                                 [batch, kv_heads, rows, 1, tokens]))
+    partial = d.pv(probs, seq.gather(start, tokens, "v"), seq.gather(start, tokens, "v_scale"))
+    return (build.collapse(m, [[0], [1], [2, 3]]), build.collapse(l, [[0], [1], [2, 3]]),
+            build.collapse(partial, [[0], [1], [2], [3, 4]]))
+
+
+def _merge(state, part):
+    """The running log-sum-exp merge of one more partition into (M, L, O)."""
+    (m_run, l_run, o_run), (m_p, l_p, o_p) = state, part
+    rows = d.shape_of(m_run)
+    m_new = build.generic([m_run, m_p], ["bhr", "bhr"], "bhr", build.empty(rows, "f32"),
+                          lambda a, b, _: arith.maximumf(a, b))
+    keep = build.generic([m_run, m_new], ["bhr", "bhr"], "bhr", build.empty(rows, "f32"),
+                         lambda old, new, _: math.exp(arith.subf(old, new)))
+    weight = build.generic([m_p, l_p, m_new], ["bhr", "bhr", "bhr"], "bhr",
+                           build.empty(rows, "f32"),
+                           lambda m_i, l_i, new, _: arith.mulf(math.exp(arith.subf(m_i, new)), l_i))
+    l_new = build.generic([keep, l_run, weight], ["bhr", "bhr", "bhr"], "bhr",
+                          build.empty(rows, "f32"),
+                          lambda a, l_i, w, _: arith.addf(arith.mulf(a, l_i), w))
+    o_new = build.generic([keep, o_run, weight, o_p], ["bhr", "bhrd", "bhr", "bhrd"], "bhrd",
+                          build.empty(d.shape_of(o_run), "f32"),
+                          lambda a, o_i, w, x, _: arith.addf(arith.mulf(a, o_i), arith.mulf(w, x)))
+    return m_new, l_new, o_new
+
+
+def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int):
+    q = op.q
+    q_heads, head_dim = d.shape_of(q)[1:]
+    kv_heads = d.shape_of(op.k_cache)[1]
+    rows = q_heads // kv_heads
+    with rewriter.ip, op.location:
+        batch = tensor.DimOp(q, build.index(0)).result
+        result = tensor.EmptyOp([batch, q_heads, head_dim], ir.F32Type.get()).result
+        sequences = scf.ForOp(build.index(0), batch, build.index(1), [result])
+        with ir.InsertionPoint(sequences.body):
+            b, out = sequences.induction_variable, sequences.inner_iter_args[0]
+            q_b = build.unit_slice(q, 0, b)
+            if d.element_of(q) != "f32":
+                q_b = arith.extf(d.tensor([1, q_heads, head_dim], "f32"), q_b)
+            qq, sq = d.quantize(group_query_rows(q_b, kv_heads))
+            length = _index_of(op.context_lens, [b])
+            seq = _Sequence(op, b, length)
+            parts = arith.divui(arith.addi(length, build.index(partition_tokens - 1)),
+                                build.index(partition_tokens))
+            state = [build.full([1, kv_heads, rows], "f32", build.f32(float("-inf"))),
+                     build.zeros([1, kv_heads, rows], "f32"),
+                     build.zeros([1, kv_heads, rows, head_dim], "f32")]
+            partitions = scf.ForOp(build.index(0), parts, build.index(1), state)
+            with ir.InsertionPoint(partitions.body):
+                part = _partition(op, seq, qq, sq, partitions.induction_variable,
+                                  partition_tokens)
+                scf.YieldOp(list(_merge(list(partitions.inner_iter_args), part)))
+            _, l_final, o_final = partitions.results
+            o_b = build.generic([o_final, l_final], ["bhrd", "bhr"], "bhrd",
+                                build.empty([1, kv_heads, rows, head_dim], "f32"),
+                                lambda o_i, l_i, _: arith.divf(o_i, l_i))
+            scf.YieldOp([build.insert_unit_slice(ungroup_query_rows(o_b, [1, q_heads, head_dim]),
+                                                 out, 0, b)])
+    rewriter.replace_op(op, [sequences.results[0]])
+
+
+@dataclass(frozen=True)
+class LowerPagedAttention(TypedOptions):
+    """Lower paged decode to loops over sequences and partitions gathered through the block table."""
+
+    argument: ClassVar[str] = "lower-paged-attention"
+    partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
+
+    def run(self, module: ir.Operation) -> None:
+        apply_patterns(module, {d.PAGED_ATTENTION: lambda op, rw: lower_paged(
+            op, rw, self.partition_tokens)})

@@ -1,0 +1,53 @@
+"""References for decode over the paged cache (DESIGN.md §2b), sequence by sequence.
+
+Sequence b attends to its tokens 0 .. len_b - 1 exactly as a dense decode
+over those tokens: its K and V are gathered through its block table (token t
+in block `block_tables[b, t // BS]`, slot `t % BS`) into a dense [1, Hkv,
+len_b, D] cache, and the dense references run on that. Table slots past a
+sequence's length are not read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from int8attn.reference.exact import exact_attention
+from int8attn.reference.fragment import fragment_attention
+
+
+def sequence_cache(k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, b: int):
+    """Sequence b's dense (k [1,Hkv,len,D], k_scale [1,Hkv,len], v, v_scale)."""
+    length = int(context_lens[b])
+    block_size = k_cache.shape[2]
+    tokens = np.arange(length)
+    blocks = np.asarray(block_tables[b])[tokens // block_size]
+    offsets = tokens % block_size
+    k = k_cache[blocks, :, offsets, :].transpose(1, 0, 2)[None]          # [1, Hkv, len, D]
+    v = v_cache[blocks, :, :, offsets].transpose(1, 0, 2)[None]          # [1, Hkv, len, D]
+    ks = k_scale[blocks, :, offsets].T[None]                             # [1, Hkv, len]
+    vs = v_scale[blocks, :, offsets].T[None]
+    return (np.ascontiguousarray(k), np.ascontiguousarray(ks), np.ascontiguousarray(v),
+            np.ascontiguousarray(vs))
+
+
+def _per_sequence(attend, q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens):
+    out = np.empty(q.shape, np.float32)
+    for b in range(q.shape[0]):
+        cache = sequence_cache(k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, b)
+        out[b] = attend(q[b:b + 1], *cache)[0]
+    return out
+
+
+def exact_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
+                          softmax_scale: float) -> np.ndarray:
+    """Float attention of every sequence on its dequantized cache, unquantized q."""
+    return _per_sequence(lambda *a: exact_attention(*a, softmax_scale), q, k_cache, k_scale,
+                         v_cache, v_scale, block_tables, context_lens)
+
+
+def fragment_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
+                             softmax_scale: float, **contract) -> np.ndarray:
+    """The numerics contract of every sequence (partitions over its own length);
+    `contract` as for `fragment_attention` (pv, model, partition_tokens, ...)."""
+    return _per_sequence(lambda *a: fragment_attention(*a, softmax_scale, **contract), q,
+                         k_cache, k_scale, v_cache, v_scale, block_tables, context_lens)
