@@ -22,10 +22,17 @@ from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_
 class AttentionCall:
     """An attention op whose operands are function arguments `argument_of`."""
 
-    argument_of: tuple[int, ...]   # q, k, k_scale, v, v_scale -> argument index
-    mode: str
+    argument_of: tuple[int, ...]   # operand (`operands` order) -> argument index
+    mode: str                      # decode, prefill, or paged (int8attn.paged_attention)
     softmax_scale: float
     result_index: int              # which function result it is
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        return PAGED_OPERANDS if self.mode == "paged" else OPERANDS
+
+    def argument(self, operand: str) -> int:
+        return self.argument_of[self.operands.index(operand)]
 
 
 @dataclass(frozen=True)
@@ -82,40 +89,51 @@ def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:
 def _attention_call(block, terminator) -> AttentionCall | None:
     for index, value in enumerate(terminator.operands):
         attention = value.owner
-        if not isinstance(attention, d.AttentionOp):
+        if not isinstance(attention, (d.AttentionOp, d.PagedAttentionOp)):
             continue
         argument_of = []
         for operand in attention.operands:
             if not isinstance(operand, ir.BlockArgument) or operand.owner != block:
                 return None
             argument_of.append(operand.arg_number)
-        return AttentionCall(tuple(argument_of), attention.mode, attention.softmax_scale, index)
+        mode = "paged" if isinstance(attention, d.PagedAttentionOp) else attention.mode
+        return AttentionCall(tuple(argument_of), mode, attention.softmax_scale, index)
     return None
 
 
 OPERANDS = ("q", "k", "k_scale", "v", "v_scale")
+PAGED_OPERANDS = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_tables", "context_lens")
 
 
 def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
     """The input checks every target runs before a call (the CPU runtime, CUDA and
     the lane simulator alike): count, dtype and shape per argument, then the
     cache-scale rule. Returns the arrays as contiguous numpy arrays."""
-    names = {} if info.attention is None else dict(zip(info.attention.argument_of, OPERANDS))
+    call = info.attention
+    names = {} if call is None else dict(zip(call.argument_of, call.operands))
     arrays = check_signature(info.name, list(info.arguments), list(arrays), names)
-    check_cache_scales(info, arrays)
+    if call is not None and call.mode == "paged":
+        from int8attn.driver.paged_inputs import check_paged_arguments
+
+        check_paged_arguments(info, arrays)
+    else:
+        check_cache_scales(info, arrays)
     return arrays
 
 
-def check_cache_scales(info: FunctionInfo, arrays) -> None:
-    """k_scale and v_scale must be finite and >= 0 (README: non-finite inputs)."""
+def check_cache_scales(info: FunctionInfo, arrays, read=None) -> None:
+    """k_scale and v_scale must be finite and >= 0 (README: non-finite inputs);
+    `read` (operand -> bool mask) limits the check to the entries a call reads."""
     if info.attention is None:
         return
-    for name, index in zip(OPERANDS, info.attention.argument_of):
+    for name, index in zip(info.attention.operands, info.attention.argument_of):
         scales = np.asarray(arrays[index])
         if not name.endswith("scale") or scales.dtype.kind != "f":
             continue
+        mask = np.ones(scales.shape, bool) if read is None else read[name]
         for problem, bad in (("NaN", np.isnan(scales)), ("Inf", np.isinf(scales)),
                              ("a negative value", scales < 0)):
+            bad = bad & mask
             if bad.any():
                 where = [int(i) for i in np.argwhere(bad)[0]]
                 raise InputError(
@@ -148,6 +166,8 @@ def check_memory(info: FunctionInfo, float_caches: bool = False) -> None:
     """Refuse, before allocating, inputs that would not fit in this machine's memory."""
     import os
 
+    if any(d is None for spec in info.arguments for d in spec.shape):
+        return  # dynamic shapes: the inputs' sizes are chosen, not declared
     needed = memory_bytes(info, float_caches)
     try:
         available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -167,6 +187,11 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
     if info.attention is None:
         raise ValueError(f"@{info.name} does not return an int8attn.attention of its own "
                          f"arguments, so random inputs cannot be made for it; pass --inputs")
+    if info.attention.mode == "paged":
+        from int8attn.driver.paged_inputs import random_paged_inputs
+
+        arrays = random_paged_inputs(info, seed)
+        return (arrays, None) if float_caches else arrays
     check_memory(info, float_caches)
     rng = np.random.default_rng(seed)
     q_arg, k_arg, ks_arg, v_arg, vs_arg = info.attention.argument_of
@@ -190,6 +215,15 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                scale_groups: str = "fragment") -> dict[str, np.ndarray]:
     """The exact and the fragment-level reference for the attention result."""
     call = info.attention
+    if call.mode == "paged":
+        from int8attn.reference import exact_paged_attention, fragment_paged_attention
+
+        operands = [arrays[i] for i in call.argument_of]
+        return {"exact": exact_paged_attention(*operands, call.softmax_scale),
+                "fragment": fragment_paged_attention(*operands, call.softmax_scale, pv=pv,
+                                                     model=model,
+                                                     partition_tokens=partition_tokens,
+                                                     scale_groups=scale_groups)}
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     return {
         "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale),

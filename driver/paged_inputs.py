@@ -1,0 +1,123 @@
+"""Inputs of `int8attn.paged_attention`: the checks before every call, and random batches.
+
+What the verifier cannot see is checked here, before the call, and named by
+argument, sequence and slot: the batch of q, block_tables and context_lens
+agree, the pool's block count agrees across the caches, every length is in
+[1, MB·BS], every table slot a sequence uses holds a block of the pool, and
+the scales of every token a call reads are finite and >= 0. Table slots and
+pool entries past a sequence's length are never read, so they are not checked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from int8attn.reference import quantize_cache
+from int8attn.runtime.module import InputError
+
+
+def _operands(info, arrays) -> dict[str, np.ndarray]:
+    call = info.attention
+    return {name: np.asarray(arrays[i]) for name, i in zip(call.operands, call.argument_of)}
+
+
+def _label(info, name: str) -> str:
+    index = info.attention.argument(name)
+    return f"argument {index} ({name}, arg{index}) of @{info.name}"
+
+
+def read_tokens(block_tables, context_lens, block_size: int):
+    """(block, offset) of every token the call reads, all sequences together."""
+    blocks, offsets = [], []
+    for b, length in enumerate(context_lens):
+        tokens = np.arange(int(length))
+        blocks.append(block_tables[b, tokens // block_size])
+        offsets.append(tokens % block_size)
+    return np.concatenate(blocks), np.concatenate(offsets)
+
+
+def check_paged_arguments(info, arrays) -> None:
+    ops = _operands(info, arrays)
+    q, tables, lens = ops["q"], ops["block_tables"], ops["context_lens"]
+    if not q.shape[0] == tables.shape[0] == lens.shape[0]:
+        raise InputError(f"@{info.name}: q has {q.shape[0]} sequences, block_tables "
+                         f"{tables.shape[0]} and context_lens {lens.shape[0]}; they must agree "
+                         f"(one row of each per sequence)")
+    pool = {name: ops[name].shape[0] for name in ("k_cache", "k_scale", "v_cache", "v_scale")}
+    if len(set(pool.values())) != 1:
+        raise InputError(f"@{info.name}: the caches disagree on the number of blocks: "
+                         + ", ".join(f"{n} {c}" for n, c in pool.items()))
+    blocks, block_size = pool["k_cache"], ops["k_cache"].shape[2]
+    capacity = tables.shape[1] * block_size
+    for b, length in enumerate(lens):
+        if not 1 <= length <= capacity:
+            raise InputError(f"{_label(info, 'context_lens')}: sequence {b} has length "
+                             f"{int(length)}, outside [1, {capacity}] (its block table has "
+                             f"{tables.shape[1]} slots of {block_size} tokens)")
+        used = -(-int(length) // block_size)
+        ids = tables[b, :used]
+        bad = np.flatnonzero((ids < 0) | (ids >= blocks))
+        if bad.size:
+            slot = int(bad[0])
+            raise InputError(f"{_label(info, 'block_tables')}: sequence {b}, slot {slot} "
+                             f"(tokens {slot * block_size}..{min((slot + 1) * block_size, int(length)) - 1}) "
+                             f"holds block {int(ids[slot])}, not a block of the pool [0, {blocks})")
+    block, offset = read_tokens(tables, lens, block_size)
+    for name in ("k_scale", "v_scale"):
+        scales = ops[name][block, :, offset]              # [tokens read, Hkv]
+        for problem, bad in (("NaN", np.isnan(scales)), ("Inf", np.isinf(scales)),
+                             ("a negative value", scales < 0)):
+            if bad.any():
+                token, head = (int(i) for i in np.argwhere(bad)[0])
+                raise InputError(f"{_label(info, name)} holds {problem} at "
+                                 f"[{int(block[token])}, {head}, {int(offset[token])}], a slot "
+                                 f"a sequence reads; cache scales are max|row|/127 of each token "
+                                 f"and must be finite and >= 0")
+
+
+def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
+    """A ragged batch in a shuffled block pool: lengths from 1 to ~1K (the edges of blocks
+    and partitions among them), unused table slots holding garbage and unused pool
+    slots holding NaN scales (a call must never read them)."""
+    rng = np.random.default_rng(seed)
+    call = info.attention
+    spec = {name: info.arguments[i] for name, i in zip(call.operands, call.argument_of)}
+    _, kv_heads, block_size, head_dim = spec["k_cache"].shape
+    batch = spec["q"].shape[0] or 6
+    slots = spec["block_tables"].shape[1]
+    longest = slots * block_size if slots else 1100
+    edges = [1, block_size - 1, block_size, block_size + 1, 255, 256, 257, 1000]
+    lengths = np.array([edges[i] if i < len(edges) and rng.random() < 0.7 else
+                        rng.integers(1, longest + 1) for i in range(batch)])
+    lengths = np.clip(lengths, 1, longest)
+    needed = -(-lengths // block_size)
+    pool = spec["k_cache"].shape[0]
+    while pool is not None and needed.sum() > pool:      # a static pool: shorten to fit
+        lengths = np.maximum(lengths // 2, 1)
+        needed = -(-lengths // block_size)
+    slots = slots or int(needed.max()) + 1
+    pool = pool or int(needed.sum()) + 2
+    order = rng.permutation(pool)
+    tables = rng.integers(-(2 ** 31), 2 ** 31 - 1, (batch, slots), dtype=np.int64).astype(np.int32)
+    start = 0
+    for b, n in enumerate(needed):
+        tables[b, :n] = order[start:start + n]
+        start += n
+    k, k_scale = quantize_cache(rng.standard_normal((pool, kv_heads, block_size, head_dim))
+                                .astype(np.float32))
+    v, v_scale = quantize_cache(rng.standard_normal((pool, kv_heads, block_size, head_dim))
+                                .astype(np.float32))
+    read = np.zeros((pool, block_size), bool)
+    block, offset = read_tokens(tables, lengths, block_size)
+    read[block, offset] = True
+    k_scale[~read[:, None, :].repeat(kv_heads, 1)] = np.nan
+    v_scale[~read[:, None, :].repeat(kv_heads, 1)] = np.nan
+    q_element = {"f32": np.float32, "f16": np.float16}.get(spec["q"].element, np.float32)
+    values = {"q": rng.standard_normal((batch, spec["q"].shape[1], head_dim)).astype(q_element),
+              "k_cache": k, "k_scale": k_scale,
+              "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale,
+              "block_tables": tables, "context_lens": lengths.astype(np.int32)}
+    arrays: list = [None] * len(info.arguments)
+    for name, index in zip(call.operands, call.argument_of):
+        arrays[index] = values[name]
+    return arrays
