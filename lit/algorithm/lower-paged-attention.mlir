@@ -1,0 +1,56 @@
+// RUN: int8attn-opt %s -p lower-paged-attention | filecheck %s
+// RUN: int8attn-opt %s -p "lower-paged-attention{partition-tokens=64}" | filecheck %s --check-prefix=T64
+// RUN: int8attn-opt %s --pipeline int8attn-to-algorithm | filecheck %s --check-prefix=ALGO
+
+// A loop over the (dynamic) batch; per sequence the query rows are quantized
+// once, then a loop over its own partitions gathers each partition's tokens
+// through the block table (a token past the length reads the last used slot,
+// its scales are 0 and its score -inf), runs the dense partition softmax and
+// int8attn.pv, and merges into the running (M, L, O).
+// CHECK-LABEL: func.func @paged
+// CHECK-SAME: (%[[Q:[^:]*]]: tensor<?x8x64xf32>, %[[KC:[^:]*]]: tensor<?x2x16x64xi8>, %{{[^:]*}}: tensor<?x2x16xf32>, %[[VC:[^:]*]]: tensor<?x2x64x16xi8>, %{{[^:]*}}: tensor<?x2x16xf32>, %[[BT:[^:]*]]: tensor<?x?xi32>, %[[CL:[^:]*]]: tensor<?xi32>)
+// CHECK-DAG: %[[C0:.*]] = arith.constant 0 : index
+// CHECK-DAG: %[[C1:.*]] = arith.constant 1 : index
+// CHECK-DAG: %[[C16:.*]] = arith.constant 16 : index
+// CHECK-DAG: %[[C256:.*]] = arith.constant 256 : index
+// CHECK: %[[B:.*]] = tensor.dim %[[Q]], %[[C0]] : tensor<?x8x64xf32>
+// CHECK: %[[INIT:.*]] = tensor.empty(%[[B]]) : tensor<?x8x64xf32>
+// CHECK: %[[OUT:.*]] = scf.for %[[SEQ:.*]] = %[[C0]] to %[[B]] step %[[C1]] iter_args(%[[ACC:.*]] = %[[INIT]])
+// CHECK:   %[[QB:.*]] = tensor.extract_slice %[[Q]][%[[SEQ]], 0, 0] [1, 8, 64]
+// CHECK:   "int8attn.quantize"(%{{.*}}) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
+// CHECK:   %[[LEN32:.*]] = tensor.extract %[[CL]][%[[SEQ]]] : tensor<?xi32>
+// CHECK:   %[[LEN:.*]] = arith.index_cast %[[LEN32]] : i32 to index
+// CHECK:   %[[PARTS:.*]] = arith.divui %{{.*}}, %[[C256]] : index
+// CHECK:   scf.for %[[P:.*]] = %[[C0]] to %[[PARTS]] step %[[C1]] iter_args(
+// CHECK:     %[[START:.*]] = arith.muli %[[P]], %[[C256]] : index
+// CHECK:     linalg.generic {{.*}} outs(%{{.*}} : tensor<1x2x256x64xi8>)
+// CHECK:       %[[TOKEN:.*]] = arith.addi %[[START]], %{{.*}} : index
+// CHECK:       %[[SLOT:.*]] = arith.divui %[[TOKEN]], %[[C16]] : index
+// CHECK:       %[[USED:.*]] = arith.minui %[[SLOT]], %{{.*}} : index
+// CHECK:       tensor.extract %[[BT]][%[[SEQ]], %[[USED]]] : tensor<?x?xi32>
+// CHECK:       %[[OFF:.*]] = arith.remui %[[TOKEN]], %[[C16]] : index
+// CHECK:       tensor.extract %[[KC]][%{{.*}}, %{{.*}}, %[[OFF]], %{{.*}}] : tensor<?x2x16x64xi8>
+// CHECK:     arith.cmpi ult
+// CHECK:     arith.select %{{.*}}, %{{.*}}, %cst{{.*}} : f32
+// CHECK:     tensor.extract %[[VC]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : tensor<?x2x64x16xi8>
+// CHECK:     %[[PV:.*]] = "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x4x1x256xf32>, tensor<1x2x1x256x64xi8>, tensor<1x2x1x256xf32>) -> tensor<1x2x4x1x64xf32>
+// CHECK:     arith.maximumf
+// CHECK:     math.exp
+// CHECK:     scf.yield
+// CHECK:   arith.divf
+// CHECK:   %[[NEXT:.*]] = tensor.insert_slice %{{.*}} into %[[ACC]][%[[SEQ]], 0, 0] [1, 8, 64] [1, 1, 1]
+// CHECK:   scf.yield %[[NEXT]] : tensor<?x8x64xf32>
+// CHECK: return %[[OUT]] : tensor<?x8x64xf32>
+
+// T64-LABEL: func.func @paged
+// T64: "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x4x1x64xf32>, tensor<1x2x1x64x64xi8>, tensor<1x2x1x64xf32>) -> tensor<1x2x4x1x64xf32>
+
+// The same W groups as the dense decode: the fragment model's 256-token partition table, verified.
+// ALGO-LABEL: func.func @paged
+// ALGO: "int8attn.group_quantize"(%{{.*}}) {groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+// ALGO: "int8attn.mmac_tiles"
+// ALGO-NOT: int8attn.paged_attention
+func.func @paged(%q: tensor<?x8x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<?x2x16xf32>, %vc: tensor<?x2x64x16xi8>, %vs: tensor<?x2x16xf32>, %bt: tensor<?x?xi32>, %cl: tensor<?xi32>) -> tensor<?x8x64xf32> {
+  %o = "int8attn.paged_attention"(%q, %kc, %ks, %vc, %vs, %bt, %cl) {block_size = 16 : i64, softmax_scale = 0.125 : f32} : (tensor<?x8x64xf32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x64xf32>
+  return %o : tensor<?x8x64xf32>
+}
