@@ -14,11 +14,12 @@ import argparse
 import sys
 
 from int8attn.passes import PASSES
-from int8attn.pipelines import NAMED_PIPELINES, named_pipeline
+from int8attn.pipelines import NAMED_PIPELINES, PipelineOptions, named_pipeline
 from int8attn.pipelines.manager import PipelineError, parse_pipeline, run_passes
 from int8attn.support.diagnostics import DiagnosticError
 from int8attn.support.files import OutputError, check_output_path, write_atomic
 from int8attn.support.ir import new_context, parse_module
+from int8attn.support.options import describe_options
 
 SPLIT_MARKER = "// -----"
 
@@ -62,9 +63,12 @@ def list_passes() -> str:
     for name, cls in PASSES.items():
         summary = (cls.__doc__ or "").strip().splitlines()[0]
         lines.append(f"  {name:22} {summary}")
+        lines += describe_options(cls, indent=" " * 27)
     lines.append("named pipelines:")
     for name, fn in NAMED_PIPELINES.items():
         lines.append(f"  {name:22} {(fn.__doc__ or '').strip().splitlines()[0]}")
+    lines.append("  options of both:")
+    lines += describe_options(PipelineOptions, indent=" " * 27)
     return "\n".join(lines)
 
 

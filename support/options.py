@@ -174,6 +174,17 @@ def _argparse_type(cls, name: str):
     return convert
 
 
+def describe_options(cls, indent: str = "    ") -> list[str]:
+    """One line per field: `key=<type or choices> (default ...)  help` (for --list-passes)."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        default = "none" if f.default is None else str(f.default).lower() \
+            if isinstance(f.default, bool) else f.default
+        lines.append(f"{indent}{kebab(f.name)}=<{_describe(cls, f.name)}> (default {default})  "
+                     f"{f.metadata.get('help', '')}")
+    return lines
+
+
 def given(namespace: argparse.Namespace, cls) -> dict:
     """The fields of `cls` the user set on the command line (None = not given)."""
     return {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)
