@@ -212,8 +212,12 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
 
 def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                partition_tokens: int = 256, tile_tokens: int = 64,
-               scale_groups: str = "fragment") -> dict[str, np.ndarray]:
-    """The exact and the fragment-level reference for the attention result."""
+               scale_groups: str = "fragment", progress=None) -> dict[str, np.ndarray]:
+    """The exact and the fragment-level reference for the attention result.
+
+    `progress` (a callable taking a short string) gets a line after each chunk of
+    query rows of the dense references.
+    """
     call = info.attention
     if call.mode == "paged":
         from int8attn.reference import exact_paged_attention, fragment_paged_attention
@@ -226,10 +230,12 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                                                      scale_groups=scale_groups)}
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     return {
-        "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale),
+        "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale,
+                                 progress=progress),
         "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
                                        model=model, partition_tokens=partition_tokens,
-                                       tile_tokens=tile_tokens, scale_groups=scale_groups),
+                                       tile_tokens=tile_tokens, scale_groups=scale_groups,
+                                       progress=progress),
     }
 
 

@@ -229,12 +229,24 @@ def _note_nonfinite_queries(info, arrays) -> None:
               f"of exactly those rows are NaN (README: non-finite inputs)", file=sys.stderr)
 
 
+class _SlowProgress:
+    """Progress lines on stderr, once a step has run longer than `after` seconds."""
+
+    def __init__(self, after: float = 2.0):
+        self.start, self.after = time.perf_counter(), after
+
+    def __call__(self, message: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        if elapsed >= self.after:
+            print(f"  {message} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+
+
 def _accuracy(result, arrays, info, options) -> None:
     from int8attn.driver.graph import error_stats, references
 
     refs = references(info, arrays, pv=options.pv, model=options.fragment_model,
                       partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
-                      scale_groups=options.scale_groups)
+                      scale_groups=options.scale_groups, progress=_SlowProgress())
     print(f"accuracy of @{info.name} (target {options.target}, pv={options.pv}, fragment "
           f"model {options.fragment_model}):")
     for name, label in (("exact", "vs exact f32 reference      "),

@@ -107,13 +107,14 @@ def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None)) -> np.n
 
 
 def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b of int8 matrices, as integer-valued f64.
+    """a @ b of int8 matrices, exactly as an int32 matmul, as integer-valued floats.
 
-    Exact, like an integer matmul (every partial sum is an integer below 2^53),
-    and fast (BLAS); converting it to f32 rounds as converting the int would.
+    Every partial sum is an integer of at most K * 128^2: exact in f32 up to
+    2^24 (f64 beyond), so BLAS gives the int32 sums, and converting them to f32
+    rounds as converting the int32 would.
     """
-    return np.matmul(np.ascontiguousarray(a, dtype=np.float64),
-                     np.ascontiguousarray(b, dtype=np.float64))
+    dtype = np.float32 if a.shape[-1] * 128 * 128 <= 2**24 else np.float64
+    return np.matmul(a.astype(dtype), b.astype(dtype))
 
 
 def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:
@@ -127,12 +128,13 @@ def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:
     else:
         wq, sw = quantize_with(w_groups, np.abs(w[..., scale_groups]).max(axis=-1))
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
+    assert groups.shape[1] * 128 * 128 < 2**31, "int32 accumulator overflow"
     out = np.zeros(wq.shape[:4] + v_groups.shape[-1:], dtype=F32)          # [B,Hkv,R,N,D]
     for g in range(groups.shape[0]):                # groups in order, like the IR
-        # [B,Hkv,N,R,K] @ [B,Hkv,N,K,D] -> [B,Hkv,R,N,D]: the int32 sums of group g
-        acc = np.moveaxis(exact_int_matmul(np.moveaxis(wq[..., g, :], 2, 3),
-                                           v_groups[:, :, :, g]), 3, 2)
-        assert np.abs(acc).max(initial=0) < 2**31, "int32 accumulator overflow"
+        # The int32 sums of group g, exact. (An einsum: many small matmuls
+        # through a threaded BLAS can be many times slower.)
+        acc = np.einsum("bhrnk,bhnkd->bhrnd", np.ascontiguousarray(wq[..., g, :], dtype=np.int32),
+                        np.ascontiguousarray(v_groups[:, :, :, g], dtype=np.int32))
         out += acc.astype(F32) * sw[:, :, :, :, g, None]
     return out
 

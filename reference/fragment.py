@@ -19,9 +19,9 @@ from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.reference.common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
                                        int8_scores, pad_tokens, row_chunks)
 
-# Bytes per (row, token) held at once: scores, P, W and their temporaries (f32),
-# W quantized and widened for the exact int PV sums.
-_BYTES_PER_SCORE = 48
+# Bytes per (row, token) held at once: the QK sums, scores, P, W and their
+# temporaries (f32); the PV sums per (row, block) add 16 * D / block_tokens.
+_BYTES_PER_SCORE = 24
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,10 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     """
     mode = "decode" if q.ndim == 3 else "prefill"
     block_tokens = partition_tokens if mode == "decode" else tile_tokens
-    batch, kv_heads, tokens = k.shape[0], k.shape[1], k.shape[2]
+    batch, kv_heads, tokens, head_dim = k.shape
     out = np.empty(group_rows(np.asarray(q), kv_heads).shape, dtype=F32)   # [B,Hkv,R,D]
-    for chunk in row_chunks(out.shape[2], batch * kv_heads * tokens * _BYTES_PER_SCORE,
+    per_token = _BYTES_PER_SCORE + 16 * head_dim // max(block_tokens, 1)
+    for chunk in row_chunks(out.shape[2], batch * kv_heads * tokens * per_token,
                             progress, "fragment reference", batch * kv_heads):
         scores = int8_scores(q, k, k_scale, softmax_scale, chunk)
         out[:, :, chunk] = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, model=model,
