@@ -19,6 +19,7 @@ scale groups of K tokens each.
 |---|---|
 | attention       | q [B,Hq,D] or [B,Hq,Sq,D], k i8 [B,Hkv,S,D], k_scale f32 [B,Hkv,S], v i8, v_scale f32 -> f32 q-shape |
 | paged_attention | q [B,Hq,D], k_cache i8 [NB,Hkv,BS,D], k_scale f32 [NB,Hkv,BS], v_cache i8 [NB,Hkv,D,BS], v_scale, block_tables i32 [B,MB], context_lens i32 [B] -> f32 [B,Hq,D] (B, NB, MB may be dynamic; `dialects/paged.py`) |
+| cache_write     | k_new, v_new float [T,Hkv,D], slot_mapping i32 [T], k_cache, k_scale, v_cache, v_scale (as paged_attention's) -> the four caches, updated {block_size} (T, NB may be dynamic; a slot < 0 skips its token) |
 | quantize        | x float [..., X] -> (i8 [..., X], f32 [...]) per-row symmetric int8 |
 | softmax_pv      | scores f32 [B,Hkv,R,S], v, v_scale {mode[, query_tokens]} -> f32 [B,Hkv,R,D] |
 | pv              | p f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], v_scale f32 [B,Hkv,N,T] -> f32 [B,Hkv,R,N,D] |
@@ -48,7 +49,7 @@ from int8attn.support.diagnostics import DiagnosticError
 from int8attn.support.ir import walk
 from int8attn.reference.common import QUANTIZE_MIN_ABSMAX  # the contract's one definition
 from int8attn.dialects.ops import OPS as _TENSOR_OPS
-from int8attn.dialects.paged import PagedAttentionOp, paged_attention
+from int8attn.dialects.paged import CacheWriteOp, PagedAttentionOp, cache_write, paged_attention
 from int8attn.dialects.ops import (
     DYNAMIC, FLOAT_TYPES, MODES, AttentionOp, FoldedPVOp, GroupedPVOp, GroupQuantizeOp, Int8AttnOp,
     MMACTilesOp, PVOp, QuantizeOp, SoftmaxPVOp, element_of, groups_attr, groups_of, shape_of,
@@ -60,17 +61,19 @@ __all__ = [
     "MMAC_TILES", "OPS", "MODES", "FLOAT_TYPES", "QUANTIZE_MIN_ABSMAX",
     "Int8AttnOp", "AttentionOp", "QuantizeOp", "SoftmaxPVOp", "PVOp", "FoldedPVOp",
     "GroupQuantizeOp", "GroupedPVOp", "MMACTilesOp", "PagedAttentionOp", "PAGED_ATTENTION",
-    "paged_attention", "DYNAMIC",
+    "paged_attention", "CacheWriteOp", "CACHE_WRITE", "cache_write", "DYNAMIC",
     "attention", "quantize", "softmax_pv", "pv", "folded_pv", "group_quantize", "grouped_pv",
     "mmac_tiles", "verify", "walk", "tensor", "shape_of", "element_of", "groups_attr",
     "groups_of",
 ]
 
-OPS = {**_TENSOR_OPS, PagedAttentionOp.OPERATION_NAME: PagedAttentionOp}
+OPS = {**_TENSOR_OPS, PagedAttentionOp.OPERATION_NAME: PagedAttentionOp,
+       CacheWriteOp.OPERATION_NAME: CacheWriteOp}
 
 # Op names (pattern keys); the classes' OPERATION_NAME.
 ATTENTION = AttentionOp.OPERATION_NAME
 PAGED_ATTENTION = PagedAttentionOp.OPERATION_NAME
+CACHE_WRITE = CacheWriteOp.OPERATION_NAME
 QUANTIZE = QuantizeOp.OPERATION_NAME
 SOFTMAX_PV = SoftmaxPVOp.OPERATION_NAME
 PV = PVOp.OPERATION_NAME

@@ -283,10 +283,14 @@ class QuantizeOp(Int8AttnOp):
     def verify(self) -> bool:
         c = _Check(self)
         c.arity(1, 2)
-        xs = c.ranked(self.x, "input", tuple(range(1, 9)), FLOAT_TYPES)
-        c.ranked(self.xq, "result #0", len(xs), ("i8",))
+        # Leading (row) dims may be dynamic (cache_write's new tokens); the row may not.
+        rows = tuple(range(7))
+        xs = c.ranked(self.x, "input", tuple(range(1, 9)), FLOAT_TYPES, dynamic=rows)
+        c.that(xs[-1] != DYNAMIC, f"input must have a static last (row) dimension, got "
+               f"{self.x.type}")
+        c.ranked(self.xq, "result #0", len(xs), ("i8",), dynamic=rows)
         c.same(shape_of(self.xq), xs, "result #0")
-        c.ranked(self.scale, "result #1", len(xs) - 1, ("f32",))
+        c.ranked(self.scale, "result #1", len(xs) - 1, ("f32",), dynamic=rows)
         c.same(shape_of(self.scale), xs[:-1], "result #1")
         return True
 

@@ -1,4 +1,4 @@
-"""`int8attn.paged_attention`: decode over vLLM's paged INT8 KV cache (DESIGN.md §2b).
+"""The paged INT8 KV cache (DESIGN.md §2b): `int8attn.paged_attention` and `int8attn.cache_write`.
 
     %o = "int8attn.paged_attention"(%q, %k_cache, %k_scale, %v_cache, %v_scale,
                                     %block_tables, %context_lens)
@@ -14,6 +14,23 @@ Hq, Hkv, D and BS are static. Sequence b attends to its tokens 0 .. len_b - 1,
 token t living in block `block_tables[b, t // BS]`, slot `t % BS`; table slots
 past a sequence's length are never read. What the verifier cannot see (lengths
 and block ids) the driver checks before every call (`driver.graph`).
+
+    %kc, %ks, %vc, %vs = "int8attn.cache_write"(%k_new, %v_new, %slot_mapping,
+                                                %k_cache, %k_scale, %v_cache, %v_scale)
+        {block_size = 16 : i64}
+        : (tensor<?x8x128xf32>, tensor<?x8x128xf32>, tensor<?xi32>, tensor<?x8x16x128xi8>,
+           tensor<?x8x16xf32>, tensor<?x8x128x16xi8>, tensor<?x8x16xf32>)
+        -> (tensor<?x8x16x128xi8>, tensor<?x8x16xf32>, tensor<?x8x128x16xi8>, tensor<?x8x16xf32>)
+
+k_new, v_new [T, Hkv, D] f32 (f16/bf16 accepted, quantized in f32); slot_mapping
+[T] i32; the caches as above; the results are the four caches updated: token i
+goes to slot s = slot_mapping[i], block s // BS, offset s % BS, each KV head's
+row quantized with the contract's `quantize` (Kq, sK at k_cache[block, h,
+offset, :], k_scale[block, h, offset]; Vq token-innermost at v_cache[block, h,
+:, offset]). A negative slot skips its token (vLLM's padding, `slot_mapping[i]
+= -1`). T and NB may be dynamic. Slots past the pool and two tokens writing one
+slot are refused by the driver before the call (`driver.paged_inputs`);
+`lower-cache-write` updates the caller's cache buffers in place.
 """
 
 from __future__ import annotations
@@ -108,3 +125,79 @@ def paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, context
                     softmax_scale: float, loc=None) -> ir.Value:
     return PagedAttentionOp.build(q, k_cache, k_scale, v_cache, v_scale, block_tables,
                                   context_lens, softmax_scale=softmax_scale, loc=loc).result
+
+
+@_cext.register_operation(_Dialect)
+class CacheWriteOp(Int8AttnOp):
+    OPERATION_NAME = "int8attn.cache_write"
+    k_new = _operand(0, "new keys f32/f16/bf16 [T,Hkv,D]")
+    v_new = _operand(1, "new values f32/f16/bf16 [T,Hkv,D]")
+    slot_mapping = _operand(2, "i32 [T]: slot (block * BS + offset) of each token, < 0: skip")
+    k_cache = _operand(3, "key blocks i8 [NB,Hkv,BS,D]")
+    k_scale = _operand(4, "key scales f32 [NB,Hkv,BS]")
+    v_cache = _operand(5, "value blocks i8 [NB,Hkv,D,BS] (token-innermost)")
+    v_scale = _operand(6, "value scales f32 [NB,Hkv,BS]")
+    CACHES = ("k_cache", "k_scale", "v_cache", "v_scale")   # operands 3..6 = results 0..3
+
+    @property
+    def block_size(self) -> int:
+        return ir.IntegerAttr(self.attributes["block_size"]).value
+
+    @property
+    def caches(self) -> list[ir.Value]:
+        return [self.operation.operands[3 + i] for i in range(4)]
+
+    @classmethod
+    def build(cls, k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale, *,
+              loc=None) -> "CacheWriteOp":
+        attrs = {"block_size": ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                  shape_of(k_cache)[2])}
+        caches = [k_cache, k_scale, v_cache, v_scale]
+        return cls._create([c.type for c in caches],
+                           [k_new, v_new, slot_mapping, *caches], attrs, loc)
+
+    def verify(self) -> bool:
+        c = _Check(self)
+        c.arity(7, 4)
+        ks = c.ranked(self.k_new, "k_new", 3, FLOAT_TYPES, dynamic=(0,))
+        vs = c.ranked(self.v_new, "v_new", 3, FLOAT_TYPES, dynamic=(0,))
+        slots = c.ranked(self.slot_mapping, "slot_mapping", 1, ("i32",), dynamic=(0,))
+        kc = c.ranked(self.k_cache, "k_cache", 4, ("i8",), dynamic=(0,))
+        kss = c.ranked(self.k_scale, "k_scale", 3, ("f32",), dynamic=(0,))
+        vc = c.ranked(self.v_cache, "v_cache", 4, ("i8",), dynamic=(0,))
+        vss = c.ranked(self.v_scale, "v_scale", 3, ("f32",), dynamic=(0,))
+        blocks, kv_heads, block_size, head_dim = kc
+        c.that(_agree(vc[0], blocks) and vc[1:] == [kv_heads, head_dim, block_size],
+               f"v_cache has shape {_dims(vc)}, expected [NB, Hkv, D, BS] = "
+               f"{_dims([blocks, kv_heads, head_dim, block_size])} (token-innermost blocks)")
+        for name, shape in (("k_scale", kss), ("v_scale", vss)):
+            c.that(_agree(shape[0], blocks) and shape[1:] == [kv_heads, block_size],
+                   f"{name} has shape {_dims(shape)}, expected [NB, Hkv, BS] = "
+                   f"{_dims([blocks, kv_heads, block_size])}")
+        for name, shape in (("k_new", ks), ("v_new", vs)):
+            c.that(shape[1:] == [kv_heads, head_dim],
+                   f"{name} has shape {_dims(shape)}, expected [T, Hkv, D] = "
+                   f"{_dims([shape[0], kv_heads, head_dim])} (the caches' KV heads and head dim)")
+        c.that(_agree(ks[0], vs[0]) and _agree(ks[0], slots[0]) and _agree(vs[0], slots[0]),
+               f"k_new, v_new and slot_mapping disagree on the number of new tokens: "
+               f"{_dims([ks[0]])}, {_dims([vs[0]])}, {_dims([slots[0]])}")
+        attr = self.attributes["block_size"] if "block_size" in self.attributes else None
+        if not isinstance(attr, ir.IntegerAttr):
+            c.fail(f"requires an integer attribute 'block_size' (the caches' BS, "
+                   f"{block_size})")
+        c.that(self.block_size == block_size,
+               f"attribute 'block_size' is {self.block_size} but the caches hold blocks of "
+               f"{block_size} tokens")
+        for i, (name, cache) in enumerate(zip(self.CACHES, self.caches)):
+            result = self.operation.results[i]
+            c.that(result.type == cache.type,
+                   f"result #{i} has type {result.type}, expected {cache.type} (the updated "
+                   f"{name})")
+        return True
+
+
+def cache_write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale, *,
+                loc=None) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    op = CacheWriteOp.build(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale,
+                            loc=loc)
+    return tuple(op.operation.results)

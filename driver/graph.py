@@ -23,13 +23,24 @@ class AttentionCall:
     """An attention op whose operands are function arguments `argument_of`."""
 
     argument_of: tuple[int, ...]   # operand (`operands` order) -> argument index
-    mode: str                      # decode, prefill, or paged (int8attn.paged_attention)
-    softmax_scale: float
-    result_index: int              # which function result it is
+    mode: str                      # decode, prefill, paged (int8attn.paged_attention) or
+                                   # cache_write (int8attn.cache_write)
+    softmax_scale: float           # (0 for cache_write)
+    result_index: int              # which function result it is (cache_write: the first)
+    tied: tuple[tuple[int, int], ...] = ()   # cache_write: (result, the argument it updates)
 
     @property
     def operands(self) -> tuple[str, ...]:
-        return PAGED_OPERANDS if self.mode == "paged" else OPERANDS
+        return {"paged": PAGED_OPERANDS, "cache_write": CACHE_WRITE_OPERANDS}.get(self.mode,
+                                                                                   OPERANDS)
+
+    @property
+    def by_reference(self) -> tuple[int, ...]:
+        """Arguments the runtime passes without copying them: the paged caches."""
+        if self.mode not in ("paged", "cache_write"):
+            return ()
+        return tuple(self.argument(name) for name in ("k_cache", "k_scale", "v_cache",
+                                                      "v_scale"))
 
     def argument(self, operand: str) -> int:
         return self.argument_of[self.operands.index(operand)]
@@ -49,7 +60,8 @@ class FunctionInfo:
                 "attention": None if self.attention is None else {
                     "argument_of": list(self.attention.argument_of), "mode": self.attention.mode,
                     "softmax_scale": self.attention.softmax_scale,
-                    "result_index": self.attention.result_index}}
+                    "result_index": self.attention.result_index,
+                    "tied": [list(t) for t in self.attention.tied]}}
 
     @staticmethod
     def from_json(data: dict) -> "FunctionInfo":
@@ -58,8 +70,9 @@ class FunctionInfo:
         return FunctionInfo(
             data["name"], tuple(spec(s) for s in data["arguments"]),
             tuple(spec(s) for s in data["results"]),
-            None if att is None else AttentionCall(tuple(att["argument_of"]), att["mode"],
-                                                   att["softmax_scale"], att["result_index"]))
+            None if att is None else AttentionCall(
+                tuple(att["argument_of"]), att["mode"], att["softmax_scale"],
+                att["result_index"], tuple(tuple(t) for t in att.get("tied", ()))))
 
 
 def _spec(t: ir.Type) -> TensorSpec:
@@ -89,13 +102,17 @@ def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:
 def _attention_call(block, terminator) -> AttentionCall | None:
     for index, value in enumerate(terminator.operands):
         attention = value.owner
-        if not isinstance(attention, (d.AttentionOp, d.PagedAttentionOp)):
+        if not isinstance(attention, (d.AttentionOp, d.PagedAttentionOp, d.CacheWriteOp)):
             continue
         argument_of = []
         for operand in attention.operands:
             if not isinstance(operand, ir.BlockArgument) or operand.owner != block:
                 return None
             argument_of.append(operand.arg_number)
+        if isinstance(attention, d.CacheWriteOp):
+            tied = tuple((i, argument_of[3 + ir.OpResult(v).result_number])
+                         for i, v in enumerate(terminator.operands) if v.owner == attention)
+            return AttentionCall(tuple(argument_of), "cache_write", 0.0, index, tied)
         mode = "paged" if isinstance(attention, d.PagedAttentionOp) else attention.mode
         return AttentionCall(tuple(argument_of), mode, attention.softmax_scale, index)
     return None
@@ -103,6 +120,8 @@ def _attention_call(block, terminator) -> AttentionCall | None:
 
 OPERANDS = ("q", "k", "k_scale", "v", "v_scale")
 PAGED_OPERANDS = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_tables", "context_lens")
+CACHE_WRITE_OPERANDS = ("k_new", "v_new", "slot_mapping", "k_cache", "k_scale", "v_cache",
+                        "v_scale")
 
 
 def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
@@ -116,6 +135,10 @@ def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
         from int8attn.driver.paged_inputs import check_paged_arguments
 
         check_paged_arguments(info, arrays)
+    elif call is not None and call.mode == "cache_write":
+        from int8attn.driver.paged_inputs import check_cache_write_arguments
+
+        check_cache_write_arguments(info, arrays)
     else:
         check_cache_scales(info, arrays)
     return arrays
@@ -144,7 +167,7 @@ def check_cache_scales(info: FunctionInfo, arrays, read=None) -> None:
 
 def nonfinite_query_rows(info: FunctionInfo, arrays) -> tuple[int, int]:
     """(rows of q holding NaN or Inf, all rows of q): those rows' results are NaN."""
-    if info.attention is None:
+    if info.attention is None or info.attention.mode == "cache_write":
         return 0, 0
     q = np.asarray(arrays[info.attention.argument_of[0]])
     rows = q.reshape(-1, q.shape[-1]) if q.ndim else q.reshape(1, 1)
@@ -187,10 +210,11 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
     if info.attention is None:
         raise ValueError(f"@{info.name} does not return an int8attn.attention of its own "
                          f"arguments, so random inputs cannot be made for it; pass --inputs")
-    if info.attention.mode == "paged":
-        from int8attn.driver.paged_inputs import random_paged_inputs
+    if info.attention.mode in ("paged", "cache_write"):
+        from int8attn.driver.paged_inputs import random_cache_write_inputs, random_paged_inputs
 
-        arrays = random_paged_inputs(info, seed)
+        make = random_paged_inputs if info.attention.mode == "paged" else random_cache_write_inputs
+        arrays = make(info, seed)
         return (arrays, None) if float_caches else arrays
     check_memory(info, float_caches)
     rng = np.random.default_rng(seed)
@@ -219,6 +243,13 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
     query rows of the dense references.
     """
     call = info.attention
+    if call.mode == "cache_write":   # exact: the numpy quantization of the written tokens
+        from int8attn.reference import paged_cache_write
+
+        caches = paged_cache_write(*(arrays[i] for i in call.argument_of))
+        tied = dict(call.tied)
+        expected = caches[call.argument_of.index(tied[call.result_index]) - 3]
+        return {"exact": expected, "fragment": expected}
     if call.mode == "paged":
         from int8attn.reference import exact_paged_attention, fragment_paged_attention
 

@@ -1,4 +1,5 @@
-"""Inputs of `int8attn.paged_attention`: the checks before every call, and random batches.
+"""Inputs of `int8attn.paged_attention` and `int8attn.cache_write`: the checks before
+every call, and random inputs.
 
 What the verifier cannot see is checked here, before the call, and named by
 argument, sequence and slot: the batch of q, block_tables and context_lens
@@ -6,6 +7,11 @@ agree, the pool's block count agrees across the caches, every length is in
 [1, MB·BS], every table slot a sequence uses holds a block of the pool, and
 the scales of every token a call reads are finite and >= 0. Table slots and
 pool entries past a sequence's length are never read, so they are not checked.
+
+cache_write: k_new, v_new and slot_mapping agree on the number of new tokens T,
+the caches on NB, every slot is in [0, NB·BS) or negative (vLLM's padding: the
+token is skipped), and no two tokens write one slot (which one the cache would
+hold is ambiguous). A refused call writes nothing.
 """
 
 from __future__ import annotations
@@ -117,6 +123,64 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
               "k_cache": k, "k_scale": k_scale,
               "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale,
               "block_tables": tables, "context_lens": lengths.astype(np.int32)}
+    arrays: list = [None] * len(info.arguments)
+    for name, index in zip(call.operands, call.argument_of):
+        arrays[index] = values[name]
+    return arrays
+
+
+def check_cache_write_arguments(info, arrays) -> None:
+    ops = _operands(info, arrays)
+    tokens = {name: ops[name].shape[0] for name in ("k_new", "v_new", "slot_mapping")}
+    if len(set(tokens.values())) != 1:
+        raise InputError(f"@{info.name}: k_new has {tokens['k_new']} new tokens, v_new "
+                         f"{tokens['v_new']} and slot_mapping {tokens['slot_mapping']}; they "
+                         f"must agree (one row of each per new token)")
+    pool = {name: ops[name].shape[0] for name in ("k_cache", "k_scale", "v_cache", "v_scale")}
+    if len(set(pool.values())) != 1:
+        raise InputError(f"@{info.name}: the caches disagree on the number of blocks: "
+                         + ", ".join(f"{n} {c}" for n, c in pool.items()))
+    blocks, block_size = pool["k_cache"], ops["k_cache"].shape[2]
+    slots = ops["slot_mapping"].astype(np.int64)
+    bad = np.flatnonzero(slots >= blocks * block_size)
+    if bad.size:
+        token = int(bad[0])
+        raise InputError(f"{_label(info, 'slot_mapping')}: token {token} writes slot "
+                         f"{int(slots[token])}, outside the pool's slots [0, "
+                         f"{blocks * block_size}) ({blocks} blocks of {block_size} tokens; a "
+                         f"negative slot skips its token)")
+    live = np.flatnonzero(slots >= 0)
+    order = live[np.argsort(slots[live], kind="stable")]
+    same = np.flatnonzero(slots[order][1:] == slots[order][:-1])
+    if same.size:
+        first, second = sorted(int(t) for t in order[same[0]:same[0] + 2])
+        slot = int(slots[first])
+        raise InputError(f"{_label(info, 'slot_mapping')}: tokens {first} and {second} both "
+                         f"write slot {slot} (block {slot // block_size}, offset "
+                         f"{slot % block_size}); which one the cache would hold is ambiguous")
+
+
+def random_cache_write_inputs(info, seed: int) -> list[np.ndarray]:
+    """New tokens (Gaussian k, v) written at distinct random slots of a random pool, one of
+    them skipped (slot -1) when there are several."""
+    rng = np.random.default_rng(seed)
+    call = info.attention
+    spec = {name: info.arguments[i] for name, i in zip(call.operands, call.argument_of)}
+    pool, kv_heads, block_size, head_dim = spec["k_cache"].shape
+    pool = pool or 64
+    tokens = spec["k_new"].shape[0] or min(16, pool * block_size)
+    slots = rng.choice(pool * block_size, tokens, replace=False).astype(np.int32)
+    if tokens > 1:
+        slots[rng.integers(tokens)] = -1
+    k, k_scale = quantize_cache(rng.standard_normal((pool, kv_heads, block_size, head_dim))
+                                .astype(np.float32))
+    v, v_scale = quantize_cache(rng.standard_normal((pool, kv_heads, block_size, head_dim))
+                                .astype(np.float32))
+    element = {"f16": np.float16}.get(spec["k_new"].element, np.float32)
+    values = {"k_new": rng.standard_normal((tokens, kv_heads, head_dim)).astype(element),
+              "v_new": rng.standard_normal((tokens, kv_heads, head_dim)).astype(element),
+              "slot_mapping": slots, "k_cache": k, "k_scale": k_scale,
+              "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale}
     arrays: list = [None] * len(info.arguments)
     for name, index in zip(call.operands, call.argument_of):
         arrays[index] = values[name]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from iree.compiler import ir
 from iree.compiler.tools import CompilerToolError, compile_str
 
-from int8attn.dialects.int8attn import ATTENTION, PAGED_ATTENTION, verify
+from int8attn.dialects.int8attn import ATTENTION, CACHE_WRITE, PAGED_ATTENTION, verify
 from int8attn.driver.graph import FunctionInfo, describe_functions
 from int8attn.driver.options import CompileOptions
 from int8attn.pipelines import algorithm_to_linalg, to_algorithm
@@ -137,11 +137,12 @@ def _kernel_entry(c: Compilation):
                               f"arguments; this graph has {len(c.functions)} public "
                               f"function(s), {len(infos)} of them such")
     info = next(iter(infos.values()))
-    attention = next(op for op in walk(c.module) if op.name in (ATTENTION, PAGED_ATTENTION))
-    if info.attention.mode == "paged":
+    attention = next(op for op in walk(c.module)
+                     if op.name in (ATTENTION, PAGED_ATTENTION, CACHE_WRITE))
+    if info.attention.mode in ("paged", "cache_write"):
         raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover the "
-                              f"dense decode op; int8attn.paged_attention compiles with "
-                              f"--target cpu for now")
+                              f"dense decode op; {attention.name} compiles with --target cpu "
+                              f"for now")
     if info.attention.mode != "decode":
         raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover "
                               f"decode; mode = \"{info.attention.mode}\" compiles with "

@@ -20,6 +20,8 @@ from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, SCA
                                       FragmentModel, FragmentModelName, ScaleGroupKind,
                                       VLoadScheme, bf16_pv_model,
                                       format_token_set, fragment_model)
+from int8attn.fragments.token_axes import (NotADigitPermutation, TokenAxes, TokenAxis,
+                                           token_axes)
 
 __all__ = [
     "SCALE_GROUP_KINDS",
@@ -43,4 +45,8 @@ __all__ = [
     "xor_reduction_offsets",
     "element_classes",
     "thread_distribution",
+    "TokenAxis",
+    "TokenAxes",
+    "NotADigitPermutation",
+    "token_axes",
 ]

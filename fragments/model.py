@@ -10,6 +10,7 @@ import numpy as np
 
 from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
                                              SM80_MMA_S8, MatrixInstruction)
+from int8attn.fragments.token_axes import TokenAxes, token_axes
 
 # The names of the fragment models (the matrix instruction plus load scheme a
 # W scale group follows) and the two ways of choosing W scale groups.
@@ -122,6 +123,11 @@ class FragmentModel:
         owner = np.empty(block_tokens, dtype=np.int64)
         owner[groups.ravel()] = np.repeat(np.arange(groups.shape[0]), groups.shape[1])
         return owner
+
+    def token_axes(self, block_tokens: int) -> TokenAxes:
+        """`token_groups(block_tokens)` as digits of the token index (the
+        copy-free view of V); raises `NotADigitPermutation` if it has none."""
+        return token_axes(self.token_groups(block_tokens))
 
     def with_v_load(self, bytes_per_lane: int) -> "FragmentModel":
         return FragmentModel(self.name, self.instruction, VLoadScheme(bytes_per_lane),

@@ -92,11 +92,25 @@ class CompiledGraph:
     module = executor  # the loaded IREE module (for timing calls)
 
     def run(self, arrays, function: str | None = None) -> list[np.ndarray]:
+        """Results as numpy arrays. A cache_write function updates the caller's cache
+        arrays in place (without a copy when they are writable, C-contiguous and
+        64-byte aligned: `int8attn.runtime.aligned_empty`) and returns them; paged
+        caches are read without a copy under the same conditions."""
         info = self.entry(function)
+        originals = list(arrays)
         arrays = check_arguments(info, arrays)
+        call = info.attention
+        by_reference = {} if call is None or self.simulated else {
+            "by_reference": call.by_reference, "tied": call.tied}
         start = time.perf_counter()
-        results = self.executor.call(info.name, *arrays)
+        results = self.executor.call(info.name, *arrays, **by_reference)
         self.timings["run"] = time.perf_counter() - start
+        for r, a in (call.tied if call is not None else ()):
+            original = originals[a]
+            if (isinstance(original, np.ndarray) and results[r] is not original
+                    and original.flags.writeable and original.shape == results[r].shape):
+                np.copyto(original, results[r])
+                results[r] = original
         return results
 
     def __call__(self, *arrays, function: str | None = None):

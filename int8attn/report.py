@@ -26,6 +26,11 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
     import int8attn
 
     call = info.attention
+    if call.mode in ("paged", "cache_write"):
+        from int8attn.cli import UsageError
+
+        raise UsageError(f"--report splits the error of the dense int8attn.attention op; "
+                         f"@{info.name} is {call.mode} (drop --report)")
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     result = outputs[call.result_index]
     split = error_split(q, k, k_scale, v, v_scale, floats["k"], floats["v"],

@@ -10,6 +10,7 @@ from int8attn.passes.decode_split_kv import DecodeSplitKV
 from int8attn.passes.float_pv import FloatPV
 from int8attn.passes.fold_v_scale import FoldVScale
 from int8attn.passes.int8_qk import Int8QK
+from int8attn.passes.lower_cache_write import LowerCacheWrite
 from int8attn.passes.lower_mmac_tiles import LowerMMACTiles
 from int8attn.passes.lower_paged_attention import LowerPagedAttention
 from int8attn.passes.lower_quantize import LowerQuantize
@@ -19,7 +20,7 @@ from int8attn.passes.quantize_w_groups import QuantizeWGroups
 from int8attn.passes.verify_scale_groups import VerifyScaleGroups
 
 PASSES = {cls.argument: cls for cls in (
-    Int8QK, LowerPagedAttention, DecodeSplitKV, PrefillOnlineSoftmax, FoldVScale, QuantizeWGroups, FloatPV, PVToMMAC,
+    Int8QK, LowerCacheWrite, LowerPagedAttention, DecodeSplitKV, PrefillOnlineSoftmax, FoldVScale, QuantizeWGroups, FloatPV, PVToMMAC,
     LowerMMACTiles, LowerQuantize, VerifyScaleGroups,
 )}
 

@@ -18,7 +18,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
-from int8attn.dialects.int8attn import shape_of, tensor as tensor_type
+from int8attn.dialects.int8attn import DYNAMIC, shape_of, tensor as tensor_type
 
 
 
@@ -45,25 +45,40 @@ def to_f32(value: ir.Value) -> ir.Value:
     return arith.sitofp(ir.F32Type.get(), value)
 
 
-def empty(shape: Sequence[int], element: str) -> ir.Value:
-    return tensor.EmptyOp(list(shape), ir.Type.parse(element)).result
+def empty(shape: Sequence[int], element: str, like: ir.Value | None = None) -> ir.Value:
+    """`tensor.empty`; a dynamic dim i (DYNAMIC in `shape`) is `tensor.dim(like, i)`."""
+    sizes = [tensor.DimOp(like, index(i)).result if n == DYNAMIC else n
+             for i, n in enumerate(shape)]
+    return tensor.EmptyOp(sizes, ir.Type.parse(element)).result
 
 
-def full(shape: Sequence[int], element: str, value: ir.Value) -> ir.Value:
-    return linalg.fill(value, outs=[empty(shape, element)])
+def full(shape: Sequence[int], element: str, value: ir.Value,
+         like: ir.Value | None = None) -> ir.Value:
+    return linalg.fill(value, outs=[empty(shape, element, like)])
 
 
-def zeros(shape: Sequence[int], element: str) -> ir.Value:
-    return full(shape, element, zero(element))
+def zeros(shape: Sequence[int], element: str, like: ir.Value | None = None) -> ir.Value:
+    return full(shape, element, zero(element), like)
 
 
 def generic(inputs: Sequence[ir.Value], input_dims: Sequence[str], output_dims: str,
-            init: ir.Value | Sequence[ir.Value], body: Callable) -> ir.Value:
-    """`linalg.generic` over named loop dimensions; see the module docstring."""
+            init: ir.Value | Sequence[ir.Value], body: Callable,
+            loops: str | None = None) -> ir.Value:
+    """`linalg.generic` over named loop dimensions; see the module docstring.
+
+    `loops` orders the loops explicitly (every letter used, each once); by
+    default the output's letters come first, then the inputs' in order.
+    """
     inits = [init] if isinstance(init, ir.Value) else list(init)
-    loops = list(output_dims)
-    for dims in input_dims:
-        loops += [d for d in dims if d not in loops]
+    if loops is None:
+        loops = list(output_dims)
+        for dims in input_dims:
+            loops += [d for d in dims if d not in loops]
+    else:
+        used = set(output_dims).union(*map(set, input_dims))
+        if sorted(loops) != sorted(used):
+            raise ValueError(f"loops '{loops}' must name each of {sorted(used)} once")
+        loops = list(loops)
     position = {d: i for i, d in enumerate(loops)}
 
     def affine(dims: str) -> ir.AffineMap:
@@ -93,7 +108,7 @@ def collapse(value: ir.Value, reassociation: list[list[int]]) -> ir.Value:
     for group in reassociation:
         size = 1
         for d in group:
-            size *= source[d]
+            size = DYNAMIC if DYNAMIC in (size, source[d]) else size * source[d]
         shape.append(size)
     element = str(ir.RankedTensorType(value.type).element_type)
     return tensor.CollapseShapeOp(tensor_type(shape, element), value, reassociation).result
@@ -145,3 +160,38 @@ def lookup(table: ir.Value, indices: Sequence[ir.Value]) -> ir.Value:
     """`table[indices]` as an index value."""
     entry = tensor.ExtractOp(table, list(indices)).result
     return arith.index_cast(ir.IndexType.get(), entry)
+
+
+def split_dim(value: ir.Value, dim: int, sizes: Sequence[int]) -> ir.Value:
+    """Dimension `dim` of `value` viewed as `sizes` (tensor.expand_shape; no copy).
+
+    `sizes` may have one entry (no-op) or none (the dim must be 1 and is dropped).
+    """
+    shape = shape_of(value)
+    sizes = list(sizes)
+    if len(sizes) == 1:
+        return value
+    if not sizes:
+        if len(shape) == 1:
+            raise ValueError("cannot drop the only dimension")
+        keep = dim - 1 if dim else 0
+        return collapse(value, _reassociation(len(shape) - 1, keep, 2))
+    return expand(value, _reassociation(len(shape), dim, len(sizes)),
+                  shape[:dim] + sizes + shape[dim + 1:])
+
+
+def merge_dims(value: ir.Value, dim: int, count: int) -> ir.Value:
+    """Dimensions dim .. dim+count-1 of `value` as one (count 0 inserts a unit dim)."""
+    shape = shape_of(value)
+    if count == 1:
+        return value
+    if count == 0:
+        return split_dim(value, dim - 1, [shape[dim - 1], 1]) if dim else \
+            split_dim(value, 0, [1, shape[0]])
+    return collapse(value, _reassociation(len(shape) - count + 1, dim, count))
+
+
+def _reassociation(rank: int, dim: int, count: int) -> list[list[int]]:
+    """Reassociation for a rank-`rank` side whose dim `dim` spans `count` dims of the other."""
+    return ([[i] for i in range(dim)] + [list(range(dim, dim + count))]
+            + [[i + count - 1] for i in range(dim + 1, rank)])

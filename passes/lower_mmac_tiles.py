@@ -1,26 +1,68 @@
-"""lower-mmac-tiles: MMAC tiles as exact i8 x i8 -> i32 contractions.
+"""lower-mmac-tiles: MMAC tiles as exact int8 contractions.
 
 Rewrites `int8attn.mmac_tiles(Wq, v) {groups}` into standard dialects that
-every IREE backend runs:
+every IREE backend runs, computing per MMAC group exactly
+
+    acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,groups[g,k],d]     (int32)
+
+When `groups` is a permutation of the digits of the token index (every
+fragment model here: `fragments.token_axes`), V is read in place, through a
+`tensor.expand_shape` of its token dimension:
+
+    v  [B,H,N,T,D] -> [B,H,N, O..., Tb, D]     O: the group digits outside every
+                                               K-slot digit (whole waves); Tb: the
+                                               block of tokens below them (a wave)
+
+Within a block the groups interleave (gfx936: token = 64*wave + 16*r + 8*t + j,
+group (wave, t), slot (r, j)), so Wq is spread over the block's tokens with a
+zero wherever a token belongs to another group of the block (W is small; V is
+never copied):
+
+    Wz[b,h,n,O,i,r,tok] = Wq[b,h,r,n,g(O,i),k(tok)] if tok is in group (O,i), else 0
+    acc[b,h,r,n,O,i,d]  = sum_tok Wz[b,h,n,O,i,r,tok] * v[b,h,n,O,tok,d]
+
+one contraction over one contiguous token loop, with r, d, tok innermost (the
+(M, N, K) IREE's CPU backend tiles a matmul-like op by). It accumulates in f32:
+every product is an integer of magnitude <= 128*128 and every partial sum of a
+group's at most K nonzero products one of magnitude <= K*128*128 < 2^24, so
+every f32 operation is exact and acc (converted to i32) is the group's int32
+sum, bit for bit, in any summation order (the zeros add exactly nothing). On
+this CPU the f32 FMA path is the fastest exact one (the i32 multiply-add form
+of the same loop ran ~1.35x slower).
+
+Any other table (not a digit permutation), or K too large for exact f32 sums,
+is lowered through a gather of V in fragment order and an i32 contraction:
 
     Vg[b,h,n,g,k,d] = v[b,h,n,groups[g,k],d]            token gather (the B operand)
     acc[b,h,r,n,g,d] = sum_k i32(Wq[b,h,r,n,g,k]) * i32(Vg[b,h,n,g,k,d])
 
-The gather reads the same `groups` table the scales were computed over, so
-the K slot k of group g pairs W and V of the same token.
+Either way the `groups` table the scales were computed over is the one that
+pairs each K slot of W with its token of V.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from math import prod
+from typing import ClassVar, Literal
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
 from int8attn.dialects import int8attn as d
+from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
 from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
+
+# How the lowerings reach the tokens of a group: through a view of the token
+# digits where the groups table allows it ("in-place"), or always through a
+# gather by the table ("gather", the reference form the tests compare with).
+TokenAccess = Literal["in-place", "gather"]
+
+# Group sums of up to EXACT_F32_SLOTS products of two int8 values stay below
+# 2^24 (1024 * 128 * 128 = 2^24), so f32 accumulates them exactly.
+EXACT_F32_SLOTS = 1024
 
 
 def gather_tokens(values: ir.Value, token_dim: int, groups) -> ir.Value:
@@ -40,22 +82,108 @@ def gather_tokens(values: ir.Value, token_dim: int, groups) -> ir.Value:
     return build.generic([], [], dims, build.empty(out_shape, element), body)
 
 
-def lower_tiles(op: d.MMACTilesOp, rewriter):
+def _mac(a, b, total):
+    return arith.addi(total, arith.muli(build.to_i32(a), build.to_i32(b)))
+
+
+# Loop names of the token axes (single letters; b, h, r, n, d, k are taken):
+# a token digit of axis i, and the group digit of an inner group axis i.
+_TOKEN_DIGIT = "ACEFGIJLMOPQSTUVWXYZ"
+_GROUP_DIGIT = "acefgijlmopqstuvwxyz"
+
+
+def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape) -> ir.Value:
+    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v.
+
+    The token axes outside every slot axis (whole waves) are batch loops; the
+    block below them is one contiguous reduction loop, over which Wq is
+    spread with zeros for the tokens of the block's other groups.
+    """
+    n_axes = len(axes.axes)
+    first = min(i for i, a in enumerate(axes.axes) if a.role == "slot")
+    block = list(range(first, n_axes))
+    inner = [i for i in block if axes.axes[i].role == "group"]
+    token = _TOKEN_DIGIT[:n_axes]
+    digit = {i: (token[i] if i < first else _GROUP_DIGIT[i]) for i in axes.group_order}
+    outer = token[:first]
+    inner_dims = "".join(digit[i] for i in inner)
+    group = "".join(digit[i] for i in axes.group_order)
+    slot = "".join(token[i] for i in axes.slot_order)
+    sizes = {c: axes.axes[i].size for i, c in enumerate(token)}
+    sizes.update({digit[i]: axes.axes[i].size for i in inner})
+    b, h, r, n, _, _ = d.shape_of(wq)
+    sizes.update(b=b, h=h, r=r, n=n, d=result_shape[-1],
+                 k=prod(axes.axes[i].size for i in block))
+
+    # Wz[b,h,n,O,i,r,<block digits>] = f32(Wq[b,h,r,n,g(O,i),k(slot digits)]) where
+    # each inner group axis has its token digit equal to the group's, else 0.
+    wq_view = build.split_dim(build.split_dim(wq, 5, axes.slot_shape), 4, axes.group_shape)
+    wz_dims = "bhn" + outer + inner_dims + "r" + token[first:]
+    loop = {c: i for i, c in enumerate(wz_dims)}
+
+    def own_group_only(w, _):
+        w = build.to_f32(w)
+        same = None
+        for i in inner:
+            eq = arith.cmpi(arith.CmpIPredicate.eq, build.loop_index(loop[digit[i]]),
+                            build.loop_index(loop[token[i]]))
+            same = eq if same is None else arith.andi(same, eq)
+        return w if same is None else arith.select(same, w, build.zero("f32"))
+
+    wz = build.generic([wq_view], ["bhrn" + group + slot], wz_dims,
+                       build.empty([sizes[c] for c in wz_dims], "f32"), own_group_only)
+    wz = build.merge_dims(wz, len(wz_dims) - len(block), len(block))
+    v_view = build.split_dim(v, 3, [axes.axes[i].size for i in range(first)] + [sizes["k"]])
+
+    out_dims = "bhrn" + group + "d"
+    out_shape = [sizes[c] for c in out_dims]
+    acc = build.generic(
+        [wz, v_view], ["bhn" + outer + inner_dims + "rk", "bhn" + outer + "kd"], out_dims,
+        build.zeros(out_shape, "f32"),
+        lambda w, x, total: arith.addf(total, arith.mulf(w, build.to_f32(x))),
+        loops="bhn" + outer + inner_dims + "rdk")
+    acc = build.generic([acc], [out_dims], out_dims, build.empty(out_shape, "i32"),
+                        lambda a, _: arith.fptosi(ir.IntegerType.get_signless(32), a))
+    return build.merge_dims(acc, 4, len(group))
+
+
+def in_place_axes(groups) -> TokenAxes | None:
+    """The token axes to read V in place by, or None (lower through the gather)."""
+    if groups.shape[1] > EXACT_F32_SLOTS:
+        return None
+    try:
+        axes = token_axes(groups)
+    except NotADigitPermutation:
+        return None
+    return axes if axes.slot_order else None
+
+
+def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place"):
     wq, v, groups = op.wq, op.v, op.groups
+    static = d.DYNAMIC not in d.shape_of(wq) + d.shape_of(v)
+    axes = in_place_axes(groups) if static and tokens == "in-place" else None
     with rewriter.ip, op.location:
-        v_groups = gather_tokens(v, 3, groups)
-        acc = build.generic(
-            [wq, v_groups], ["bhrngk", "bhngkd"], "bhrngd",
-            build.zeros(d.shape_of(op.result), "i32"),
-            lambda a, b, total: arith.addi(total, arith.muli(build.to_i32(a), build.to_i32(b))))
+        if axes is not None:
+            acc = contract_in_place(wq, v, axes, d.shape_of(op.result))
+        else:
+            v_groups = gather_tokens(v, 3, groups)
+            acc = build.generic([wq, v_groups], ["bhrngk", "bhngkd"], "bhrngd",
+                                build.zeros(d.shape_of(op.result), "i32"), _mac)
     rewriter.replace_op(op, [acc])
 
 
 @dataclass(frozen=True)
-class LowerMMACTiles:
-    """Lower MMAC tiles to token gathers and int32 `linalg.generic` contractions."""
+class LowerMMACTiles(TypedOptions):
+    """Lower MMAC tiles to exact int8 contractions, reading V in place where the groups allow.
+
+    Groups that are no digit permutation of the token index (or `tokens=gather`)
+    go through a token gather of V instead.
+    """
 
     argument: ClassVar[str] = "lower-mmac-tiles"
+    tokens: TokenAccess = option(
+        "in-place", "read V's tokens in place where the groups allow it, or always "
+        "gather them through the groups table (the reference form)")
 
     def run(self, module: ir.Operation) -> None:
-        apply_patterns(module, {d.MMAC_TILES: lower_tiles})
+        apply_patterns(module, {d.MMAC_TILES: lambda op, rw: lower_tiles(op, rw, self.tokens)})

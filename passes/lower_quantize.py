@@ -6,12 +6,18 @@ Rewrites `int8attn.quantize(x)` (per row, last dimension) into
     inv = (a >= QUANTIZE_MIN_ABSMAX and a < inf) ? 127 / a : 0
     q = fptosi(inv == 0 ? 0 : clamp(roundeven(x * inv), -127, 127))
 
-and `int8attn.group_quantize(W) {groups}` into a token gather of W into
-[..., G, K] (the fragment order of `groups`) followed by the same per-row
-quantization over K (with `scale_groups`, the absmax comes from a second
-gather over those token sets instead). An all-zero or tiny row gives q = 0; a
-row holding NaN or Inf gives q = 0, s = NaN (never a poison fptosi). The scalar
-ops come from passes/quantize_contract.py, which the lane-level kernels share.
+and `int8attn.group_quantize(W) {groups}` into the same per-row quantization
+over each group's K tokens, with Wq in [..., G, K] (the fragment order of
+`groups`). Where `groups` is a permutation of the token index's digits
+(`fragments.token_axes`, every fragment model here), W is read in place: its
+token dim viewed as those digits, the absmax reducing the slot digits and Wq
+written in group order by the loops' order, no copy of W. Otherwise (or with
+`tokens=gather`, or with `scale_groups`, whose absmax comes from a second
+gather over those token sets) W is first gathered into [..., G, K]. An
+all-zero or tiny row gives q = 0; a row holding NaN or Inf gives q = 0, s = NaN
+(never a poison fptosi). The scalar ops come from passes/quantize_contract.py,
+which the lane-level kernels share.
+Leading (row) dimensions of `quantize` may be dynamic (cache_write's T new tokens).
 """
 
 from __future__ import annotations
@@ -22,16 +28,18 @@ from typing import ClassVar
 from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
+from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
 from int8attn.passes import builders as build
 from int8attn.passes import quantize_contract as contract
-from int8attn.passes.lower_mmac_tiles import gather_tokens
+from int8attn.passes.lower_mmac_tiles import TokenAccess, gather_tokens
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.options import TypedOptions, option
 
 
 def row_absmax(x: ir.Value) -> ir.Value:
     shape = d.shape_of(x)
     dims = "abcdefghij"[:len(shape)]
-    return build.generic([x], [dims], dims[:-1], build.zeros(shape[:-1], "f32"),
+    return build.generic([x], [dims], dims[:-1], build.zeros(shape[:-1], "f32", like=x),
                          lambda xi, acc: contract.absmax_step(acc, xi))
 
 
@@ -42,11 +50,11 @@ def quantize_rows(x: ir.Value, amax: ir.Value | None = None) -> tuple[ir.Value, 
     row, row_shape = dims[:-1], shape[:-1]
     amax = row_absmax(x) if amax is None else amax
     c = contract.quantize_constants(build.f32)
-    scale = build.generic([amax], [row], row, build.empty(row_shape, "f32"),
+    scale = build.generic([amax], [row], row, build.empty(row_shape, "f32", like=x),
                           lambda a, _: contract.quantize_scale(a, c))
-    inverse = build.generic([amax], [row], row, build.empty(row_shape, "f32"),
+    inverse = build.generic([amax], [row], row, build.empty(row_shape, "f32", like=x),
                             lambda a, _: contract.quantize_inverse(a, c))
-    q = build.generic([x, inverse], [dims, row], dims, build.empty(shape, "i8"),
+    q = build.generic([x, inverse], [dims, row], dims, build.empty(shape, "i8", like=x),
                       lambda xi, inv, _: contract.quantize_value(xi, inv, c))
     return q, scale
 
@@ -57,11 +65,55 @@ def lower_quantize(op: d.QuantizeOp, rewriter):
     rewriter.replace_op(op, [q, scale])
 
 
-def lower_group_quantize(op: d.GroupQuantizeOp, rewriter):
+# Loop names of the token digits (the leading dims use lower-case letters).
+_TOKEN_DIGIT = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def quantize_groups_in_place(w: ir.Value, axes: TokenAxes) -> tuple[ir.Value, ir.Value]:
+    """group_quantize on a view of W's token dim split into the groups' digits:
+    the absmax reduces the slot digits, Wq is written in [G, K] order straight
+    from W (a permutation of loops, no gather)."""
+    shape = d.shape_of(w)
+    t = len(shape) - 1
+    lead = "abcdefghijklmnopqrstuvwxyz"[:t]
+    token = _TOKEN_DIGIT[:len(axes.axes)]
+    group = "".join(token[i] for i in axes.group_order)
+    slot = "".join(token[i] for i in axes.slot_order)
+    c = contract.quantize_constants(build.f32)
+    w_view = build.split_dim(w, t, axes.token_shape)
+    amax = build.generic([w_view], [lead + token], lead + group,
+                         build.zeros(shape[:t] + axes.group_shape, "f32"),
+                         lambda x, acc: contract.absmax_step(acc, x))
+    amax = build.merge_dims(amax, t, len(group))
+    rows, row_shape = lead + "G", shape[:t] + [axes.groups]
+    scale = build.generic([amax], [rows], rows, build.empty(row_shape, "f32"),
+                          lambda a, _: contract.quantize_scale(a, c))
+    inverse = build.generic([amax], [rows], rows, build.empty(row_shape, "f32"),
+                            lambda a, _: contract.quantize_inverse(a, c))
+    q = build.generic([w_view, build.split_dim(inverse, t, axes.group_shape)],
+                      [lead + token, lead + group], lead + group + slot,
+                      build.empty(shape[:t] + axes.group_shape + axes.slot_shape, "i8"),
+                      lambda x, inv, _: contract.quantize_value(x, inv, c))
+    q = build.merge_dims(build.merge_dims(q, t + len(group), len(slot)), t, len(group))
+    return q, scale
+
+
+def lower_group_quantize(op: d.GroupQuantizeOp, rewriter, tokens: str = "in-place"):
     w = op.w
     token_dim = len(d.shape_of(w)) - 1
     groups, scale_groups = op.groups, op.scale_groups
+    axes = None
+    if (tokens == "in-place" and (scale_groups == groups).all()
+            and d.DYNAMIC not in d.shape_of(w)):
+        try:
+            axes = token_axes(groups)
+        except NotADigitPermutation:
+            pass
     with rewriter.ip, op.location:
+        if axes is not None:
+            q, scale = quantize_groups_in_place(w, axes)
+            rewriter.replace_op(op, [q, scale])
+            return
         grouped = gather_tokens(w, token_dim, groups)
         amax = None
         if not (scale_groups == groups).all():  # the seed's bug, on request
@@ -71,11 +123,15 @@ def lower_group_quantize(op: d.GroupQuantizeOp, rewriter):
 
 
 @dataclass(frozen=True)
-class LowerQuantize:
+class LowerQuantize(TypedOptions):
     """Lower `int8attn.quantize` and `int8attn.group_quantize` to linalg."""
 
     argument: ClassVar[str] = "lower-quantize"
+    tokens: TokenAccess = option(
+        "in-place", "read W's tokens in group order through a view where the groups "
+        "allow it, or always gather them through the groups table (the reference form)")
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.QUANTIZE: lower_quantize,
-                                d.GROUP_QUANTIZE: lower_group_quantize})
+                                d.GROUP_QUANTIZE: lambda op, rw: lower_group_quantize(
+                                    op, rw, self.tokens)})

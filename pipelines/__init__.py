@@ -3,7 +3,8 @@
     int8attn-to-algorithm   attention / paged_attention -> INT8 QK, split-KV /
                             loops over sequences and partitions / online softmax,
                             W = P*sV, W groups from the fragment model, verified
-                            MMAC tiles (or the float PV baselines)
+                            MMAC tiles (or the float PV baselines); cache_write ->
+                            quantize + in-place scatters into the paged cache
     int8attn-to-linalg      the same, then the tiles and quantizations lowered
                             to linalg/arith/math that every IREE backend compiles
 
@@ -24,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from int8attn.fragments import FragmentModelName, ScaleGroupKind, fragment_model
-from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerMMACTiles,
+from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCacheWrite,
+                             LowerMMACTiles,
                              LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
@@ -73,7 +75,7 @@ def to_algorithm(options: PipelineOptions) -> list:
               PVToMMAC(options.fragment_model), *verify]
     else:
         pv = [FloatPV(options.pv)]
-    return [Int8QK(), LowerPagedAttention(options.partition_tokens),
+    return [Int8QK(), LowerCacheWrite(), LowerPagedAttention(options.partition_tokens),
             DecodeSplitKV(options.partition_tokens),
             PrefillOnlineSoftmax(options.tile_tokens), FoldVScale(), *pv]
 

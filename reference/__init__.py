@@ -21,10 +21,10 @@ from int8attn.reference.error_split import TERMS, error_split
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import fragment_attention, fragment_softmax_pv
 from int8attn.reference.paged import (exact_paged_attention, fragment_paged_attention,
-                                      sequence_cache)
+                                      paged_cache_write, sequence_cache)
 
 __all__ = ["TERMS", "error_split", "PV_MODES", "PVKind", "TIE_WINDOW", "quantize", "quantize_cache", "round_to_bf16",
            "exact_attention", "fragment_attention", "exact_paged_attention",
-           "fragment_paged_attention", "sequence_cache", "fragment_softmax_pv", "w_quantization_error_scale",
+           "fragment_paged_attention", "paged_cache_write", "sequence_cache", "fragment_softmax_pv", "w_quantization_error_scale",
            "qk_quantization_error_scale", "qk_quantization_error_bound", "bf16_rounding_error_scale",
            "rounding_tie_slack"]

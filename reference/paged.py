@@ -5,12 +5,16 @@ over those tokens: its K and V are gathered through its block table (token t
 in block `block_tables[b, t // BS]`, slot `t % BS`) into a dense [1, Hkv,
 len_b, D] cache, and the dense references run on that. Table slots past a
 sequence's length are not read.
+
+`paged_cache_write` is `int8attn.cache_write`: each new token's rows quantized
+with the contract's `quantize` and stored at its slot (a negative slot skips it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from int8attn.reference.common import quantize
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import fragment_attention
 
@@ -51,3 +55,24 @@ def fragment_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables
     `contract` as for `fragment_attention` (pv, model, partition_tokens, ...)."""
     return _per_sequence(lambda *a: fragment_attention(*a, softmax_scale, **contract), q,
                          k_cache, k_scale, v_cache, v_scale, block_tables, context_lens)
+
+
+def paged_cache_write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale):
+    """The caches with tokens i written at slot_mapping[i] (copies; the inputs are kept):
+    per KV head, (Kq, sK) = quantize(k_new[i, h]) at k_cache[s // BS, h, s % BS, :] and
+    k_scale[s // BS, h, s % BS]; V likewise, token-innermost (v_cache[s // BS, h, :, s % BS]).
+    A token whose slot is negative is skipped (vLLM's padding)."""
+    k_cache, k_scale, v_cache, v_scale = (np.array(a, copy=True) for a in
+                                          (k_cache, k_scale, v_cache, v_scale))
+    block_size = k_cache.shape[2]
+    kq, ks = quantize(np.asarray(k_new, np.float32))          # [T, Hkv, D], [T, Hkv]
+    vq, vs = quantize(np.asarray(v_new, np.float32))
+    for i, slot in enumerate(np.asarray(slot_mapping)):
+        if slot < 0:
+            continue
+        block, offset = divmod(int(slot), block_size)
+        k_cache[block, :, offset, :] = kq[i]
+        k_scale[block, :, offset] = ks[i]
+        v_cache[block, :, :, offset] = vq[i]
+        v_scale[block, :, offset] = vs[i]
+    return k_cache, k_scale, v_cache, v_scale

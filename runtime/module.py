@@ -3,6 +3,16 @@
 A failure inside iree.runtime (a module that does not load, a call that
 raises) is a `StageError` naming the stage, with an `iree-run-module` command
 line that reproduces it on the saved vmfb and inputs.
+
+Arguments are copied into device buffers, except those a call passes
+`by_reference` (the paged caches): on a host-memory device (local-task) a
+writable, C-contiguous, 64-byte aligned numpy array is imported as the HAL
+buffer itself (`import_host_allocation`, no copy), so a module that updates
+it in place (`lower-cache-write`) writes into the caller's array, and a
+result `tied` to such an argument is returned as that very array. Any other
+array is copied in and, when tied, the result is copied back into it: the
+caller's array is updated either way, without a copy only in the first case
+(`aligned_empty` makes arrays that qualify).
 """
 
 from __future__ import annotations
@@ -15,6 +25,9 @@ import numpy as np
 import iree.runtime as rt
 
 from int8attn.support.diagnostics import StageError, save_for_repro
+
+# Byte alignment IREE's CPU dispatches may assume for a buffer binding.
+HOST_ALIGNMENT = 64
 
 # MLIR element type -> numpy dtype accepted at the module boundary.
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "i32": np.int32,
@@ -70,6 +83,27 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
     return checked
 
 
+def aligned_empty(shape, dtype, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data is `alignment`-byte aligned, so
+    the runtime can pass it by reference (no copy)."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(size + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start:start + size].view(dtype).reshape(shape)
+
+
+def aligned_copy(array) -> np.ndarray:
+    array = np.asarray(array)
+    out = aligned_empty(array.shape, array.dtype)
+    out[...] = array
+    return out
+
+
+def _host_memory(array) -> int | None:
+    return array.ctypes.data if isinstance(array, np.ndarray) and array.size else None
+
+
 class LoadedModule:
     """One vmfb in its own runtime context on `driver` (default: local-task CPU)."""
 
@@ -121,14 +155,50 @@ class LoadedModule:
             seconds.append(time.perf_counter() - start)
         return seconds
 
-    def call(self, function: str, *arrays) -> list[np.ndarray]:
+    def _by_reference(self, array: np.ndarray):
+        """A HAL buffer view over `array`'s own memory, or None where it cannot be one
+        (read-only, not C-contiguous or not aligned, or a device that is not the host)."""
+        if not (array.size and array.flags.c_contiguous and array.flags.writeable
+                and array.ctypes.data % HOST_ALIGNMENT == 0 and self.driver == "local-task"):
+            return None
+        from iree.runtime.array_interop import map_dtype_to_element_type
+
+        element = map_dtype_to_element_type(array.dtype)
+        if element is None:
+            return None
+        allocator = self._context.config.device.allocator
+        try:
+            buffer = allocator.import_host_allocation(
+                array, memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+                allowed_usage=int(rt.BufferUsage.DEFAULT))
+        except (RuntimeError, ValueError):
+            return None
+        return rt.HalBufferView(buffer, array.shape, element)
+
+    def call(self, function: str, *arrays, by_reference=(), tied=()) -> list[np.ndarray]:
+        """Results as numpy arrays. `by_reference`: argument indices to pass without a
+        copy where possible; `tied`: (result, argument) pairs whose result is that
+        argument updated, returned as the caller's array (module docstring)."""
         if function not in self.signatures:
             raise InputError(f"no public function @{function}; the module has "
                              f"{', '.join('@' + f for f in self.signatures)}")
         arguments = self.check_arguments(function, arrays)
         entry = self._functions(function, arguments)[function]
+        passed = list(arguments)
+        for i in by_reference:
+            view = self._by_reference(arguments[i])
+            if view is not None:
+                passed[i] = view
         with self._stage(f"calling @{function}", function, arguments):
-            results = entry(*arguments)
+            results = entry(*passed)
             if not isinstance(results, (tuple, list)):
                 results = [results]
-            return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+            results = [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+        for r, a in tied:
+            target = arrays[a] if isinstance(arrays[a], np.ndarray) else arguments[a]
+            if _host_memory(results[r]) == _host_memory(target):
+                results[r] = target
+            elif target.flags.writeable and target.shape == results[r].shape:
+                np.copyto(target, results[r])
+                results[r] = target
+        return results

@@ -8,6 +8,8 @@ max|V| plus the rounding-tie slack; exact within the contract's quantization
 bounds), and every bad table, length or shape is a named error before the call.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -195,3 +197,9 @@ def test_kernel_targets_refuse_the_paged_op_with_a_location(tmp_path, capsys):
     assert cli.main(["compile", str(path), "--target", "gfx936", "-o", str(tmp_path / "k")]) == 1
     assert (f"{path}:2:8: error: the gfx936 kernels cover the dense decode op; "
             f"int8attn.paged_attention compiles with --target cpu") in capsys.readouterr().err
+    write = tmp_path / "write.mlir"
+    example = Path(__file__).resolve().parent.parent / "examples" / "paged_decode.mlir"
+    write.write_text(example.read_text().split("func.func @attend")[0])
+    for target in ("gfx942", "cuda"):
+        assert cli.main(["compile", str(write), "--target", target, "-o", str(tmp_path / "k")]) == 1
+        assert "int8attn.cache_write compiles with --target cpu" in capsys.readouterr().err

@@ -1,10 +1,85 @@
-// RUN: int8attn-opt %s -p lower-mmac-tiles | filecheck %s
+// RUN: int8attn-opt %s --split-input-file -p lower-mmac-tiles | filecheck %s
+// RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{tokens=gather}" | filecheck %s --check-prefix=GATHER
 
-// V is gathered into fragment order through the same groups table, then
-// each tile is an exact i8 x i8 -> i32 contraction over its 32 K slots.
-// CHECK-LABEL: func.func @lower
+// gfx936, one 64-token wave: token = 16*r + 8*t + j, MMAC t consumes K slot
+// 8*r + j. V is read in place (no gather, no copy): its 64 tokens are one
+// reduction loop, and Wq is spread over them (as f32) with a zero wherever the
+// token's t is not the group's. The contraction's loops end in (r, d, tok);
+// it accumulates in f32, exact for int8 products (every partial sum is an
+// integer below 2^24), and converts the sums to i32.
+// CHECK-DAG: #[[WQ_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d4, d2, d3, d5, d7)>
+// CHECK-DAG: #[[WZ_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3, d4, d6)>
+// CHECK-DAG: #[[V_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d6, d5)>
+// CHECK-DAG: #[[ACC_WRITE:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d4, d2, d3, d5)>
+// CHECK-LABEL: func.func @wave
 // CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
-// CHECK: %[[TABLE:.*]] = arith.constant dense<{{\[\[}}0, 1, 2, 3, 4, 5, 6, 7, 16, {{.*}}> : tensor<2x32xi64>
+// CHECK-NOT: tensor.extract
+// CHECK: %[[WQ_RJ:.*]] = tensor.expand_shape %[[WQ]] {{\[\[}}0], [1], [2], [3], [4], [5, 6]] output_shape [1, 1, 4, 1, 2, 4, 8]
+// CHECK: %[[WZ:.*]] = linalg.generic {indexing_maps = [#[[WQ_READ]], #{{.*}}], {{.*}} ins(%[[WQ_RJ]] : tensor<1x1x4x1x2x4x8xi8>) outs(%{{.*}} : tensor<1x1x1x2x4x4x2x8xf32>)
+// CHECK:   %[[W:.*]] = arith.sitofp %{{.*}} : i8 to f32
+// CHECK:   %[[GROUP_T:.*]] = linalg.index 3 : index
+// CHECK:   %[[TOKEN_T:.*]] = linalg.index 6 : index
+// CHECK:   %[[OWN:.*]] = arith.cmpi eq, %[[GROUP_T]], %[[TOKEN_T]] : index
+// CHECK:   arith.select %[[OWN]], %[[W]], %{{.*}} : f32
+// CHECK: %[[WZ_TOK:.*]] = tensor.collapse_shape %[[WZ]] {{\[\[}}0], [1], [2], [3], [4], [5, 6, 7]] : tensor<1x1x1x2x4x4x2x8xf32> into tensor<1x1x1x2x4x64xf32>
+// CHECK: %[[SUMS:.*]] = linalg.generic {indexing_maps = [#[[WZ_READ]], #[[V_READ]], #[[ACC_WRITE]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[WZ_TOK]], %[[V]] : tensor<1x1x1x2x4x64xf32>, tensor<1x1x1x64x16xi8>) outs(%{{.*}} : tensor<1x1x4x1x2x16xf32>)
+// CHECK:   ^bb0(%[[WI:.*]]: f32, %[[VI:.*]]: i8, %[[TOTAL:.*]]: f32):
+// CHECK:   %[[VF:.*]] = arith.sitofp %[[VI]] : i8 to f32
+// CHECK:   %[[P:.*]] = arith.mulf %[[WI]], %[[VF]] : f32
+// CHECK:   arith.addf %[[TOTAL]], %[[P]] : f32
+// CHECK: %[[ACC:.*]] = linalg.generic {{.*}} ins(%[[SUMS]] : tensor<1x1x4x1x2x16xf32>) outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
+// CHECK:   arith.fptosi %{{.*}} : f32 to i32
+// CHECK: return %[[ACC]]
+// GATHER-LABEL: func.func @wave
+// GATHER: tensor.extract
+// GATHER: arith.muli
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @wave(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
+  %acc = "int8attn.mmac_tiles"(%wq, %v) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
+  return %acc : tensor<1x1x4x1x2x16xi32>
+}
+
+// -----
+
+// cuda, two waves (128 tokens): token = 64*wave + 16*r + 8*t + 4*h + j, group
+// (wave, t), K slot 16*h + 4*r + j. The waves are a batch loop of a view of V
+// ([2, 64] tokens); Wq's K splits as [h, r, j] = [2, 4, 4] and is spread over
+// each wave's (r, t, h, j) tokens; the sums come back as [G = (wave, t), D].
+// CHECK-DAG: #[[WQ_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7, d8, d9) -> (d0, d1, d5, d2, d3, d4, d8, d6, d9)>
+// CHECK-DAG: #[[V_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d2, d3, d7, d6)>
+// CHECK-LABEL: func.func @two_waves
+// CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x4x32xi8>, %[[V:.*]]: tensor<1x1x1x128x16xi8>)
+// CHECK-NOT: tensor.extract
+// CHECK: %[[WQ_HRJ:.*]] = tensor.expand_shape %[[WQ]] {{.*}} output_shape [1, 1, 4, 1, 4, 2, 4, 4]
+// CHECK: %[[WQ_DIGITS:.*]] = tensor.expand_shape %[[WQ_HRJ]] {{.*}} output_shape [1, 1, 4, 1, 2, 2, 2, 4, 4]
+// CHECK: %[[WZ:.*]] = linalg.generic {indexing_maps = [#[[WQ_READ]], #{{.*}}], {{.*}} ins(%[[WQ_DIGITS]] : {{.*}}) outs(%{{.*}} : tensor<1x1x1x2x2x4x4x2x2x4xf32>)
+// CHECK:   %[[GROUP_T:.*]] = linalg.index 4 : index
+// CHECK:   %[[TOKEN_T:.*]] = linalg.index 7 : index
+// CHECK:   arith.cmpi eq, %[[GROUP_T]], %[[TOKEN_T]] : index
+// CHECK: %[[WZ_TOK:.*]] = tensor.collapse_shape %[[WZ]] {{.*}} into tensor<1x1x1x2x2x4x64xf32>
+// CHECK: %[[V_WAVES:.*]] = tensor.expand_shape %[[V]] {{\[\[}}0], [1], [2], [3, 4], [5]] output_shape [1, 1, 1, 2, 64, 16]
+// CHECK: %[[SUMS:.*]] = linalg.generic {indexing_maps = [#{{.*}}, #[[V_READ]], #{{.*}}], {{.*}} ins(%[[WZ_TOK]], %[[V_WAVES]] : tensor<1x1x1x2x2x4x64xf32>, tensor<1x1x1x2x64x16xi8>) outs(%{{.*}} : tensor<1x1x4x1x2x2x16xf32>)
+// CHECK: %[[ACC:.*]] = linalg.generic {{.*}} ins(%[[SUMS]] : {{.*}}) outs(%{{.*}} : tensor<1x1x4x1x2x2x16xi32>)
+// CHECK: %[[G:.*]] = tensor.collapse_shape %[[ACC]] {{\[\[}}0], [1], [2], [3], [4, 5], [6]] : tensor<1x1x4x1x2x2x16xi32> into tensor<1x1x4x1x4x16xi32>
+// CHECK: return %[[G]]
+#groups = [array<i64: 0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4, 5, 6, 7, 20, 21, 22, 23, 36, 37, 38, 39, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 24, 25, 26, 27, 40, 41, 42, 43, 56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63>,
+           array<i64: 64, 65, 66, 67, 80, 81, 82, 83, 96, 97, 98, 99, 112, 113, 114, 115, 68, 69, 70, 71, 84, 85, 86, 87, 100, 101, 102, 103, 116, 117, 118, 119>,
+           array<i64: 72, 73, 74, 75, 88, 89, 90, 91, 104, 105, 106, 107, 120, 121, 122, 123, 76, 77, 78, 79, 92, 93, 94, 95, 108, 109, 110, 111, 124, 125, 126, 127>]
+func.func @two_waves(%wq: tensor<1x1x4x1x4x32xi8>, %v: tensor<1x1x1x128x16xi8>) -> tensor<1x1x4x1x4x16xi32> {
+  %acc = "int8attn.mmac_tiles"(%wq, %v) {groups = #groups, fragment_model = "cuda"} : (tensor<1x1x4x1x4x32xi8>, tensor<1x1x1x128x16xi8>) -> tensor<1x1x4x1x4x16xi32>
+  return %acc : tensor<1x1x4x1x4x16xi32>
+}
+
+// -----
+
+// A table that is no permutation of the token index's digits (token 31 and
+// 63 trade groups) still lowers: V is gathered into fragment order through
+// the same table, then each tile is an exact i8 x i8 -> i32 contraction.
+// CHECK-LABEL: func.func @no_digit_permutation
+// CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
+// CHECK: %[[TABLE:.*]] = arith.constant dense<{{\[\[}}0, 1, 2, {{.*}}, 30, 63], [31, 32, {{.*}}> : tensor<2x32xi64>
 // CHECK: %[[VG:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x2x32x16xi8>)
 // CHECK:   %[[G:.*]] = linalg.index 3 : index
 // CHECK:   %[[K:.*]] = linalg.index 4 : index
@@ -18,9 +93,9 @@
 // CHECK:   arith.addi
 // CHECK: } -> tensor<1x1x4x1x2x16xi32>
 // CHECK: return %[[ACC]]
-#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
-           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @lower(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 63>,
+           array<i64: 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62>]
+func.func @no_digit_permutation(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
   %acc = "int8attn.mmac_tiles"(%wq, %v) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
   return %acc : tensor<1x1x4x1x2x16xi32>
 }

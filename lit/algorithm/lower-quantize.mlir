@@ -38,16 +38,47 @@ func.func @rows(%x: tensor<2x4x64xf32>) -> (tensor<2x4x64xi8>, tensor<2x4xf32>) 
 
 // -----
 
-// Group quantization gathers W into [G, K] fragment order first.
+// Group quantization reads W in place: its token dim is viewed as the
+// groups' digits (gfx936, one wave: token = 16*r + 8*t + j -> [4, 2, 8]); the
+// absmax of group t reduces its slot digits (r, j), and Wq is written in
+// [G, K] = [t, (r, j)] order straight from that view (no gather, no copy).
+// CHECK-DAG: #[[TOKENS:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d2, d1, d3)>
+// CHECK-DAG: #[[GROUP:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d1)>
+// CHECK-DAG: #[[GROUP_ORDER:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>
 // CHECK-LABEL: func.func @groups
-// CHECK: %[[TABLE:.*]] = arith.constant dense<{{\[\[}}0, 1, 2, 3, 4, 5, 6, 7, 16, {{.*}} : tensor<2x32xi64>
+// CHECK-SAME: (%[[W:.*]]: tensor<3x64xf32>)
+// CHECK-NOT: tensor.extract
+// CHECK: %[[WV:.*]] = tensor.expand_shape %[[W]] {{\[\[}}0], [1, 2, 3]] output_shape [3, 4, 2, 8] : tensor<3x64xf32> into tensor<3x4x2x8xf32>
+// CHECK: %[[AMAX:.*]] = linalg.generic {indexing_maps = [#[[TOKENS]], #[[GROUP]]], iterator_types = ["parallel", "parallel", "reduction", "reduction"]} ins(%[[WV]] : tensor<3x4x2x8xf32>) outs(%{{.*}} : tensor<3x2xf32>)
+// CHECK:   math.absf
+// CHECK:   arith.maximumf
+// CHECK: %[[SCALE:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] : tensor<3x2xf32>)
+// CHECK: %[[INV:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] : tensor<3x2xf32>)
+// CHECK: %[[Q:.*]] = linalg.generic {indexing_maps = [#[[TOKENS]], #[[GROUP]], #[[GROUP_ORDER]]], {{.*}} ins(%[[WV]], %[[INV]] : tensor<3x4x2x8xf32>, tensor<3x2xf32>) outs(%{{.*}} : tensor<3x2x4x8xi8>)
+// CHECK:   math.roundeven
+// CHECK:   arith.fptosi %{{.*}} : f32 to i8
+// CHECK: %[[WQ:.*]] = tensor.collapse_shape %[[Q]] {{\[\[}}0], [1], [2, 3]] : tensor<3x2x4x8xi8> into tensor<3x2x32xi8>
+// CHECK: return %[[WQ]], %[[SCALE]]
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
+  return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
+}
+
+// -----
+
+// A table that is no permutation of the token index's digits (token 31 and
+// 63 trade groups) gathers W into [G, K] fragment order first.
+// CHECK-LABEL: func.func @no_digit_permutation
+// CHECK: %[[TABLE:.*]] = arith.constant dense<{{\[\[}}0, 1, 2, {{.*}}, 30, 63], [31, 32, {{.*}} : tensor<2x32xi64>
 // CHECK: %[[WG:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<3x2x32xf32>)
 // CHECK:   tensor.extract %[[TABLE]]
 // CHECK: linalg.generic {{.*}} ins(%[[WG]] : tensor<3x2x32xf32>) outs(%{{.*}} : tensor<3x2xf32>)
 // CHECK:   math.absf
-#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
-           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 63>,
+           array<i64: 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62>]
+func.func @no_digit_permutation(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
   return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
 }

@@ -1,17 +1,22 @@
-// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg" | filecheck %s --check-prefix=INT8
+// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg" | filecheck %s --check-prefixes=INT8,INPLACE
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{pv=bf16}" | filecheck %s --check-prefix=FLOAT
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{pv=f32}" | filecheck %s --check-prefix=FLOAT
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg" --print-ir-after-all 2>&1 >/dev/null | filecheck %s --check-prefix=STAGES
 // RUN: not int8attn-opt %s --pipeline "int8attn-to-linalg{scale-groups=contiguous}" 2>&1 | filecheck %s --check-prefix=BUG
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{scale-groups=contiguous verify=false}" | filecheck %s --check-prefix=INT8
 
-// The whole pipeline leaves only standard dialects. INT8 PV keeps int32
-// group contractions; the baselines contract in f32.
+// The whole pipeline leaves only standard dialects. INT8 PV keeps exact
+// per-group sums (accumulated in f32, exact for int8 products, as int32
+// tiles), reading W and V in place (no token gather; the seed's contiguous
+// scale groups still gather W for their absmax); the baselines contract in f32.
 // INT8-LABEL: func.func @decode
 // INT8-NOT: int8attn.
 // INT8: arith.fptosi %{{.*}} : f32 to i8
 // INT8: arith.muli
-// INT8: -> tensor<1x2x4x2x8x64xi32>
+// INPLACE-NOT: = tensor.extract %
+// INT8: arith.fptosi %{{.*}} : f32 to i32
+// INT8: into tensor<1x2x4x2x8x64xi32>
+// INPLACE-NOT: = tensor.extract %
 // INT8-NOT: int8attn.
 // INT8: return
 
