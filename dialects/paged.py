@@ -46,6 +46,23 @@ def _agree(a: int, b: int) -> bool:
     return a == b or DYNAMIC in (a, b)
 
 
+def _check_pool(c: _Check, k_cache, k_scale, v_cache, v_scale) -> list[int]:
+    """The block pool's [NB, Hkv, BS, D]: the caches and scales must agree on it."""
+    ks = c.ranked(k_cache, "k_cache", 4, ("i8",), dynamic=(0,))
+    vs = c.ranked(v_cache, "v_cache", 4, ("i8",), dynamic=(0,))
+    kss = c.ranked(k_scale, "k_scale", 3, ("f32",), dynamic=(0,))
+    vss = c.ranked(v_scale, "v_scale", 3, ("f32",), dynamic=(0,))
+    blocks, kv_heads, block_size, head_dim = ks
+    c.that(_agree(vs[0], blocks) and vs[1:] == [kv_heads, head_dim, block_size],
+           f"v_cache has shape {_dims(vs)}, expected [NB, Hkv, D, BS] = "
+           f"{_dims([blocks, kv_heads, head_dim, block_size])} (token-innermost blocks)")
+    for name, shape in (("k_scale", kss), ("v_scale", vss)):
+        c.that(_agree(shape[0], blocks) and shape[1:] == [kv_heads, block_size],
+               f"{name} has shape {_dims(shape)}, expected [NB, Hkv, BS] = "
+               f"{_dims([blocks, kv_heads, block_size])}")
+    return ks
+
+
 @_cext.register_operation(_Dialect)
 class PagedAttentionOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.paged_attention"
@@ -79,20 +96,10 @@ class PagedAttentionOp(Int8AttnOp):
         c = _Check(self)
         c.arity(7, 1)
         qs = c.ranked(self.q, "q", 3, FLOAT_TYPES, dynamic=(0,))
-        ks = c.ranked(self.k_cache, "k_cache", 4, ("i8",), dynamic=(0,))
-        vs = c.ranked(self.v_cache, "v_cache", 4, ("i8",), dynamic=(0,))
-        kss = c.ranked(self.k_scale, "k_scale", 3, ("f32",), dynamic=(0,))
-        vss = c.ranked(self.v_scale, "v_scale", 3, ("f32",), dynamic=(0,))
+        blocks, kv_heads, block_size, head_dim = _check_pool(
+            c, self.k_cache, self.k_scale, self.v_cache, self.v_scale)
         tables = c.ranked(self.block_tables, "block_tables", 2, ("i32",), dynamic=(0, 1))
         lens = c.ranked(self.context_lens, "context_lens", 1, ("i32",), dynamic=(0,))
-        blocks, kv_heads, block_size, head_dim = ks
-        c.that(_agree(vs[0], blocks) and vs[1:] == [kv_heads, head_dim, block_size],
-               f"v_cache has shape {_dims(vs)}, expected [NB, Hkv, D, BS] = "
-               f"{_dims([blocks, kv_heads, head_dim, block_size])} (token-innermost blocks)")
-        for name, shape in (("k_scale", kss), ("v_scale", vss)):
-            c.that(_agree(shape[0], blocks) and shape[1:] == [kv_heads, block_size],
-                   f"{name} has shape {_dims(shape)}, expected [NB, Hkv, BS] = "
-                   f"{_dims([blocks, kv_heads, block_size])}")
         c.that(_agree(tables[0], qs[0]) and _agree(lens[0], qs[0]),
                f"q, block_tables and context_lens disagree on the batch: {_dims([qs[0]])}, "
                f"{_dims([tables[0]])}, {_dims([lens[0]])}")
@@ -162,18 +169,8 @@ class CacheWriteOp(Int8AttnOp):
         ks = c.ranked(self.k_new, "k_new", 3, FLOAT_TYPES, dynamic=(0,))
         vs = c.ranked(self.v_new, "v_new", 3, FLOAT_TYPES, dynamic=(0,))
         slots = c.ranked(self.slot_mapping, "slot_mapping", 1, ("i32",), dynamic=(0,))
-        kc = c.ranked(self.k_cache, "k_cache", 4, ("i8",), dynamic=(0,))
-        kss = c.ranked(self.k_scale, "k_scale", 3, ("f32",), dynamic=(0,))
-        vc = c.ranked(self.v_cache, "v_cache", 4, ("i8",), dynamic=(0,))
-        vss = c.ranked(self.v_scale, "v_scale", 3, ("f32",), dynamic=(0,))
-        blocks, kv_heads, block_size, head_dim = kc
-        c.that(_agree(vc[0], blocks) and vc[1:] == [kv_heads, head_dim, block_size],
-               f"v_cache has shape {_dims(vc)}, expected [NB, Hkv, D, BS] = "
-               f"{_dims([blocks, kv_heads, head_dim, block_size])} (token-innermost blocks)")
-        for name, shape in (("k_scale", kss), ("v_scale", vss)):
-            c.that(_agree(shape[0], blocks) and shape[1:] == [kv_heads, block_size],
-                   f"{name} has shape {_dims(shape)}, expected [NB, Hkv, BS] = "
-                   f"{_dims([blocks, kv_heads, block_size])}")
+        _, kv_heads, block_size, head_dim = _check_pool(
+            c, self.k_cache, self.k_scale, self.v_cache, self.v_scale)
         for name, shape in (("k_new", ks), ("v_new", vs)):
             c.that(shape[1:] == [kv_heads, head_dim],
                    f"{name} has shape {_dims(shape)}, expected [T, Hkv, D] = "

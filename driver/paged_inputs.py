@@ -42,6 +42,15 @@ def read_tokens(block_tables, context_lens, block_size: int):
     return np.concatenate(blocks), np.concatenate(offsets)
 
 
+def _pool(info, ops) -> tuple[int, int]:
+    """(NB, BS) of the block pool; the caches and scales must agree on NB."""
+    pool = {name: ops[name].shape[0] for name in ("k_cache", "k_scale", "v_cache", "v_scale")}
+    if len(set(pool.values())) != 1:
+        raise InputError(f"@{info.name}: the caches disagree on the number of blocks: "
+                         + ", ".join(f"{n} {c}" for n, c in pool.items()))
+    return pool["k_cache"], ops["k_cache"].shape[2]
+
+
 def check_paged_arguments(info, arrays) -> None:
     ops = _operands(info, arrays)
     q, tables, lens = ops["q"], ops["block_tables"], ops["context_lens"]
@@ -49,11 +58,7 @@ def check_paged_arguments(info, arrays) -> None:
         raise InputError(f"@{info.name}: q has {q.shape[0]} sequences, block_tables "
                          f"{tables.shape[0]} and context_lens {lens.shape[0]}; they must agree "
                          f"(one row of each per sequence)")
-    pool = {name: ops[name].shape[0] for name in ("k_cache", "k_scale", "v_cache", "v_scale")}
-    if len(set(pool.values())) != 1:
-        raise InputError(f"@{info.name}: the caches disagree on the number of blocks: "
-                         + ", ".join(f"{n} {c}" for n, c in pool.items()))
-    blocks, block_size = pool["k_cache"], ops["k_cache"].shape[2]
+    blocks, block_size = _pool(info, ops)
     capacity = tables.shape[1] * block_size
     for b, length in enumerate(lens):
         if not 1 <= length <= capacity:
@@ -136,11 +141,7 @@ def check_cache_write_arguments(info, arrays) -> None:
         raise InputError(f"@{info.name}: k_new has {tokens['k_new']} new tokens, v_new "
                          f"{tokens['v_new']} and slot_mapping {tokens['slot_mapping']}; they "
                          f"must agree (one row of each per new token)")
-    pool = {name: ops[name].shape[0] for name in ("k_cache", "k_scale", "v_cache", "v_scale")}
-    if len(set(pool.values())) != 1:
-        raise InputError(f"@{info.name}: the caches disagree on the number of blocks: "
-                         + ", ".join(f"{n} {c}" for n, c in pool.items()))
-    blocks, block_size = pool["k_cache"], ops["k_cache"].shape[2]
+    blocks, block_size = _pool(info, ops)
     slots = ops["slot_mapping"].astype(np.int64)
     bad = np.flatnonzero(slots >= blocks * block_size)
     if bad.size:
