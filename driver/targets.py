@@ -104,11 +104,11 @@ class Target:
         if options.pv not in self.pv:
             raise OptionRefused(f"--pv {options.pv} does not apply to --target {self.name}: "
                                 f"it has {' and '.join(self.pv)} PV")
+        fields = {f.name: f for f in dataclasses.fields(CompileOptions)}
         for name, (refused, why) in self.refusals.items():
             if refused(options):
                 value = getattr(options, name)
-                flag = f"--{kebab(name)}" if not isinstance(value, bool) else \
-                    ("--no-verify" if name == "verify" else f"--{kebab(name)}")
+                flag = fields[name].metadata.get("flag") or f"--{kebab(name)}"
                 shown = "" if isinstance(value, bool) else f" {value}"
                 raise OptionRefused(f"{flag}{shown} does not apply to --target {self.name}: "
                                     f"{why}")
