@@ -39,7 +39,8 @@ class CompileOptions(PipelineOptions):
     def pipeline_options(self) -> PipelineOptions:
         """The named pipeline's options, with the fragment model resolved."""
         return PipelineOptions(self.pv, self.resolved_fragment_model(), self.scale_groups,
-                               self.verify, self.partition_tokens, self.tile_tokens)
+                               self.verify, self.partition_tokens, self.tile_tokens,
+                               self.q_terms)
 
     def resolved_fragment_model(self) -> str:
         if self.fragment_model is not None:

@@ -70,6 +70,9 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
         "tile_tokens": (lambda o: o.tile_tokens != CompileOptions.tile_tokens,
                         "tile-tokens is the prefill KV tile of --target cpu; the kernels "
                         "cover decode"),
+        "q_terms": (lambda o: o.q_terms != 1,
+                    "the lane kernels quantize q in one term so far; --q-terms 2 compiles "
+                    "with --target cpu"),
     }
 
 

@@ -7,6 +7,12 @@ Rewrites `int8attn.attention` into
     scores  = f32(acc) * sq * k_scale * softmax_scale
     o       = int8attn.softmax_pv(scores, v, v_scale)
 
+With `q-terms=2` (DESIGN.md §2c) q is quantized in two INT8 terms, the second
+quantizing the f32 residual, and each term has its own int32 dot:
+
+    qq1, s1 = int8attn.quantize(q);  qq2, s2 = int8attn.quantize(q - f32(qq1) * s1)
+    scores  = (f32(acc1) * s1 + f32(acc2) * s2) * k_scale * softmax_scale
+
 Query heads are grouped by the KV head they read (GQA: head h reads KV head
 h // (Hq/Hkv)), so everything after this pass sees rows [B, Hkv, R, ...]: the
 G = Hq/Hkv heads in decode, the G*Sq (head, query token) pairs in prefill.
@@ -15,7 +21,7 @@ G = Hq/Hkv heads in decode, the G*Sq (head, query token) pairs in prefill.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith
@@ -23,6 +29,8 @@ from iree.compiler.dialects import arith
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.reference.common import QTerms
+from int8attn.support.options import TypedOptions, option
 
 
 def group_query_rows(q: ir.Value, kv_heads: int) -> ir.Value:
@@ -47,7 +55,7 @@ def ungroup_query_rows(out: ir.Value, q_shape: list[int]) -> ir.Value:
     return build.collapse(heads, [[0], [1, 2], [3], [4]])
 
 
-def rewrite_attention(op: d.AttentionOp, rewriter):
+def rewrite_attention(op: d.AttentionOp, rewriter, q_terms: int = 1):
     mode, softmax_scale = op.mode, op.softmax_scale
     q, k, k_scale, v, v_scale = op.q, op.k, op.k_scale, op.v, op.v_scale
     q_shape = d.shape_of(q)
@@ -56,27 +64,49 @@ def rewrite_attention(op: d.AttentionOp, rewriter):
         if d.element_of(q) != "f32":
             q = arith.extf(d.tensor(q_shape, "f32"), q)
         grouped = group_query_rows(q, kv_heads)
-        qq, sq = d.quantize(grouped)
-        scores = int8_scores(qq, sq, k, k_scale, softmax_scale)
+        scores = int8_scores(quantize_q(grouped, q_terms), k, k_scale, softmax_scale)
         out = d.softmax_pv(scores, v, v_scale, mode=mode,
                            query_tokens=q_shape[2] if mode == "prefill" else 1)
         result = ungroup_query_rows(out, q_shape)
     rewriter.replace_op(op, [result])
 
 
-def int8_scores(qq: ir.Value, sq: ir.Value, k: ir.Value, k_scale: ir.Value,
+def quantize_q(rows: ir.Value, q_terms: int) -> list[tuple[ir.Value, ir.Value]]:
+    """[(qq1, s1)] = quantize(rows); with two terms also (qq2, s2) = quantize(rows - f32(qq1)*s1)."""
+    terms = [d.quantize(rows)]
+    if q_terms == 2:
+        qq, sq = terms[0]
+        residual = build.generic(
+            [rows, qq, sq], ["bhrd", "bhrd", "bhr"], "bhrd",
+            build.empty(d.shape_of(rows), "f32"),
+            lambda x, q_i, s_i, _: arith.subf(x, arith.mulf(build.to_f32(q_i), s_i)))
+        terms.append(d.quantize(residual))
+    return terms
+
+
+def int8_scores(terms: Sequence[tuple[ir.Value, ir.Value]], k: ir.Value, k_scale: ir.Value,
                 softmax_scale: float) -> ir.Value:
-    """scores[b,h,r,s] = f32(sum_d qq*k) * sq * k_scale * softmax_scale (the contract's QK)."""
-    batch, kv_heads, rows = d.shape_of(qq)[:3]
+    """scores[b,h,r,s] = (f32(sum_d qq1*k) * s1 [+ f32(sum_d qq2*k) * s2]) * k_scale
+    * softmax_scale (the contract's QK; `terms` from `quantize_q`)."""
+    batch, kv_heads, rows = d.shape_of(terms[0][0])[:3]
     tokens = d.shape_of(k)[2]
-    acc = build.generic([qq, k], ["bhrd", "bhsd"], "bhrs",
-                        build.zeros([batch, kv_heads, rows, tokens], "i32"), _int8_dot)
+    sums = [build.generic([qq, k], ["bhrd", "bhsd"], "bhrs",
+                          build.zeros([batch, kv_heads, rows, tokens], "i32"), _int8_dot)
+            for qq, _ in terms]
     scale = build.f32(softmax_scale)
+
+    def body(*args):
+        *pairs, s_k, _ = args
+        qk = None
+        for a, s_q in zip(pairs[0::2], pairs[1::2]):
+            term = arith.mulf(build.to_f32(a), s_q)
+            qk = term if qk is None else arith.addf(qk, term)
+        return arith.mulf(arith.mulf(qk, s_k), scale)
+
+    inputs = [x for acc, (_, sq) in zip(sums, terms) for x in (acc, sq)]
     return build.generic(
-        [acc, sq, k_scale], ["bhrs", "bhr", "bhs"], "bhrs",
-        build.empty([batch, kv_heads, rows, tokens], "f32"),
-        lambda a, s_q, s_k, _: arith.mulf(arith.mulf(arith.mulf(build.to_f32(a), s_q), s_k),
-                                          scale))
+        [*inputs, k_scale], ["bhrs", "bhr"] * len(terms) + ["bhs"], "bhrs",
+        build.empty([batch, kv_heads, rows, tokens], "f32"), body)
 
 
 def _int8_dot(lhs, rhs, acc):
@@ -84,10 +114,13 @@ def _int8_dot(lhs, rhs, acc):
 
 
 @dataclass(frozen=True)
-class Int8QK:
+class Int8QK(TypedOptions):
     """Quantize query rows and compute attention scores with an int8 dot product."""
 
     argument: ClassVar[str] = "int8-qk"
+    q_terms: QTerms = option(1, "INT8 terms of q: 1, or 2 (the second quantizes the f32 "
+                             "residual q - Qq1*s1; one more int8 dot)")
 
     def run(self, module: ir.Operation) -> None:
-        apply_patterns(module, {d.ATTENTION: rewrite_attention})
+        apply_patterns(module, {d.ATTENTION: lambda op, rw: rewrite_attention(
+            op, rw, self.q_terms)})

@@ -3,7 +3,7 @@
 Rewrites `int8attn.paged_attention` (B, NB, MB possibly dynamic) into
 
     for b in [0, B):                                     (scf.for, B = dim(q, 0))
-      qq, sq = int8attn.quantize(q[b] grouped by KV head)
+      qq, sq = int8attn.quantize(q[b] grouped by KV head)   (q-terms=2: and the residual's)
       len = context_lens[b]
       for p in [0, ceil(len / T)):                       (scf.for carrying M, L, O)
         k, k_scale, v, v_scale = the partition's T tokens, gathered through
@@ -11,6 +11,7 @@ Rewrites `int8attn.paged_attention` (B, NB, MB possibly dynamic) into
             sequence's last used table slot (never an unused one) and its
             scales are 0
         scores = f32(qq . k) * sq * k_scale * softmax_scale;  -inf past len
+            (q-terms=2: (f32(qq1 . k) * s1 + f32(qq2 . k) * s2) * k_scale * softmax_scale)
         m_p, l_p, P = partition softmax;  O_p = int8attn.pv(P, v, v_scale)
         M' = max(M, m_p);  w = exp(m_p - M') l_p
         L' = exp(M - M') L + w;  O' = exp(M - M') O + w O_p
@@ -34,8 +35,9 @@ from iree.compiler.dialects import arith, math, scf, tensor
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
 from int8attn.passes.decode_split_kv import partition_softmax
-from int8attn.passes.int8_qk import group_query_rows, int8_scores, ungroup_query_rows
+from int8attn.passes.int8_qk import group_query_rows, int8_scores, quantize_q, ungroup_query_rows
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.reference.common import QTerms
 from int8attn.support.options import TypedOptions, option
 
 
@@ -97,12 +99,12 @@ def _masked_scores(scores: ir.Value, start: ir.Value, length: ir.Value) -> ir.Va
     return build.generic([scores], ["bhrt"], "bhrt", build.empty(d.shape_of(scores), "f32"), body)
 
 
-def _partition(op, seq: _Sequence, qq, sq, p, tokens: int):
+def _partition(op, seq: _Sequence, terms, p, tokens: int):
     """(m_p, l_p [1,Hkv,R], O_p [1,Hkv,R,D]) of partition p of the sequence."""
     start = arith.muli(p, build.index(tokens))
     k = seq.gather(start, tokens, "k")
     k_scale = build.collapse(seq.gather(start, tokens, "k_scale"), [[0], [1], [2, 3]])
-    scores = _masked_scores(int8_scores(qq, sq, k, k_scale, op.softmax_scale), start,
+    scores = _masked_scores(int8_scores(terms, k, k_scale, op.softmax_scale), start,
                             seq.length)
     batch, kv_heads, rows, _ = d.shape_of(scores)
     m, l, probs = partition_softmax(build.expand(scores, [[0], [1], [2], [3, 4]],
@@ -132,7 +134,7 @@ def _merge(state, part):
     return m_new, l_new, o_new
 
 
-def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int):
+def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int, q_terms: int = 1):
     q = op.q
     q_heads, head_dim = d.shape_of(q)[1:]
     kv_heads = d.shape_of(op.k_cache)[1]
@@ -146,7 +148,7 @@ def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int):
             q_b = build.unit_slice(q, 0, b)
             if d.element_of(q) != "f32":
                 q_b = arith.extf(d.tensor([1, q_heads, head_dim], "f32"), q_b)
-            qq, sq = d.quantize(group_query_rows(q_b, kv_heads))
+            terms = quantize_q(group_query_rows(q_b, kv_heads), q_terms)
             length = _index_of(op.context_lens, [b])
             seq = _Sequence(op, b, length)
             parts = arith.divui(arith.addi(length, build.index(partition_tokens - 1)),
@@ -156,7 +158,7 @@ def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int):
                      build.zeros([1, kv_heads, rows, head_dim], "f32")]
             partitions = scf.ForOp(build.index(0), parts, build.index(1), state)
             with ir.InsertionPoint(partitions.body):
-                part = _partition(op, seq, qq, sq, partitions.induction_variable,
+                part = _partition(op, seq, terms, partitions.induction_variable,
                                   partition_tokens)
                 scf.YieldOp(list(_merge(list(partitions.inner_iter_args), part)))
             _, l_final, o_final = partitions.results
@@ -174,7 +176,8 @@ class LowerPagedAttention(TypedOptions):
 
     argument: ClassVar[str] = "lower-paged-attention"
     partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
+    q_terms: QTerms = option(1, "INT8 terms of q, as int8-qk's")
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.PAGED_ATTENTION: lambda op, rw: lower_paged(
-            op, rw, self.partition_tokens)})
+            op, rw, self.partition_tokens, self.q_terms)})

@@ -30,7 +30,7 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
                              LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
-from int8attn.reference.common import PV_MODES, PVKind
+from int8attn.reference.common import PV_MODES, PVKind, QTerms
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
@@ -52,6 +52,9 @@ class PipelineOptions(TypedOptions):
                           "grouping)", flag="--no-verify")
     partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
     tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
+    q_terms: QTerms = option(1, "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
+                             "quantizes the f32 residual q - Qq1*s1: one more int8 QK dot, "
+                             "~250x less Q quantization error; DESIGN.md §2c)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -75,7 +78,8 @@ def to_algorithm(options: PipelineOptions) -> list:
               PVToMMAC(options.fragment_model), *verify]
     else:
         pv = [FloatPV(options.pv)]
-    return [Int8QK(), LowerCacheWrite(), LowerPagedAttention(options.partition_tokens),
+    return [Int8QK(options.q_terms), LowerCacheWrite(),
+            LowerPagedAttention(options.partition_tokens, options.q_terms),
             DecodeSplitKV(options.partition_tokens),
             PrefillOnlineSoftmax(options.tile_tokens), FoldVScale(), *pv]
 

@@ -9,6 +9,9 @@ import numpy as np
 # How PV is computed: the INT8 instruction, or the bf16 / f32 baselines.
 PVKind = Literal["int8", "bf16", "f32"]
 PV_MODES = get_args(PVKind)
+# How many INT8 terms q is quantized into (DESIGN.md §2c, two-term Q).
+QTerms = Literal[1, 2]
+Q_TERMS = get_args(QTerms)
 # A row whose absmax is below this quantizes to zero (127/a would overflow f32).
 # The compiler's lower-quantize reads it from here; the references need no compiler.
 QUANTIZE_MIN_ABSMAX = 2.0 ** -118
@@ -42,6 +45,25 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 per row (last axis), dialects/int8attn.py's quantize."""
     x = np.asarray(x, dtype=F32)
     return quantize_with(x, np.max(np.abs(x), axis=-1))
+
+
+def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    """q rows as `terms` INT8 terms [(Qq1, s1), ...] (DESIGN.md §2c).
+
+    `Qq1, s1 = quantize(x)`; with two terms, `Qq2, s2 = quantize(x - Qq1*s1)`,
+    the f32 residual quantized by the same rule (a NaN/Inf row's NaN scale makes
+    the residual NaN, so the second term is NaN too; a tiny row stays zero).
+    """
+    if terms not in Q_TERMS:
+        raise ValueError(f"q terms must be one of {Q_TERMS}, got {terms!r}")
+    x = np.asarray(x, dtype=F32)
+    first = quantize(x)
+    if terms == 1:
+        return [first]
+    qq, sq = first
+    with np.errstate(invalid="ignore"):
+        residual = (x - (qq.astype(F32) * sq[..., None]).astype(F32)).astype(F32)
+    return [first, quantize(residual)]
 
 
 def quantize_cache(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,11 +120,20 @@ def pad_tokens(x: np.ndarray, axis: int, size: int, value) -> np.ndarray:
     return np.pad(x, widths, constant_values=value)
 
 
-def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None)) -> np.ndarray:
-    """INT8 QK in f32, [B,Hkv,R,S] (the grouped rows `rows`), masked tokens -inf."""
-    qq, sq = quantize(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows])
-    acc = exact_int_matmul(qq, np.swapaxes(k, -1, -2))             # the int32 sums
-    scores = ((acc.astype(F32) * sq[..., None]) * k_scale[:, :, None, :]) * F32(softmax_scale)
+def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
+                q_terms: int = 1) -> np.ndarray:
+    """INT8 QK in f32, [B,Hkv,R,S] (the grouped rows `rows`), masked tokens -inf.
+
+    `(f32(sum Qq1*Kq)*s1 [+ f32(sum Qq2*Kq)*s2]) * sK * softmax_scale`, in that order.
+    """
+    terms = quantize_q(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows], q_terms)
+    keys = np.swapaxes(k, -1, -2)
+    qk = None
+    for qq, sq in terms:
+        acc = exact_int_matmul(qq, keys)                             # the int32 sums
+        term = (acc.astype(F32) * sq[..., None]).astype(F32)
+        qk = term if qk is None else (qk + term).astype(F32)
+    scores = (qk * k_scale[:, :, None, :]) * F32(softmax_scale)
     return np.where(visible(q.shape, k.shape[1], k.shape[2], rows), scores, -np.inf).astype(F32)
 
 

@@ -56,7 +56,8 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     omega_n * sW * |Vq|. pv=bf16: a W next to a bf16 midpoint moves by one bf16
     ulp (<= 2^-7 |W|). pv=f32 has no rounding of W. Returns the sum over all
     tie elements (usually zero), shaped like q: the fragment-level comparison
-    allows exactly that.
+    allows exactly that. `block_sizes` as for `blocks_for` (partition_tokens,
+    tile_tokens, q_terms: the W values are those of that contract).
     """
     if pv == "f32":
         return np.zeros(q.shape)

@@ -81,8 +81,8 @@ def prefill_blocks(scores, v, v_scale, tile_tokens) -> Blocks:
 
 
 def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256,
-               tile_tokens=64) -> Blocks:
-    scores = int8_scores(q, k, k_scale, softmax_scale)
+               tile_tokens=64, q_terms=1) -> Blocks:
+    scores = int8_scores(q, k, k_scale, softmax_scale, q_terms=q_terms)
     if q.ndim == 3:
         return decode_blocks(scores, v, v_scale, partition_tokens)
     return prefill_blocks(scores, v, v_scale, tile_tokens)
@@ -91,12 +91,13 @@ def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256
 def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
                        model: str = "gfx936", partition_tokens: int = 256,
                        tile_tokens: int = 64, fragments: FragmentModel | None = None,
-                       scale_groups: str = "fragment",
+                       scale_groups: str = "fragment", q_terms: int = 1,
                        progress: Callable[[str], None] | None = None) -> np.ndarray:
     """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
 
     `fragments` overrides the named model (e.g. another V-load scheme);
-    `scale_groups="contiguous"` reproduces the seed's bug like the compiler does.
+    `scale_groups="contiguous"` reproduces the seed's bug like the compiler does;
+    `q_terms=2` quantizes q in two INT8 terms (DESIGN.md §2c).
     Works through the query rows in chunks (common.row_chunks), calling
     `progress` with a short line after each.
     """
@@ -107,7 +108,7 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     per_token = _BYTES_PER_SCORE + 16 * head_dim // max(block_tokens, 1)
     for chunk in row_chunks(out.shape[2], batch * kv_heads * tokens * per_token,
                             progress, "fragment reference", batch * kv_heads):
-        scores = int8_scores(q, k, k_scale, softmax_scale, chunk)
+        scores = int8_scores(q, k, k_scale, softmax_scale, chunk, q_terms=q_terms)
         out[:, :, chunk] = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, model=model,
                                                block_tokens=block_tokens, fragments=fragments,
                                                scale_groups=scale_groups)

@@ -52,7 +52,7 @@ def exact_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, c
 def fragment_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                              softmax_scale: float, **contract) -> np.ndarray:
     """The numerics contract of every sequence (partitions over its own length);
-    `contract` as for `fragment_attention` (pv, model, partition_tokens, ...)."""
+    `contract` as for `fragment_attention` (pv, model, partition_tokens, q_terms, ...)."""
     return _per_sequence(lambda *a: fragment_attention(*a, softmax_scale, **contract), q,
                          k_cache, k_scale, v_cache, v_scale, block_tables, context_lens)
 

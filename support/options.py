@@ -3,7 +3,8 @@
 A pass, a named pipeline and the driver each declare their options as the
 fields of a frozen dataclass: the annotation is the type (`int`, `bool`, a
 `Literal[...]` of choices, optionally `| None`), `field(metadata=...)` holds
-the help text and bounds. Everything else derives from that declaration:
+the help text and bounds. A `Literal` of ints (`Literal[1, 2]`) parses from
+its text ("2") like a `Literal` of str. Everything else derives from that declaration:
 
     check_fields(obj)          validation (in `TypedOptions.__post_init__`)
     parse_option_items(cls, …) `name{key=value …}` in pass and pipeline strings
@@ -73,7 +74,7 @@ def _check_value(cls, field: dataclasses.Field, value) -> None:
     if value is None and optional:
         return
     choices = choices_of(cls, field.name)
-    ok = (value in choices if choices else
+    ok = (any(value == c and type(value) is type(c) for c in choices) if choices else
           isinstance(value, bool) if inner is bool else
           isinstance(value, int) and not isinstance(value, bool) if inner is int else True)
     if not ok:
@@ -111,7 +112,10 @@ def parse_value(cls, name: str, text: str):
         except ValueError:
             raise OptionError(f"option '{kebab(name)}' expects an integer, got '{text}'") from None
     choices = choices_of(cls, name)
-    if choices and text not in choices:
+    if choices:  # a Literal of str or of int: the choice whose text this is
+        for choice in choices:
+            if str(choice) == text:
+                return choice
         raise OptionError(f"option '{kebab(name)}' expects {_describe(cls, name)}, got '{text}'")
     return text
 
@@ -158,9 +162,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, only=None) -> None:
             continue
         choices = choices_of(cls, f.name)
         default = f" (default: {f.default})" if f.default is not None else ""
+        text_choices = bool(choices) and all(isinstance(c, str) for c in choices)
         parser.add_argument(f"--{kebab(f.name)}", dest=f.name, default=None,
                             choices=choices, metavar=None if choices else "N",
-                            type=None if choices else _argparse_type(cls, f.name),
+                            type=None if text_choices else _argparse_type(cls, f.name),
                             help=help_text + default)
 
 

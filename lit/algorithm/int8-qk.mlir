@@ -1,4 +1,5 @@
 // RUN: int8attn-opt %s -p int8-qk | filecheck %s
+// RUN: int8attn-opt %s -p "int8-qk{q-terms=2}" | filecheck %s --check-prefix=TWO
 
 // GQA 4:1 decode: q rows are grouped by KV head, quantized per row, and the
 // int32 dot product is rescaled by sQ * sK * softmax_scale.
@@ -20,6 +21,40 @@
 // CHECK: %[[O:.*]] = "int8attn.softmax_pv"(%[[SCORES]], %[[V]], %[[VS]]) {mode = "decode"} : (tensor<1x2x4x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x2x4x64xf32>
 // CHECK: %[[R:.*]] = tensor.collapse_shape %[[O]] {{\[\[}}0], [1, 2], [3]] : tensor<1x2x4x64xf32> into tensor<1x8x64xf32>
 // CHECK: return %[[R]]
+// Two-term q (DESIGN.md §2c): the second quantize is of the f32 residual
+// q - f32(qq1)*s1; one int32 dot per term; scores (f32(acc1)*s1 + f32(acc2)*s2)*sK*scale.
+// TWO-LABEL: func.func @decode
+// TWO-SAME: (%[[Q:.*]]: tensor<1x8x64xf32>, %[[K:.*]]: tensor<1x2x300x64xi8>, %[[KS:.*]]: tensor<1x2x300xf32>,
+// TWO-DAG: %[[SCALE:.*]] = arith.constant 1.250000e-01 : f32
+// TWO: %[[QG:.*]] = tensor.expand_shape %[[Q]]
+// TWO: %[[Q1:.*]]:2 = "int8attn.quantize"(%[[QG]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
+// TWO: %[[RES:.*]] = linalg.generic {{.*}} ins(%[[QG]], %[[Q1]]#0, %[[Q1]]#1 : tensor<1x2x4x64xf32>, tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
+// TWO-NEXT: ^bb0(%[[X:.*]]: f32, %[[QI:.*]]: i8, %[[SI:.*]]: f32, %{{.*}}: f32):
+// TWO-NEXT:   %[[QF:.*]] = arith.sitofp %[[QI]] : i8 to f32
+// TWO-NEXT:   %[[DQ:.*]] = arith.mulf %[[QF]], %[[SI]] : f32
+// TWO-NEXT:   %[[D:.*]] = arith.subf %[[X]], %[[DQ]] : f32
+// TWO-NEXT:   linalg.yield %[[D]] : f32
+// TWO: %[[Q2:.*]]:2 = "int8attn.quantize"(%[[RES]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
+// TWO: %[[ACC1:.*]] = linalg.generic {{.*}} ins(%[[Q1]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
+// TWO: } -> tensor<1x2x4x300xi32>
+// TWO: %[[ACC2:.*]] = linalg.generic {{.*}} ins(%[[Q2]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
+// TWO: } -> tensor<1x2x4x300xi32>
+// TWO: %[[SCORES:.*]] = linalg.generic {{.*}} ins(%[[ACC1]], %[[Q1]]#1, %[[ACC2]], %[[Q2]]#1, %[[KS]] :
+// TWO-NEXT: ^bb0(%[[A1:.*]]: i32, %[[S1:.*]]: f32, %[[A2:.*]]: i32, %[[S2:.*]]: f32, %[[SK:.*]]: f32, %{{.*}}: f32):
+// TWO-NEXT:   %[[F1:.*]] = arith.sitofp %[[A1]] : i32 to f32
+// TWO-NEXT:   %[[T1:.*]] = arith.mulf %[[F1]], %[[S1]] : f32
+// TWO-NEXT:   %[[F2:.*]] = arith.sitofp %[[A2]] : i32 to f32
+// TWO-NEXT:   %[[T2:.*]] = arith.mulf %[[F2]], %[[S2]] : f32
+// TWO-NEXT:   %[[SUM:.*]] = arith.addf %[[T1]], %[[T2]] : f32
+// TWO-NEXT:   %[[TK:.*]] = arith.mulf %[[SUM]], %[[SK]] : f32
+// TWO-NEXT:   %[[T:.*]] = arith.mulf %[[TK]], %[[SCALE]] : f32
+// TWO-NEXT:   linalg.yield %[[T]] : f32
+// TWO: "int8attn.softmax_pv"(%[[SCORES]],
+// TWO-LABEL: func.func @decode_f16
+// TWO-COUNT-2: "int8attn.quantize"
+// TWO-LABEL: func.func @prefill
+// TWO-COUNT-2: "int8attn.quantize"
+// TWO: "int8attn.softmax_pv"
 func.func @decode(%q: tensor<1x8x64xf32>, %k: tensor<1x2x300x64xi8>, %ks: tensor<1x2x300xf32>, %v: tensor<1x2x300x64xi8>, %vs: tensor<1x2x300xf32>) -> tensor<1x8x64xf32> {
   %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.125 : f32} : (tensor<1x8x64xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x8x64xf32>
   return %o : tensor<1x8x64xf32>
