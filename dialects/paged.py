@@ -46,6 +46,14 @@ def _agree(a: int, b: int) -> bool:
     return a == b or DYNAMIC in (a, b)
 
 
+def _pool_operands(first: int) -> tuple[property, ...]:
+    """Accessors of the block pool's four operands, from operand `first` on."""
+    return (_operand(first, "key blocks i8 [NB,Hkv,BS,D]"),
+            _operand(first + 1, "key scales f32 [NB,Hkv,BS]"),
+            _operand(first + 2, "value blocks i8 [NB,Hkv,D,BS] (token-innermost)"),
+            _operand(first + 3, "value scales f32 [NB,Hkv,BS]"))
+
+
 def _check_pool(c: _Check, k_cache, k_scale, v_cache, v_scale) -> list[int]:
     """The block pool's [NB, Hkv, BS, D]: the caches and scales must agree on it."""
     ks = c.ranked(k_cache, "k_cache", 4, ("i8",), dynamic=(0,))
@@ -67,10 +75,7 @@ def _check_pool(c: _Check, k_cache, k_scale, v_cache, v_scale) -> list[int]:
 class PagedAttentionOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.paged_attention"
     q = _operand(0, "queries f32/f16/bf16 [B,Hq,D]")
-    k_cache = _operand(1, "key blocks i8 [NB,Hkv,BS,D]")
-    k_scale = _operand(2, "key scales f32 [NB,Hkv,BS]")
-    v_cache = _operand(3, "value blocks i8 [NB,Hkv,D,BS] (token-innermost)")
-    v_scale = _operand(4, "value scales f32 [NB,Hkv,BS]")
+    k_cache, k_scale, v_cache, v_scale = _pool_operands(1)
     block_tables = _operand(5, "i32 [B,MB]: block of each sequence's BS-token slot")
     context_lens = _operand(6, "i32 [B]: tokens of each sequence")
 
@@ -140,10 +145,7 @@ class CacheWriteOp(Int8AttnOp):
     k_new = _operand(0, "new keys f32/f16/bf16 [T,Hkv,D]")
     v_new = _operand(1, "new values f32/f16/bf16 [T,Hkv,D]")
     slot_mapping = _operand(2, "i32 [T]: slot (block * BS + offset) of each token, < 0: skip")
-    k_cache = _operand(3, "key blocks i8 [NB,Hkv,BS,D]")
-    k_scale = _operand(4, "key scales f32 [NB,Hkv,BS]")
-    v_cache = _operand(5, "value blocks i8 [NB,Hkv,D,BS] (token-innermost)")
-    v_scale = _operand(6, "value scales f32 [NB,Hkv,BS]")
+    k_cache, k_scale, v_cache, v_scale = _pool_operands(3)
     CACHES = ("k_cache", "k_scale", "v_cache", "v_scale")   # operands 3..6 = results 0..3
 
     @property
