@@ -203,9 +203,13 @@ class Int8AttnOp(ir.OpView):
                                    operands=list(operands), attributes=attributes or {},
                                    loc=loc).opview
 
-    def verify(self) -> bool:
-        """Raise a `DiagnosticError` at the op's location unless it is well formed."""
-        raise NotImplementedError
+    def __init_subclass__(cls, **kwargs):
+        # Every op class carries its own verifier (OpView's would verify nothing for
+        # an unregistered op): a class without one is a definition error, at import.
+        super().__init_subclass__(**kwargs)
+        if "verify" not in cls.__dict__:
+            raise TypeError(f"{cls.__name__} must define verify(), raising a "
+                            f"DiagnosticError at the op's location unless it is well formed")
 
 
 def _block_output(weights, v) -> ir.RankedTensorType:

@@ -46,6 +46,16 @@ def _agree(a: int, b: int) -> bool:
     return a == b or DYNAMIC in (a, b)
 
 
+def _check_block_size(c: _Check, op, block_size: int) -> None:
+    """The op's `block_size` attribute is the pool's BS."""
+    attr = op.attributes["block_size"] if "block_size" in op.attributes else None
+    if not isinstance(attr, ir.IntegerAttr):
+        c.fail(f"requires an integer attribute 'block_size' (the caches' BS, {block_size})")
+    c.that(op.block_size == block_size,
+           f"attribute 'block_size' is {op.block_size} but the caches hold blocks of "
+           f"{block_size} tokens")
+
+
 def _pool_operands(first: int) -> tuple[property, ...]:
     """Accessors of the block pool's four operands, from operand `first` on."""
     return (_operand(first, "key blocks i8 [NB,Hkv,BS,D]"),
@@ -111,13 +121,7 @@ class PagedAttentionOp(Int8AttnOp):
         c.that(qs[2] == head_dim, f"q has head dim {qs[2]} but k_cache has head dim {head_dim}")
         c.that(qs[1] % kv_heads == 0,
                f"query heads ({qs[1]}) must be a multiple of KV heads ({kv_heads}) for GQA")
-        attr = self.attributes["block_size"] if "block_size" in self.attributes else None
-        if not isinstance(attr, ir.IntegerAttr):
-            c.fail(f"requires an integer attribute 'block_size' (the caches' BS, "
-                   f"{block_size})")
-        c.that(self.block_size == block_size,
-               f"attribute 'block_size' is {self.block_size} but the caches hold blocks of "
-               f"{block_size} tokens")
+        _check_block_size(c, self, block_size)
         scale = self.attributes["softmax_scale"] if "softmax_scale" in self.attributes else None
         if not isinstance(scale, ir.FloatAttr):
             c.fail("requires an f32 attribute 'softmax_scale' (e.g. softmax_scale = 0.088 : f32)")
@@ -180,13 +184,7 @@ class CacheWriteOp(Int8AttnOp):
         c.that(_agree(ks[0], vs[0]) and _agree(ks[0], slots[0]) and _agree(vs[0], slots[0]),
                f"k_new, v_new and slot_mapping disagree on the number of new tokens: "
                f"{_dims([ks[0]])}, {_dims([vs[0]])}, {_dims([slots[0]])}")
-        attr = self.attributes["block_size"] if "block_size" in self.attributes else None
-        if not isinstance(attr, ir.IntegerAttr):
-            c.fail(f"requires an integer attribute 'block_size' (the caches' BS, "
-                   f"{block_size})")
-        c.that(self.block_size == block_size,
-               f"attribute 'block_size' is {self.block_size} but the caches hold blocks of "
-               f"{block_size} tokens")
+        _check_block_size(c, self, block_size)
         for i, (name, cache) in enumerate(zip(self.CACHES, self.caches)):
             result = self.operation.results[i]
             c.that(result.type == cache.type,

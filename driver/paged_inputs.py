@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn.reference import quantize_cache
+from int8attn.reference.paged import sequence_slots
 from int8attn.runtime.module import InputError
 
 
@@ -34,12 +35,9 @@ def _label(info, name: str) -> str:
 
 def read_tokens(block_tables, context_lens, block_size: int):
     """(block, offset) of every token the call reads, all sequences together."""
-    blocks, offsets = [], []
-    for b, length in enumerate(context_lens):
-        tokens = np.arange(int(length))
-        blocks.append(block_tables[b, tokens // block_size])
-        offsets.append(tokens % block_size)
-    return np.concatenate(blocks), np.concatenate(offsets)
+    slots = [sequence_slots(block_tables, context_lens, b, block_size)
+             for b in range(len(context_lens))]
+    return np.concatenate([s[0] for s in slots]), np.concatenate([s[1] for s in slots])
 
 
 def _pool(info, ops) -> tuple[int, int]:

@@ -19,13 +19,15 @@ from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import fragment_attention
 
 
+def sequence_slots(block_tables, context_lens, b: int, block_size: int):
+    """(block, offset) of each of sequence b's tokens 0 .. len_b - 1 (DESIGN.md §2b)."""
+    tokens = np.arange(int(context_lens[b]))
+    return np.asarray(block_tables[b])[tokens // block_size], tokens % block_size
+
+
 def sequence_cache(k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, b: int):
     """Sequence b's dense (k [1,Hkv,len,D], k_scale [1,Hkv,len], v, v_scale)."""
-    length = int(context_lens[b])
-    block_size = k_cache.shape[2]
-    tokens = np.arange(length)
-    blocks = np.asarray(block_tables[b])[tokens // block_size]
-    offsets = tokens % block_size
+    blocks, offsets = sequence_slots(block_tables, context_lens, b, k_cache.shape[2])
     k = k_cache[blocks, :, offsets, :].transpose(1, 0, 2)[None]          # [1, Hkv, len, D]
     v = v_cache[blocks, :, :, offsets].transpose(1, 0, 2)[None]          # [1, Hkv, len, D]
     ks = k_scale[blocks, :, offsets].T[None]                             # [1, Hkv, len]

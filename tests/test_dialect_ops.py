@@ -90,3 +90,13 @@ def test_every_op_in_the_table_has_a_registered_class():
         assert not isinstance(unknown.opview, Int8AttnOp)
         with pytest.raises(DiagnosticError, match="unknown op 'int8attn.nonsense'"):
             d.verify(unknown)
+
+
+def test_an_op_class_without_its_own_verifier_is_refused_at_definition():
+    import pytest
+
+    from int8attn.dialects.ops import Int8AttnOp
+
+    with pytest.raises(TypeError, match="NoVerifier must define verify()"):
+        class NoVerifier(Int8AttnOp):
+            OPERATION_NAME = "int8attn.no_verifier"
