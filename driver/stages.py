@@ -99,58 +99,83 @@ def make_linalg(c: Compilation) -> str:
 def make_kernel(c: Compilation) -> str:
     """The lane-level decode kernels and the host function that dispatches them."""
     from int8attn.fragments import fragment_model
-    from int8attn.kernels.decode import DecodeShape, build_decode_kernels
-    from int8attn.kernels.host import build_host_function
-    from int8attn.passes import LowerQuantize
+    from int8attn.kernels.decode import build_decode_kernels
 
     info, attention = _kernel_entry(c)
-    call = info.attention
-    q_spec = info.arguments[call.argument_of[0]]
-    batch, kv_heads, tokens, head_dim = info.arguments[call.argument_of[1]].shape
-    shape = DecodeShape(batch, kv_heads, q_spec.shape[1] // kv_heads, tokens, head_dim,
-                        call.softmax_scale)
     target = c.options.target
+    model = fragment_model(target)
     with attention.location:
         try:
-            kernels = build_decode_kernels(shape, fragment_model(target), target, c.options.pv)
+            access = _kernel_access(info, attention, model)
+            kernels = build_decode_kernels(access, model, target, c.options.pv)
         except (ValueError, KeyError) as error:
             raise DiagnosticError(attention.location, f"the {target} decode kernel: "
                                   + str(error).strip("'")) from None
         with ir.InsertionPoint(kernels.module.regions[0].blocks[0]):
-            build_host_function(kernels, info.name, ir.Type.parse(
-                f"tensor<{'x'.join(map(str, q_spec.shape))}x{q_spec.element}>"),
-                v_token_innermost=c.options.v_token_innermost)
-        run_passes(kernels.module, [LowerQuantize(), UpstreamPass("canonicalize")])
+            _build_host(c, info, kernels)
+        run_passes(kernels.module, [UpstreamPass("canonicalize")])
     c.module = kernels.module
-    c.kernel_layout = {"function": info.name, "partitions": kernels.partitions,
-                       "padded_tokens": kernels.padded_tokens}
+    c.kernel_layout = {"function": info.name, "mode": info.attention.mode,
+                       "rows_out": kernels.rows_out,
+                       "partition_tokens": model.partition_tokens}
     if c.options.v_token_innermost:
         c.functions = describe_functions(c.module)
     return str(c.module)
+
+
+def _kernel_access(info: FunctionInfo, attention, model):
+    from int8attn.kernels.decode import dense_access, paged_access
+    from int8attn.kernels.kv_access import DenseShape, PagedShape
+
+    call = info.attention
+    q_heads, head_dim = info.arguments[call.argument("q")].shape[1:]
+    if call.mode == "paged":
+        _, kv_heads, block_size, _ = info.arguments[call.argument("k_cache")].shape
+        return paged_access(PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size,
+                                       call.softmax_scale), model)
+    batch, kv_heads, tokens, _ = info.arguments[call.argument("k")].shape
+    return dense_access(DenseShape(batch, kv_heads, q_heads // kv_heads, tokens, head_dim,
+                                   call.softmax_scale), model)
+
+
+def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
+    from int8attn.kernels.host import build_host_function, build_paged_host_function
+
+    def tensor_type(spec):
+        dims = "x".join("?" if n is None else str(n) for n in spec.shape)
+        return ir.Type.parse(f"tensor<{dims}x{spec.element}>")
+
+    if info.attention.mode == "paged":
+        build_paged_host_function(kernels, info.name, [tensor_type(a) for a in info.arguments],
+                                  tensor_type(info.results[0]))
+    else:
+        build_host_function(kernels, info.name, tensor_type(info.arguments[0]),
+                            v_token_innermost=c.options.v_token_innermost)
 
 
 def _kernel_entry(c: Compilation):
     infos = {n: i for n, i in c.functions.items() if i.attention is not None}
     if len(infos) != 1 or len(c.functions) != 1:
         raise DiagnosticError(c.module.location, f"--target {c.options.target} compiles one "
-                              f"public function that returns an int8attn.attention of its "
-                              f"arguments; this graph has {len(c.functions)} public "
-                              f"function(s), {len(infos)} of them such")
+                              f"public function that returns an int8attn.attention or "
+                              f"int8attn.paged_attention of its arguments; this graph has "
+                              f"{len(c.functions)} public function(s), {len(infos)} of them such")
     info = next(iter(infos.values()))
     attention = next(op for op in walk(c.module)
                      if op.name in (ATTENTION, PAGED_ATTENTION, CACHE_WRITE))
-    if info.attention.mode in ("paged", "cache_write"):
-        raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover the "
-                              f"dense decode op; {attention.name} compiles with --target cpu "
-                              f"for now")
-    if info.attention.mode != "decode":
+    if info.attention.mode == "cache_write":
+        raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover "
+                              f"decode attention (dense and paged); {attention.name} compiles "
+                              f"with --target cpu for now")
+    if info.attention.mode not in ("decode", "paged"):
         raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover "
                               f"decode; mode = \"{info.attention.mode}\" compiles with "
                               f"--target cpu")
-    if info.attention.argument_of != (0, 1, 2, 3, 4):
+    order = tuple(range(len(info.attention.operands)))
+    if info.attention.argument_of != order:
         raise DiagnosticError(attention.location, "the kernel host function expects the "
-                              "attention operands as arguments 0..4 in order (q, k, "
-                              "k_scale, v, v_scale)")
+                              "attention operands as the function's arguments, in order ("
+                              + ", ".join(info.attention.operands) + ")")
     return info, attention
 
 

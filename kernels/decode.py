@@ -1,20 +1,26 @@
 """The lane-level decode kernels (vLLM's ll4mi structure, as the seed modified it).
 
-Partition kernel, one workgroup of 4 waves per (partition, KV head, batch),
+Partition kernel, one workgroup of 4 waves per (partition, KV head, sequence),
 64 tokens per wave:
 
-  QK      Q rows (GQA heads, padded to 16) as A, K as B: scores in the C layout
+  Q       the KV head's query rows (GQA heads, zero-padded to 16) quantized
+          per row in the workgroup (the contract's quantize), Qq and sQ to LDS
+  QK      Qq as A (one fragment per K step, loaded once), K as B: scores in
+          the C layout, -inf past the sequence's length
   softmax partition max and sum: in-lane, xor shuffles, then across waves via LDS
-  W       P * sV in registers
+  W       P * sV in registers (0 for dead tokens)
   quant   per (row, MMAC) absmax: in-lane over the lane's elements of a group,
           xor shuffles over lanes that share (row, group); Wq to LDS
   PV      Wq read back in the A layout; V loaded 16 bytes per lane from the
           token-innermost cache; one MMAC per (group, 16 head-dim columns);
-          rescale by sW; partition output, max and sum
-Merge kernel, one workgroup per (KV head, batch): the log-sum-exp merge.
+          rescale by sW; the partition's output rows, max and sum
+Merge kernel, one workgroup per (KV head, sequence): a loop over the
+sequence's own partitions with a running log-sum-exp.
 
 Every lane index, shuffle offset and LDS offset comes from the target's
 `DecodeKernelLayout` (int8attn.fragments); swapping the model swaps the kernel.
+Where a token's K/V live (dense, or paged through a block table) is the
+access object's business (kernels/kv_access.py); the kernels are the same.
 """
 
 from __future__ import annotations
@@ -22,65 +28,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, func, math, memref, stream, vector
+from iree.compiler.dialects import arith, math, memref, scf, vector
 
 from int8attn.fragments import (DecodeKernelLayout, FragmentModel, bf16_pv_model,
-                                element_classes, thread_distribution)
+                                element_classes, thread_distribution, xor_reduction_offsets)
+from int8attn.kernels.executable import build_executable
+from int8attn.kernels.kv_access import DenseKV, PagedKV
 from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
                                     workgroup_id)
 from int8attn.passes import quantize_contract as contract
 
 ROWS = 16  # MMAC M: query rows of a tile (GQA heads, zero-padded)
 
-
-@dataclass(frozen=True)
-class DecodeShape:
-    batch: int
-    kv_heads: int
-    rows: int          # query heads per KV head (<= 16)
-    tokens: int
-    head_dim: int
-    softmax_scale: float
-
-    def partitions(self, partition_tokens: int) -> int:
-        return -(-self.tokens // partition_tokens)
+PARTITION_KERNEL = "decode_partition"
+MERGE_KERNEL = "decode_merge"
 
 
-def _translation(threads: int, wave_size: int) -> ir.Attribute:
-    return ir.Attribute.parse(
-        "#iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<BaseLowering> "
-        f"workgroup_size = [{threads}, 1, 1] subgroup_size = {wave_size}>")
-
-
-def _executable(name: str, grid, arguments: int, body, threads: int, wave_size: int):
-    """stream.executable @name with export @name and a kernel built by `body`."""
-    exe = stream.ExecutableOp(name, sym_visibility="private")
-    exe.body.blocks.append()
-    with ir.InsertionPoint(exe.body.blocks[0]):
-        export = stream.ExecutableExportOp(name, name)
-        export.workgroup_count.blocks.append()
-        with ir.InsertionPoint(export.workgroup_count.blocks[0]):
-            counts = [arith.constant(ir.IndexType.get(), g) for g in grid]
-            stream.ReturnOp(counts)
-        inner = ir.Operation.create("builtin.module", regions=1)
-        inner.regions[0].blocks.append()
-        with ir.InsertionPoint(inner.regions[0].blocks[0]):
-            binding_type = ir.Type.parse("!stream.binding")
-            kernel = func.FuncOp(name, ir.FunctionType.get([binding_type] * arguments, []))
-            kernel.attributes["translation_info"] = _translation(threads, wave_size)
-            entry = kernel.add_entry_block()
-            with ir.InsertionPoint(entry):
-                body(list(entry.arguments))
-                func.ReturnOp([])
-        stream.ExecutableEndOp()
-    return exe
+def output_rows(rows: int, head_dim: int, threads: int) -> int:
+    """Rows of the partial outputs: the real query rows, rounded up until the
+    rows x head_dim tile splits evenly over the workgroup's threads."""
+    return next(r for r in range(rows, ROWS + 1) if r * head_dim % threads == 0)
 
 
 class _PartitionKernel:
     """Builds the partition kernel body; one method per stage of the docstring."""
 
-    def __init__(self, shape: DecodeShape, model: FragmentModel, target: str, pv: str = "int8"):
-        self.shape = shape
+    def __init__(self, access, model: FragmentModel, target: str, pv: str = "int8"):
+        self.access = access
+        self.shape = access.shape
         self.model = model
         self.pv_kind = pv
         self.layout = DecodeKernelLayout(model)
@@ -90,32 +65,35 @@ class _PartitionKernel:
         self.target = target
         self.waves = model.waves_per_partition
         self.threads = self.waves * self.instruction.wave_size
-        self.partition_tokens = model.partition_tokens
-        self.partitions = shape.partitions(self.partition_tokens)
-        self.padded = self.partitions * self.partition_tokens
+        self.rows_out = output_rows(self.shape.rows, self.shape.head_dim, self.threads)
 
-    @property
-    def grid(self):
-        return (self.partitions, self.shape.kv_heads, self.shape.batch)
+    def argument_types(self):
+        return self.access.argument_types(outputs=3)
 
     def build(self, args):
-        s, d = self.shape, self.shape.head_dim
         lanes = self.lanes = Lanes(self.threads, self.instruction.wave_size)
-        zero = lanes.index(0)
         b, h, p = workgroup_id(2), workgroup_id(1), workgroup_id(0)
         self.where = (b, h)
-        kv = (s.batch, s.kv_heads)
-        self.qq = binding(args[0], kv + (ROWS, d), "i8", zero)
-        self.sq = binding(args[1], kv + (ROWS,), "f32", zero)
-        self.k = binding(args[2], kv + (self.padded, d), "i8", zero)
-        self.ks = binding(args[3], kv + (self.padded,), "f32", zero)
-        self.vt = binding(args[4], kv + (d, self.padded), "i8", zero)
-        self.vs = binding(args[5], kv + (self.padded,), "f32", zero)
-        out_o = binding(args[6], kv + (self.partitions, ROWS, d), "f32", zero)
-        out_m = binding(args[7], kv + (self.partitions, ROWS), "f32", zero)
-        out_l = binding(args[8], kv + (self.partitions, ROWS), "f32", zero)
-        self.wave_token0 = lanes.affine((p, self.partition_tokens),
-                                        (lanes.wave, self.model.wave_tokens))
+        outputs = self.access.bind(lanes, args, (b, h, p))
+        guard = self.access.guard()
+        if guard is None:
+            self.body(outputs, p)
+        else:
+            with lanes.when(guard):
+                self.body(outputs, p)
+
+    def body(self, outputs, p):
+        lanes, access, d = self.lanes, self.access, self.shape.head_dim
+        b, h = self.where
+        zero = lanes.index(0)
+        batch, parts = access.batch, access.partition_count
+        kv = (batch, self.shape.kv_heads, parts)
+        out_o = binding(outputs[0], kv + (self.rows_out, d), "f32", zero)
+        out_m = binding(outputs[1], kv + (ROWS,), "f32", zero)
+        out_l = binding(outputs[2], kv + (ROWS,), "f32", zero)
+        self.wave_token0 = lanes.affine((lanes.wave, self.model.wave_tokens))
+        access.stage()
+        self.qq, self.sq = self.quantize_q()
         scores = self.qk()
         row_classes = element_classes(self.layout.element_rows())
         m = self.wave_reduce(scores, row_classes, "max")
@@ -146,37 +124,73 @@ class _PartitionKernel:
         return self.layout.c_col(i).shifted(n * self.instruction.n)
 
     # stages --------------------------------------------------------------------
+    def quantize_q(self):
+        """The KV head's query rows, quantized per row (the contract's rule) into LDS:
+        Qq [16, D] i8 and sQ [16] f32, rows past the real ones zero."""
+        lanes, s, access = self.lanes, self.shape, self.access
+        b, h = self.where
+        qq_lds = lanes.shared([ROWS, s.head_dim], "i8")
+        sq_lds = lanes.shared([ROWS], "f32")
+        _, slots = thread_distribution(ROWS, s.head_dim, self.threads)
+        row_map = slots[0][0]
+        offsets = xor_reduction_offsets(row_map(range(self.threads))[:, None])
+        row = lanes.of_lane(row_map, of=lanes.thread)
+        real = arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(s.rows))
+        q_row = lanes.affine((self.where[1], s.rows),
+                             (arith.minui(row, lanes.index(s.rows - 1)), 1))
+        c = contract.quantize_constants(lanes.f32)
+        values, cols, amax = [], [], c.zero
+        for _, col_map in slots:
+            col = lanes.of_lane(col_map, of=lanes.thread)
+            x = arith.select(real, memref.load(access.q, [b, q_row, col]), c.zero)
+            values.append(x)
+            cols.append(col)
+            amax = contract.absmax_step(amax, x)
+        amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
+        inverse = contract.quantize_inverse(amax, c)
+        for x, col in zip(values, cols):
+            memref.store(contract.quantize_value(x, inverse, c), qq_lds, [row, col])
+        memref.store(contract.quantize_scale(amax, c), sq_lds, [row])
+        lanes.barrier()
+        return qq_lds, sq_lds
+
     def qk(self):
-        """Scores of the lane's C elements, f32, masked past the context."""
-        lanes, inst, (b, h) = self.lanes, self.instruction, self.where
+        """Scores of the lane's C elements, f32, -inf past the sequence's length."""
+        lanes, inst, access = self.lanes, self.instruction, self.access
         a_runs = [(lanes.of_lane(row), lanes.of_lane(k), n) for row, k, n in self.layout.a_runs()]
         b_runs = [(lanes.of_lane(k), n) for k, n in self.layout.b_runs()]
         b_col = lanes.of_lane(self.layout.b_col())
-        scores = []
+        steps = range(self.shape.head_dim // inst.k)
+        # The Q fragment of each K step, loaded once for all token blocks.
+        a_steps = [lanes.assemble([load_vector(self.qq, [row, lanes.plus(k, step * inst.k)],
+                                               length, "i8") for row, k, length in a_runs],
+                                  inst.a_vector) for step in steps]
+        scores, self.live = [], []
         for n in range(self.layout.blocks):
-            token = lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n)
+            k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
             acc = lanes.zeros(inst.c_vector, "i32")
-            for step in range(self.shape.head_dim // inst.k):
-                a = lanes.assemble([load_vector(self.qq, [b, h, row, lanes.plus(k, step * inst.k)],
-                                                length, "i8") for row, k, length in a_runs],
-                                   inst.a_vector)
-                kb = lanes.assemble([load_vector(self.k, [b, h, token, lanes.plus(k, step * inst.k)],
+            for step in steps:
+                kb = lanes.assemble([load_vector(access.k, k_row + [lanes.plus(k, step * inst.k)],
                                                  length, "i8") for k, length in b_runs],
                                     inst.b_vector)
-                acc = mma(inst, self.target, a, kb, acc)
+                acc = mma(inst, self.target, a_steps[step], kb, acc)
             for i in range(inst.c.slots):
                 element = n * inst.c.slots + i
                 row = lanes.of_lane(self._row_map(element))
-                token_e = lanes.affine((self.wave_token0, 1),
-                                       (lanes.of_lane(self._token_in_wave(element)), 1))
+                local = self._local_token(element)
                 value = arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i))
-                value = arith.mulf(arith.mulf(value, memref.load(self.sq, [b, h, row])),
-                                   memref.load(self.ks, [b, h, token_e]))
+                value = arith.mulf(arith.mulf(value, memref.load(self.sq, [row])),
+                                   memref.load(access.k_scale, access.token_row(local)))
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
-                live = arith.cmpi(arith.CmpIPredicate.ult, token_e,
-                                  lanes.index(self.shape.tokens))
+                live = arith.cmpi(arith.CmpIPredicate.slt, local, access.remaining)
+                self.live.append(live)
                 scores.append(arith.select(live, value, lanes.f32(float("-inf"))))
         return scores
+
+    def _local_token(self, element):
+        """Token (within the partition) of score element `element` of the lane."""
+        return self.lanes.affine((self.wave_token0, 1),
+                                 (self.lanes.of_lane(self._token_in_wave(element)), 1))
 
     def wave_reduce(self, values, classes, kind):
         """Per row class: reduce in-lane, across lanes (xor), across waves (LDS)."""
@@ -203,13 +217,13 @@ class _PartitionKernel:
         return out
 
     def weights(self, e, l, classes):
-        lanes, (b, h) = self.lanes, self.where
+        """W = P * sV, exactly 0 for a dead token (whatever its slot's scale holds)."""
+        lanes, access = self.lanes, self.access
         w = []
         for i, value in enumerate(e):
             p = arith.divf(value, l[self._class_of(classes, i)])
-            token = lanes.affine((self.wave_token0, 1),
-                                 (lanes.of_lane(self._token_in_wave(i)), 1))
-            w.append(arith.mulf(p, memref.load(self.vs, [b, h, token])))
+            scale = memref.load(access.v_scale, access.token_row(self._local_token(i)))
+            w.append(arith.select(self.live[i], arith.mulf(p, scale), lanes.f32(0.0)))
         return w
 
     def quantize(self, w):
@@ -243,15 +257,9 @@ class _PartitionKernel:
 
     def pv(self, wq_lds, sw_lds):
         """O partial of the wave: per (row, head-dim) C elements, f32."""
-        lanes, inst, layout, (b, h) = self.lanes, self.instruction, self.layout, self.where
+        lanes, inst, layout = self.lanes, self.instruction, self.layout
         tiles = self.shape.head_dim // inst.n
-        width = self.model.v_load.bytes_per_lane
-        b_col = lanes.of_lane(layout.b_col())
-        loads = [[load_vector(self.vt, [b, h, lanes.plus(b_col, tile * inst.n),
-                                        lanes.affine((self.wave_token0, 1),
-                                                     (lanes.of_lane(layout.v_load_start(u)), 1))],
-                              width, "i8") for tile in range(tiles)]
-                 for u in range(layout.v_loads())]
+        loads = self._v_loads(layout)
         o = [[None] * inst.c.slots for _ in range(tiles)]
         for t in range(self.model.mmacs_per_wave):
             a = lanes.assemble([load_vector(wq_lds, [lanes.wave, lanes.of_lane(row),
@@ -270,14 +278,17 @@ class _PartitionKernel:
         return o
 
     def _v_loads(self, layout):
-        lanes, (b, h), inst = self.lanes, self.where, layout.instruction
+        """Each lane's V loads, 16 bytes of consecutive tokens of one head-dim column,
+        all issued before the PV MMACs."""
+        lanes, inst, access = self.lanes, layout.instruction, self.access
         b_col = lanes.of_lane(layout.b_col())
         tiles = self.shape.head_dim // inst.n
-        return [[load_vector(self.vt, [b, h, lanes.plus(b_col, tile * inst.n),
-                                       lanes.affine((self.wave_token0, 1),
-                                                    (lanes.of_lane(layout.v_load_start(u)), 1))],
-                             self.model.v_load.bytes_per_lane, "i8") for tile in range(tiles)]
-                for u in range(layout.v_loads())]
+        width = self.model.v_load.bytes_per_lane
+        starts = [lanes.affine((self.wave_token0, 1), (lanes.of_lane(layout.v_load_start(u)), 1))
+                  for u in range(layout.v_loads())]
+        return [[load_vector(access.v, access.v_row(lanes.plus(b_col, tile * inst.n), start),
+                             width, "i8") for tile in range(tiles)]
+                for start in starts]
 
     def stage_bf16(self, w):
         """The BF16-PV baseline: W rounded to bf16 into LDS (no scales)."""
@@ -317,7 +328,8 @@ class _PartitionKernel:
         return o
 
     def store_partition(self, o, out_o, p):
-        """Sum the waves' partials through LDS; all threads store a slice."""
+        """Sum the waves' partials through LDS; all threads store a slice of the
+        output rows."""
         lanes, layout, (b, h) = self.lanes, self.pv_layout, self.where
         inst = layout.instruction
         d = self.shape.head_dim
@@ -327,7 +339,7 @@ class _PartitionKernel:
                 col = lanes.plus(lanes.of_lane(layout.c_col(i)), tile * inst.n)
                 memref.store(value, o_lds, [lanes.wave, lanes.of_lane(layout.c_row(i)), col])
         lanes.barrier()
-        _, slots = thread_distribution(ROWS, d, self.threads)
+        _, slots = thread_distribution(self.rows_out, d, self.threads)
         for row_map, col_map in slots:
             row = lanes.of_lane(row_map, of=lanes.thread)
             col = lanes.of_lane(col_map, of=lanes.thread)
@@ -339,41 +351,51 @@ class _PartitionKernel:
 
 
 class _MergeKernel:
-    """out = sum_p e^(m_p - M) l_p O_p / sum_p e^(m_p - M) l_p over the partitions."""
+    """out = sum_p e^(m_p - M) l_p O_p / sum_p e^(m_p - M) l_p over the sequence's
+    partitions, as a loop with a running max (no unrolling over partitions)."""
 
-    def __init__(self, shape: DecodeShape, model: FragmentModel, partitions: int):
-        self.shape, self.model, self.partitions = shape, model, partitions
+    def __init__(self, access, model: FragmentModel, rows_out: int):
+        self.access, self.shape, self.rows_out = access, access.shape, rows_out
         self.threads = model.waves_per_partition * model.instruction.wave_size
+        self.wave_size = model.instruction.wave_size
 
-    @property
-    def grid(self):
-        return (self.shape.kv_heads, self.shape.batch, 1)
+    def argument_types(self):
+        return self.access.merge_argument_types(partials=3)
 
     def build(self, args):
-        s, d, parts = self.shape, self.shape.head_dim, self.partitions
-        lanes = Lanes(self.threads, self.model.instruction.wave_size)
+        d, access = self.shape.head_dim, self.access
+        lanes = Lanes(self.threads, self.wave_size)
         zero = lanes.index(0)
-        kv = (s.batch, s.kv_heads)
-        o = binding(args[0], kv + (parts, ROWS, d), "f32", zero)
-        m = binding(args[1], kv + (parts, ROWS), "f32", zero)
-        l = binding(args[2], kv + (parts, ROWS), "f32", zero)
-        out = binding(args[3], kv + (ROWS, d), "f32", zero)
         b, h = workgroup_id(1), workgroup_id(0)
-        _, slots = thread_distribution(ROWS, d, self.threads)
-        for row_map, col_map in slots:
-            row = lanes.of_lane(row_map, of=lanes.thread)
-            col = lanes.of_lane(col_map, of=lanes.thread)
-            m_p = [memref.load(m, [b, h, lanes.index(p), row]) for p in range(parts)]
-            m_all = m_p[0]
-            for value in m_p[1:]:
-                m_all = arith.maximumf(m_all, value)
-            numerator = denominator = None
-            for p in range(parts):
-                weight = arith.mulf(math.exp(arith.subf(m_p[p], m_all)),
-                                    memref.load(l, [b, h, lanes.index(p), row]))
-                term = arith.mulf(weight, memref.load(o, [b, h, lanes.index(p), row, col]))
-                numerator = term if numerator is None else arith.addf(numerator, term)
-                denominator = weight if denominator is None else arith.addf(denominator, weight)
+        o_arg, m_arg, l_arg, out_arg = access.bind_merge(lanes, args, b)
+        kv = (access.batch, self.shape.kv_heads, access.partition_count)
+        o = binding(o_arg, kv + (self.rows_out, d), "f32", zero)
+        m = binding(m_arg, kv + (ROWS,), "f32", zero)
+        l = binding(l_arg, kv + (ROWS,), "f32", zero)
+        out = binding(out_arg, (access.batch, self.shape.kv_heads, self.rows_out, d), "f32", zero)
+        _, slots = thread_distribution(self.rows_out, d, self.threads)
+        cells = [(lanes.of_lane(r, of=lanes.thread), lanes.of_lane(c, of=lanes.thread))
+                 for r, c in slots]
+        start = [lanes.f32(float("-inf")), lanes.f32(0.0), lanes.f32(0.0)] * len(cells)
+        loop = lanes.loop(zero, access.partitions_of(lanes, b), start)
+        with ir.InsertionPoint(loop.body):
+            p = loop.induction_variable
+            carried = list(loop.inner_iter_args)
+            updated = []
+            for u, (row, col) in enumerate(cells):
+                m_run, numerator, denominator = carried[3 * u:3 * u + 3]
+                m_p = memref.load(m, [b, h, p, row])
+                m_new = arith.maximumf(m_run, m_p)
+                decay = math.exp(arith.subf(m_run, m_new))
+                weight = arith.mulf(math.exp(arith.subf(m_p, m_new)),
+                                    memref.load(l, [b, h, p, row]))
+                term = arith.mulf(weight, memref.load(o, [b, h, p, row, col]))
+                updated += [m_new, arith.addf(arith.mulf(numerator, decay), term),
+                            arith.addf(arith.mulf(denominator, decay), weight)]
+            scf.YieldOp(updated)
+        results = list(loop.results)
+        for u, (row, col) in enumerate(cells):
+            numerator, denominator = results[3 * u + 1], results[3 * u + 2]
             memref.store(arith.divf(numerator, denominator), out, [b, h, row, col])
 
 
@@ -382,23 +404,16 @@ class DecodeKernels:
     """The two executables of a decode graph, and what the host must pass them."""
 
     module: ir.Operation
-    shape: DecodeShape
-    partitions: int
-    padded_tokens: int
-    partition_grid: tuple[int, int, int]
-    merge_grid: tuple[int, int, int]
+    access: DenseKV | PagedKV
+    rows_out: int             # query rows of the partial and merged outputs
+
+    @property
+    def shape(self):
+        return self.access.shape
 
 
-PARTITION_KERNEL = "decode_partition"
-MERGE_KERNEL = "decode_merge"
-
-
-def build_decode_kernels(shape: DecodeShape, model: FragmentModel, target: str,
-                         pv: str = "int8") -> DecodeKernels:
-    """A module holding both stream.executables (needs an active context/location).
-
-    `pv="bf16"` builds the BF16-PV baseline: everything identical but PV.
-    """
+def check_decode_shape(shape, model: FragmentModel) -> None:
+    """The limits of the lane-level kernel, as errors a user can act on."""
     if shape.rows > ROWS:
         raise ValueError(f"{shape.rows} query heads per KV head do not fit one {ROWS}-row "
                          f"MMAC tile")
@@ -406,12 +421,30 @@ def build_decode_kernels(shape: DecodeShape, model: FragmentModel, target: str,
     if shape.head_dim % inst.k or shape.head_dim % inst.n:
         raise ValueError(f"head dim {shape.head_dim} must be a multiple of {inst.k} "
                          f"(the MMAC K) for the lane-level kernel")
-    partition = _PartitionKernel(shape, model, target, pv)
-    merge = _MergeKernel(shape, model, partition.partitions)
+
+
+def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target: str,
+                         pv: str = "int8") -> DecodeKernels:
+    """A module holding both stream.executables (needs an active context/location).
+
+    `pv="bf16"` builds the BF16-PV baseline: everything identical but PV.
+    """
+    check_decode_shape(access.shape, model)
+    partition = _PartitionKernel(access, model, target, pv)
+    merge = _MergeKernel(access, model, partition.rows_out)
     module = ir.Module.create()
+    wave = model.instruction.wave_size
     with ir.InsertionPoint(module.body):
-        _executable(PARTITION_KERNEL, partition.grid, 9, partition.build, partition.threads,
-                    inst.wave_size)
-        _executable(MERGE_KERNEL, merge.grid, 4, merge.build, merge.threads, inst.wave_size)
-    return DecodeKernels(module.operation, shape, partition.partitions, partition.padded,
-                         partition.grid, merge.grid)
+        build_executable(PARTITION_KERNEL, partition.argument_types(), 3, partition.build,
+                         partition.threads, wave)
+        build_executable(MERGE_KERNEL, merge.argument_types(), 2, merge.build,
+                         merge.threads, wave)
+    return DecodeKernels(module.operation, access, partition.rows_out)
+
+
+def dense_access(shape, model: FragmentModel) -> DenseKV:
+    return DenseKV(shape, model.partition_tokens)
+
+
+def paged_access(shape, model: FragmentModel) -> PagedKV:
+    return PagedKV(shape, model.partition_tokens, model.v_load.bytes_per_lane)

@@ -1,28 +1,45 @@
 """The host side of the decode kernels: a function with the graph's signature.
 
-    q -> rows per KV head -> int8attn.quantize -> rows padded to 16
+Dense (`int8attn.attention`, decode):
     K, scales padded to whole partitions; V padded and transposed to [.., D, S]
-    flow.dispatch partition kernel, flow.dispatch merge kernel
+    flow.dispatch partition[P, Hkv, B], flow.dispatch merge[Hkv, B]
     rows [0, G) -> [B, Hq, D]
+Paged (`int8attn.paged_attention`): no copy of the pool; B, NB, MB come from
+the arguments' shapes and the partition count P = ceil(MB * BS / 256) is
+computed at run time, so one compiled module serves every batch.
 
-The V transpose is a real copy per call (the graph's cache is token-major);
-it shows in the module, where a paged token-innermost cache would remove it.
+The query rows are quantized inside the partition kernel. The V transpose of
+the dense graph is a real copy per call (its cache is token-major); the paged
+cache is token-innermost already.
 """
 
 from __future__ import annotations
 
 from iree.compiler import ir
-from iree.compiler.dialects import flow, func, linalg, tensor
+from iree.compiler.dialects import arith, func, linalg, tensor
 
 from int8attn.dialects import int8attn as d
 from int8attn.kernels.decode import MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeKernels
+from int8attn.kernels.executable import dispatch
 from int8attn.passes import builders as build
 
+DYN = d.DYNAMIC
 
-def _dispatch(executable: str, results, arguments):
-    entry = ir.Attribute.parse(f"[@{executable}::@{executable}]")
-    op = flow.DispatchOp(results, [], entry, arguments, [], [])
-    return list(op.results)
+
+def _f32(value: ir.Value) -> ir.Value:
+    if d.element_of(value) == "f32":
+        return value
+    return arith.extf(d.tensor(d.shape_of(value), "f32"), value)
+
+
+def _real_rows(out: ir.Value, shape, rows_out: int, batch) -> ir.Value:
+    """[B, Hkv, rows_out, D] -> [B, Hq, D]: the real query rows of each KV head."""
+    b, hkv, g, dim = batch, shape.kv_heads, shape.rows, shape.head_dim
+    static_b = b if isinstance(b, int) else DYN
+    sizes = [] if isinstance(b, int) else [b]
+    real = tensor.ExtractSliceOp(d.tensor([static_b, hkv, g, dim], "f32"), out, [], sizes, [],
+                                 [0, 0, 0, 0], [static_b, hkv, g, dim], [1, 1, 1, 1]).result
+    return build.collapse(real, [[0], [1, 2], [3]])
 
 
 def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
@@ -32,22 +49,15 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
     With `v_token_innermost`, v comes as [B, Hkv, D, S] (the kernel's layout, as
     a paged cache would hold it) and the per-call transpose disappears.
     """
+    access = kernels.access
     s = kernels.shape
-    b, hkv, rows, dim, padded = s.batch, s.kv_heads, s.rows, s.head_dim, kernels.padded_tokens
+    b, hkv, dim, padded = s.batch, s.kv_heads, s.head_dim, access.padded
     cache = d.tensor([b, hkv, s.tokens, dim], "i8")
     v_type = d.tensor([b, hkv, dim, s.tokens], "i8") if v_token_innermost else cache
     scales = d.tensor([b, hkv, s.tokens], "f32")
 
     @func.FuncOp.from_py_func(q_type, cache, scales, v_type, scales, name=name)
     def host(q, k, k_scale, v, v_scale):
-        if d.element_of(q) != "f32":
-            from iree.compiler.dialects import arith
-
-            q = arith.extf(d.tensor(d.shape_of(q), "f32"), q)
-        grouped = build.expand(q, [[0], [1, 2], [3]], [b, hkv, rows, dim])
-        qq, sq = d.quantize(grouped)
-        qq = build.pad_dim(qq, 2, ROWS, build.zero("i8"))
-        sq = build.pad_dim(sq, 2, ROWS, build.zero("f32"))
         k = build.pad_dim(k, 2, padded, build.zero("i8"))
         k_scale = build.pad_dim(k_scale, 2, padded, build.zero("f32"))
         v_scale = build.pad_dim(v_scale, 2, padded, build.zero("f32"))
@@ -58,33 +68,54 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
             v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
                                    permutation=[0, 1, 3, 2])
             v_t = v_t if isinstance(v_t, ir.Value) else v_t.result
-        parts = [b, hkv, kernels.partitions, ROWS]
-        o_part, m_part, l_part = _dispatch(
-            PARTITION_KERNEL,
-            [d.tensor(parts + [dim], "f32"), d.tensor(parts, "f32"), d.tensor(parts, "f32")],
-            [qq, sq, k, k_scale, v_t, v_scale])
-        (out,) = _dispatch(MERGE_KERNEL, [d.tensor([b, hkv, ROWS, dim], "f32")],
-                           [o_part, m_part, l_part])
-        real = tensor.ExtractSliceOp(d.tensor([b, hkv, rows, dim], "f32"), out, [], [], [],
-                                     [0, 0, 0, 0], [b, hkv, rows, dim], [1, 1, 1, 1]).result
-        return build.collapse(real, [[0], [1, 2], [3]])
+        parts = [b, hkv, access.partitions]
+        grid = [build.index(access.partitions), build.index(hkv), build.index(b)]
+        o_part, m_part, l_part = dispatch(
+            PARTITION_KERNEL, grid,
+            [d.tensor(parts + [kernels.rows_out, dim], "f32"), d.tensor(parts + [ROWS], "f32"),
+             d.tensor(parts + [ROWS], "f32")],
+            [_f32(q), k, k_scale, v_t, v_scale])
+        (out,) = dispatch(MERGE_KERNEL, grid[1:],
+                          [d.tensor([b, hkv, kernels.rows_out, dim], "f32")],
+                          [o_part, m_part, l_part])
+        return _real_rows(out, s, kernels.rows_out, b)
 
 
-def build_kernel_entries(kernels: DecodeKernels) -> None:
-    """@partition(qq, sq, k, k_scale, v_t, v_scale) -> (o, m, l) and @merge(o, m, l) -> out:
-    the two kernels alone, for checking each against the lane simulator on a device."""
-    s = kernels.shape
-    b, hkv, dim, padded = s.batch, s.kv_heads, s.head_dim, kernels.padded_tokens
-    parts = [b, hkv, kernels.partitions, ROWS]
-    outs = [d.tensor(parts + [dim], "f32"), d.tensor(parts, "f32"), d.tensor(parts, "f32")]
-    inputs = [d.tensor([b, hkv, ROWS, dim], "i8"), d.tensor([b, hkv, ROWS], "f32"),
-              d.tensor([b, hkv, padded, dim], "i8"), d.tensor([b, hkv, padded], "f32"),
-              d.tensor([b, hkv, dim, padded], "i8"), d.tensor([b, hkv, padded], "f32")]
+def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
+                              result_type: ir.Type) -> None:
+    """func.func @name(q, k_cache, k_scale, v_cache, v_scale, block_tables,
+    context_lens) at the current insertion point; any of B, NB, MB may be static
+    or dynamic in the signature."""
+    access, s = kernels.access, kernels.shape
+    hkv, dim, bs = s.kv_heads, s.head_dim, s.block_size
+    dynamic = [d.tensor([DYN, s.q_heads, dim], "f32"), d.tensor([DYN, hkv, bs, dim], "i8"),
+               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, hkv, dim, bs], "i8"),
+               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, DYN], "i32"),
+               d.tensor([DYN], "i32")]
 
-    @func.FuncOp.from_py_func(*inputs, name="partition")
-    def partition(*args):
-        return tuple(_dispatch(PARTITION_KERNEL, outs, list(args)))
-
-    @func.FuncOp.from_py_func(*outs, name="merge")
-    def merge(o, m, l):
-        return _dispatch(MERGE_KERNEL, [d.tensor([b, hkv, ROWS, dim], "f32")], [o, m, l])[0]
+    @func.FuncOp.from_py_func(*argument_types, name=name)
+    def host(*arguments):
+        q = _f32(arguments[0])
+        arguments = [tensor.CastOp(t, a).result if a.type != t else a
+                     for t, a in zip(dynamic, [q, *arguments[1:]])]
+        q, k, k_scale, v, v_scale, tables, lengths = arguments
+        batch = tensor.DimOp(q, build.index(0)).result
+        blocks = tensor.DimOp(k, build.index(0)).result
+        width = tensor.DimOp(tables, build.index(1)).result
+        tokens = arith.muli(width, build.index(bs))
+        parts = arith.divui(arith.addi(tokens, build.index(access.partition_tokens - 1)),
+                            build.index(access.partition_tokens))
+        partial = [DYN, hkv, DYN]
+        o_part, m_part, l_part = dispatch(
+            PARTITION_KERNEL, [parts, build.index(hkv), batch],
+            [d.tensor(partial + [kernels.rows_out, dim], "f32"), d.tensor(partial + [ROWS], "f32"),
+             d.tensor(partial + [ROWS], "f32")],
+            arguments + [batch, blocks, width, parts],
+            argument_dims=[batch, blocks, blocks, blocks, blocks, batch, width, batch],
+            result_dims=[batch, parts] * 3)
+        (out,) = dispatch(MERGE_KERNEL, [build.index(hkv), batch],
+                          [d.tensor([DYN, hkv, kernels.rows_out, dim], "f32")],
+                          [o_part, m_part, l_part, lengths, batch, parts],
+                          argument_dims=[batch, parts] * 3 + [batch], result_dims=[batch])
+        result = _real_rows(out, s, kernels.rows_out, batch)
+        return tensor.CastOp(result_type, result).result if result.type != result_type else result

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import amdgpu, arith, gpu, llvm, memref, stream, vector
+from iree.compiler.dialects import amdgpu, arith, gpu, llvm, memref, scf, stream, vector
 
 from int8attn.fragments import LaneMap, MatrixInstruction
 
@@ -35,6 +35,10 @@ class Lanes:
         self.wave_size = wave_size
         self._constants: dict[tuple[str, object], ir.Value] = {}
         self.thread = gpu.thread_id(gpu.Dimension.x, upper_bound=threads)
+        # Constants and LDS allocations go before the thread id, at the top of
+        # the kernel, so that they dominate every region built later (scf.if,
+        # scf.for bodies) however often they are reused.
+        self._head = ir.InsertionPoint(self.thread.owner)
         self.lane = arith.andi(self.thread, self.index(wave_size - 1))
         self.wave = arith.shrui(self.thread, self.index(wave_size.bit_length() - 1))
 
@@ -51,7 +55,8 @@ class Lanes:
     def _constant(self, element: str, value) -> ir.Value:
         key = (element, value)
         if key not in self._constants:
-            self._constants[key] = arith.constant(ir.Type.parse(element), value)
+            with self._head:
+                self._constants[key] = arith.constant(ir.Type.parse(element), value)
         return self._constants[key]
 
     def zeros(self, shape, element: str) -> ir.Value:
@@ -59,7 +64,11 @@ class Lanes:
         t = ir.VectorType.get(list(shape) if not isinstance(shape, int) else [shape], scalar)
         zero = (ir.FloatAttr.get(scalar, 0.0) if isinstance(scalar, ir.FloatType)
                 else ir.IntegerAttr.get(scalar, 0))
-        return arith.constant(t, ir.DenseElementsAttr.get_splat(t, zero))
+        key = (str(t), 0)
+        if key not in self._constants:
+            with self._head:
+                self._constants[key] = arith.constant(t, ir.DenseElementsAttr.get_splat(t, zero))
+        return self._constants[key]
 
     def assemble(self, pieces, shape) -> ir.Value:
         """Register runs (1-D vectors) as the instruction's operand vector."""
@@ -113,9 +122,35 @@ class Lanes:
     def barrier(self) -> None:
         gpu.barrier()
 
-    @staticmethod
-    def shared(shape, element: str) -> ir.Value:
-        return memref.AllocOp(memref_type(shape, element, workgroup=True), [], []).result
+    def shared(self, shape, element: str) -> ir.Value:
+        with self._head:
+            return memref.AllocOp(memref_type(shape, element, workgroup=True), [], []).result
+
+    # control flow ------------------------------------------------------------
+    def when(self, condition: ir.Value):
+        """`with lanes.when(c):` builds into an scf.if without results."""
+        branch = scf.IfOp(condition)
+        return _Region(branch.then_block)
+
+    def loop(self, lower: ir.Value, upper: ir.Value, carried):
+        """scf.for lower..upper step 1 carrying `carried`; returns the op, whose body
+        the caller fills and ends with `scf.yield`."""
+        return scf.ForOp(lower, upper, self.index(1), list(carried))
+
+
+class _Region:
+    def __init__(self, block):
+        self.block = block
+
+    def __enter__(self):
+        self.ip = ir.InsertionPoint(self.block)
+        self.ip.__enter__()
+        return self.block
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            scf.YieldOp([])
+        self.ip.__exit__(*exc)
 
 
 def workgroup_id(dimension: int) -> ir.Value:
@@ -123,7 +158,10 @@ def workgroup_id(dimension: int) -> ir.Value:
 
 
 def binding(argument: ir.Value, shape, element: str, zero: ir.Value) -> ir.Value:
-    return stream.BindingSubspanOp(memref_type(shape, element), argument, zero, []).result
+    """A memref view of a binding; a dimension given as an index Value is dynamic."""
+    static = [s if isinstance(s, int) else ir.ShapedType.get_dynamic_size() for s in shape]
+    dynamic = [s for s in shape if not isinstance(s, int)]
+    return stream.BindingSubspanOp(memref_type(static, element), argument, zero, dynamic).result
 
 
 def load_vector(base: ir.Value, indices, count: int, element: str) -> ir.Value:

@@ -1,8 +1,8 @@
 """Decode attention through the generated lane-level kernels, simulated.
 
-The host part (query quantization, padding to whole partitions, V to the
-token-innermost layout) is the same work the IREE host function does; the
-kernels themselves run in the lane simulator.
+The host part is the same work the IREE host function does (dense: K/V padded
+to whole partitions, V to the token-innermost layout; paged: the partition
+count from the table width); the kernels themselves run in the lane simulator.
 """
 
 from __future__ import annotations
@@ -11,32 +11,74 @@ import numpy as np
 from iree.compiler import ir
 
 from int8attn.fragments import FragmentModel, fragment_model
-from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeShape,
-                                     build_decode_kernels)
-from int8attn.reference.common import pad_tokens, quantize
+from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build_decode_kernels,
+                                     dense_access, paged_access)
+from int8attn.kernels.kv_access import DenseShape, PagedShape
+from int8attn.reference.common import pad_tokens
 from int8attn.simulator.run import run_executable
 from int8attn.support.ir import new_context
 
 
-def host_buffers(q, k, k_scale, v, v_scale, padded: int):
+def _partials(batch, kv_heads, partitions, rows_out, head_dim):
+    parts = (batch, kv_heads, partitions)
+    return [np.zeros(parts + (rows_out, head_dim), np.float32),
+            np.zeros(parts + (ROWS,), np.float32), np.zeros(parts + (ROWS,), np.float32)]
+
+
+def _real_rows(out, q_heads):
+    batch, kv_heads, _, head_dim = out.shape
+    return out[:, :, :q_heads // kv_heads].reshape(batch, q_heads, head_dim)
+
+
+def run_dense_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale):
+    """The dense graph's host work in numpy, its two kernels in the simulator."""
     batch, q_heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    rows = q_heads // kv_heads
-    qq, sq = quantize(np.asarray(q, np.float32).reshape(batch, kv_heads, rows, head_dim))
-    qq16 = np.zeros((batch, kv_heads, ROWS, head_dim), np.int8)
-    sq16 = np.zeros((batch, kv_heads, ROWS), np.float32)
-    qq16[:, :, :rows], sq16[:, :, :rows] = qq, sq
-    k_p = pad_tokens(k, 2, padded, 0)
-    ks_p = pad_tokens(k_scale, 2, padded, 0).astype(np.float32)
-    v_t = np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2))
-    vs_p = pad_tokens(v_scale, 2, padded, 0).astype(np.float32)
-    return [qq16, sq16, np.ascontiguousarray(k_p), ks_p, v_t, vs_p]
+    kv_heads, tokens = k.shape[1], k.shape[2]
+    unit = layout["partition_tokens"]
+    partitions = -(-tokens // unit)
+    padded = partitions * unit
+    inputs = [np.asarray(q, np.float32), np.ascontiguousarray(pad_tokens(k, 2, padded, 0)),
+              pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
+              np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
+              pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]
+    partials = _partials(batch, kv_heads, partitions, layout["rows_out"], head_dim)
+    run_executable(module, PARTITION_KERNEL, (partitions, kv_heads, batch), inputs + partials)
+    out = np.zeros((batch, kv_heads, layout["rows_out"], head_dim), np.float32)
+    run_executable(module, MERGE_KERNEL, (kv_heads, batch), partials + [out])
+    return _real_rows(out, q_heads)
+
+
+def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v_cache, v_scale,
+                      block_tables, context_lens):
+    """The paged graph's kernels on the pool as it is (no copy, no padding)."""
+    batch, q_heads, head_dim = q.shape
+    blocks, kv_heads, block_size, _ = k_cache.shape
+    width = block_tables.shape[1]
+    unit = layout["partition_tokens"]
+    partitions = -(-width * block_size // unit)
+    inputs = [np.asarray(q, np.float32), k_cache, k_scale, v_cache, v_scale,
+              np.asarray(block_tables, np.int32), np.asarray(context_lens, np.int32)]
+    partials = _partials(batch, kv_heads, partitions, layout["rows_out"], head_dim)
+    run_executable(module, PARTITION_KERNEL, (partitions, kv_heads, batch),
+                   inputs + [batch, blocks, width, partitions] + partials)
+    out = np.zeros((batch, kv_heads, layout["rows_out"], head_dim), np.float32)
+    run_executable(module, MERGE_KERNEL, (kv_heads, batch),
+                   partials + [inputs[-1], batch, partitions, out])
+    return _real_rows(out, q_heads)
+
+
+RUNNERS = {"decode": run_dense_kernels, "paged": run_paged_kernels}
+
+
+def _build(access, target, fragments, pv):
+    model = fragments or fragment_model(target)
+    built = build_decode_kernels(access(model), model, target, pv)
+    return built.module, {"rows_out": built.rows_out, "partition_tokens": model.partition_tokens}
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",
-                    fragments: FragmentModel | None = None, kernels=None,
-                    pv: str = "int8") -> np.ndarray:
-    """Output [B, Hq, D] of the decode kernels for `target`, run in the simulator.
+                    fragments: FragmentModel | None = None, pv: str = "int8") -> np.ndarray:
+    """Output [B, Hq, D] of the dense decode kernels for `target`, run in the simulator.
 
     `fragments` overrides the model the kernels are generated from (the
     simulator's instruction semantics stay the real ones of `target`);
@@ -44,34 +86,30 @@ def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: 
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
-    shape = DecodeShape(batch, kv_heads, q_heads // kv_heads, tokens, head_dim,
-                        float(np.float32(softmax_scale)))
+    shape = DenseShape(batch, kv_heads, q_heads // kv_heads, tokens, head_dim,
+                       float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
-        built = kernels or build_decode_kernels(shape, fragments or fragment_model(target), target,
-                                                pv)
-        return run_decode_kernels(built.module, built.partitions, built.padded_tokens,
-                                  q, k, k_scale, v, v_scale)
+        module, layout = _build(lambda m: dense_access(shape, m), target, fragments, pv)
+        return run_dense_kernels(module, layout, q, k, k_scale, v, v_scale)
 
 
-def run_decode_kernels(module: ir.Operation, partitions: int, padded_tokens: int,
-                       q, k, k_scale, v, v_scale) -> np.ndarray:
-    """Run the partition and merge executables of a kernel module on the arrays."""
-    batch, q_heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    inputs = host_buffers(q, k, k_scale, v, v_scale, padded_tokens)
-    parts = (batch, kv_heads, partitions, ROWS)
-    o_part = np.zeros(parts + (head_dim,), np.float32)
-    m_part, l_part = np.zeros(parts, np.float32), np.zeros(parts, np.float32)
-    run_executable(module, PARTITION_KERNEL, inputs + [o_part, m_part, l_part])
-    out = np.zeros((batch, kv_heads, ROWS, head_dim), np.float32)
-    run_executable(module, MERGE_KERNEL, [o_part, m_part, l_part, out])
-    return out[:, :, :q_heads // kv_heads].reshape(batch, q_heads, head_dim)
+def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
+                   softmax_scale: float, *, target: str = "gfx936",
+                   fragments: FragmentModel | None = None, pv: str = "int8") -> np.ndarray:
+    """Output [B, Hq, D] of the paged decode kernels, run in the simulator."""
+    q_heads, head_dim = q.shape[1:]
+    kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size,
+                       float(np.float32(softmax_scale)))
+    with new_context(), ir.Location.unknown():
+        module, layout = _build(lambda m: paged_access(shape, m), target, fragments, pv)
+        return run_paged_kernels(module, layout, q, k_cache, k_scale, v_cache, v_scale,
+                                 block_tables, context_lens)
 
 
 def simulate_kernel_ir(kernel_ir: str, layout: dict, arrays) -> np.ndarray:
     """The driver's `kernel` artifact (MLIR text) run in the simulator on the
-    function's arguments (q, k, k_scale, v, v_scale)."""
+    function's arguments (dense: q, k, k_scale, v, v_scale; paged: the seven)."""
     with new_context():
         module = ir.Operation.parse(kernel_ir)
-        return run_decode_kernels(module, layout["partitions"], layout["padded_tokens"],
-                                  *arrays)
+        return RUNNERS[layout["mode"]](module, layout, *arrays)

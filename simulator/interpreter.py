@@ -37,10 +37,16 @@ class _Memory:
         self.per_workgroup_size = per_workgroup_size
 
     def addresses(self, indices, machine, count: int = 1) -> np.ndarray:
+        """Linear addresses per thread; threads outside the active mask (an
+        scf.if branch or loop they do not run) address element 0 unchecked."""
         linear = np.zeros(machine.thread_count, dtype=np.int64)
-        for index, stride, extent in zip(indices, self.strides, self.shape):
+        active = machine.active
+        last = len(self.shape) - 1
+        for axis, (index, stride, extent) in enumerate(zip(indices, self.strides, self.shape)):
             index = np.broadcast_to(index, (machine.thread_count,))
-            if (index < 0).any() or (index >= extent).any():
+            if active is not None:
+                index = np.where(active, index, 0)
+            if (index < 0).any() or (index + (count if axis == last else 1) > extent).any():
                 raise SimulationError(f"index out of bounds for memref of shape {self.shape}: "
                                       f"{int(index.min())}..{int(index.max())} vs {extent}")
             linear = linear + index * stride
@@ -52,9 +58,11 @@ class _Memory:
         return self.buffer[self.addresses(indices, machine, count)]
 
     def store(self, value, indices, machine, count: int = 1) -> None:
-        where = self.addresses(indices, machine, count).ravel()
+        where = self.addresses(indices, machine, count)
         value = np.broadcast_to(value, (machine.thread_count,) + ((count,) if count > 1 else ()))
-        value = value.ravel()
+        if machine.active is not None:
+            where, value = where[machine.active], value[machine.active]
+        where, value = where.ravel(), value.ravel()
         order = np.argsort(where, kind="stable")
         same = where[order][1:] == where[order][:-1]
         clash = same & ~_equal(value[order][1:], value[order][:-1])
@@ -87,15 +95,24 @@ class Machine:
                              self.workgroup_index // (gx * gy))
         self.thread_id = np.tile(np.arange(threads), groups)
         self.values: dict = {}
+        self.active: np.ndarray | None = None   # threads running the current region
 
     def run(self) -> None:
+        """Bindings are buffer numbers, index arguments uniform scalars."""
         block = self.kernel.regions[0].blocks[0]
         for i, argument in enumerate(block.arguments):
-            self.values[argument] = i
+            if str(argument.type) == "index":
+                self.values[argument] = np.array([int(self.buffers[i])], np.int64)
+            else:
+                self.values[argument] = i
+        self._run_block(block)
+
+    def _run_block(self, block) -> list:
+        """Execute a block's ops; returns the operands of its terminator."""
         for op in block.operations:
             op = op.operation
-            if op.name == "func.return":
-                return
+            if op.name in ("func.return", "scf.yield"):
+                return [self.values[v] for v in op.operands]
             handler = getattr(self, "op_" + op.name.replace(".", "_"), None)
             if handler is None:
                 raise SimulationError(f"the simulator does not know '{op.name}'")
@@ -104,6 +121,53 @@ class Machine:
                 results = (results,)
             for value, result in zip(op.results, results or ()):
                 self.values[value] = result
+        return []
+
+    # structured control flow: lockstep threads under an active mask ----------
+    def _masked(self, condition) -> np.ndarray:
+        mask = np.broadcast_to(np.asarray(condition, np.bool_), (self.thread_count,))
+        return mask if self.active is None else mask & self.active
+
+    def op_scf_if(self, op, operands):
+        if len(op.results):
+            raise SimulationError("scf.if with results is not simulated")
+        outer = self.active
+        self.active = self._masked(operands[0])
+        if self.active.any():
+            self._run_block(op.regions[0].blocks[0])
+        if len(op.regions[1].blocks):
+            self.active = self._masked(~np.asarray(operands[0], np.bool_))
+            if self.active.any():
+                self._run_block(op.regions[1].blocks[0])
+        self.active = outer
+        return None
+
+    def op_scf_for(self, op, operands):
+        """Each thread runs its own trip count; carried values of finished threads
+        keep their last value."""
+        lower, upper, step, *carried = operands
+        body = op.regions[0].blocks[0]
+        shape = (self.thread_count,)
+        carried = [np.array(np.broadcast_to(c, shape + np.shape(c)[1:])) for c in carried]
+        outer = self.active
+        iv = np.broadcast_to(lower, shape).astype(np.int64)
+        while True:
+            self.active = self._masked_from(outer, iv < np.broadcast_to(upper, shape))
+            if not self.active.any():
+                break
+            self.values[body.arguments[0]] = iv
+            for argument, value in zip(list(body.arguments)[1:], carried):
+                self.values[argument] = value
+            yielded = self._run_block(body)
+            carried = [np.where(self.active.reshape((-1,) + (1,) * (np.ndim(c) - 1)),
+                                np.broadcast_to(y, c.shape), c) for y, c in zip(yielded, carried)]
+            iv = iv + np.broadcast_to(step, shape)
+        self.active = outer
+        return tuple(carried)
+
+    @staticmethod
+    def _masked_from(outer, mask):
+        return mask if outer is None else mask & outer
 
     # kernel environment ------------------------------------------------------
     def op_gpu_thread_id(self, op, _):
@@ -114,7 +178,9 @@ class Machine:
 
     def op_stream_binding_subspan(self, op, operands):
         buffer = self.buffers[operands[0]]
-        shape = ir.MemRefType(op.result.type).shape
+        dynamic = iter(int(np.asarray(d).ravel()[0]) for d in operands[2:])
+        shape = [next(dynamic) if ir.ShapedType.is_dynamic_size(n) else n
+                 for n in ir.MemRefType(op.result.type).shape]
         if buffer.size != int(np.prod(shape)):
             raise SimulationError(f"binding {operands[0]} has {buffer.size} elements, the "
                                   f"kernel views it as {shape}")
@@ -180,6 +246,7 @@ class Machine:
     op_arith_muli = _binary(np.multiply)
     op_arith_divui = _binary(np.floor_divide)
     op_arith_remui = _binary(np.remainder)
+    op_arith_minui = _binary(np.minimum)
     op_arith_andi = _binary(np.bitwise_and)
     op_arith_shrui = _binary(np.right_shift)
     op_arith_addf = _binary(np.add)

@@ -19,23 +19,29 @@ def _executable(module: ir.Operation, name: str) -> ir.Operation:
     raise SimulationError(f"no stream.executable @{name}")
 
 
-def _grid(executable: ir.Operation) -> tuple[int, ...]:
+def _grid(executable: ir.Operation, workload) -> tuple[int, ...]:
+    """The export's workgroup count for the dispatch's workload values."""
     export = next(op for op in walk(executable) if op.name == "stream.executable.export")
-    values = {}
-    for op in export.regions[0].blocks[0].operations:
+    block = export.regions[0].blocks[0]
+    if len(block.arguments) != len(workload):
+        raise SimulationError(f"the export takes {len(block.arguments)} workload values, "
+                              f"the host gave {len(workload)}")
+    values = {a: int(w) for a, w in zip(block.arguments, workload)}
+    for op in block.operations:
         op = op.operation
         if op.name == "arith.constant":
             values[op.result] = ir.IntegerAttr(op.attributes["value"]).value
         elif op.name == "stream.return":
             return tuple(values[v] for v in op.operands)
-    raise SimulationError("the export's workgroup count is not a list of constants")
+    raise SimulationError("the export's workgroup count is not its workload and constants")
 
 
-def run_executable(module: ir.Operation, name: str, buffers: list[np.ndarray]) -> None:
-    """Execute @name's kernel over its grid; output buffers are written in place."""
+def run_executable(module: ir.Operation, name: str, workload, arguments: list) -> None:
+    """Execute @name's kernel over the grid of `workload`; `arguments` are numpy
+    buffers (bindings, output buffers written in place) and ints (index operands)."""
     executable = _executable(module, name)
     kernel = next(op for op in walk(executable) if op.name == "func.func")
     info = str(kernel.attributes["translation_info"])
     threads = int(re.search(r"workgroup_size = \[(\d+)", info).group(1))
     wave = int(re.search(r"subgroup_size = (\d+)", info).group(1))
-    Machine(kernel, buffers, _grid(executable), threads, wave).run()
+    Machine(kernel, arguments, _grid(executable, workload), threads, wave).run()

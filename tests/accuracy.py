@@ -34,7 +34,8 @@ def pv_rounding_scale(args, scale, pv):
     return np.zeros(args[0].shape), np.zeros(args[0].shape)
 
 
-def check_against_references(out, args, scale, pv="int8", q_terms=1) -> dict[str, float]:
+def check_against_references(out, args, scale, pv="int8", q_terms=1,
+                             model="gfx936") -> dict[str, float]:
     """Assert every tolerance above; return the measured errors (relative to max|V|).
 
     With `q_terms=2` the one-term INT8-QK bounds still hold (the two-term Q error
@@ -43,9 +44,9 @@ def check_against_references(out, args, scale, pv="int8", q_terms=1) -> dict[str
     q, k, k_scale, v, v_scale = args
     value_scale = float(np.abs(v.astype(np.float64) * v_scale[..., None]).max())
     assert np.isfinite(out).all(), "non-finite output for finite inputs"
-    fragment = ref.fragment_attention(*args, scale, pv=pv, q_terms=q_terms)
+    fragment = ref.fragment_attention(*args, scale, pv=pv, q_terms=q_terms, model=model)
     exact = ref.exact_attention(*args, scale).astype(np.float64)
-    ties = ref.rounding_tie_slack(*args, scale, pv=pv, q_terms=q_terms)
+    ties = ref.rounding_tie_slack(*args, scale, pv=pv, q_terms=q_terms, model=model)
     frag_err = np.abs(out.astype(np.float64) - fragment)
     frag_tol = FRAGMENT_TOL * value_scale + ties
     assert (frag_err <= frag_tol).all(), \

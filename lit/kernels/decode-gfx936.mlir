@@ -3,18 +3,29 @@
 
 // Decode, 32 query heads over 8 KV heads, D = 128, 4096 tokens (16 partitions).
 // Per wave: QK = 4 token blocks x 4 K steps, PV = 2 MMACs x 8 head-dim tiles.
+// The grid is the dispatch's workload (partitions, KV heads, batch); the
+// host dispatches 16 partitions of 256 tokens. The query rows are quantized
+// in the kernel; each partition stores its 4 real rows (GQA 4:1).
 // CHECK-LABEL: stream.executable private @decode_partition
-// CHECK: workgroups() -> (index, index, index)
-// CHECK-DAG: %[[P:.*]] = arith.constant 16 : index
-// CHECK-DAG: %[[H:.*]] = arith.constant 8 : index
-// CHECK: stream.return %[[P]], %[[H]], %{{.*}} : index, index, index
+// CHECK: workgroups(%[[P:.*]]: index, %[[H:.*]]: index, %[[B:.*]]: index) -> (index, index, index)
+// CHECK: stream.return %[[P]], %[[H]], %[[B]] : index, index, index
 // CHECK: func.func @decode_partition
 // CHECK-SAME: translation_info = #translation
+// CHECK: stream.binding.subspan %{{.*}} -> memref<1x32x128xf32>
+// CHECK: stream.binding.subspan %{{.*}} -> memref<1x8x16x4x128xf32>
 // CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"(%{{.*}}, %{{.*}}, %{{.*}}) : (i64, i64, vector<4xi32>) -> vector<4xi32>
 // CHECK-NOT: llvm.call_intrinsic
+// The merge loops over the partitions with a running max (not unrolled).
 // CHECK-LABEL: stream.executable private @decode_merge
 // CHECK-NOT: llvm.call_intrinsic
+// CHECK: %[[PARTS:.*]] = arith.constant 16 : index
+// CHECK: scf.for %{{.*}} = %{{.*}} to %[[PARTS]] step
+// CHECK: arith.maximumf
+// CHECK: math.exp
+// CHECK: scf.yield
 // CHECK-LABEL: func.func @decode(
+// CHECK: %[[PART:.*]]:3 = flow.dispatch @decode_partition::@decode_partition[%{{.*}}, %{{.*}}, %{{.*}}](%arg0, %{{.*}})
+// CHECK: flow.dispatch @decode_merge::@decode_merge[%{{.*}}, %{{.*}}](%[[PART]]#0, %[[PART]]#1, %[[PART]]#2)
 
 // The W absmax per (row, MMAC): |W| maxed in-lane, then xor shuffles 16 and
 // 32 over the four lanes that share a row in the gfx936 C "jump" layout.

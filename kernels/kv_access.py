@@ -1,0 +1,204 @@
+"""Where a decode kernel finds the K/V of a token: a dense or a paged cache.
+
+The partition kernel asks for tokens by their index inside its partition
+(`local`, from the fragment model's lane maps); an access object turns that
+into memref indices and says which tokens are live:
+
+  DenseKV  [B, Hkv, S_pad, D] K, [B, Hkv, D, S_pad] V (host-padded to whole
+           partitions); S is static, every partition is live.
+  PagedKV  the block pool [NB, Hkv, BS, D] / [NB, Hkv, D, BS] read through the
+           block table (DESIGN.md §2b). The partition's block ids are read once
+           into LDS; a token past the sequence's length reads its last used
+           block (so an unused table slot is never read, whatever it holds)
+           and is masked; a workgroup past the sequence's last partition does
+           nothing. B, NB, MB and the partition count are run-time values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, memref
+
+from int8attn.kernels.lanes import Lanes, binding
+
+
+@dataclass(frozen=True)
+class DenseShape:
+    batch: int
+    kv_heads: int
+    rows: int          # query heads per KV head (<= 16)
+    tokens: int
+    head_dim: int
+    softmax_scale: float
+
+    @property
+    def q_heads(self) -> int:
+        return self.kv_heads * self.rows
+
+
+@dataclass(frozen=True)
+class PagedShape:
+    kv_heads: int
+    rows: int
+    head_dim: int
+    block_size: int
+    softmax_scale: float
+
+    @property
+    def q_heads(self) -> int:
+        return self.kv_heads * self.rows
+
+
+def _types(*names) -> list[ir.Type]:
+    return [ir.Type.parse(n) for n in names]
+
+
+class DenseKV:
+    """K/V of one dense batch, padded by the host to `padded` tokens."""
+
+    def __init__(self, shape: DenseShape, partition_tokens: int):
+        self.shape = shape
+        self.partition_tokens = partition_tokens
+        self.partitions = -(-shape.tokens // partition_tokens)
+        self.padded = self.partitions * partition_tokens
+
+    inputs = 5                # q, k, k_scale, v, v_scale
+    index_operands = 0
+
+    def argument_types(self, outputs: int) -> list[ir.Type]:
+        return _types(*["!stream.binding"] * (self.inputs + outputs))
+
+    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
+        """Views of the inputs; returns the output arguments."""
+        s, zero = self.shape, lanes.index(0)
+        self.lanes, (self.b, self.h, self.p) = lanes, where
+        kv, d = (s.batch, s.kv_heads), s.head_dim
+        self.q = binding(args[0], (s.batch, s.q_heads, d), "f32", zero)
+        self.k = binding(args[1], kv + (self.padded, d), "i8", zero)
+        self.k_scale = binding(args[2], kv + (self.padded,), "f32", zero)
+        self.v = binding(args[3], kv + (d, self.padded), "i8", zero)
+        self.v_scale = binding(args[4], kv + (self.padded,), "f32", zero)
+        self.batch, self.partition_count = s.batch, self.partitions
+        self.first = lanes.affine((self.p, self.partition_tokens))
+        self.remaining = arith.subi(lanes.index(s.tokens), self.first)
+        return args[self.inputs:]
+
+    def guard(self):
+        return None
+
+    def stage(self) -> None:
+        pass
+
+    def token_row(self, local: ir.Value) -> list[ir.Value]:
+        """Indices of a token's K row (then the head-dim index) and of its scales."""
+        return [self.b, self.h, arith.addi(self.first, local)]
+
+    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
+        return [self.b, self.h, col, arith.addi(self.first, local)]
+
+    # merge -------------------------------------------------------------------
+    merge_inputs = 0
+
+    def merge_argument_types(self, partials: int) -> list[ir.Type]:
+        return _types(*["!stream.binding"] * (partials + 1))
+
+    def bind_merge(self, lanes: Lanes, args, b) -> list[ir.Value]:
+        self.batch, self.partition_count = self.shape.batch, self.partitions
+        return args
+
+    def partitions_of(self, lanes: Lanes, b) -> ir.Value:
+        return lanes.index(self.partitions)
+
+
+class PagedKV:
+    """K/V through a block table; shapes of the batch known only at run time."""
+
+    def __init__(self, shape: PagedShape, partition_tokens: int, v_load_tokens: int):
+        if shape.block_size % v_load_tokens or partition_tokens % shape.block_size:
+            raise ValueError(f"block size {shape.block_size} must be a multiple of the "
+                             f"{v_load_tokens}-token V load and divide the "
+                             f"{partition_tokens}-token partition")
+        self.shape = shape
+        self.partition_tokens = partition_tokens
+        self.blocks_per_partition = partition_tokens // shape.block_size
+
+    inputs = 7                # q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens
+    index_operands = 4        # batch, pool blocks, table width, partitions
+
+    def argument_types(self, outputs: int) -> list[ir.Type]:
+        return _types(*["!stream.binding"] * self.inputs, *["index"] * self.index_operands,
+                      *["!stream.binding"] * outputs)
+
+    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
+        s, zero = self.shape, lanes.index(0)
+        self.lanes, (self.b, self.h, self.p) = lanes, where
+        batch, blocks, width, self.partition_count = args[self.inputs:self.inputs + 4]
+        self.batch = batch
+        d, bs, pool = s.head_dim, s.block_size, (blocks, s.kv_heads)
+        self.q = binding(args[0], (batch, s.q_heads, d), "f32", zero)
+        self.k = binding(args[1], pool + (bs, d), "i8", zero)
+        self.k_scale = binding(args[2], pool + (bs,), "f32", zero)
+        self.v = binding(args[3], pool + (d, bs), "i8", zero)
+        self.v_scale = binding(args[4], pool + (bs,), "f32", zero)
+        self.tables = binding(args[5], (batch, width), "i32", zero)
+        self.lengths = binding(args[6], (batch,), "i32", zero)
+        self.length = self._length(lanes, self.b)
+        self.first = lanes.affine((self.p, self.partition_tokens))
+        self.remaining = arith.subi(self.length, self.first)
+        self.block_ids = lanes.shared([self.blocks_per_partition], "i32")
+        return args[self.inputs + self.index_operands:]
+
+    def _length(self, lanes, b):
+        return arith.index_cast(ir.IndexType.get(), memref.load(self.lengths, [b]))
+
+    def guard(self) -> ir.Value:
+        """The workgroup's partition holds at least one of the sequence's tokens."""
+        return arith.cmpi(arith.CmpIPredicate.slt, self.first, self.length)
+
+    def stage(self) -> None:
+        """The partition's block ids into LDS, once; slots past the last used one
+        are replaced by the last used one (never read from the table)."""
+        lanes, bs = self.lanes, self.shape.block_size
+        last_slot = arith.divui(arith.subi(self.length, lanes.index(1)), lanes.index(bs))
+        reader = arith.cmpi(arith.CmpIPredicate.ult, lanes.thread,
+                            lanes.index(self.blocks_per_partition))
+        with lanes.when(reader):
+            slot = arith.minui(lanes.affine((self.p, self.blocks_per_partition),
+                                            (lanes.thread, 1)), last_slot)
+            memref.store(memref.load(self.tables, [self.b, slot]), self.block_ids,
+                         [lanes.thread])
+        lanes.barrier()
+
+    def _block(self, local: ir.Value):
+        bs = self.lanes.index(self.shape.block_size)
+        block = memref.load(self.block_ids, [arith.divui(local, bs)])
+        return arith.index_cast(ir.IndexType.get(), block), arith.remui(local, bs)
+
+    def token_row(self, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, offset]
+
+    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, col, offset]
+
+    # merge -------------------------------------------------------------------
+    merge_inputs = 1          # context_lens
+
+    def merge_argument_types(self, partials: int) -> list[ir.Type]:
+        return _types(*["!stream.binding"] * (partials + 1), "index", "index",
+                      "!stream.binding")
+
+    def bind_merge(self, lanes: Lanes, args, b) -> list[ir.Value]:
+        """args: o, m, l, context_lens, batch, partitions, out."""
+        self.batch, self.partition_count = args[4], args[5]
+        self.lengths = binding(args[3], (self.batch,), "i32", lanes.index(0))
+        return args[:3] + args[6:]
+
+    def partitions_of(self, lanes: Lanes, b) -> ir.Value:
+        """ceil(length / partition tokens) of sequence b."""
+        length = self._length(lanes, b)
+        return arith.divui(arith.addi(length, lanes.index(self.partition_tokens - 1)),
+                           lanes.index(self.partition_tokens))

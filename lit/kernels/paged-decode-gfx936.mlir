@@ -1,0 +1,51 @@
+// RUN: int8attn compile %s --target gfx936 --emit kernel -o - | filecheck %s
+
+// Paged decode: one kernel module for every batch. B, NB and MB are dynamic;
+// the partition count is computed by the host from the table width.
+func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scale: tensor<?x2x32xf32>, %v_cache: tensor<?x2x64x32xi8>, %v_scale: tensor<?x2x32xf32>, %block_tables: tensor<?x?xi32>, %context_lens: tensor<?xi32>) -> tensor<?x8x64xf32> {
+  %o = "int8attn.paged_attention"(%q, %k_cache, %k_scale, %v_cache, %v_scale, %block_tables, %context_lens)
+      {block_size = 32 : i64, softmax_scale = 0.125 : f32}
+      : (tensor<?x8x64xf32>, tensor<?x2x32x64xi8>, tensor<?x2x32xf32>, tensor<?x2x64x32xi8>, tensor<?x2x32xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x64xf32>
+  return %o : tensor<?x8x64xf32>
+}
+
+// The pool is bound with its run-time block count; the partition's 8 block
+// ids (256 tokens / 32) are read once into LDS by the first 8 threads,
+// clamped to the sequence's last used table slot.
+// CHECK-LABEL: stream.executable private @decode_partition
+// CHECK: func.func @decode_partition(%{{.*}}: !stream.binding, %{{.*}}, %[[B:[^:]*]]: index, %[[NB:[^:]*]]: index, %[[MB:[^:]*]]: index, %[[P:[^:]*]]: index,
+// CHECK-DAG: %[[IDS:.*]] = memref.alloc() : memref<8xi32, #gpu.address_space<workgroup>>
+// CHECK-DAG: %[[K:.*]] = stream.binding.subspan %{{.*}} -> memref<?x2x32x64xi8>{%[[NB]]}
+// CHECK-DAG: %[[TABLES:.*]] = stream.binding.subspan %{{.*}} -> memref<?x?xi32>{%[[B]], %[[MB]]}
+// CHECK-DAG: %[[LENS:.*]] = stream.binding.subspan %{{.*}} -> memref<?xi32>{%[[B]]}
+// A workgroup past the sequence's last partition does nothing.
+// CHECK: %[[LEN:.*]] = memref.load %[[LENS]]
+// CHECK: %[[LIVE:.*]] = arith.cmpi slt, %[[FIRST:.*]], %{{.*}} : index
+// CHECK: scf.if %[[LIVE]] {
+// CHECK: stream.binding.subspan %{{.*}} -> memref<?x2x?x4x64xf32>{%[[B]], %[[P]]}
+// CHECK: %[[LAST:.*]] = arith.divui %{{.*}}, %c32 : index
+// CHECK: %[[READER:.*]] = arith.cmpi ult, %{{.*}}, %c8 : index
+// CHECK: scf.if %[[READER]] {
+// CHECK: %[[SLOT:.*]] = arith.minui %{{.*}}, %[[LAST]] : index
+// CHECK: %[[ID:.*]] = memref.load %[[TABLES]][%{{.*}}, %[[SLOT]]] : memref<?x?xi32>
+// CHECK: memref.store %[[ID]], %[[IDS]]
+// CHECK: gpu.barrier
+// K rows are read through the staged ids.
+// CHECK: %[[BLOCK:.*]] = memref.load %[[IDS]]
+// CHECK: %[[ROW:.*]] = arith.index_cast %[[BLOCK]] : i32 to index
+// CHECK: vector.load %[[K]][%[[ROW]], %{{.*}}, %{{.*}}, %{{.*}}] : memref<?x2x32x64xi8>, vector<8xi8>
+
+// The merge runs each sequence's own partition count: ceil(length / 256).
+// CHECK-LABEL: stream.executable private @decode_merge
+// CHECK: %[[MLEN:.*]] = arith.index_cast %{{.*}} : i32 to index
+// CHECK: %[[ROUND:.*]] = arith.addi %[[MLEN]], %c255 : index
+// CHECK: %[[PARTS:.*]] = arith.divui %[[ROUND]], %c256 : index
+// CHECK: scf.for %{{.*}} = %c0 to %[[PARTS]] step %c1
+
+// CHECK-LABEL: func.func @paged(
+// CHECK: %[[HB:.*]] = tensor.dim %arg0, %c0
+// CHECK: %[[WIDTH:.*]] = tensor.dim %arg5, %c1
+// CHECK: %[[TOKENS:.*]] = arith.muli %[[WIDTH]], %c32 : index
+// CHECK: %[[HP:.*]] = arith.divui %{{.*}}, %c256 : index
+// CHECK: flow.dispatch @decode_partition::@decode_partition[%[[HP]], %c2, %[[HB]]]
+// CHECK: flow.dispatch @decode_merge::@decode_merge[%c2, %[[HB]]]
