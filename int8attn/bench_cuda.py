@@ -90,6 +90,34 @@ def _kernel_seconds(module_fn, device_args, iterations):
     return total / iterations if total else None
 
 
+def _events(fn, warmup, iterations):
+    """Median seconds of `fn` on the current CUDA stream, from CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iterations):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(times)
+
+
+def copy_ceiling(warmup, iterations):
+    """Bytes/s of a 1 GiB device-to-device copy (read + write), or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / _events(lambda: dst.copy_(src), warmup, iterations)
+
+
 def _torch_times(q, k, k_scale, v, v_scale, warmup, iterations):
     """(SDPA on a bf16 KV cache, device copy ceiling in bytes/s) with CUDA events."""
     try:
@@ -101,25 +129,7 @@ def _torch_times(q, k, k_scale, v, v_scale, warmup, iterations):
     vf = torch.from_numpy(v).to(dev).to(torch.bfloat16) * torch.from_numpy(v_scale).to(dev)[..., None].to(torch.bfloat16)
     qt = torch.from_numpy(q).to(dev).to(torch.bfloat16)[:, :, None, :]
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qt, kf, vf, enable_gqa=True)
-
-    def events(fn):
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(iterations):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e-3)
-        return statistics.median(times)
-
-    sdpa_s = events(sdpa)
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_()
-    dst = torch.empty_like(src)
-    copy_s = events(lambda: dst.copy_(src))
-    return sdpa_s, 2 * src.numel() / copy_s
+    return _events(sdpa, warmup, iterations), copy_ceiling(warmup, iterations)
 
 
 def run(directory: Path, warmup: int = 5, iterations: int = 50, seed: int = 0) -> list[dict]:

@@ -101,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "reference; time them, torch SDPA on a bf16 KV cache and a device copy. "
                     "Writes a Markdown table, a JSON file and a PNG plot.")
     bench_cmd.add_argument("--target", choices=("cuda",), default="cuda")
-    bench_cmd.add_argument("--mode", choices=("decode",), default="decode")
+    bench_cmd.add_argument("--mode", choices=("decode", "paged"), default="decode",
+                           help="decode: dense batches, one module per context; paged: one "
+                                "module for uniform batches at each --context, a ragged batch "
+                                "(lengths uniform on [1, 2*mean-1]) and B=1 at the longest")
+    bench_cmd.add_argument("--ragged-mean", type=int, default=8192, metavar="TOKENS",
+                           help="--mode paged: mean length of the ragged batch (default 8192)")
+    bench_cmd.add_argument("--seed", type=_seed, default=0,
+                           help="--mode paged: seed of the lengths, tables and data")
     bench_cmd.add_argument("--context", default="4096,8192,16384",
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=int, default=16)
@@ -327,26 +334,36 @@ def cmd_bench(args) -> int:
     import json
     import tempfile
 
-    from int8attn import bench_cuda
+    from int8attn import bench_cuda, bench_paged
 
     contexts = [int(c) for c in args.context.split(",")]
+    paged = args.mode == "paged"
     if args.from_dir:
         directory = Path(args.from_dir)
     else:
         directory = Path(args.prepare_only or tempfile.mkdtemp(prefix="int8attn-bench-"))
-        bench_cuda.prepare(directory, contexts, args.batch, args.q_heads, args.kv_heads,
-                           args.head_dim)
+        if paged:
+            bench_paged.prepare(directory, args.q_heads, args.kv_heads, args.head_dim)
+        else:
+            bench_cuda.prepare(directory, contexts, args.batch, args.q_heads, args.kv_heads,
+                               args.head_dim)
         if args.prepare_only:
             return 0
     try:
-        rows = bench_cuda.run(directory, iterations=args.iterations)
+        if paged:
+            rows = bench_paged.run(directory, args.batch, contexts, args.ragged_mean,
+                                   seed=args.seed, iterations=args.iterations)
+        else:
+            rows = bench_cuda.run(directory, iterations=args.iterations)
     except RuntimeError as error:
         raise UserError(f"cannot run on CUDA here ({error}); compile with --prepare-only "
                         f"and run with --from on a machine with an NVIDIA GPU") from None
-    table = bench_cuda.markdown(rows)
+    table = (bench_paged if paged else bench_cuda).markdown(rows)
     print(table)
     write_atomic(f"{args.out}.md", table + "\n")
     write_atomic(f"{args.out}.json", json.dumps(rows, indent=2))
+    if paged:
+        return 0
     try:
         bench_cuda.plot(rows, Path(f"{args.out}.png"))
     except ImportError:
