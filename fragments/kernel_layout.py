@@ -153,6 +153,64 @@ class DecodeKernelLayout:
     def group_max_offsets(self) -> tuple[int, ...]:
         return xor_reduction_offsets(self.group_keys())
 
+    # QK in lane-contiguous head-dim order. The dot product over D does not care
+    # which d each (K step, K slot) pair multiplies, as long as A and B agree:
+    # d(step, k) = group(k) * steps * slots + step * slots + rank of k in its
+    # group, where a group is the K rows one lane of B holds. Then every lane's
+    # K bytes for all steps are one contiguous run of the token's row (16-byte
+    # loads), and Q is read from LDS through the same map.
+    def qk_head_dim_order(self, head_dim: int) -> np.ndarray:
+        """int [steps, K]: the head-dim index multiplied at (step, k)."""
+        inst = self.instruction
+        steps, slots = head_dim // inst.k, inst.b.slots
+        groups = inst.b.lane_groups(axis=0)
+        order = np.full((steps, inst.k), -1, dtype=np.int64)
+        for lane in range(inst.b.lanes):
+            ks = sorted(set(inst.b.coords[lane, :, 0].tolist()))
+            if len(ks) != slots:
+                raise ValueError("a lane of B holds one K row twice")
+            for rank, k in enumerate(ks):
+                for step in range(steps):
+                    order[step, k] = (groups[lane] * steps + step) * slots + rank
+        if not np.array_equal(np.sort(order.ravel()), np.arange(head_dim)):
+            raise ValueError(f"B's lane groups do not tile the head dim {head_dim}")
+        return order
+
+    def qk_b_chunk(self, head_dim: int) -> tuple[LaneMap, int]:
+        """(first head-dim index, bytes) of the run each lane of B reads per token."""
+        order = self.qk_head_dim_order(head_dim)
+        b = self.instruction.b
+        first = order[0, b.coords[:, :, 0]].min(axis=1)
+        return LaneMap.fit(first), order.shape[0] * b.slots
+
+    def qk_b_slots(self, head_dim: int, step: int) -> list[int]:
+        """Byte offset in the lane's run of each B slot at `step` (slot order)."""
+        order = self.qk_head_dim_order(head_dim)
+        b = self.instruction.b
+        first = order[0, b.coords[:, :, 0]].min(axis=1)
+        offsets = order[step, b.coords[:, :, 0]] - first[:, None]
+        if not (offsets == offsets[:1]).all():
+            raise ValueError("B lanes disagree on the offsets of their slots")
+        return offsets[0].tolist()
+
+    def qk_a_runs(self, head_dim: int, step: int) -> list[tuple[LaneMap, LaneMap, int]]:
+        """(row, first head-dim index, length) of each A run at `step`, in register
+        order: slots of one row whose head-dim indices are consecutive."""
+        order = self.qk_head_dim_order(head_dim)
+        coords = self.instruction.a.coords
+        rows, dims = coords[:, :, 0], order[step, coords[:, :, 1]]
+        starts = [0] + [s for s in range(1, coords.shape[1])
+                        if not ((rows[:, s] == rows[:, s - 1]) &
+                                (dims[:, s] == dims[:, s - 1] + 1)).all()]
+        bounds = starts + [coords.shape[1]]
+        return [(LaneMap.fit(rows[:, a]), LaneMap.fit(dims[:, a]), b - a)
+                for a, b in zip(bounds, bounds[1:])]
+
+    def dead_c_slots(self, rows: int) -> list[int]:
+        """C registers whose row is >= `rows` on every lane (padding rows only)."""
+        c = self.instruction.c.coords
+        return [i for i in range(c.shape[1]) if (c[:, i, 0] >= rows).all()]
+
     # PV: A = Wq rows x the group's tokens (from LDS), B = V tokens x head dim.
     def a_token_runs(self, mmac: int) -> list[tuple[LaneMap, LaneMap, int]]:
         """(row, first wave token, length) of each A run of PV MMAC `mmac`: the

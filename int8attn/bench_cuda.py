@@ -79,6 +79,7 @@ def _kernel_seconds(module_fn, device_args, iterations):
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
         return None
+    KERNEL_SECONDS.clear()
     with profile(activities=[ProfilerActivity.CUDA]) as trace:
         for _ in range(iterations):
             module_fn(*device_args).to_host()
@@ -87,7 +88,13 @@ def _kernel_seconds(module_fn, device_args, iterations):
     for event in trace.events():
         if str(event.device_type).endswith("CUDA"):   # kernels: IREE's dispatches
             total += event.device_time_total * 1e-6
+            KERNEL_SECONDS[event.name] = KERNEL_SECONDS.get(event.name, 0.0) + \
+                event.device_time_total * 1e-6 / iterations
     return total / iterations if total else None
+
+
+# Device seconds per call of each kernel name, of the latest `_kernel_seconds`.
+KERNEL_SECONDS: dict[str, float] = {}
 
 
 def _events(fn, warmup, iterations):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from int8attn import bench_cuda
 from int8attn.bench_cuda import _events, _time_iree, copy_ceiling
 
 PV = ("int8", "bf16")
@@ -49,6 +50,7 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
         compiled = compile(source, CompileOptions(target="cuda", pv=pv), filename="paged.mlir",
                            until="ptx")
         (directory / f"paged_{pv}.vmfb").write_bytes(compiled.artifacts["vmfb"])
+        (directory / f"paged_{pv}.ptx").write_text(compiled.artifacts["ptx"])
         print(f"prepared paged {pv}: one module for every batch", flush=True)
     (directory / "paged.json").write_text(json.dumps(dict(
         q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)))
@@ -165,6 +167,7 @@ def run(directory: Path, batch: int, contexts, mean: int, seed: int = 0, warmup:
                 check(out, arrays, scale, pv)
             row[f"{pv}_wall_s"], kernel_s = _time_iree(fn, device_args, warmup, iterations)
             row[f"{pv}_s"] = kernel_s or row[f"{pv}_wall_s"]
+            row[f"{pv}_kernels_s"] = dict(bench_cuda.KERNEL_SECONDS)
         row["torch_sdpa_bf16_padded_s"] = sdpa_seconds(arrays, warmup, iterations)
         rows.append(row)
         print(json.dumps(row), flush=True)

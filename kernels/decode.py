@@ -44,6 +44,28 @@ PARTITION_KERNEL = "decode_partition"
 MERGE_KERNEL = "decode_merge"
 
 
+@dataclass(frozen=True)
+class DecodeTuning:
+    """Schedule choices of the partition kernel that do not change its results."""
+
+    v_early: bool = False    # issue the V loads right after QK, before the softmax
+    v_per_tile: bool = False  # load V for one 16-column tile just before its MMACs
+    # Ask the backend to fit this many workgroups per SM / CU (it caps the registers
+    # per thread accordingly); 0 leaves the choice to it.
+    workgroups_per_sm: int = 0
+
+    def kernel_attributes(self, target: str) -> dict[str, str]:
+        if not self.workgroups_per_sm:
+            return {}
+        if target not in OCCUPANCY_ATTRIBUTE:
+            raise ValueError(f"--target {target} has no occupancy hint for the kernel")
+        return {OCCUPANCY_ATTRIBUTE[target]: f"{self.workgroups_per_sm} : i32"}
+
+
+# How a target's backend is told the workgroups per SM to fit (NVPTX: .minnctapersm).
+OCCUPANCY_ATTRIBUTE = {"cuda": "nvvm.minctasm"}
+
+
 def output_rows(rows: int, head_dim: int, threads: int) -> int:
     """Rows of the partial outputs: the real query rows, rounded up until the
     rows x head_dim tile splits evenly over the workgroup's threads."""
@@ -53,8 +75,11 @@ def output_rows(rows: int, head_dim: int, threads: int) -> int:
 class _PartitionKernel:
     """Builds the partition kernel body; one method per stage of the docstring."""
 
-    def __init__(self, access, model: FragmentModel, target: str, pv: str = "int8"):
+    def __init__(self, access, model: FragmentModel, target: str, pv: str = "int8",
+                 tuning: "DecodeTuning | None" = None):
         self.access = access
+        self.tuning = tuning or DecodeTuning()
+        self.v_loaded = None
         self.shape = access.shape
         self.model = model
         self.pv_kind = pv
@@ -66,6 +91,9 @@ class _PartitionKernel:
         self.waves = model.waves_per_partition
         self.threads = self.waves * self.instruction.wave_size
         self.rows_out = output_rows(self.shape.rows, self.shape.head_dim, self.threads)
+        # C registers that hold padding rows on every lane are never computed.
+        self.dead = set(self.layout.dead_c_slots(self.rows_out))
+        self.pv_dead = set(self.pv_layout.dead_c_slots(self.rows_out))
 
     def argument_types(self):
         return self.access.argument_types(outputs=3)
@@ -92,13 +120,15 @@ class _PartitionKernel:
         out_m = binding(outputs[1], kv + (ROWS,), "f32", zero)
         out_l = binding(outputs[2], kv + (ROWS,), "f32", zero)
         self.wave_token0 = lanes.affine((lanes.wave, self.model.wave_tokens))
-        access.stage()
+        access.stage()                    # published by quantize_q's barrier
         self.qq, self.sq = self.quantize_q()
         scores = self.qk()
-        row_classes = element_classes(self.layout.element_rows())
+        if self.tuning.v_early:
+            self.v_loaded = self._v_loads(self.pv_layout)
+        row_classes = self._live_classes(self.layout.element_rows())
         m = self.wave_reduce(scores, row_classes, "max")
-        e = [math.exp(arith.subf(x, m[self._class_of(row_classes, i)]))
-             for i, x in enumerate(scores)]
+        e = {i: math.exp(arith.subf(x, m[self._class_of(row_classes, i)]))
+             for i, x in scores.items()}
         l = self.wave_reduce(e, row_classes, "sum")
         w = self.weights(e, l, row_classes)
         if self.pv_kind == "int8":
@@ -115,6 +145,14 @@ class _PartitionKernel:
     @staticmethod
     def _class_of(classes, element):
         return next(c for c, members in enumerate(classes) if element in members)
+
+    def _live_slots(self, dead):
+        return [i for i in range(self.instruction.c.slots) if i not in dead]
+
+    def _live_classes(self, keys):
+        """Element classes with equal keys on every lane, padding-row classes left out."""
+        slots = self.instruction.c.slots
+        return [c for c in element_classes(keys) if c[0] % slots not in self.dead]
 
     def _row_map(self, element):
         return self.layout.c_row(element % self.instruction.c.slots)
@@ -155,26 +193,45 @@ class _PartitionKernel:
         return qq_lds, sq_lds
 
     def qk(self):
-        """Scores of the lane's C elements, f32, -inf past the sequence's length."""
-        lanes, inst, access = self.lanes, self.instruction, self.access
-        a_runs = [(lanes.of_lane(row), lanes.of_lane(k), n) for row, k, n in self.layout.a_runs()]
-        b_runs = [(lanes.of_lane(k), n) for k, n in self.layout.b_runs()]
-        b_col = lanes.of_lane(self.layout.b_col())
-        steps = range(self.shape.head_dim // inst.k)
+        """Scores {element: f32} of the lane's live C elements, -inf past the length.
+
+        K and Q are read in the layout's lane-contiguous head-dim order: each
+        lane loads its token's run of K bytes once (16-byte loads) and slices
+        every step's B operand out of it."""
+        lanes, inst, access, layout = self.lanes, self.instruction, self.access, self.layout
+        d = self.shape.head_dim
+        steps = range(d // inst.k)
+        chunk_start, chunk_bytes = layout.qk_b_chunk(d)
+        chunk_start = lanes.of_lane(chunk_start)
+        width = min(16, chunk_bytes)
+        b_runs = [[layout.qk_b_slots(d, step)[first] for first, _ in inst.b.runs(axis=0)]
+                  for step in steps]
+        b_lengths = [length for _, length in inst.b.runs(axis=0)]
+        b_col = lanes.of_lane(layout.b_col())
         # The Q fragment of each K step, loaded once for all token blocks.
-        a_steps = [lanes.assemble([load_vector(self.qq, [row, lanes.plus(k, step * inst.k)],
-                                               length, "i8") for row, k, length in a_runs],
+        a_steps = [lanes.assemble([load_vector(self.qq, [lanes.of_lane(row), lanes.of_lane(dim)],
+                                               length, "i8")
+                                   for row, dim, length in layout.qk_a_runs(d, step)],
                                   inst.a_vector) for step in steps]
-        scores, self.live = [], []
-        for n in range(self.layout.blocks):
+        scores, self.live = {}, {}
+        for n in range(layout.blocks):
             k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
+            loads = [load_vector(access.k, k_row + [lanes.plus(chunk_start, offset)], width, "i8")
+                     for offset in range(0, chunk_bytes, width)]
             acc = lanes.zeros(inst.c_vector, "i32")
             for step in steps:
-                kb = lanes.assemble([load_vector(access.k, k_row + [lanes.plus(k, step * inst.k)],
-                                                 length, "i8") for k, length in b_runs],
-                                    inst.b_vector)
-                acc = mma(inst, self.target, a_steps[step], kb, acc)
+                pieces = []
+                for offset, length in zip(b_runs[step], b_lengths):
+                    load, start = divmod(offset, width)
+                    if start + length > width:
+                        raise ValueError("a B run straddles two K loads")
+                    pieces.append(vector.extract_strided_slice(
+                        vector_type(length, "i8"), loads[load], [start], [length], [1]))
+                acc = mma(inst, self.target, a_steps[step], lanes.assemble(pieces, inst.b_vector),
+                          acc)
             for i in range(inst.c.slots):
+                if i in self.dead:
+                    continue
                 element = n * inst.c.slots + i
                 row = lanes.of_lane(self._row_map(element))
                 local = self._local_token(element)
@@ -183,8 +240,8 @@ class _PartitionKernel:
                                    memref.load(access.k_scale, access.token_row(local)))
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
                 live = arith.cmpi(arith.CmpIPredicate.slt, local, access.remaining)
-                self.live.append(live)
-                scores.append(arith.select(live, value, lanes.f32(float("-inf"))))
+                self.live[element] = live
+                scores[element] = arith.select(live, value, lanes.f32(float("-inf")))
         return scores
 
     def _local_token(self, element):
@@ -219,11 +276,11 @@ class _PartitionKernel:
     def weights(self, e, l, classes):
         """W = P * sV, exactly 0 for a dead token (whatever its slot's scale holds)."""
         lanes, access = self.lanes, self.access
-        w = []
-        for i, value in enumerate(e):
+        w = {}
+        for i, value in e.items():
             p = arith.divf(value, l[self._class_of(classes, i)])
             scale = memref.load(access.v_scale, access.token_row(self._local_token(i)))
-            w.append(arith.select(self.live[i], arith.mulf(p, scale), lanes.f32(0.0)))
+            w[i] = arith.select(self.live[i], arith.mulf(p, scale), lanes.f32(0.0))
         return w
 
     def quantize(self, w):
@@ -239,7 +296,7 @@ class _PartitionKernel:
         wq_lds = lanes.shared([self.waves, ROWS, wave_tokens], "i8")
         sw_lds = lanes.shared([self.waves, ROWS, mmacs], "f32")
         c = contract.quantize_constants(lanes.f32)
-        for members in element_classes(layout.group_keys()):
+        for members in self._live_classes(layout.group_keys()):
             amax = c.zero
             for e in members:
                 amax = contract.absmax_step(amax, w[e])
@@ -258,36 +315,53 @@ class _PartitionKernel:
     def pv(self, wq_lds, sw_lds):
         """O partial of the wave: per (row, head-dim) C elements, f32."""
         lanes, inst, layout = self.lanes, self.instruction, self.layout
-        tiles = self.shape.head_dim // inst.n
-        loads = self._v_loads(layout)
-        o = [[None] * inst.c.slots for _ in range(tiles)]
-        for t in range(self.model.mmacs_per_wave):
-            a = lanes.assemble([load_vector(wq_lds, [lanes.wave, lanes.of_lane(row),
-                                                     lanes.of_lane(token)], length, "i8")
-                                for row, token, length in layout.a_token_runs(t)], inst.a_vector)
-            for tile in range(tiles):
+        mmacs = range(self.model.mmacs_per_wave)
+        a = [lanes.assemble([load_vector(wq_lds, [lanes.wave, lanes.of_lane(row),
+                                                  lanes.of_lane(token)], length, "i8")
+                             for row, token, length in layout.a_token_runs(t)], inst.a_vector)
+             for t in mmacs]
+        o = []
+        for tile, loads in self._v_tiles(layout):
+            regs = [None] * inst.c.slots
+            for t in mmacs:
                 bv = lanes.assemble([vector.extract_strided_slice(
-                    vector_type(length, "i8"), loads[u][tile], [offset], [length], [1])
+                    vector_type(length, "i8"), loads[u], [offset], [length], [1])
                     for u, offset, length in layout.v_runs_of_mmac(t)], inst.b_vector)
-                acc = mma(inst, self.target, a, bv, lanes.zeros(inst.c_vector, "i32"))
-                for i in range(inst.c.slots):
+                acc = mma(inst, self.target, a[t], bv, lanes.zeros(inst.c_vector, "i32"))
+                for i in self._live_slots(self.dead):
                     sw = memref.load(sw_lds, [lanes.wave, lanes.of_lane(layout.c_row(i)),
                                               lanes.index(t)])
                     term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)), sw)
-                    o[tile][i] = term if o[tile][i] is None else arith.addf(o[tile][i], term)
+                    regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
+            o.append(regs)
         return o
 
-    def _v_loads(self, layout):
-        """Each lane's V loads, 16 bytes of consecutive tokens of one head-dim column,
-        all issued before the PV MMACs."""
+    def _v_tiles(self, layout):
+        """(tile, the lane's V loads for its 16 head-dim columns), in tile order:
+        loaded earlier (`v_early`), all up front, or each just before its tile."""
+        tiles = range(self.shape.head_dim // layout.instruction.n)
+        if self.v_loaded is not None:
+            loaded = self.v_loaded
+        elif not self.tuning.v_per_tile:
+            loaded = self._v_loads(layout)
+        else:
+            for tile in tiles:
+                yield tile, [row[0] for row in self._v_loads(layout, [tile])]
+            return
+        for tile in tiles:
+            yield tile, [row[tile] for row in loaded]
+
+    def _v_loads(self, layout, tiles=None):
+        """Each lane's V loads [load][tile], 16 bytes of consecutive tokens of one
+        head-dim column."""
         lanes, inst, access = self.lanes, layout.instruction, self.access
         b_col = lanes.of_lane(layout.b_col())
-        tiles = self.shape.head_dim // inst.n
+        tiles = tiles if tiles is not None else range(self.shape.head_dim // inst.n)
         width = self.model.v_load.bytes_per_lane
         starts = [lanes.affine((self.wave_token0, 1), (lanes.of_lane(layout.v_load_start(u)), 1))
                   for u in range(layout.v_loads())]
         return [[load_vector(access.v, access.v_row(lanes.plus(b_col, tile * inst.n), start),
-                             width, "i8") for tile in range(tiles)]
+                             width, "i8") for tile in tiles]
                 for start in starts]
 
     def stage_bf16(self, w):
@@ -295,7 +369,7 @@ class _PartitionKernel:
         lanes = self.lanes
         w_lds = lanes.shared([self.waves, ROWS, self.model.wave_tokens], "bf16")
         bf16 = ir.BF16Type.get()
-        for e, value in enumerate(w):
+        for e, value in w.items():
             memref.store(arith.truncf(bf16, value), w_lds,
                          [lanes.wave, lanes.of_lane(self._row_map(e)),
                           lanes.of_lane(self._token_in_wave(e))])
@@ -306,25 +380,27 @@ class _PartitionKernel:
         """O partial with bf16 W x bf16(Vq) on the bf16 instruction, f32 accumulate."""
         lanes, layout = self.lanes, self.pv_layout
         inst, model = layout.instruction, layout.model
-        loads = self._v_loads(layout)
-        tiles = self.shape.head_dim // inst.n
-        o = [[None] * inst.c.slots for _ in range(tiles)]
-        for t in range(model.mmacs_per_wave):
-            a = lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),
-                                                    lanes.of_lane(token)], length, "bf16")
-                                for row, token, length in layout.a_token_runs(t)], inst.a_vector)
-            for tile in range(tiles):
+        mmacs = range(model.mmacs_per_wave)
+        a = [lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),
+                                                 lanes.of_lane(token)], length, "bf16")
+                             for row, token, length in layout.a_token_runs(t)], inst.a_vector)
+             for t in mmacs]
+        o = []
+        for tile, loads in self._v_tiles(layout):
+            regs = [None] * inst.c.slots
+            for t in mmacs:
                 runs = []
                 for u, offset, length in layout.v_runs_of_mmac(t):
-                    piece = vector.extract_strided_slice(vector_type(length, "i8"), loads[u][tile],
+                    piece = vector.extract_strided_slice(vector_type(length, "i8"), loads[u],
                                                          [offset], [length], [1])
                     as_f32 = arith.sitofp(vector_type(length, "f32"), piece)
                     runs.append(arith.truncf(vector_type(length, "bf16"), as_f32))
-                acc = mma(inst, self.target, a, lanes.assemble(runs, inst.b_vector),
+                acc = mma(inst, self.target, a[t], lanes.assemble(runs, inst.b_vector),
                           lanes.zeros(inst.c_vector, "f32"))
-                for i in range(inst.c.slots):
+                for i in self._live_slots(self.pv_dead):
                     term = c_element(acc, inst, i)
-                    o[tile][i] = term if o[tile][i] is None else arith.addf(o[tile][i], term)
+                    regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
+            o.append(regs)
         return o
 
     def store_partition(self, o, out_o, p):
@@ -333,9 +409,12 @@ class _PartitionKernel:
         lanes, layout, (b, h) = self.lanes, self.pv_layout, self.where
         inst = layout.instruction
         d = self.shape.head_dim
-        o_lds = lanes.shared([self.waves, ROWS, d], "f32")
+        live = self._live_slots(self.pv_dead)
+        rows = 1 + max(int(inst.c.coords[:, i, 0].max()) for i in live)
+        o_lds = lanes.shared([self.waves, rows, d], "f32")
         for tile, regs in enumerate(o):
-            for i, value in enumerate(regs):
+            for i in live:
+                value = regs[i]
                 col = lanes.plus(lanes.of_lane(layout.c_col(i)), tile * inst.n)
                 memref.store(value, o_lds, [lanes.wave, lanes.of_lane(layout.c_row(i)), col])
         lanes.barrier()
@@ -424,19 +503,19 @@ def check_decode_shape(shape, model: FragmentModel) -> None:
 
 
 def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target: str,
-                         pv: str = "int8") -> DecodeKernels:
+                         pv: str = "int8", tuning: DecodeTuning | None = None) -> DecodeKernels:
     """A module holding both stream.executables (needs an active context/location).
 
     `pv="bf16"` builds the BF16-PV baseline: everything identical but PV.
     """
     check_decode_shape(access.shape, model)
-    partition = _PartitionKernel(access, model, target, pv)
+    partition = _PartitionKernel(access, model, target, pv, tuning)
     merge = _MergeKernel(access, model, partition.rows_out)
     module = ir.Module.create()
     wave = model.instruction.wave_size
     with ir.InsertionPoint(module.body):
         build_executable(PARTITION_KERNEL, partition.argument_types(), 3, partition.build,
-                         partition.threads, wave)
+                         partition.threads, wave, partition.tuning.kernel_attributes(target))
         build_executable(MERGE_KERNEL, merge.argument_types(), 2, merge.build,
                          merge.threads, wave)
     return DecodeKernels(module.operation, access, partition.rows_out)

@@ -24,8 +24,9 @@ def translation_info(threads: int, wave_size: int) -> ir.Attribute:
 
 def build_executable(name: str, argument_types: Sequence[ir.Type], workload_rank: int,
                      body: Callable[[list[ir.Value]], None], threads: int,
-                     wave_size: int) -> ir.Operation:
-    """stream.executable @name { export @name workgroups(w0..) ; func @name(args) }."""
+                     wave_size: int, attributes: dict[str, str] | None = None) -> ir.Operation:
+    """stream.executable @name { export @name workgroups(w0..) ; func @name(args) };
+    `attributes` go on the kernel function (e.g. an occupancy hint for the backend)."""
     exe = stream.ExecutableOp(name, sym_visibility="private")
     exe.body.blocks.append()
     index = ir.IndexType.get()
@@ -40,6 +41,8 @@ def build_executable(name: str, argument_types: Sequence[ir.Type], workload_rank
         with ir.InsertionPoint(inner.regions[0].blocks[0]):
             kernel = func.FuncOp(name, ir.FunctionType.get(list(argument_types), []))
             kernel.attributes["translation_info"] = translation_info(threads, wave_size)
+            for key, value in (attributes or {}).items():
+                kernel.attributes[key] = ir.Attribute.parse(value)
             entry = kernel.add_entry_block()
             with ir.InsertionPoint(entry):
                 body(list(entry.arguments))

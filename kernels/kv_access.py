@@ -159,7 +159,8 @@ class PagedKV:
 
     def stage(self) -> None:
         """The partition's block ids into LDS, once; slots past the last used one
-        are replaced by the last used one (never read from the table)."""
+        are replaced by the last used one (never read from the table). The
+        kernel's next barrier (after the query rows are quantized) publishes them."""
         lanes, bs = self.lanes, self.shape.block_size
         last_slot = arith.divui(arith.subi(self.length, lanes.index(1)), lanes.index(bs))
         reader = arith.cmpi(arith.CmpIPredicate.ult, lanes.thread,
@@ -169,7 +170,6 @@ class PagedKV:
                                             (lanes.thread, 1)), last_slot)
             memref.store(memref.load(self.tables, [self.b, slot]), self.block_ids,
                          [lanes.thread])
-        lanes.barrier()
 
     def _block(self, local: ir.Value):
         bs = self.lanes.index(self.shape.block_size)

@@ -20,7 +20,7 @@ from int8attn.simulator.decode import run_paged_kernels
 from int8attn.simulator.interpreter import SimulationError
 from int8attn.support.ir import new_context
 from iree.compiler import ir
-from test_paged import LENGTHS, paged_batch
+from test_paged import LENGTHS, counted_compiles, paged_batch  # noqa: F401 (fixture)
 
 
 def _kernels(target, q_heads, kv_heads, head_dim, block_size, scale):
@@ -79,3 +79,40 @@ def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
     shape = PagedShape(2, 4, 64, 8, 0.125)
     with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match="block size 8"):
         paged_access(shape, fragment_model("cuda"))
+
+
+@pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True),
+                                    dict(workgroups_per_sm=6)])
+def test_schedule_choices_do_not_change_a_bit(tuning):
+    # DecodeTuning moves loads and caps registers; the arithmetic stays the same.
+    from int8attn.kernels.decode import DecodeTuning
+
+    rng = seeded_rng(83)
+    arrays = paged_batch(rng, [300, 17], 8, 2, 64, 16)
+    shape = PagedShape(2, 4, 64, 16, 0.125)
+    model = fragment_model("cuda")
+    with new_context(), ir.Location.unknown():
+        layout = {"partition_tokens": model.partition_tokens}
+        outs = []
+        for choice in (DecodeTuning(), DecodeTuning(**tuning)):
+            built = build_decode_kernels(paged_access(shape, model), model, "cuda", "int8", choice)
+            layout["rows_out"] = built.rows_out
+            outs.append(run_paged_kernels(built.module, layout, *arrays))
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_the_driver_compiles_one_kernel_module_for_every_batch(counted_compiles):
+    import int8attn
+    from test_paged import check_every_sequence, paged_graph
+
+    before = len(counted_compiles)
+    graph = int8attn.compile(paged_graph(8, 2, 64, 16), target="cuda", simulate=True)
+    rng = seeded_rng(84)
+    for lengths in ([1, 255, 257], [600], [16, 17, 31, 32, 33]):
+        arrays = paged_batch(rng, lengths, 8, 2, 64, 16)
+        out = graph(*arrays)
+        q, k, ks, v, vs, tables, lens = arrays
+        for b in range(len(lengths)):
+            dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
+            check_against_references(out[b:b + 1], dense, np.float32(0.125), model="cuda")
+    assert len(counted_compiles) - before == 1

@@ -29,11 +29,18 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // CHECK: %[[SLOT:.*]] = arith.minui %{{.*}}, %[[LAST]] : index
 // CHECK: %[[ID:.*]] = memref.load %[[TABLES]][%{{.*}}, %[[SLOT]]] : memref<?x?xi32>
 // CHECK: memref.store %[[ID]], %[[IDS]]
+// The query rows are quantized into LDS; one barrier publishes them and the ids.
+// CHECK: gpu.shuffle xor
 // CHECK: gpu.barrier
-// K rows are read through the staged ids.
+// K rows are read through the staged ids, 16 bytes per lane: D = 64 is two
+// K steps of 8 bytes each, in the layout's lane-contiguous head-dim order.
 // CHECK: %[[BLOCK:.*]] = memref.load %[[IDS]]
 // CHECK: %[[ROW:.*]] = arith.index_cast %[[BLOCK]] : i32 to index
-// CHECK: vector.load %[[K]][%[[ROW]], %{{.*}}, %{{.*}}, %{{.*}}] : memref<?x2x32x64xi8>, vector<8xi8>
+// CHECK: %[[KB:.*]] = vector.load %[[K]][%[[ROW]], %{{.*}}, %{{.*}}, %{{.*}}] : memref<?x2x32x64xi8>, vector<16xi8>
+// CHECK: vector.extract_strided_slice %[[KB]] offsets = [0], sizes = [8], strides = [1]
+// CHECK: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
+// CHECK: vector.extract_strided_slice %[[KB]] offsets = [8], sizes = [8], strides = [1]
+// CHECK: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
 
 // The merge runs each sequence's own partition count: ceil(length / 256).
 // CHECK-LABEL: stream.executable private @decode_merge
