@@ -53,6 +53,7 @@ class DecodeTuning:
     # Ask the backend to fit this many workgroups per SM / CU (it caps the registers
     # per thread accordingly); 0 leaves the choice to it.
     workgroups_per_sm: int = 0
+    merge_unroll: int = 8     # partitions the merge loads per loop iteration
 
     def kernel_attributes(self, target: str) -> dict[str, str]:
         if not self.workgroups_per_sm:
@@ -431,10 +432,14 @@ class _PartitionKernel:
 
 class _MergeKernel:
     """out = sum_p e^(m_p - M) l_p O_p / sum_p e^(m_p - M) l_p over the sequence's
-    partitions, as a loop with a running max (no unrolling over partitions)."""
+    partitions, as a loop with a running max, `unroll` partitions per iteration
+    so that their loads are in flight together. A slot past the last partition
+    re-reads the last one with weight 0 (max is idempotent, the decay is then
+    exactly 1): the result is bit for bit the one-at-a-time loop's."""
 
-    def __init__(self, access, model: FragmentModel, rows_out: int):
+    def __init__(self, access, model: FragmentModel, rows_out: int, unroll: int):
         self.access, self.shape, self.rows_out = access, access.shape, rows_out
+        self.unroll = unroll
         self.threads = model.waves_per_partition * model.instruction.wave_size
         self.wave_size = model.instruction.wave_size
 
@@ -456,22 +461,29 @@ class _MergeKernel:
         cells = [(lanes.of_lane(r, of=lanes.thread), lanes.of_lane(c, of=lanes.thread))
                  for r, c in slots]
         start = [lanes.f32(float("-inf")), lanes.f32(0.0), lanes.f32(0.0)] * len(cells)
-        loop = lanes.loop(zero, access.partitions_of(lanes, b), start)
+        parts = access.partitions_of(lanes, b)
+        last = arith.subi(parts, lanes.index(1))
+        loop = lanes.loop(zero, parts, start, step=self.unroll)
         with ir.InsertionPoint(loop.body):
-            p = loop.induction_variable
             carried = list(loop.inner_iter_args)
-            updated = []
-            for u, (row, col) in enumerate(cells):
-                m_run, numerator, denominator = carried[3 * u:3 * u + 3]
-                m_p = memref.load(m, [b, h, p, row])
-                m_new = arith.maximumf(m_run, m_p)
-                decay = math.exp(arith.subf(m_run, m_new))
-                weight = arith.mulf(math.exp(arith.subf(m_p, m_new)),
-                                    memref.load(l, [b, h, p, row]))
-                term = arith.mulf(weight, memref.load(o, [b, h, p, row, col]))
-                updated += [m_new, arith.addf(arith.mulf(numerator, decay), term),
-                            arith.addf(arith.mulf(denominator, decay), weight)]
-            scf.YieldOp(updated)
+            for j in range(self.unroll):
+                slot = lanes.plus(loop.induction_variable, j)
+                p = arith.minui(slot, last)
+                valid = arith.cmpi(arith.CmpIPredicate.ult, slot, parts)
+                loaded = [(memref.load(m, [b, h, p, row]), memref.load(l, [b, h, p, row]),
+                           memref.load(o, [b, h, p, row, col])) for row, col in cells]
+                updated = []
+                for u, (m_p, l_p, o_p) in enumerate(loaded):
+                    m_run, numerator, denominator = carried[3 * u:3 * u + 3]
+                    m_new = arith.maximumf(m_run, m_p)
+                    decay = math.exp(arith.subf(m_run, m_new))
+                    weight = arith.mulf(math.exp(arith.subf(m_p, m_new)), l_p)
+                    weight = arith.select(valid, weight, lanes.f32(0.0))
+                    term = arith.mulf(weight, o_p)
+                    updated += [m_new, arith.addf(arith.mulf(numerator, decay), term),
+                                arith.addf(arith.mulf(denominator, decay), weight)]
+                carried = updated
+            scf.YieldOp(carried)
         results = list(loop.results)
         for u, (row, col) in enumerate(cells):
             numerator, denominator = results[3 * u + 1], results[3 * u + 2]
@@ -510,7 +522,7 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
     """
     check_decode_shape(access.shape, model)
     partition = _PartitionKernel(access, model, target, pv, tuning)
-    merge = _MergeKernel(access, model, partition.rows_out)
+    merge = _MergeKernel(access, model, partition.rows_out, partition.tuning.merge_unroll)
     module = ir.Module.create()
     wave = model.instruction.wave_size
     with ir.InsertionPoint(module.body):

@@ -132,10 +132,10 @@ class Lanes:
         branch = scf.IfOp(condition)
         return _Region(branch.then_block)
 
-    def loop(self, lower: ir.Value, upper: ir.Value, carried):
-        """scf.for lower..upper step 1 carrying `carried`; returns the op, whose body
-        the caller fills and ends with `scf.yield`."""
-        return scf.ForOp(lower, upper, self.index(1), list(carried))
+    def loop(self, lower: ir.Value, upper: ir.Value, carried, step: int = 1):
+        """scf.for lower..upper step `step` carrying `carried`; returns the op, whose
+        body the caller fills and ends with `scf.yield`."""
+        return scf.ForOp(lower, upper, self.index(step), list(carried))
 
 
 class _Region:

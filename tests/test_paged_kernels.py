@@ -81,7 +81,7 @@ def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
         paged_access(shape, fragment_model("cuda"))
 
 
-@pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True),
+@pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(merge_unroll=1),
                                     dict(workgroups_per_sm=6)])
 def test_schedule_choices_do_not_change_a_bit(tuning):
     # DecodeTuning moves loads and caps registers; the arithmetic stays the same.

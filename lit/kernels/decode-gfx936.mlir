@@ -15,7 +15,7 @@
 // CHECK: stream.binding.subspan %{{.*}} -> memref<1x8x16x4x128xf32>
 // CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"(%{{.*}}, %{{.*}}, %{{.*}}) : (i64, i64, vector<4xi32>) -> vector<4xi32>
 // CHECK-NOT: llvm.call_intrinsic
-// The merge loops over the partitions with a running max (not unrolled).
+// The merge loops over the partitions with a running max, eight per iteration.
 // CHECK-LABEL: stream.executable private @decode_merge
 // CHECK-NOT: llvm.call_intrinsic
 // CHECK: %[[PARTS:.*]] = arith.constant 16 : index

@@ -47,7 +47,12 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // CHECK: %[[MLEN:.*]] = arith.index_cast %{{.*}} : i32 to index
 // CHECK: %[[ROUND:.*]] = arith.addi %[[MLEN]], %c255 : index
 // CHECK: %[[PARTS:.*]] = arith.divui %[[ROUND]], %c256 : index
-// CHECK: scf.for %{{.*}} = %c0 to %[[PARTS]] step %c1
+// Eight partitions per iteration; a slot past the last re-reads it with weight 0.
+// CHECK: %[[LASTP:.*]] = arith.subi %[[PARTS]], %c1 : index
+// CHECK: scf.for %[[P0:.*]] = %c0 to %[[PARTS]] step %c8
+// CHECK: %[[SLOT:.*]] = arith.addi %[[P0]], %c1 : index
+// CHECK: arith.minui %[[SLOT]], %[[LASTP]] : index
+// CHECK: arith.cmpi ult, %[[SLOT]], %[[PARTS]] : index
 
 // CHECK-LABEL: func.func @paged(
 // CHECK: %[[HB:.*]] = tensor.dim %arg0, %c0
