@@ -53,7 +53,8 @@ class DecodeTuning:
     # Ask the backend to fit this many workgroups per SM / CU (it caps the registers
     # per thread accordingly); 0 leaves the choice to it.
     workgroups_per_sm: int = 0
-    merge_unroll: int = 8     # partitions the merge loads per loop iteration
+    merge_unroll: int = 8     # partitions each merge thread loads per loop iteration
+    merge_splits: int = 1     # thread groups of the merge, each over every splits-th partition
 
     def kernel_attributes(self, target: str) -> dict[str, str]:
         if not self.workgroups_per_sm:
@@ -432,15 +433,20 @@ class _PartitionKernel:
 
 class _MergeKernel:
     """out = sum_p e^(m_p - M) l_p O_p / sum_p e^(m_p - M) l_p over the sequence's
-    partitions, as a loop with a running max, `unroll` partitions per iteration
-    so that their loads are in flight together. A slot past the last partition
-    re-reads the last one with weight 0 (max is idempotent, the decay is then
-    exactly 1): the result is bit for bit the one-at-a-time loop's."""
+    partitions.
 
-    def __init__(self, access, model: FragmentModel, rows_out: int, unroll: int):
+    `splits` groups of threads cover the output tile each; group s runs a
+    running-max loop over partitions s, s + splits, ..., `unroll` of them per
+    iteration with all their loads issued first (a slot past the last
+    partition re-reads it with weight 0). The groups' (max, numerator,
+    denominator) then meet in LDS and group 0 combines and stores them.
+    """
+
+    def __init__(self, access, model: FragmentModel, rows_out: int, unroll: int, splits: int):
         self.access, self.shape, self.rows_out = access, access.shape, rows_out
-        self.unroll = unroll
-        self.threads = model.waves_per_partition * model.instruction.wave_size
+        self.unroll, self.splits = unroll, splits
+        self.group_threads = model.waves_per_partition * model.instruction.wave_size
+        self.threads = self.group_threads * splits
         self.wave_size = model.instruction.wave_size
 
     def argument_types(self):
@@ -457,21 +463,44 @@ class _MergeKernel:
         m = binding(m_arg, kv + (ROWS,), "f32", zero)
         l = binding(l_arg, kv + (ROWS,), "f32", zero)
         out = binding(out_arg, (access.batch, self.shape.kv_heads, self.rows_out, d), "f32", zero)
-        _, slots = thread_distribution(self.rows_out, d, self.threads)
-        cells = [(lanes.of_lane(r, of=lanes.thread), lanes.of_lane(c, of=lanes.thread))
-                 for r, c in slots]
-        start = [lanes.f32(float("-inf")), lanes.f32(0.0), lanes.f32(0.0)] * len(cells)
-        parts = access.partitions_of(lanes, b)
+        per, slots = thread_distribution(self.rows_out, d, self.group_threads)
+        member = arith.andi(lanes.thread, lanes.index(self.group_threads - 1))
+        group = arith.shrui(lanes.thread, lanes.index(self.group_threads.bit_length() - 1))
+        cells = [(lanes.of_lane(r, of=member), lanes.of_lane(c, of=member)) for r, c in slots]
+        partial = self._partial(lanes, (o, m, l), (b, h), cells, group)
+        if self.splits == 1:
+            results = partial
+        else:
+            results = self._combine(lanes, partial, member, group, per)
+        for u, (row, col) in enumerate(cells):
+            m_u, numerator, denominator = results[3 * u:3 * u + 3]
+            store = lambda: memref.store(arith.divf(numerator, denominator), out,
+                                         [b, h, row, col])
+            if self.splits == 1:
+                store()
+            else:
+                with lanes.when(arith.cmpi(arith.CmpIPredicate.eq, group, zero)):
+                    store()
+
+    def _partial(self, lanes, partials, where, cells, group):
+        """(max, numerator, denominator) per cell over this group's partitions."""
+        (o, m, l), (b, h) = partials, where
+        parts = self.access.partitions_of(lanes, b)
         last = arith.subi(parts, lanes.index(1))
-        loop = lanes.loop(zero, parts, start, step=self.unroll)
+        start = [lanes.f32(float("-inf")), lanes.f32(0.0), lanes.f32(0.0)] * len(cells)
+        loop = lanes.loop(lanes.index(0), parts, start, step=self.unroll * self.splits)
         with ir.InsertionPoint(loop.body):
             carried = list(loop.inner_iter_args)
+            chunk = []
             for j in range(self.unroll):
-                slot = lanes.plus(loop.induction_variable, j)
+                slot = lanes.affine((loop.induction_variable, 1), (group, 1), j * self.splits)
                 p = arith.minui(slot, last)
                 valid = arith.cmpi(arith.CmpIPredicate.ult, slot, parts)
-                loaded = [(memref.load(m, [b, h, p, row]), memref.load(l, [b, h, p, row]),
-                           memref.load(o, [b, h, p, row, col])) for row, col in cells]
+                chunk.append((valid, [(memref.load(m, [b, h, p, row]),
+                                       memref.load(l, [b, h, p, row]),
+                                       memref.load(o, [b, h, p, row, col]))
+                                      for row, col in cells]))
+            for valid, loaded in chunk:
                 updated = []
                 for u, (m_p, l_p, o_p) in enumerate(loaded):
                     m_run, numerator, denominator = carried[3 * u:3 * u + 3]
@@ -484,10 +513,32 @@ class _MergeKernel:
                                 arith.addf(arith.mulf(denominator, decay), weight)]
                 carried = updated
             scf.YieldOp(carried)
-        results = list(loop.results)
-        for u, (row, col) in enumerate(cells):
-            numerator, denominator = results[3 * u + 1], results[3 * u + 2]
-            memref.store(arith.divf(numerator, denominator), out, [b, h, row, col])
+        return list(loop.results)
+
+    def _combine(self, lanes, partial, member, group, per):
+        """The groups' partials through LDS; every group reads all of them (only
+        group 0 stores). A group that saw no partition has max -inf and adds 0."""
+        lds = lanes.shared([self.splits, 3, self.group_threads, per], "f32")
+        for u in range(per):
+            for k in range(3):
+                memref.store(partial[3 * u + k], lds, [group, lanes.index(k), member,
+                                                       lanes.index(u)])
+        lanes.barrier()
+        results = []
+        for u in range(per):
+            parts = [[memref.load(lds, [lanes.index(g), lanes.index(k), member, lanes.index(u)])
+                      for k in range(3)] for g in range(self.splits)]
+            top = parts[0][0]
+            for g in range(1, self.splits):
+                top = arith.maximumf(top, parts[g][0])
+            numerator = denominator = None
+            for m_g, n_g, d_g in parts:
+                scale = math.exp(arith.subf(m_g, top))
+                n_term, d_term = arith.mulf(n_g, scale), arith.mulf(d_g, scale)
+                numerator = n_term if numerator is None else arith.addf(numerator, n_term)
+                denominator = d_term if denominator is None else arith.addf(denominator, d_term)
+            results += [top, numerator, denominator]
+        return results
 
 
 @dataclass(frozen=True)
@@ -522,7 +573,8 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
     """
     check_decode_shape(access.shape, model)
     partition = _PartitionKernel(access, model, target, pv, tuning)
-    merge = _MergeKernel(access, model, partition.rows_out, partition.tuning.merge_unroll)
+    merge = _MergeKernel(access, model, partition.rows_out, partition.tuning.merge_unroll,
+                         partition.tuning.merge_splits)
     module = ir.Module.create()
     wave = model.instruction.wave_size
     with ir.InsertionPoint(module.body):

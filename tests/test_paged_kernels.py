@@ -116,3 +116,23 @@ def test_the_driver_compiles_one_kernel_module_for_every_batch(counted_compiles)
             dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
             check_against_references(out[b:b + 1], dense, np.float32(0.125), model="cuda")
     assert len(counted_compiles) - before == 1
+
+
+@pytest.mark.parametrize("target", ["gfx936", "cuda"])
+@pytest.mark.parametrize("splits", [2, 4])
+def test_a_split_merge_matches_both_references(target, splits):
+    # Thread groups over every splits-th partition, combined through LDS: a
+    # different summation order, so checked against the references, not bits.
+    from int8attn.kernels.decode import DecodeTuning
+
+    seed = 85 + splits
+    rng = seeded_rng(seed)
+    arrays = paged_batch(rng, [1, 257, 1000, 2100, 3000], 8, 2, 64, 16)
+    shape = PagedShape(2, 4, 64, 16, 0.125)
+    model = fragment_model(target)
+    with new_context(), ir.Location.unknown():
+        built = build_decode_kernels(paged_access(shape, model), model, target, "int8",
+                                     DecodeTuning(merge_splits=splits, merge_unroll=2))
+        layout = {"partition_tokens": model.partition_tokens, "rows_out": built.rows_out}
+        out = run_paged_kernels(built.module, layout, *arrays)
+    _check(out, arrays, np.float32(0.125), target)
