@@ -215,11 +215,17 @@ class _PartitionKernel:
                                                length, "i8")
                                    for row, dim, length in layout.qk_a_runs(d, step)],
                                   inst.a_vector) for step in steps]
-        scores, self.live = {}, {}
+        scores, self.live, self.v_scales = {}, {}, {}
         for n in range(layout.blocks):
             k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
             loads = [load_vector(access.k, k_row + [lanes.plus(chunk_start, offset)], width, "i8")
                      for offset in range(0, chunk_bytes, width)]
+            # The block's K and V scales, issued with its K bytes (not after the MMAs,
+            # nor the V scales after the softmax's barriers).
+            elements = [n * inst.c.slots + i for i in self._live_slots(self.dead)]
+            rows = {e: access.token_row(self._local_token(e)) for e in elements}
+            k_scales = {e: memref.load(access.k_scale, rows[e]) for e in elements}
+            self.v_scales.update({e: memref.load(access.v_scale, rows[e]) for e in elements})
             acc = lanes.zeros(inst.c_vector, "i32")
             for step in steps:
                 pieces = []
@@ -231,15 +237,13 @@ class _PartitionKernel:
                         vector_type(length, "i8"), loads[load], [start], [length], [1]))
                 acc = mma(inst, self.target, a_steps[step], lanes.assemble(pieces, inst.b_vector),
                           acc)
-            for i in range(inst.c.slots):
-                if i in self.dead:
-                    continue
-                element = n * inst.c.slots + i
+            for element in elements:
+                i = element % inst.c.slots
                 row = lanes.of_lane(self._row_map(element))
                 local = self._local_token(element)
                 value = arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i))
                 value = arith.mulf(arith.mulf(value, memref.load(self.sq, [row])),
-                                   memref.load(access.k_scale, access.token_row(local)))
+                                   k_scales[element])
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
                 live = arith.cmpi(arith.CmpIPredicate.slt, local, access.remaining)
                 self.live[element] = live
@@ -277,12 +281,11 @@ class _PartitionKernel:
 
     def weights(self, e, l, classes):
         """W = P * sV, exactly 0 for a dead token (whatever its slot's scale holds)."""
-        lanes, access = self.lanes, self.access
+        lanes = self.lanes
         w = {}
         for i, value in e.items():
             p = arith.divf(value, l[self._class_of(classes, i)])
-            scale = memref.load(access.v_scale, access.token_row(self._local_token(i)))
-            w[i] = arith.select(self.live[i], arith.mulf(p, scale), lanes.f32(0.0))
+            w[i] = arith.select(self.live[i], arith.mulf(p, self.v_scales[i]), lanes.f32(0.0))
         return w
 
     def quantize(self, w):
@@ -465,7 +468,8 @@ class _MergeKernel:
         out = binding(out_arg, (access.batch, self.shape.kv_heads, self.rows_out, d), "f32", zero)
         per, slots = thread_distribution(self.rows_out, d, self.group_threads)
         member = arith.andi(lanes.thread, lanes.index(self.group_threads - 1))
-        group = arith.shrui(lanes.thread, lanes.index(self.group_threads.bit_length() - 1))
+        group = (zero if self.splits == 1 else
+                 arith.shrui(lanes.thread, lanes.index(self.group_threads.bit_length() - 1)))
         cells = [(lanes.of_lane(r, of=member), lanes.of_lane(c, of=member)) for r, c in slots]
         partial = self._partial(lanes, (o, m, l), (b, h), cells, group)
         if self.splits == 1:
