@@ -67,6 +67,15 @@ class DecodeTuning:
 # How a target's backend is told the workgroups per SM to fit (NVPTX: .minnctapersm).
 OCCUPANCY_ATTRIBUTE = {"cuda": "nvvm.minctasm"}
 
+# The schedule each target's kernels get unless the caller chooses one: measured
+# on the H200 (benchmarks/results-h200-paged.md); the AMD targets take the
+# target-independent choices only (nothing there is measured on hardware).
+DEFAULT_TUNING = {
+    "cuda": DecodeTuning(workgroups_per_sm=6, merge_splits=4),
+    "gfx942": DecodeTuning(merge_splits=4),
+    "gfx936": DecodeTuning(merge_splits=4),
+}
+
 
 def output_rows(rows: int, head_dim: int, threads: int) -> int:
     """Rows of the partial outputs: the real query rows, rounded up until the
@@ -576,6 +585,7 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
     `pv="bf16"` builds the BF16-PV baseline: everything identical but PV.
     """
     check_decode_shape(access.shape, model)
+    tuning = tuning or DEFAULT_TUNING.get(target, DecodeTuning())
     partition = _PartitionKernel(access, model, target, pv, tuning)
     merge = _MergeKernel(access, model, partition.rows_out, partition.tuning.merge_unroll,
                          partition.tuning.merge_splits)

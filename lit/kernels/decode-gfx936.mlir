@@ -15,14 +15,22 @@
 // CHECK: stream.binding.subspan %{{.*}} -> memref<1x8x16x4x128xf32>
 // CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"(%{{.*}}, %{{.*}}, %{{.*}}) : (i64, i64, vector<4xi32>) -> vector<4xi32>
 // CHECK-NOT: llvm.call_intrinsic
-// The merge loops over the partitions with a running max, eight per iteration.
+// The merge: 4 groups of 256 threads, group g over partitions g, g+4, ...
+// (here 16 partitions: the loop is unrolled away), all loads of an iteration
+// first; the groups' partials meet in LDS and group 0 stores.
 // CHECK-LABEL: stream.executable private @decode_merge
 // CHECK-NOT: llvm.call_intrinsic
-// CHECK: %[[PARTS:.*]] = arith.constant 16 : index
-// CHECK: scf.for %{{.*}} = %{{.*}} to %[[PARTS]] step
-// CHECK: arith.maximumf
+// CHECK: %[[PARTIALS:.*]] = memref.alloc() : memref<4x3x256x2xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[TID:.*]] = gpu.thread_id x upper_bound 1024
+// CHECK: %[[GROUP:.*]] = arith.shrui %[[TID]], %c8 : index
+// CHECK: %[[P:.*]] = arith.minui %[[GROUP]], %c15 : index
+// CHECK: memref.load %{{.*}}[%{{.*}}, %{{.*}}, %[[P]], %{{.*}}] : memref<1x8x16x16xf32>
 // CHECK: math.exp
-// CHECK: scf.yield
+// CHECK: memref.store %{{.*}}, %[[PARTIALS]][%[[GROUP]],
+// CHECK: gpu.barrier
+// CHECK: %[[FIRST:.*]] = arith.cmpi eq, %[[GROUP]], %c0 : index
+// CHECK: scf.if %[[FIRST]] {
+// CHECK: arith.divf
 // CHECK-LABEL: func.func @decode(
 // CHECK: %[[PART:.*]]:3 = flow.dispatch @decode_partition::@decode_partition[%{{.*}}, %{{.*}}, %{{.*}}](%arg0, %{{.*}})
 // CHECK: flow.dispatch @decode_merge::@decode_merge[%{{.*}}, %{{.*}}](%[[PART]]#0, %[[PART]]#1, %[[PART]]#2)

@@ -47,12 +47,16 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // CHECK: %[[MLEN:.*]] = arith.index_cast %{{.*}} : i32 to index
 // CHECK: %[[ROUND:.*]] = arith.addi %[[MLEN]], %c255 : index
 // CHECK: %[[PARTS:.*]] = arith.divui %[[ROUND]], %c256 : index
-// Eight partitions per iteration; a slot past the last re-reads it with weight 0.
+// Four thread groups, eight partitions each per iteration: group g's slot j
+// is iv + g + 4j; a slot past the last re-reads it with weight 0.
 // CHECK: %[[LASTP:.*]] = arith.subi %[[PARTS]], %c1 : index
-// CHECK: scf.for %[[P0:.*]] = %c0 to %[[PARTS]] step %c8
-// CHECK: %[[SLOT:.*]] = arith.addi %[[P0]], %c1 : index
-// CHECK: arith.minui %[[SLOT]], %[[LASTP]] : index
-// CHECK: arith.cmpi ult, %[[SLOT]], %[[PARTS]] : index
+// CHECK: scf.for %[[P0:.*]] = %c0 to %[[PARTS]] step %c32
+// CHECK: %[[SLOT0:.*]] = arith.addi %[[P0]], %[[G:.*]] : index
+// CHECK: arith.minui %[[SLOT0]], %[[LASTP]] : index
+// CHECK: arith.cmpi ult, %[[SLOT0]], %[[PARTS]] : index
+// CHECK: %[[BASE1:.*]] = arith.addi %[[P0]], %[[G]] : index
+// CHECK: %[[SLOT1:.*]] = arith.addi %[[BASE1]], %c4 : index
+// CHECK: arith.minui %[[SLOT1]], %[[LASTP]] : index
 
 // CHECK-LABEL: func.func @paged(
 // CHECK: %[[HB:.*]] = tensor.dim %arg0, %c0
