@@ -80,3 +80,27 @@ def test_unknown_target_names_the_known_ones():
 ])
 def test_format_token_set(tokens, text):
     assert format_token_set(tokens) == text
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_qk_head_dim_order_gives_each_lane_one_contiguous_run(target, head_dim):
+    # The order is a bijection of the head dim, every lane of B reads one
+    # contiguous run of each token's K row over all steps, and A's runs name
+    # the same head-dim index as B for every (step, k).
+    from int8attn.fragments import DecodeKernelLayout, fragment_model
+
+    layout = DecodeKernelLayout(fragment_model(target))
+    inst = layout.instruction
+    order = layout.qk_head_dim_order(head_dim)
+    assert sorted(order.ravel().tolist()) == list(range(head_dim))
+    start, length = layout.qk_b_chunk(head_dim)
+    lanes = np.arange(inst.b.lanes)
+    for step in range(order.shape[0]):
+        offsets = layout.qk_b_slots(head_dim, step)
+        dims = start(lanes)[:, None] + np.array(offsets)[None, :]
+        assert (dims == order[step, inst.b.coords[:, :, 0]]).all()
+        assert ((dims >= start(lanes)[:, None]) & (dims < start(lanes)[:, None] + length)).all()
+        a_dims = np.concatenate([d(np.arange(inst.a.lanes))[:, None] + np.arange(n)
+                                 for _, d, n in layout.qk_a_runs(head_dim, step)], axis=1)
+        assert (a_dims == order[step, inst.a.coords[:, :, 1]]).all()
