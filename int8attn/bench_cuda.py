@@ -187,9 +187,10 @@ def run(directory: Path, warmup: int = 5, iterations: int = 50, seed: int = 0) -
 
 def markdown(rows: list[dict]) -> str:
     lines = ["Times are the device time of all kernels of one module call (CUPTI through "
-             "torch.profiler): the two decode kernels and the tiny query quantization, plus "
-             "the V transpose in that column; the wall time per synchronized IREE call is in "
-             "the JSON.", "",
+             "torch.profiler): the partition and merge kernels (the query rows are quantized "
+             "inside the partition kernel), plus the V transpose in that column; not the copy "
+             "of the result to the host. The wall time per synchronized IREE call is in the "
+             "JSON.", "",
              "| context | batch | INT8 PV (us) | BF16 PV (us) | INT8/BF16 speedup | "
              "+ V transpose (us) | torch SDPA bf16 KV (us) | vs SDPA | achieved GB/s | "
              "copy ceiling GB/s | of ceiling | max abs vs fragment | INT8 vs BF16 max abs / RMS |",

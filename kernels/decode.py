@@ -71,7 +71,7 @@ OCCUPANCY_ATTRIBUTE = {"cuda": "nvvm.minctasm"}
 # on the H200 (benchmarks/results-h200-paged.md); the AMD targets take the
 # target-independent choices only (nothing there is measured on hardware).
 DEFAULT_TUNING = {
-    "cuda": DecodeTuning(workgroups_per_sm=6, merge_splits=4),
+    "cuda": DecodeTuning(workgroups_per_sm=6, merge_splits=8, merge_unroll=4),
     "gfx942": DecodeTuning(merge_splits=4),
     "gfx936": DecodeTuning(merge_splits=4),
 }
