@@ -14,6 +14,8 @@ import numpy as np
 from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
+from int8attn.driver.onnx_import import INPUT_NAMES, OUTPUT_NAMES
+from int8attn.passes.onnx_ops import builtin_type
 from int8attn.reference import exact_attention, fragment_attention, quantize_cache
 from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_signature
 
@@ -52,10 +54,21 @@ class FunctionInfo:
     arguments: tuple[TensorSpec, ...]
     results: tuple[TensorSpec, ...]
     attention: AttentionCall | None
+    # An imported ONNX model's input and output names (else arg<i>, result<i>).
+    argument_names: tuple[str, ...] = ()
+    result_names: tuple[str, ...] = ()
+
+    def argument_name(self, index: int) -> str:
+        return self.argument_names[index] if self.argument_names else f"arg{index}"
+
+    def result_name(self, index: int) -> str:
+        return self.result_names[index] if self.result_names else f"result{index}"
 
     def to_json(self) -> dict:
         spec = lambda s: [list(s.shape), s.element]
         return {"name": self.name, "arguments": [spec(s) for s in self.arguments],
+                "argument_names": list(self.argument_names),
+                "result_names": list(self.result_names),
                 "results": [spec(s) for s in self.results],
                 "attention": None if self.attention is None else {
                     "argument_of": list(self.attention.argument_of), "mode": self.attention.mode,
@@ -72,10 +85,13 @@ class FunctionInfo:
             tuple(spec(s) for s in data["results"]),
             None if att is None else AttentionCall(
                 tuple(att["argument_of"]), att["mode"], att["softmax_scale"],
-                att["result_index"], tuple(tuple(t) for t in att.get("tied", ()))))
+                att["result_index"], tuple(tuple(t) for t in att.get("tied", ()))),
+            tuple(data.get("argument_names", ())), tuple(data.get("result_names", ())))
 
 
 def _spec(t: ir.Type) -> TensorSpec:
+    if str(t).startswith("!torch.vtensor"):   # an imported ONNX graph's signature
+        t = builtin_type(t)
     if not isinstance(t, ir.RankedTensorType):
         return TensorSpec((), str(t))
     return TensorSpec(tuple(None if t.is_dynamic_dim(i) else n for i, n in enumerate(t.shape)),
@@ -95,8 +111,15 @@ def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:
         terminator = block.operations[len(block.operations) - 1].operation
         results = tuple(_spec(v.type) for v in terminator.operands)
         infos[name] = FunctionInfo(name, arguments, results,
-                                   _attention_call(block, terminator))
+                                   _attention_call(block, terminator),
+                                   _names(op, INPUT_NAMES), _names(op, OUTPUT_NAMES))
     return infos
+
+
+def _names(func: ir.Operation, attribute: str) -> tuple[str, ...]:
+    if attribute not in func.attributes:
+        return ()
+    return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(func.attributes[attribute]))
 
 
 def _attention_call(block, terminator) -> AttentionCall | None:
