@@ -92,8 +92,9 @@ def _dense_constants(module: ir.Operation, initializers) -> None:
 
     for op in walk(module):
         value = op.attributes["torch.onnx.value"] if "torch.onnx.value" in op.attributes else None
-        if onnx_name(op) != "Constant" or not isinstance(value, ir.DenseResourceElementsAttr):
-            continue
+        if onnx_name(op) != "Constant" or value is None or \
+                isinstance(value, (ir.DenseFPElementsAttr, ir.DenseIntElementsAttr)):
+            continue  # already readable (the importer inlines small non-raw tensors)
         tensor = initializers.get(op.location.name_str)
         array = numpy_helper.to_array(tensor) if tensor is not None else None
         if array is None or array.dtype.kind not in "biuf" or array.dtype.itemsize > 8 \
