@@ -152,7 +152,8 @@ def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
     the lane simulator alike): count, dtype and shape per argument, then the
     cache-scale rule. Returns the arrays as contiguous numpy arrays."""
     call = info.attention
-    names = {} if call is None else dict(zip(call.argument_of, call.operands))
+    names = dict(zip(call.argument_of, call.operands)) if call is not None else \
+        dict(enumerate(info.argument_names))
     arrays = check_signature(info.name, list(info.arguments), list(arrays), names)
     if call is not None and call.mode == "paged":
         from int8attn.driver.paged_inputs import check_paged_arguments

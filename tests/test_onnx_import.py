@@ -27,6 +27,7 @@ pytest.importorskip("onnxruntime")
 
 import int8attn  # noqa: E402
 from int8attn import reference as ref  # noqa: E402
+from int8attn.reference.onnx_attention import FORMS, attention_inputs, attention_model  # noqa: E402
 from int8attn.reference.onnx_decoder import (  # noqa: E402
     DecoderShape, decoder_inputs, decoder_model, run_onnxruntime,
 )
@@ -103,3 +104,29 @@ def test_decoder_against_onnxruntime(case, tmp_path):
     print(f"{case}: max |y - onnxruntime| {error:.3e}, the contract's own error "
           f"{quantization:.3e}, max |y| {np.abs(ort['y']).max():.2f}")
     assert 0 < quantization and error <= BOUND_MARGIN * quantization + 1e-4
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_attention_forms_against_onnxruntime(form):
+    """Every form of lit/import/raise-int8-attention.mlir runs: a raised one is the
+    contract, one left to IREE is onnxruntime's float attention to f32 rounding."""
+    model, seed = attention_model(form), 5
+    inputs = attention_inputs(model, seed)
+    graph = int8attn.compile(model.SerializeToString(), filename=f"{form}.onnx")
+    kind = "[Passed]" if FORMS[form].raisable else "[Missed]"
+    assert len(graph.remarks) == 1 and kind in graph.remarks[0], graph.remarks
+    info = graph.entry()
+    out = graph(*(inputs[name] for name in info.argument_names))
+    expected = run_onnxruntime(model, inputs)["o"]
+    if not FORMS[form].raisable:
+        assert np.abs(out - expected).max() <= FLOAT_TOL * np.abs(expected).max()
+        return
+    scales = [inputs[f"{r}_scale"].reshape(inputs[f"{r}_int8"].shape[:3]) for r in "kv"]
+    q = inputs["q"][:, :, 0] if FORMS[form].query_tokens == 1 else inputs["q"]
+    operands = (q, inputs["k_int8"], scales[0], inputs["v_int8"], scales[1], 0.25)
+    fragment, exact = ref.fragment_attention(*operands), ref.exact_attention(*operands)
+    slack = ref.rounding_tie_slack(*operands)
+    out = out[:, :, 0] if q.ndim == 3 else out
+    assert (np.abs(out - fragment) <= FRAGMENT_TOL + slack).all()
+    expected = expected[:, :, 0] if q.ndim == 3 else expected
+    assert np.abs(out - expected).max() <= BOUND_MARGIN * np.abs(fragment - exact).max() + 1e-5
