@@ -15,9 +15,10 @@ from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
 from int8attn.driver.onnx_import import INPUT_NAMES, OUTPUT_NAMES
-from int8attn.passes.onnx_ops import builtin_type
+from int8attn.passes.onnx_ops import builtin_type, onnx_name
 from int8attn.reference import exact_attention, fragment_attention, quantize_cache
 from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_signature
+from int8attn.support.ir import walk
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class FunctionInfo:
     # An imported ONNX model's input and output names (else arg<i>, result<i>).
     argument_names: tuple[str, ...] = ()
     result_names: tuple[str, ...] = ()
+    # Arguments that raised attentions of an ONNX model read as cache scales.
+    scale_arguments: tuple[int, ...] = ()
 
     def argument_name(self, index: int) -> str:
         return self.argument_names[index] if self.argument_names else f"arg{index}"
@@ -69,6 +72,7 @@ class FunctionInfo:
         return {"name": self.name, "arguments": [spec(s) for s in self.arguments],
                 "argument_names": list(self.argument_names),
                 "result_names": list(self.result_names),
+                "scale_arguments": list(self.scale_arguments),
                 "results": [spec(s) for s in self.results],
                 "attention": None if self.attention is None else {
                     "argument_of": list(self.attention.argument_of), "mode": self.attention.mode,
@@ -86,7 +90,8 @@ class FunctionInfo:
             None if att is None else AttentionCall(
                 tuple(att["argument_of"]), att["mode"], att["softmax_scale"],
                 att["result_index"], tuple(tuple(t) for t in att.get("tied", ()))),
-            tuple(data.get("argument_names", ())), tuple(data.get("result_names", ())))
+            tuple(data.get("argument_names", ())), tuple(data.get("result_names", ())),
+            tuple(data.get("scale_arguments", ())))
 
 
 def _spec(t: ir.Type) -> TensorSpec:
@@ -112,8 +117,31 @@ def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:
         results = tuple(_spec(v.type) for v in terminator.operands)
         infos[name] = FunctionInfo(name, arguments, results,
                                    _attention_call(block, terminator),
-                                   _names(op, INPUT_NAMES), _names(op, OUTPUT_NAMES))
+                                   _names(op, INPUT_NAMES), _names(op, OUTPUT_NAMES),
+                                   _scale_arguments(op))
     return infos
+
+
+# Ops (MLIR names, or ONNX op types) that move a scale without changing it.
+_MOVES = ("tensor.collapse_shape", "torch_c.to_builtin_tensor", "Concat", "Unsqueeze",
+          "Reshape", "Identity")
+
+
+def _scale_arguments(func: ir.Operation) -> tuple[int, ...]:
+    """Arguments whose values a nested attention reads as k_scale / v_scale, through
+    casts and data movement (an imported model's cache scales, e.g. a Concat of
+    the past tokens' scales and the new ones)."""
+    if INPUT_NAMES not in func.attributes:   # not an imported model
+        return ()
+    found, pending = set(), [v for op in walk(func) if op.name == d.ATTENTION
+                             for v in (op.operands[2], op.operands[4])]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, ir.BlockArgument):
+            found.add(value.arg_number)
+        elif value.owner.operation.name in _MOVES or onnx_name(value.owner.operation) in _MOVES:
+            pending += list(value.owner.operation.operands)
+    return tuple(sorted(found))
 
 
 def _names(func: ir.Operation, attribute: str) -> tuple[str, ...]:

@@ -173,6 +173,7 @@ def cmd_targets(args) -> int:
 def cmd_compile(args) -> int:
     from int8attn.driver.compile import compile
 
+    _refuse_for_models(args)
     options = CompileOptions(**_options(args))
     target = TARGETS[options.target]
     emit = args.emit or target.default_emit
@@ -295,17 +296,46 @@ def _refuse_what_would_not_fit(source: str, args) -> None:
             check_memory(info, float_caches=True)
 
 
+def _refuse_for_models(args) -> None:
+    """Flags that do not apply to an ONNX model, refused before any work."""
+    if not is_onnx(args.graph):
+        return
+    if getattr(args, "report", False):
+        raise UsageError("--report splits the error of one int8attn.attention of the "
+                         "graph's arguments; an ONNX model is compared with onnxruntime "
+                         "instead (drop --report)")
+    if (args.target or "cpu") != "cpu":
+        raise UsageError(f"--target {args.target} compiles int8attn graphs to lane-level "
+                         f"kernels; an ONNX model (its float ops too) compiles with --target "
+                         f"cpu")
+
+
+def _compare_with_onnxruntime(model: bytes, info, arrays, outputs) -> None:
+    from int8attn.driver.onnx_inputs import comparison_lines, onnxruntime_outputs
+
+    expected = onnxruntime_outputs(model, info, arrays)
+    if expected is None:
+        print("note: install onnxruntime (pip install -e '.[onnx]') to compare with it",
+              file=sys.stderr)
+        return
+    print(f"vs onnxruntime (f32) on the same inputs:")
+    for line in comparison_lines(info, outputs, expected):
+        print(f"  {line}")
+
+
 def cmd_run(args) -> int:
     import int8attn
     from int8attn.driver.graph import random_inputs
+    from int8attn.driver.onnx_inputs import random_model_inputs
 
     if args.output:
         check_output_path(args.output, [args.graph, args.inputs])
     if args.inputs and args.report:
         raise UsageError("--report needs random inputs (it uses the float cache behind them); "
                          "drop --inputs")
+    _refuse_for_models(args)
     source = _read_graph(args.graph)
-    if not args.inputs:
+    if not args.inputs and not is_onnx(args.graph):
         _refuse_what_would_not_fit(source, args)
     start = time.perf_counter()
     graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
@@ -321,7 +351,10 @@ def cmd_run(args) -> int:
         seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         print(f"random inputs, seed {seed} (repeat with --seed {seed})", flush=True)
         try:
-            arrays, floats = random_inputs(info, seed, float_caches=True)
+            if is_onnx(args.graph):
+                arrays, floats = random_model_inputs(info, seed), None
+            else:
+                arrays, floats = random_inputs(info, seed, float_caches=True)
         except ValueError as error:
             raise UserError(str(error)) from None
     outputs = graph.run(arrays, info.name)
@@ -336,6 +369,8 @@ def cmd_run(args) -> int:
         print(f"wrote {args.output} ({', '.join(names)})")
     if not args.inputs and info.attention is not None:
         _accuracy(outputs[info.attention.result_index], arrays, info, graph.options)
+    if is_onnx(args.graph):
+        _compare_with_onnxruntime(source, info, arrays, outputs)
     if args.report:
         from int8attn.report import print_report
 

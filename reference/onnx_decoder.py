@@ -234,3 +234,30 @@ def run_onnxruntime(model, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
                                            providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, inputs)))
+
+
+def contract_attention(outputs: dict, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the contract's attention of layer `layer`, its rounding-tie slack), from the
+    q and caches among `outputs` (a run's outputs by name)."""
+    from int8attn.reference import fragment_attention, rounding_tie_slack
+
+    q = outputs[f"q_{layer}"]
+    operands = [outputs[f"present_{n}_{layer}"] for n in ("k", "k_scale", "v", "v_scale")]
+    operands[1], operands[3] = operands[1][..., 0], operands[3][..., 0]
+    decode = q.shape[2] == 1
+    q = q[:, :, 0] if decode else q
+    scale = q.shape[-1] ** -0.5
+    out, slack = fragment_attention(q, *operands, scale), rounding_tie_slack(q, *operands, scale)
+    return (out[:, :, None], slack[:, :, None]) if decode else (out, slack)
+
+
+def around_attention(s: DecoderShape, weights_seed: int, inputs: dict, attention) -> dict:
+    """onnxruntime's float parts around `attention(outputs, layer)`, layer by layer:
+    `contract_attention` gives the whole model under int8attn's contract."""
+    model = decoder_model(s, weights_seed, attention_inputs=True)
+    given = {f"attention_{layer}": np.zeros((s.batch, s.q_heads, s.query_tokens, s.head_dim),
+                                            np.float32) for layer in range(s.layers)}
+    for layer in range(s.layers):   # layer l's q depends on the attentions before it
+        outputs = run_onnxruntime(model, {**inputs, **given})
+        given[f"attention_{layer}"] = np.asarray(attention(outputs, layer), np.float32)
+    return run_onnxruntime(model, {**inputs, **given})

@@ -29,7 +29,8 @@ import int8attn  # noqa: E402
 from int8attn import reference as ref  # noqa: E402
 from int8attn.reference.onnx_attention import FORMS, attention_inputs, attention_model  # noqa: E402
 from int8attn.reference.onnx_decoder import (  # noqa: E402
-    DecoderShape, decoder_inputs, decoder_model, run_onnxruntime,
+    DecoderShape, around_attention, contract_attention, decoder_inputs, decoder_model,
+    run_onnxruntime,
 )
 
 FRAGMENT_TOL = 5e-5
@@ -41,32 +42,6 @@ CASES = {
     "prefill": DecoderShape(query_tokens=16),
     "two-layers": DecoderShape(query_tokens=1, layers=2),
 }
-
-
-def attention_of(outputs: dict, layer: int, exact: bool = False) -> np.ndarray:
-    """The contract's (or exact) attention of layer `layer` on these outputs' q and caches."""
-    q = outputs[f"q_{layer}"]
-    operands = [outputs[f"present_{n}_{layer}"] for n in ("k", "k_scale", "v", "v_scale")]
-    operands[1], operands[3] = operands[1][..., 0], operands[3][..., 0]
-    decode = q.shape[2] == 1
-    q = q[:, :, 0] if decode else q
-    scale = q.shape[-1] ** -0.5
-    out = (ref.exact_attention(q, *operands, scale) if exact else
-           ref.fragment_attention(q, *operands, scale))
-    slack = ref.rounding_tie_slack(q, *operands, scale)
-    return (out[:, :, None], slack[:, :, None]) if decode else (out, slack)
-
-
-def around(shape: DecoderShape, weights_seed: int, inputs: dict, attention) -> dict:
-    """onnxruntime's float parts around `attention(outputs, layer)`, layer by layer."""
-    model = decoder_model(shape, weights_seed, attention_inputs=True)
-    given = {f"attention_{l}": np.zeros((shape.batch, shape.q_heads, shape.query_tokens,
-                                         shape.head_dim), np.float32)
-             for l in range(shape.layers)}
-    for layer in range(shape.layers):   # layer l's q depends on the attentions before it
-        outputs = run_onnxruntime(model, {**inputs, **given})
-        given[f"attention_{layer}"] = attention(outputs, layer).astype(np.float32)
-    return run_onnxruntime(model, {**inputs, **given})
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -83,7 +58,7 @@ def test_decoder_against_onnxruntime(case, tmp_path):
                        graph.run([inputs[name] for name in info.argument_names])))
 
     for layer in range(shape.layers):   # 1. the raised attention is the contract
-        fragment, slack = attention_of(outputs, layer)
+        fragment, slack = contract_attention(outputs, layer)
         error = np.abs(outputs[f"attention_{layer}"] - fragment)
         assert (error <= FRAGMENT_TOL + slack).all(), f"layer {layer}: {error.max():.3e}"
 
@@ -92,13 +67,13 @@ def test_decoder_against_onnxruntime(case, tmp_path):
         np.testing.assert_array_equal(outputs[f"present_{role}_0"], ort[f"present_{role}_0"])
         np.testing.assert_allclose(outputs[f"present_{role}_scale_0"],
                                    ort[f"present_{role}_scale_0"], rtol=FLOAT_TOL)
-    floats = around(shape, weights_seed, inputs,
+    floats = around_attention(shape, weights_seed, inputs,
                     lambda _, layer: outputs[f"attention_{layer}"])
     y = outputs["y"]
     assert np.abs(floats["y"] - y).max() <= FLOAT_TOL * np.abs(y).max()
 
-    contract = around(shape, weights_seed, inputs,   # 3. within the quantization error
-                      lambda out, layer: attention_of(out, layer)[0])
+    contract = around_attention(shape, weights_seed, inputs,   # 3. within the quantization error
+                      lambda out, layer: contract_attention(out, layer)[0])
     quantization = np.abs(contract["y"] - ort["y"]).max()
     error = np.abs(y - ort["y"]).max()
     print(f"{case}: max |y - onnxruntime| {error:.3e}, the contract's own error "
