@@ -318,7 +318,7 @@ def _compare_with_onnxruntime(model: bytes, info, arrays, outputs) -> None:
         print("note: install onnxruntime (pip install -e '.[onnx]') to compare with it",
               file=sys.stderr)
         return
-    print(f"vs onnxruntime (f32) on the same inputs:")
+    print("vs onnxruntime (f32) on the same inputs:")
     for line in comparison_lines(info, outputs, expected):
         print(f"  {line}")
 
