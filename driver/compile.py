@@ -60,7 +60,12 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
             if progress is not None:
                 progress(f"{stage.name}: {stage.summary}")
             start = time.perf_counter()
-            artifact = stage.make(c)
+            try:
+                artifact = stage.make(c)
+            except Exception as error:
+                # What the passes reported, e.g. why an attention was left to IREE.
+                error.remarks = tuple(remarks)
+                raise
             c.timings[stage.name] = time.perf_counter() - start
             c.artifacts[stage.name] = artifact
             if directory is not None:

@@ -432,8 +432,11 @@ def main(argv=None) -> int:
         print(f"int8attn {args.command}: error: {error}", file=sys.stderr)
         return 2
     except DiagnosticError as error:
+        _print_remarks(getattr(error, "remarks", ()), getattr(args, "graph", ""))
         print(error.format(), file=sys.stderr)
     except StageError as error:
+        # e.g. why an attention was left to IREE, before IREE's own error
+        _print_remarks(getattr(error, "remarks", ()), getattr(args, "graph", ""))
         print(f"error: {error}", file=sys.stderr)
     except (UserError, InputError, OutputError, ModelError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -44,10 +44,12 @@ class Cache:
 
 @dataclass(frozen=True)
 class Match:
-    pv: ir.Operation          # the MatMul whose result becomes the attention
+    output: ir.Value          # what the attention replaces: the PV MatMul's result, or
+                              # onnx.Attention's
     q: ir.Value
     k: Cache
     v: Cache
+    group: int                # query heads per int8 KV head
     softmax_scale: float
     mode: str
 
@@ -98,18 +100,23 @@ def scores_of(value: ir.Value) -> tuple[ir.Operation, float, np.ndarray | None]:
         keep, value = mask_of(op, factor)
 
 
+def additive_keep(mask: np.ndarray | None, factor: float) -> np.ndarray:
+    """The tokens an additive constant mask keeps (0), given the factor applied after it."""
+    require(mask is not None, "the scores get an Add of a value computed at run time "
+            "(a mask or bias that is not a constant)")
+    effective = mask.astype(np.float64) * factor
+    require(bool(np.all((effective == 0) | (effective <= MASKED))),
+            f"the scores get an added constant with values other than 0 and <= {MASKED:g} "
+            "(a bias, not a mask)")
+    return effective == 0
+
+
 def mask_of(op: ir.Operation, factor: float) -> tuple[np.ndarray, ir.Value]:
     """(the tokens a constant mask keeps, the masked value) for Add or Where."""
     if onnx_name(op) == "Add":
         a, b = op.operands
         mask, value = (constant(b), a) if constant(b) is not None else (constant(a), b)
-        require(mask is not None, "the scores get an Add of a value computed at run time "
-                "(a mask or bias that is not a constant)")
-        effective = mask.astype(np.float64) * factor
-        require(bool(np.all((effective == 0) | (effective <= MASKED))),
-                f"the scores get an added constant with values other than 0 and <= {MASKED:g} "
-                "(a bias, not a mask)")
-        return effective == 0, value
+        return additive_keep(mask, factor), value
     condition, x, y = op.operands
     keep = constant(condition)
     require(keep is not None and keep.dtype == np.bool_,
@@ -224,6 +231,7 @@ def check_mask(keep: np.ndarray | None, dims: list[int], tokens: int) -> None:
 
 
 def match_attention(softmax: ir.Operation) -> Match:
+    """MatMul(Softmax(scores), V) over a dequantized cache, from its Softmax."""
     opset = softmax.parent.attributes["torch.onnx_meta.opset_version"] \
         if "torch.onnx_meta.opset_version" in softmax.parent.attributes else None
     dims = shape(softmax.results[0])
@@ -240,22 +248,66 @@ def match_attention(softmax: ir.Operation) -> Match:
     q, q_factor = peel_scalars(qk.operands[0])
     k = cache_of(qk.operands[1], "K", transposed=True)
     v = cache_of(pv.operands[1], "V", transposed=False)
-    batch, heads, query_tokens, tokens = dims
+    require(k.group == v.group, "K and V repeat their KV heads differently")
+    return checked(pv.results[0], q, k, v, k.group, factor * q_factor, keep)
+
+
+def match_attention_op(op: ir.Operation) -> Match:
+    """ONNX's `Attention` (opset 23), 4-d: q [B,Hq,Sq,D], K and V [B,Hk,S,D]; query
+    head h reads K head h // (Hq/Hk); `is_causal` aligns the mask upper left."""
+    absent = lambda v: isinstance(v, ir.OpResult) and v.owner.operation.name == "torch.constant.none"
+    operands = list(op.operands)
+    require(all(absent(v) for v in operands[4:]), "the Attention op takes past_key / "
+            "past_value / nonpad_kv_seqlen (append the cache in the graph instead)")
+    require(not any(list(r.uses) for r in op.results[1:]), "the Attention op's present_key, "
+            "present_value or qk_matmul_output is used")
+    require("torch.onnx.softcap" not in op.attributes or
+            ir.FloatAttr(op.attributes["torch.onnx.softcap"]).value == 0,
+            "the Attention op caps its scores (softcap)")
+    q, q_factor = peel_scalars(operands[0])
+    k, v = cache_of(operands[1], "K", transposed=False), cache_of(operands[2], "V", transposed=False)
+    dims, heads = shape(op.results[0]), shape(operands[1])
+    require(dims is not None and len(dims) == 4 and heads is not None and len(heads) == 4 and
+            dims[1] % heads[1] == 0, f"the Attention op is not 4-d GQA: {dims}, K {heads}")
+    require(k.group == v.group, "K and V repeat their KV heads differently")
+    tokens = shape(k.values)[2]
+    keep = np.ones((dims[2], tokens), bool)
+    if int_attr(op, "is_causal", 0):
+        require(dims[2] == tokens, f"is_causal with {dims[2]} query tokens over {tokens} keys: "
+                "ONNX aligns that mask upper left (query i sees keys <= i), int8attn's "
+                "prefill bottom right (keys <= S - Sq + i)")
+        keep &= np.arange(tokens)[None, :] <= np.arange(dims[2])[:, None]
+    if len(operands) > 3 and not absent(operands[3]):
+        mask = constant(operands[3])
+        keep = keep & (mask if mask is not None and mask.dtype == np.bool_ else
+                       additive_keep(mask, 1.0))
+    scale = ir.FloatAttr(op.attributes["torch.onnx.scale"]).value \
+        if "torch.onnx.scale" in op.attributes else dims[3] ** -0.5
+    require(np.isfinite(scale) and scale > 0, f"the Attention op scales by {scale}")
+    return checked(op.results[0], q, k, v, k.group * (dims[1] // heads[1]),
+                   scale * q_factor, keep if not keep.all() else None)
+
+
+def checked(output: ir.Value, q: ir.Value, k: Cache, v: Cache, group: int, factor: float,
+            keep: np.ndarray | None) -> Match:
+    """The Match, once q, the caches and the mask agree with int8attn.attention."""
+    dims = shape(output)
+    require(dims is not None and len(dims) == 4 and None not in dims,
+            f"the attention's result is not a static 4-d tensor [B, Hq, Sq, D]: {dims}")
+    batch, heads, query_tokens, head_dim = dims
     q_type = vtensor(q)
-    require(q_type is not None and q_type[1] == "f32" and q_type[0] is not None and
-            len(q_type[0]) == 4, f"q is not an f32 [B, Hq, Sq, D] tensor: {q.type}")
-    head_dim = q_type[0][3]
-    require(q_type[0][:3] == dims[:3], f"q {q_type[0]} is broadcast against the scores {dims}")
+    require(q_type is not None and q_type[1] == "f32" and q_type[0] == dims,
+            f"q is not an f32 {dims} tensor: {q.type}")
+    tokens = shape(k.values)[2]
     for cache, role in ((k, "K"), (v, "V")):
-        expected = [batch, heads // cache.group, tokens, head_dim]
-        require(shape(cache.values) == expected and cache.group * expected[1] == heads,
+        expected = [batch, heads // group, tokens, head_dim]
+        require(shape(cache.values) == expected and group * expected[1] == heads,
                 f"{role}'s int8 cache {shape(cache.values)} does not give {heads} query heads "
                 f"[{batch}, {heads}, {tokens}, {head_dim}]")
-    require(k.group == v.group, "K and V repeat their KV heads differently")
     require(head_dim % HEAD_DIM_MULTIPLE == 0, f"head dim {head_dim} is not a multiple of "
             f"{HEAD_DIM_MULTIPLE} (the INT8 PV tiles' columns)")
-    check_mask(keep, dims, tokens)
-    return Match(pv, q, k, v, factor * q_factor * k.factor * v.factor,
+    check_mask(keep, [batch, heads, query_tokens, tokens], tokens)
+    return Match(output, q, k, v, group, factor * k.factor * v.factor,
                  "decode" if query_tokens == 1 else "prefill")
 
 
@@ -263,5 +315,5 @@ def summary(m: Match) -> str:
     b, hkv, s, dim = shape(m.k.values)
     rows = shape(m.q)[2]
     tokens = f"{s} tokens" if m.mode == "decode" else f"{rows} query tokens of {s}"
-    return (f"raised to int8attn.attention ({m.mode}, {hkv * m.k.group} query heads over "
+    return (f"raised to int8attn.attention ({m.mode}, {hkv * m.group} query heads over "
             f"{hkv} KV heads, {tokens}, head dim {dim}, softmax_scale {m.softmax_scale:.6g})")

@@ -33,18 +33,23 @@ from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
-from int8attn.passes.attention_match import Match, NotRaised, match_attention, summary
+from int8attn.passes.attention_match import (
+    Match, NotRaised, match_attention, match_attention_op, summary,
+)
 from int8attn.passes.onnx_ops import erase_dead, from_builtin, onnx_name, shape, to_builtin
 from int8attn.support.ir import walk
 from int8attn.support.remarks import missed, passed
 
 NAME = "raise-int8-attention"
+# Where an attention is recognized from: its Softmax, or ONNX's Attention op.
+MATCHERS = {"Softmax": match_attention, "Attention": match_attention_op}
 
 
 def raise_attention(m: Match) -> None:
-    """Replace the PV MatMul's result with int8attn.attention between torch_c casts."""
-    pv, result = m.pv, m.pv.results[0]
-    with ir.InsertionPoint(pv), pv.location:
+    """Replace the attention's result with int8attn.attention between torch_c casts."""
+    result = m.output
+    owner = result.owner.operation
+    with ir.InsertionPoint(owner), owner.location:
         q = to_builtin(m.q)
         if m.mode == "decode":
             q = build.collapse(q, [[0], [1], [2, 3]])
@@ -55,7 +60,7 @@ def raise_attention(m: Match) -> None:
                 scales = build.collapse(scales, [[0], [1], [2, 3]])
             operands += [values, scales]
         out = d.attention(*operands, mode=m.mode, softmax_scale=m.softmax_scale,
-                          loc=pv.location)
+                          loc=owner.location)
         if m.mode == "decode":
             out = build.expand(out, [[0], [1], [2, 3]], shape(result))
         result.replace_all_uses_with(from_builtin(out, result.type))
@@ -70,18 +75,18 @@ class RaiseInt8Attention:
     def run(self, module: ir.Operation) -> None:
         for func in [op for op in walk(module) if op.name == "func.func"]:
             ops = list(walk(func))
-            softmaxes = [op for op in ops if onnx_name(op) == "Softmax"]
-            if not softmaxes and any(onnx_name(op) for op in ops):
-                missed(func.location, NAME, "no attention (no onnx.Softmax) in @"
-                       f"{ir.StringAttr(func.attributes['sym_name']).value}; IREE compiles "
-                       "the whole graph")
-            for softmax in softmaxes:
+            found = [(op, MATCHERS[onnx_name(op)]) for op in ops if onnx_name(op) in MATCHERS]
+            if not found and any(onnx_name(op) for op in ops):
+                missed(func.location, NAME, "no attention (no onnx.Softmax or onnx.Attention) "
+                       f"in @{ir.StringAttr(func.attributes['sym_name']).value}; IREE "
+                       "compiles the whole graph")
+            for op, match_at in found:
                 try:
-                    match = match_attention(softmax)
+                    match = match_at(op)
                 except NotRaised as reason:
-                    missed(softmax.location, NAME, f"not raised: {reason}; IREE compiles this "
+                    missed(op.location, NAME, f"not raised: {reason}; IREE compiles this "
                            "attention in float")
                     continue
                 raise_attention(match)
-                passed(softmax.location, NAME, summary(match))
+                passed(op.location, NAME, summary(match))
             erase_dead(func.regions[0].blocks[0])

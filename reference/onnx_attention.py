@@ -30,6 +30,9 @@ class Form:
     heads: str = "expand"            # expand (Unsqueeze/Expand/Reshape) or tile
     float_cache: bool = False        # K is an f32 input, not int8
     scale_on: str = "scores"         # scores (Mul), scores-div (Div by sqrt D) or q
+    attention_op: bool = False       # ONNX's Attention op (opset 23; GQA its own, `mask`
+                                     # "where" as its bool attn_mask) instead of MatMuls
+    is_causal: bool = False          # its is_causal: upper-left, unlike int8attn's
 
 
 FORMS = {
@@ -43,6 +46,9 @@ FORMS = {
     "tile": Form(False, heads="tile"),
     "float_cache": Form(False, float_cache=True),
     "bias": Form(False, mask="bias"),
+    "attention_op": Form(True, attention_op=True),
+    "attention_op_prefill": Form(True, query_tokens=4, mask="where", attention_op=True),
+    "attention_op_causal": Form(False, query_tokens=4, attention_op=True, is_causal=True),
 }
 
 _SCALE_SHAPES = {"token": [BATCH, KV_HEADS, TOKENS], "token4": [BATCH, KV_HEADS, TOKENS, 1],
@@ -95,6 +101,11 @@ def attention_model(name: str):
         return node("Reshape", [wide, const(f"{role}_heads_shape", [BATCH, form.q_heads, TOKENS,
                                                                       HEAD_DIM], T.INT64)], f"{role}_heads")
 
+    if form.attention_op:
+        mask = [const("keep", _keep(form.query_tokens), T.BOOL)] if form.mask == "where" else []
+        node("Attention", ["q", cache("k"), cache("v"), *mask], "o",
+             is_causal=int(form.is_causal))
+        return _model(h, checker, name, nodes, inputs, form, opset=23)
     k, v = repeat_heads(cache("k"), "k"), repeat_heads(cache("v"), "v")
     q = "q"
     if form.scale_on == "q":
@@ -116,11 +127,17 @@ def attention_model(name: str):
         scores = node("Add", [scores, const("mask", additive, T.FLOAT)], "masked")
     probabilities = node("Softmax", [scores], "softmax", axis=-1)
     node("MatMul", [probabilities, v], "o")
-    outputs = [h.make_tensor_value_info("o", T.FLOAT, [BATCH, form.q_heads, form.query_tokens,
-                                                        HEAD_DIM])]
+    return _model(h, checker, name, nodes, inputs, form, opset=18)
+
+
+def _model(h, checker, name, nodes, inputs, form: Form, opset: int):
+    from onnx import TensorProto
+
+    outputs = [h.make_tensor_value_info("o", TensorProto.FLOAT,
+                                        [BATCH, form.q_heads, form.query_tokens, HEAD_DIM])]
     model = h.make_model(h.make_graph(nodes, name, inputs, outputs),
-                         opset_imports=[h.make_opsetid("", 18)])
-    model.ir_version = 8
+                         opset_imports=[h.make_opsetid("", opset)])
+    model.ir_version = 10 if opset >= 23 else 8   # what onnxruntime reads
     checker.check_model(model)
     return model
 

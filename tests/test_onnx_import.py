@@ -26,6 +26,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import int8attn  # noqa: E402
+from int8attn.support.diagnostics import StageError  # noqa: E402
 from int8attn import reference as ref  # noqa: E402
 from int8attn.reference.onnx_attention import FORMS, attention_inputs, attention_model  # noqa: E402
 from int8attn.reference.onnx_decoder import (  # noqa: E402
@@ -87,8 +88,15 @@ def test_attention_forms_against_onnxruntime(form):
     contract, one left to IREE is onnxruntime's float attention to f32 rounding."""
     model, seed = attention_model(form), 5
     inputs = attention_inputs(model, seed)
-    graph = int8attn.compile(model.SerializeToString(), filename=f"{form}.onnx")
     kind = "[Passed]" if FORMS[form].raisable else "[Missed]"
+    if FORMS[form].attention_op and not FORMS[form].raisable:
+        # IREE 3.13 has no lowering of ONNX's Attention op: what is not raised fails
+        # there, after the remark saying why it was not raised.
+        with pytest.raises(StageError, match="onnx.Attention") as error:
+            int8attn.compile(model.SerializeToString(), filename=f"{form}.onnx")
+        assert kind in error.value.remarks[0]
+        return
+    graph = int8attn.compile(model.SerializeToString(), filename=f"{form}.onnx")
     assert len(graph.remarks) == 1 and kind in graph.remarks[0], graph.remarks
     info = graph.entry()
     out = graph(*(inputs[name] for name in info.argument_names))
