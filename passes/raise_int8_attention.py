@@ -11,14 +11,17 @@ Starting from each `onnx.Softmax` (IREE's ONNX import: `torch.operator
              then, for GQA, Unsqueeze(axis 2) / Expand [B,Hkv,g,..] / Reshape [B,Hkv·g,..]
              (query head h reads KV head h // g); K transposed by Transpose(0,1,3,2)
 
-and rewrites O into `int8attn.attention(q, Kq, sK, Vq, sV)` between
+or ONNX's `Attention` op (opset 23, 4-d: q [B,Hq,Sq,D], K and V as above; GQA
+its own, query head h reading K head h // (Hq/Hk); a constant `attn_mask`;
+`is_causal` only where its upper-left alignment is int8attn's, Sq = S; no
+past_key/value inputs), and rewrites O into `int8attn.attention(q, Kq, sK, Vq, sV)` between
 `torch_c` casts: decode where Sq = 1 (no mask, or one that masks nothing),
 prefill where the mask is exactly int8attn's causal one (query i, the token
 at S − Sq + i, sees tokens 0 … S − Sq + i). softmax_scale is the product of
 the positive scalar factors on q, K and the scores. Everything else stays
 ONNX for IREE's torch input conversion.
 
-Each Softmax gets a remark: `[Passed]` naming the attention raised, or
+Each Softmax and Attention op gets a remark: `[Passed]` naming the attention raised, or
 `[Missed]` saying why not (a scale per tensor or per channel, a mask that is
 not causal, KV heads repeated in another order, a float cache, ...); such an
 attention is left as it is and IREE compiles it in float.
