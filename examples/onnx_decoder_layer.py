@@ -16,6 +16,7 @@ the difference, next to the INT8 contract's own error on the same inputs
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,7 +51,9 @@ def run(shape: DecoderShape, seed: int, directory: Path) -> int:
     onnx.save(model, directory / "decoder.onnx")
     np.savez(directory / "inputs.npz", **inputs)
     print(f"{shape}, weights seed {seed}, inputs seed {seed + 1}")
-    command = ["int8attn", "run", str(directory / "decoder.onnx"), "--inputs",
+    # The int8attn command of this Python's environment (a venv need not be active).
+    tool = shutil.which("int8attn", path=str(Path(sys.executable).parent)) or "int8attn"
+    command = [tool, "run", str(directory / "decoder.onnx"), "--inputs",
                str(directory / "inputs.npz"), "--output", str(directory / "outputs.npz")]
     print("$", " ".join(command), flush=True)
     if subprocess.run(command).returncode:
