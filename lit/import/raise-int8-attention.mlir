@@ -473,3 +473,17 @@ module {
     return %8 : !torch.vtensor<[1,4,4,16],f32>
   }
 }
+
+// -----
+
+// A graph without attention: nothing to raise, said once for the function.
+// CHECK-LABEL: func.func @no_attention
+// CHECK: torch.operator "onnx.Add"
+// REMARK: raise-int8-attention.mlir:[[# @LINE + 2]]:3: remark: [Missed] raise-int8-attention: no attention (no onnx.Softmax or onnx.Attention) in @no_attention; IREE compiles the whole graph
+module {
+  func.func @no_attention(%arg0: !torch.vtensor<[2,3],f32>) -> !torch.vtensor<[2,3],f32> attributes {torch.onnx_meta.ir_version = 8 : si64, torch.onnx_meta.opset_version = 18 : si64, torch.onnx_meta.producer_name = "", torch.onnx_meta.producer_version = ""} {
+    %none = torch.constant.none
+    %0 = torch.operator "onnx.Add"(%arg0, %arg0) : (!torch.vtensor<[2,3],f32>, !torch.vtensor<[2,3],f32>) -> !torch.vtensor<[2,3],f32>
+    return %0 : !torch.vtensor<[2,3],f32>
+  }
+}
