@@ -97,9 +97,8 @@ def _dense_constants(module: ir.Operation, initializers) -> None:
             continue  # already readable (the importer inlines small non-raw tensors)
         tensor = initializers.get(op.location.name_str)
         array = numpy_helper.to_array(tensor) if tensor is not None else None
-        if array is None or array.dtype.kind not in "biuf" or array.dtype.itemsize > 8 \
-                or array.dtype == "float16":
-            continue  # left as a blob: IREE reads it, the pass does not need it
+        if array is None or array.dtype.kind not in "biuf":
+            continue  # left as a blob (strings, complex): IREE reads it, the pass need not
         element = ir.RankedTensorType(value.type).element_type
         op.attributes["torch.onnx.value"] = ir.DenseElementsAttr.get(
             array.copy(order="C"), type=element, shape=list(array.shape))
