@@ -27,7 +27,9 @@ class Form:
                                      # channel ([1,Hkv,1,D]) or tensor ([])
     mask: str | None = None          # add (0/-inf), where (bool, -3.4e38), shifted
                                      # (drops tokens 0-1: not causal) or bias (+0.5)
-    heads: str = "expand"            # expand (Unsqueeze/Expand/Reshape) or tile
+    heads: str = "expand"            # expand (Unsqueeze axis 2 / Expand / Reshape: head h
+                                     # reads KV head h // g), outer (the same on axis 1:
+                                     # h mod Hkv) or tile (h mod Hkv)
     float_cache: bool = False        # K is an f32 input, not int8
     scale_on: str = "scores"         # scores (Mul), scores-div (Div by sqrt D) or q
     attention_op: bool = False       # ONNX's Attention op (opset 23; GQA its own, `mask`
@@ -44,6 +46,7 @@ FORMS = {
     "not_causal": Form(False, query_tokens=4, mask="shifted"),
     "no_mask": Form(False, query_tokens=4),
     "tile": Form(False, heads="tile"),
+    "heads_outer": Form(False, heads="outer"),
     "float_cache": Form(False, float_cache=True),
     "bias": Form(False, mask="bias"),
     "attention_op": Form(True, attention_op=True),
@@ -95,9 +98,12 @@ def attention_model(name: str):
             return x
         if form.heads == "tile":
             return node("Tile", [x, const(f"{role}_reps", [1, group, 1, 1], T.INT64)], f"{role}_tile")
-        unit = node("Unsqueeze", [x, const(f"{role}_axis2", [2], T.INT64)], f"{role}_unit")
-        wide = node("Expand", [unit, const(f"{role}_wide_shape", [BATCH, KV_HEADS, group, TOKENS,
-                                                                   HEAD_DIM], T.INT64)], f"{role}_wide")
+        axis = 1 if form.heads == "outer" else 2
+        wide_shape = [BATCH, KV_HEADS, TOKENS, HEAD_DIM]
+        wide_shape.insert(axis, group)
+        unit = node("Unsqueeze", [x, const(f"{role}_heads_axis", [axis], T.INT64)], f"{role}_unit")
+        wide = node("Expand", [unit, const(f"{role}_wide_shape", wide_shape, T.INT64)],
+                    f"{role}_wide")
         return node("Reshape", [wide, const(f"{role}_heads_shape", [BATCH, form.q_heads, TOKENS,
                                                                       HEAD_DIM], T.INT64)], f"{role}_heads")
 

@@ -487,3 +487,46 @@ module {
     return %0 : !torch.vtensor<[2,3],f32>
   }
 }
+
+// -----
+
+// KV heads repeated on axis 1 (Unsqueeze 1 / Expand [B,g,Hkv,..] / Reshape): query head h
+// reads KV head h mod Hkv. The Expand's result has the same shape as the raisable form's
+// ([1,2,2,8,16] with g = Hkv = 2): only where the unit axis was inserted tells them apart.
+// CHECK-LABEL: func.func @heads_outer
+// CHECK: torch.operator "onnx.Softmax"
+// CHECK-NOT: int8attn.attention
+// CHECK: return
+// REMARK: raise-int8-attention.mlir:[[# @LINE + 28]]:11: remark: [Missed] raise-int8-attention: not raised: K's Expand does not repeat each KV head next to itself (a unit axis 2); IREE compiles this attention in float
+module {
+  func.func @heads_outer(%arg0: !torch.vtensor<[1,4,1,16],f32>, %arg1: !torch.vtensor<[1,2,8,16],si8>, %arg2: !torch.vtensor<[1,2,8],f32>, %arg3: !torch.vtensor<[1,2,8,16],si8>, %arg4: !torch.vtensor<[1,2,8],f32>) -> !torch.vtensor<[1,4,1,16],f32> attributes {torch.onnx_meta.ir_version = 8 : si64, torch.onnx_meta.opset_version = 18 : si64, torch.onnx_meta.producer_name = "", torch.onnx_meta.producer_version = ""} {
+    %none = torch.constant.none
+    %0 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<3> : tensor<1xsi64>} : () -> !torch.vtensor<[1],si64>
+    %1 = torch.operator "onnx.Unsqueeze"(%arg2, %0) : (!torch.vtensor<[1,2,8],f32>, !torch.vtensor<[1],si64>) -> !torch.vtensor<[1,2,8,1],f32>
+    %2 = torch.operator "onnx.Cast"(%arg1) {torch.onnx.to = 1 : si64} : (!torch.vtensor<[1,2,8,16],si8>) -> !torch.vtensor<[1,2,8,16],f32>
+    %3 = torch.operator "onnx.Mul"(%2, %1) : (!torch.vtensor<[1,2,8,16],f32>, !torch.vtensor<[1,2,8,1],f32>) -> !torch.vtensor<[1,2,8,16],f32>
+    %4 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<1> : tensor<1xsi64>} : () -> !torch.vtensor<[1],si64>
+    %5 = torch.operator "onnx.Unsqueeze"(%3, %4) : (!torch.vtensor<[1,2,8,16],f32>, !torch.vtensor<[1],si64>) -> !torch.vtensor<[1,1,2,8,16],f32>
+    %6 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<[1, 2, 2, 8, 16]> : tensor<5xsi64>} : () -> !torch.vtensor<[5],si64>
+    %7 = torch.operator "onnx.Expand"(%5, %6) : (!torch.vtensor<[1,1,2,8,16],f32>, !torch.vtensor<[5],si64>) -> !torch.vtensor<[1,2,2,8,16],f32>
+    %8 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<[1, 4, 8, 16]> : tensor<4xsi64>} : () -> !torch.vtensor<[4],si64>
+    %9 = torch.operator "onnx.Reshape"(%7, %8) : (!torch.vtensor<[1,2,2,8,16],f32>, !torch.vtensor<[4],si64>) -> !torch.vtensor<[1,4,8,16],f32>
+    %10 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<3> : tensor<1xsi64>} : () -> !torch.vtensor<[1],si64>
+    %11 = torch.operator "onnx.Unsqueeze"(%arg4, %10) : (!torch.vtensor<[1,2,8],f32>, !torch.vtensor<[1],si64>) -> !torch.vtensor<[1,2,8,1],f32>
+    %12 = torch.operator "onnx.Cast"(%arg3) {torch.onnx.to = 1 : si64} : (!torch.vtensor<[1,2,8,16],si8>) -> !torch.vtensor<[1,2,8,16],f32>
+    %13 = torch.operator "onnx.Mul"(%12, %11) : (!torch.vtensor<[1,2,8,16],f32>, !torch.vtensor<[1,2,8,1],f32>) -> !torch.vtensor<[1,2,8,16],f32>
+    %14 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<1> : tensor<1xsi64>} : () -> !torch.vtensor<[1],si64>
+    %15 = torch.operator "onnx.Unsqueeze"(%13, %14) : (!torch.vtensor<[1,2,8,16],f32>, !torch.vtensor<[1],si64>) -> !torch.vtensor<[1,1,2,8,16],f32>
+    %16 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<[1, 2, 2, 8, 16]> : tensor<5xsi64>} : () -> !torch.vtensor<[5],si64>
+    %17 = torch.operator "onnx.Expand"(%15, %16) : (!torch.vtensor<[1,1,2,8,16],f32>, !torch.vtensor<[5],si64>) -> !torch.vtensor<[1,2,2,8,16],f32>
+    %18 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<[1, 4, 8, 16]> : tensor<4xsi64>} : () -> !torch.vtensor<[4],si64>
+    %19 = torch.operator "onnx.Reshape"(%17, %18) : (!torch.vtensor<[1,2,2,8,16],f32>, !torch.vtensor<[4],si64>) -> !torch.vtensor<[1,4,8,16],f32>
+    %20 = torch.operator "onnx.Transpose"(%9) {torch.onnx.perm = [0 : si64, 1 : si64, 3 : si64, 2 : si64]} : (!torch.vtensor<[1,4,8,16],f32>) -> !torch.vtensor<[1,4,16,8],f32>
+    %21 = torch.operator "onnx.MatMul"(%arg0, %20) : (!torch.vtensor<[1,4,1,16],f32>, !torch.vtensor<[1,4,16,8],f32>) -> !torch.vtensor<[1,4,1,8],f32>
+    %22 = torch.operator "onnx.Constant"() {torch.onnx.value = dense<2.500000e-01> : tensor<f32>} : () -> !torch.vtensor<[],f32>
+    %23 = torch.operator "onnx.Mul"(%21, %22) : (!torch.vtensor<[1,4,1,8],f32>, !torch.vtensor<[],f32>) -> !torch.vtensor<[1,4,1,8],f32>
+    %24 = torch.operator "onnx.Softmax"(%23) {torch.onnx.axis = -1 : si64} : (!torch.vtensor<[1,4,1,8],f32>) -> !torch.vtensor<[1,4,1,8],f32>
+    %25 = torch.operator "onnx.MatMul"(%24, %19) : (!torch.vtensor<[1,4,1,8],f32>, !torch.vtensor<[1,4,8,16],f32>) -> !torch.vtensor<[1,4,1,16],f32>
+    return %25 : !torch.vtensor<[1,4,1,16],f32>
+  }
+}
