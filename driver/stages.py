@@ -54,7 +54,7 @@ class Compilation:
 
 
 def make_graph(c: Compilation) -> str:
-    """Parse (an ONNX model: import, raise its attention), run the op verifiers, read the signatures."""
+    """Parse (an ONNX model: import, raise its attention), verify the ops, read the signatures."""
     if isinstance(c.source, bytes):
         c.module = import_model(c.source, c.filename)
         run_passes(c.module, [RaiseInt8Attention()], print_ir_after_all=c.print_ir_after_all)

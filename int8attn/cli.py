@@ -235,9 +235,10 @@ def _load_inputs(path: str, info) -> list[np.ndarray]:
         expected = [info.argument_name(i) for i in range(len(info.arguments))]
         extra = keys - set(expected) - {f"arg{i}" for i in range(len(info.arguments))}
         if extra:
+            listed = (", ".join(expected) if info.argument_names else
+                      f"arg0..arg{len(expected) - 1}")
             raise UserError(f"inputs file '{path}' has arrays {', '.join(sorted(extra))} that "
-                            f"are not arguments of @{info.name} (expected "
-                            f"{', '.join(expected) if info.argument_names else 'arg0..arg' + str(len(expected) - 1)})")
+                            f"are not arguments of @{info.name} (expected {listed})")
     return arrays
 
 

@@ -225,9 +225,9 @@ def check_mask(keep: np.ndarray | None, dims: list[int], tokens: int) -> None:
     wrong = np.argwhere(keep != expected)
     if len(wrong):
         *_, i, j = wrong[0]
+        sees = "sees" if keep[tuple(wrong[0])] else "does not see"
         raise NotRaised(f"the mask is not causal: query token {i} (position "
-                        f"{tokens - query_tokens + i}) {'sees' if keep[tuple(wrong[0])] else 'does not see'} "
-                        f"token {j}")
+                        f"{tokens - query_tokens + i}) {sees} token {j}")
 
 
 def match_attention(softmax: ir.Operation) -> Match:
@@ -255,7 +255,8 @@ def match_attention(softmax: ir.Operation) -> Match:
 def match_attention_op(op: ir.Operation) -> Match:
     """ONNX's `Attention` (opset 23), 4-d: q [B,Hq,Sq,D], K and V [B,Hk,S,D]; query
     head h reads K head h // (Hq/Hk); `is_causal` aligns the mask upper left."""
-    absent = lambda v: isinstance(v, ir.OpResult) and v.owner.operation.name == "torch.constant.none"
+    absent = lambda v: (isinstance(v, ir.OpResult) and
+                        v.owner.operation.name == "torch.constant.none")
     operands = list(op.operands)
     require(all(absent(v) for v in operands[4:]), "the Attention op takes past_key / "
             "past_value / nonpad_kv_seqlen (append the cache in the graph instead)")
@@ -265,7 +266,8 @@ def match_attention_op(op: ir.Operation) -> Match:
             ir.FloatAttr(op.attributes["torch.onnx.softcap"]).value == 0,
             "the Attention op caps its scores (softcap)")
     q, q_factor = peel_scalars(operands[0])
-    k, v = cache_of(operands[1], "K", transposed=False), cache_of(operands[2], "V", transposed=False)
+    k = cache_of(operands[1], "K", transposed=False)
+    v = cache_of(operands[2], "V", transposed=False)
     dims, heads = shape(op.results[0]), shape(operands[1])
     require(dims is not None and len(dims) == 4 and heads is not None and len(heads) == 4 and
             dims[1] % heads[1] == 0, f"the Attention op is not 4-d GQA: {dims}, K {heads}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BATCH, KV_HEADS, TOKENS, HEAD_DIM = 1, 2, 8, 16
+CACHE_SHAPE = [BATCH, KV_HEADS, TOKENS, HEAD_DIM]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ _SCALE_SHAPES = {"token": [BATCH, KV_HEADS, TOKENS], "token4": [BATCH, KV_HEADS,
 
 
 def _keep(query_tokens: int) -> np.ndarray:
-    causal = np.arange(TOKENS)[None, :] <= (TOKENS - query_tokens + np.arange(query_tokens))[:, None]
+    last = TOKENS - query_tokens + np.arange(query_tokens)   # each query's own position
+    causal = np.arange(TOKENS)[None, :] <= last[:, None]
     return causal[None, None]
 
 
@@ -81,14 +83,15 @@ def attention_model(name: str):
 
     def cache(role):
         if form.float_cache and role == "k":
-            inputs.append(h.make_tensor_value_info(role, T.FLOAT, [BATCH, KV_HEADS, TOKENS, HEAD_DIM]))
+            inputs.append(h.make_tensor_value_info(role, T.FLOAT, CACHE_SHAPE))
             return role
-        inputs.append(h.make_tensor_value_info(f"{role}_int8", T.INT8,
-                                               [BATCH, KV_HEADS, TOKENS, HEAD_DIM]))
-        inputs.append(h.make_tensor_value_info(f"{role}_scale", T.FLOAT, _SCALE_SHAPES[form.scales]))
+        inputs.append(h.make_tensor_value_info(f"{role}_int8", T.INT8, CACHE_SHAPE))
+        inputs.append(h.make_tensor_value_info(f"{role}_scale", T.FLOAT,
+                                               _SCALE_SHAPES[form.scales]))
         scale = f"{role}_scale"
         if form.scales == "token":
-            scale = node("Unsqueeze", [scale, const(f"{role}_axis", [3], T.INT64)], f"{role}_scale4")
+            axis = const(f"{role}_axis", [3], T.INT64)
+            scale = node("Unsqueeze", [scale, axis], f"{role}_scale4")
         values = node("Cast", [f"{role}_int8"], f"{role}_float", to=T.FLOAT)
         return node("Mul", [values, scale], f"{role}_dequant")
 
@@ -97,15 +100,18 @@ def attention_model(name: str):
         if group == 1:
             return x
         if form.heads == "tile":
-            return node("Tile", [x, const(f"{role}_reps", [1, group, 1, 1], T.INT64)], f"{role}_tile")
+            repeats = const(f"{role}_reps", [1, group, 1, 1], T.INT64)
+            return node("Tile", [x, repeats], f"{role}_tile")
         axis = 1 if form.heads == "outer" else 2
-        wide_shape = [BATCH, KV_HEADS, TOKENS, HEAD_DIM]
+        wide_shape = list(CACHE_SHAPE)
         wide_shape.insert(axis, group)
-        unit = node("Unsqueeze", [x, const(f"{role}_heads_axis", [axis], T.INT64)], f"{role}_unit")
+        heads_shape = [BATCH, form.q_heads, TOKENS, HEAD_DIM]
+        unit = node("Unsqueeze", [x, const(f"{role}_heads_axis", [axis], T.INT64)],
+                    f"{role}_unit")
         wide = node("Expand", [unit, const(f"{role}_wide_shape", wide_shape, T.INT64)],
                     f"{role}_wide")
-        return node("Reshape", [wide, const(f"{role}_heads_shape", [BATCH, form.q_heads, TOKENS,
-                                                                      HEAD_DIM], T.INT64)], f"{role}_heads")
+        return node("Reshape", [wide, const(f"{role}_heads_shape", heads_shape, T.INT64)],
+                    f"{role}_heads")
 
     if form.attention_op:
         mask = [const("keep", _keep(form.query_tokens), T.BOOL)] if form.mask == "where" else []
