@@ -96,3 +96,20 @@ def test_inputs_missing_a_model_input_are_named(model, tmp_path):
 def test_flags_that_do_not_apply_to_a_model_are_refused(model, flags, message):
     proc = run("int8attn", "run", model / "decode.onnx", *flags, check_rc=2)
     assert message in proc.stderr
+
+
+def test_the_example_matches_onnxruntime_up_to_the_contracts_error():
+    import re
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "onnx_decoder_layer.py")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "[Passed] raise-int8-attention" in proc.stderr
+    found = re.search(r"max \|int8attn - onnxruntime\| (\S+); the INT8 contract's own error on "
+                      r"these inputs (\S+)", proc.stdout)
+    difference, contract = float(found[1]), float(found[2])
+    assert 0 < contract and difference <= 1.25 * contract + 1e-4, proc.stdout
