@@ -20,6 +20,7 @@ from int8attn.driver.stages import Compilation
 from int8attn.driver.targets import TARGETS
 from int8attn.support.files import write_atomic
 from int8attn.support.ir import new_context
+from int8attn.support.remarks import collect
 
 
 @dataclass(frozen=True)
@@ -31,34 +32,43 @@ class Compiled:
     functions: dict[str, FunctionInfo]
     timings: dict[str, float]
     kernel_layout: dict | None
+    remarks: tuple[str, ...] = ()   # the passes' remarks (raise-int8-attention's), located
 
     @property
     def last(self) -> str | bytes:
         return list(self.artifacts.values())[-1]
 
 
-def compile(source: str, options: CompileOptions, *, filename: str = "<string>",
+def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<string>",
             until: str | None = None, save_stages: str | Path | None = None,
             print_ir_after_all: bool = False,
             progress: Callable[[str], None] | None = None) -> Compiled:
-    """Run the target's chain up to `until` (default: the target's main artifact)."""
+    """Run the target's chain up to `until` (default: the target's main artifact).
+
+    `source` is MLIR text, or the bytes of an ONNX model (imported in the graph stage)."""
     target = TARGETS[options.target]
     options = target.check(options)
     chain = target.chain(until)
     directory = Path(save_stages) if save_stages is not None else None
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
-    with new_context():
+    with new_context() as context:
+        remarks = collect(context)
         c = Compilation(source, filename, options, target,
                         print_ir_after_all=print_ir_after_all)
         for number, stage in enumerate(chain):
             if progress is not None:
                 progress(f"{stage.name}: {stage.summary}")
             start = time.perf_counter()
-            artifact = stage.make(c)
+            try:
+                artifact = stage.make(c)
+            except Exception as error:
+                # What the passes reported, e.g. why an attention was left to IREE.
+                error.remarks = tuple(remarks)
+                raise
             c.timings[stage.name] = time.perf_counter() - start
             c.artifacts[stage.name] = artifact
             if directory is not None:
                 write_atomic(directory / f"{number:02d}-{stage.name}{stage.suffix}", artifact)
     return Compiled(options, dict(c.artifacts), dict(c.functions), dict(c.timings),
-                    c.kernel_layout)
+                    c.kernel_layout, tuple(remarks))

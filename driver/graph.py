@@ -14,8 +14,11 @@ import numpy as np
 from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
+from int8attn.driver.onnx_import import INPUT_NAMES, OUTPUT_NAMES
+from int8attn.passes.onnx_ops import builtin_type, onnx_name
 from int8attn.reference import exact_attention, fragment_attention, quantize_cache
 from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_signature
+from int8attn.support.ir import walk
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,24 @@ class FunctionInfo:
     arguments: tuple[TensorSpec, ...]
     results: tuple[TensorSpec, ...]
     attention: AttentionCall | None
+    # An imported ONNX model's input and output names (else arg<i>, result<i>).
+    argument_names: tuple[str, ...] = ()
+    result_names: tuple[str, ...] = ()
+    # Arguments that raised attentions of an ONNX model read as cache scales.
+    scale_arguments: tuple[int, ...] = ()
+
+    def argument_name(self, index: int) -> str:
+        return self.argument_names[index] if self.argument_names else f"arg{index}"
+
+    def result_name(self, index: int) -> str:
+        return self.result_names[index] if self.result_names else f"result{index}"
 
     def to_json(self) -> dict:
         spec = lambda s: [list(s.shape), s.element]
         return {"name": self.name, "arguments": [spec(s) for s in self.arguments],
+                "argument_names": list(self.argument_names),
+                "result_names": list(self.result_names),
+                "scale_arguments": list(self.scale_arguments),
                 "results": [spec(s) for s in self.results],
                 "attention": None if self.attention is None else {
                     "argument_of": list(self.attention.argument_of), "mode": self.attention.mode,
@@ -72,10 +89,14 @@ class FunctionInfo:
             tuple(spec(s) for s in data["results"]),
             None if att is None else AttentionCall(
                 tuple(att["argument_of"]), att["mode"], att["softmax_scale"],
-                att["result_index"], tuple(tuple(t) for t in att.get("tied", ()))))
+                att["result_index"], tuple(tuple(t) for t in att.get("tied", ()))),
+            tuple(data.get("argument_names", ())), tuple(data.get("result_names", ())),
+            tuple(data.get("scale_arguments", ())))
 
 
 def _spec(t: ir.Type) -> TensorSpec:
+    if str(t).startswith("!torch.vtensor"):   # an imported ONNX graph's signature
+        t = builtin_type(t)
     if not isinstance(t, ir.RankedTensorType):
         return TensorSpec((), str(t))
     return TensorSpec(tuple(None if t.is_dynamic_dim(i) else n for i, n in enumerate(t.shape)),
@@ -95,8 +116,38 @@ def describe_functions(module: ir.Operation) -> dict[str, FunctionInfo]:
         terminator = block.operations[len(block.operations) - 1].operation
         results = tuple(_spec(v.type) for v in terminator.operands)
         infos[name] = FunctionInfo(name, arguments, results,
-                                   _attention_call(block, terminator))
+                                   _attention_call(block, terminator),
+                                   _names(op, INPUT_NAMES), _names(op, OUTPUT_NAMES),
+                                   _scale_arguments(op))
     return infos
+
+
+# Ops (MLIR names, or ONNX op types) that move a scale without changing it.
+_MOVES = ("tensor.collapse_shape", "torch_c.to_builtin_tensor", "Concat", "Unsqueeze",
+          "Reshape", "Identity")
+
+
+def _scale_arguments(func: ir.Operation) -> tuple[int, ...]:
+    """Arguments whose values a nested attention reads as k_scale / v_scale, through
+    casts and data movement (an imported model's cache scales, e.g. a Concat of
+    the past tokens' scales and the new ones)."""
+    if INPUT_NAMES not in func.attributes:   # not an imported model
+        return ()
+    found, pending = set(), [v for op in walk(func) if op.name == d.ATTENTION
+                             for v in (op.operands[2], op.operands[4])]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, ir.BlockArgument):
+            found.add(value.arg_number)
+        elif value.owner.operation.name in _MOVES or onnx_name(value.owner.operation) in _MOVES:
+            pending += list(value.owner.operation.operands)
+    return tuple(sorted(found))
+
+
+def _names(func: ir.Operation, attribute: str) -> tuple[str, ...]:
+    if attribute not in func.attributes:
+        return ()
+    return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(func.attributes[attribute]))
 
 
 def _attention_call(block, terminator) -> AttentionCall | None:
@@ -129,7 +180,8 @@ def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
     the lane simulator alike): count, dtype and shape per argument, then the
     cache-scale rule. Returns the arrays as contiguous numpy arrays."""
     call = info.attention
-    names = {} if call is None else dict(zip(call.argument_of, call.operands))
+    names = dict(zip(call.argument_of, call.operands)) if call is not None else \
+        dict(enumerate(info.argument_names))
     arrays = check_signature(info.name, list(info.arguments), list(arrays), names)
     if call is not None and call.mode == "paged":
         from int8attn.driver.paged_inputs import check_paged_arguments

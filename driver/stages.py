@@ -23,8 +23,10 @@ from iree.compiler.tools import CompilerToolError, compile_str
 
 from int8attn.dialects.int8attn import ATTENTION, CACHE_WRITE, PAGED_ATTENTION, verify
 from int8attn.driver.graph import FunctionInfo, describe_functions
+from int8attn.driver.onnx_import import import_model
 from int8attn.driver.options import CompileOptions
 from int8attn.pipelines import algorithm_to_linalg, to_algorithm
+from int8attn.passes import RaiseInt8Attention
 from int8attn.pipelines.manager import UpstreamPass, run_passes
 from int8attn.support.diagnostics import DiagnosticError, StageError, save_for_repro
 from int8attn.support.ir import NAMESPACE, parse_module, walk
@@ -34,7 +36,7 @@ from int8attn.support.ir import NAMESPACE, parse_module, walk
 class Compilation:
     """The state one compile carries from stage to stage (inside one context)."""
 
-    source: str
+    source: str | bytes                    # MLIR text, or an ONNX model's bytes
     filename: str
     options: CompileOptions
     target: "object"                       # the driver.targets.Target row
@@ -52,15 +54,20 @@ class Compilation:
 
 
 def make_graph(c: Compilation) -> str:
-    """Parse, reject foreign ops, run every int8attn op verifier, read the signatures."""
-    c.module = parse_module(c.source, c.filename)
+    """Parse (an ONNX model: import, raise its attention), verify the ops, read the signatures."""
+    if isinstance(c.source, bytes):
+        c.module = import_model(c.source, c.filename)
+        run_passes(c.module, [RaiseInt8Attention()], print_ir_after_all=c.print_ir_after_all)
+    else:
+        c.module = parse_module(c.source, c.filename)
     verify(c.module)
     c.functions = describe_functions(c.module)
     if not c.functions:
         raise DiagnosticError(c.module.location, "the graph has no public func.func to "
                               "compile (e.g. func.func @decode(...) returning an "
                               "int8attn.attention)")
-    _refuse_unused_arguments(c)
+    if not isinstance(c.source, bytes):   # a model's inputs are the model's to choose
+        _refuse_unused_arguments(c)
     return str(c.module)
 
 

@@ -9,7 +9,7 @@ The Python API lives in `int8attn.api` (re-exported lazily here):
 
 __version__ = "0.1.0"
 
-__all__ = ["compile", "CompiledGraph", "CompileOptions"]
+__all__ = ["compile", "compile_file", "CompiledGraph", "CompileOptions"]
 
 
 def __getattr__(name):

@@ -20,6 +20,7 @@ import numpy as np
 
 from int8attn.driver.compile import compile as compile_stages
 from int8attn.driver.graph import FunctionInfo, check_arguments
+from int8attn.driver.onnx_import import is_onnx, read_model
 from int8attn.driver.options import CompileOptions
 from int8attn.driver.targets import TARGETS, OptionRefused
 from int8attn.runtime import LoadedModule, ModuleCache
@@ -46,8 +47,10 @@ class CompiledGraph:
     def __init__(self, functions: dict[str, FunctionInfo], options: CompileOptions, *,
                  vmfb: bytes | None = None, kernel_ir: str | None = None,
                  kernel_layout: dict | None = None, artifacts: dict | None = None,
-                 timings: dict | None = None, cache_hit: bool = False):
+                 timings: dict | None = None, cache_hit: bool = False,
+                 remarks: tuple[str, ...] = ()):
         self.functions = functions
+        self.remarks = tuple(remarks)   # e.g. which attention of an ONNX model was raised
         self.options = options
         self.vmfb = vmfb
         self.kernel_ir = kernel_ir
@@ -131,10 +134,12 @@ def compile_options(**options) -> CompileOptions:
     return CompileOptions(**options)
 
 
-def compile(source: str, *, filename: str = "<string>", cache: bool | ModuleCache = True,
+def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | ModuleCache = True,
             simulate: bool = False, save_stages: str | Path | None = None,
             progress=None, **options) -> CompiledGraph:
-    """Compile MLIR text for `target` (keywords: the fields of CompileOptions).
+    """Compile MLIR text, or an ONNX model's bytes, for `target` (keywords: the
+    fields of CompileOptions). `graph.remarks` says which attention of a model
+    was raised into int8attn's pipeline and why any other was not.
 
     `simulate=True` (kernel targets) runs calls in the lane simulator instead
     of on the target's GPU.
@@ -157,20 +162,25 @@ def compile(source: str, *, filename: str = "<string>", cache: bool | ModuleCach
             vmfb, meta = hit
             functions = {f["name"]: FunctionInfo.from_json(f) for f in meta["functions"]}
             return CompiledGraph(functions, target.check(compile_options_), vmfb=vmfb,
-                                 cache_hit=True)
+                                 cache_hit=True, remarks=tuple(meta.get("remarks", ())))
     compiled = compile_stages(source, compile_options_, filename=filename, until=until,
                               save_stages=save_stages, progress=progress)
     if simulate:
         return CompiledGraph(compiled.functions, compiled.options, kernel_ir=compiled.last,
                              kernel_layout=compiled.kernel_layout,
-                             artifacts=compiled.artifacts, timings=compiled.timings)
+                             artifacts=compiled.artifacts, timings=compiled.timings,
+                             remarks=compiled.remarks)
     if store:
         store.store(key, compiled.last,
-                    {"functions": [f.to_json() for f in compiled.functions.values()]})
+                    {"functions": [f.to_json() for f in compiled.functions.values()],
+                     "remarks": list(compiled.remarks)})
     return CompiledGraph(compiled.functions, compiled.options, vmfb=compiled.last,
-                         artifacts=compiled.artifacts, timings=compiled.timings)
+                         artifacts=compiled.artifacts, timings=compiled.timings,
+                         remarks=compiled.remarks)
 
 
 def compile_file(path: str | Path, **options) -> CompiledGraph:
+    """An MLIR file, or an ONNX model (`.onnx`: imported, its attention raised)."""
     path = Path(path)
-    return compile(path.read_text(), filename=str(path), **options)
+    source = read_model(path) if is_onnx(path) else path.read_text()
+    return compile(source, filename=str(path), **options)

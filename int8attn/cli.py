@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from int8attn.driver.onnx_import import ModelError, is_onnx, read_model
 from int8attn.driver.options import CompileOptions
 from int8attn.driver.targets import STAGE_NAMES, TARGETS, OptionRefused, describe
 from int8attn.runtime.module import InputError
@@ -46,7 +47,9 @@ class UsageError(Exception):
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("graph", help="MLIR file with int8attn.attention graphs")
+    parser.add_argument("graph", help="MLIR file with int8attn.attention graphs, or an ONNX "
+                        "model (.onnx: its INT8-cache attention is raised, the rest goes to "
+                        "IREE; needs the onnx extra)")
     add_arguments(parser, CompileOptions, only=CLI_OPTIONS)
     parser.add_argument("--save-stages", metavar="DIR",
                         help="write every stage's artifact to DIR (00-graph.mlir, ...), so a "
@@ -79,8 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--simulate", action="store_true",
                          help="with --target gfx936, gfx942 or cuda: run the generated "
                               "lane-level kernels in the lane simulator")
-    run_cmd.add_argument("--inputs", help="npz with the arguments as arg0, arg1, ...")
-    run_cmd.add_argument("--output", help="npz to write the results to (result0, ...)")
+    run_cmd.add_argument("--inputs", help="npz with the arguments as arg0, arg1, ... (an ONNX "
+                         "model's: its input names, or arg0, ...)")
+    run_cmd.add_argument("--output", help="npz to write the results to (result0, ...; an ONNX "
+                         "model's: its output names)")
     run_cmd.add_argument("--function", help="public function to call (default: the only one)")
     run_cmd.add_argument("--seed", type=_seed, default=None,
                          help="seed of the random inputs (default: drawn and printed)")
@@ -141,7 +146,9 @@ def _options(args) -> dict:
     return given(args, CompileOptions)
 
 
-def _read_graph(path: str) -> str:
+def _read_graph(path: str) -> str | bytes:
+    if is_onnx(path):
+        return read_model(path)
     try:
         return Path(path).read_text()
     except FileNotFoundError:
@@ -152,6 +159,13 @@ def _read_graph(path: str) -> str:
         raise UserError(f"graph file '{path}' is not MLIR text (not UTF-8)") from None
     except OSError as error:
         raise UserError(f"cannot read graph file '{path}': {error.strerror}") from None
+
+
+def _print_remarks(remarks, graph: str) -> None:
+    # An ONNX model's locations are node names: say which file they are in.
+    prefix = f"{graph}: " if is_onnx(graph) else ""
+    for line in remarks:
+        print(prefix + line, file=sys.stderr, flush=True)
 
 
 def _progress(message: str) -> None:
@@ -166,6 +180,7 @@ def cmd_targets(args) -> int:
 def cmd_compile(args) -> int:
     from int8attn.driver.compile import compile
 
+    _refuse_for_models(args)
     options = CompileOptions(**_options(args))
     target = TARGETS[options.target]
     emit = args.emit or target.default_emit
@@ -175,6 +190,7 @@ def cmd_compile(args) -> int:
     source = _read_graph(args.graph)
     compiled = compile(source, options, filename=args.graph, until=emit,
                        save_stages=args.save_stages, print_ir_after_all=args.print_ir_after_all)
+    _print_remarks(compiled.remarks, args.graph)
     artifact = compiled.last
     if args.output == "-":
         if isinstance(artifact, bytes):
@@ -208,21 +224,28 @@ def _load_inputs(path: str, info) -> list[np.ndarray]:
         keys = set(archive.files)
         arrays = []
         for i, spec in enumerate(info.arguments):
-            key = f"arg{i}"
-            if key not in keys:
-                raise UserError(f"inputs file '{path}' has no array '{key}' for argument {i} "
+            # An ONNX model's inputs go by their names; arg<i> is always accepted.
+            named = [k for k in dict.fromkeys((info.argument_name(i), f"arg{i}")) if k in keys]
+            if len(named) != 1:
+                which = " or ".join(repr(k) for k in dict.fromkeys((info.argument_name(i),
+                                                                      f"arg{i}")))
+                has = "both" if named else "no array"
+                raise UserError(f"inputs file '{path}' has {has} {which} for argument {i} "
                                 f"({spec.describe()}) of @{info.name}; it has "
                                 f"{', '.join(sorted(keys)) or 'no arrays'}")
+            key = named[0]
             try:
                 arrays.append(archive[key])
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
                 raise UserError(f"array '{key}' of inputs file '{path}' cannot be read "
                                 f"without pickle ({error}); save plain numeric arrays") from None
-        extra = keys - {f"arg{i}" for i in range(len(info.arguments))}
+        expected = [info.argument_name(i) for i in range(len(info.arguments))]
+        extra = keys - set(expected) - {f"arg{i}" for i in range(len(info.arguments))}
         if extra:
+            listed = (", ".join(expected) if info.argument_names else
+                      f"arg0..arg{len(expected) - 1}")
             raise UserError(f"inputs file '{path}' has arrays {', '.join(sorted(extra))} that "
-                            f"are not arguments of @{info.name} (expected arg0..arg"
-                            f"{len(info.arguments) - 1})")
+                            f"are not arguments of @{info.name} (expected {listed})")
     return arrays
 
 
@@ -281,23 +304,53 @@ def _refuse_what_would_not_fit(source: str, args) -> None:
             check_memory(info, float_caches=True)
 
 
+def _refuse_for_models(args) -> None:
+    """Flags that do not apply to an ONNX model, refused before any work."""
+    if not is_onnx(args.graph):
+        return
+    if getattr(args, "report", False):
+        raise UsageError("--report splits the error of one int8attn.attention of the "
+                         "graph's arguments; an ONNX model is compared with onnxruntime "
+                         "instead (drop --report)")
+    if (args.target or "cpu") != "cpu":
+        raise UsageError(f"--target {args.target} compiles int8attn graphs to lane-level "
+                         f"kernels; an ONNX model (its float ops too) compiles with --target "
+                         f"cpu")
+
+
+def _compare_with_onnxruntime(model: bytes, info, arrays, outputs) -> None:
+    from int8attn.driver.onnx_inputs import comparison_lines, onnxruntime_outputs
+
+    expected = onnxruntime_outputs(model, info, arrays)
+    if expected is None:
+        print("note: install onnxruntime (pip install -e '.[onnx]') to compare with it",
+              file=sys.stderr)
+        return
+    print("vs onnxruntime (f32) on the same inputs:")
+    for line in comparison_lines(info, outputs, expected):
+        print(f"  {line}")
+
+
 def cmd_run(args) -> int:
     import int8attn
     from int8attn.driver.graph import random_inputs
+    from int8attn.driver.onnx_inputs import random_model_inputs
 
     if args.output:
         check_output_path(args.output, [args.graph, args.inputs])
     if args.inputs and args.report:
         raise UsageError("--report needs random inputs (it uses the float cache behind them); "
                          "drop --inputs")
+    _refuse_for_models(args)
     source = _read_graph(args.graph)
-    if not args.inputs:
+    if not args.inputs and not is_onnx(args.graph):
         _refuse_what_would_not_fit(source, args)
     start = time.perf_counter()
     graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
                              simulate=args.simulate, save_stages=args.save_stages,
                              **_options(args))
     compile_seconds = time.perf_counter() - start
+    _print_remarks(graph.remarks, args.graph)
     info = graph.entry(args.function)
     if args.inputs:
         arrays = _load_inputs(args.inputs, info)
@@ -306,7 +359,10 @@ def cmd_run(args) -> int:
         seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         print(f"random inputs, seed {seed} (repeat with --seed {seed})", flush=True)
         try:
-            arrays, floats = random_inputs(info, seed, float_caches=True)
+            if is_onnx(args.graph):
+                arrays, floats = random_model_inputs(info, seed), None
+            else:
+                arrays, floats = random_inputs(info, seed, float_caches=True)
         except ValueError as error:
             raise UserError(str(error)) from None
     outputs = graph.run(arrays, info.name)
@@ -315,11 +371,14 @@ def cmd_run(args) -> int:
           f"{graph.timings['run'] * 1e3:.1f} ms", flush=True)
     if args.output:
         buffer = io.BytesIO()
-        np.savez(buffer, **{f"result{i}": r for i, r in enumerate(outputs)})
+        names = [info.result_name(i) for i in range(len(outputs))]
+        np.savez(buffer, **dict(zip(names, outputs)))
         write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
-        print(f"wrote {args.output} ({', '.join(f'result{i}' for i in range(len(outputs)))})")
+        print(f"wrote {args.output} ({', '.join(names)})")
     if not args.inputs and info.attention is not None:
         _accuracy(outputs[info.attention.result_index], arrays, info, graph.options)
+    if is_onnx(args.graph):
+        _compare_with_onnxruntime(source, info, arrays, outputs)
     if args.report:
         from int8attn.report import print_report
 
@@ -391,10 +450,13 @@ def main(argv=None) -> int:
         print(f"int8attn {args.command}: error: {error}", file=sys.stderr)
         return 2
     except DiagnosticError as error:
+        _print_remarks(getattr(error, "remarks", ()), getattr(args, "graph", ""))
         print(error.format(), file=sys.stderr)
     except StageError as error:
+        # e.g. why an attention was left to IREE, before IREE's own error
+        _print_remarks(getattr(error, "remarks", ()), getattr(args, "graph", ""))
         print(f"error: {error}", file=sys.stderr)
-    except (UserError, InputError, OutputError) as error:
+    except (UserError, InputError, OutputError, ModelError) as error:
         print(f"error: {error}", file=sys.stderr)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

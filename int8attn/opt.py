@@ -20,6 +20,7 @@ from int8attn.support.diagnostics import DiagnosticError
 from int8attn.support.files import OutputError, check_output_path, write_atomic
 from int8attn.support.ir import new_context, parse_module
 from int8attn.support.options import describe_options
+from int8attn.support.remarks import collect
 
 SPLIT_MARKER = "// -----"
 
@@ -73,10 +74,15 @@ def list_passes() -> str:
 
 
 def process(chunk: str, filename: str, passes, print_after_all: bool, timing: bool) -> str:
-    with new_context():
-        module = parse_module(chunk, filename)
-        run_passes(module, passes, print_ir_after_all=print_after_all, timing=timing)
-        return str(module)
+    with new_context() as context:
+        remarks = collect(context)
+        try:
+            module = parse_module(chunk, filename)
+            run_passes(module, passes, print_ir_after_all=print_after_all, timing=timing)
+            return str(module)
+        finally:
+            for line in remarks:  # passes' remarks, as mlir-opt prints them: on stderr
+                print(line, file=sys.stderr)
 
 
 def main(argv=None) -> int:

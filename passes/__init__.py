@@ -17,10 +17,11 @@ from int8attn.passes.lower_quantize import LowerQuantize
 from int8attn.passes.prefill_online_softmax import PrefillOnlineSoftmax
 from int8attn.passes.pv_to_mmac import PVToMMAC
 from int8attn.passes.quantize_w_groups import QuantizeWGroups
+from int8attn.passes.raise_int8_attention import RaiseInt8Attention
 from int8attn.passes.verify_scale_groups import VerifyScaleGroups
 
 PASSES = {cls.argument: cls for cls in (
-    Int8QK, LowerCacheWrite, LowerPagedAttention, DecodeSplitKV, PrefillOnlineSoftmax, FoldVScale, QuantizeWGroups, FloatPV, PVToMMAC,
+    RaiseInt8Attention, Int8QK, LowerCacheWrite, LowerPagedAttention, DecodeSplitKV, PrefillOnlineSoftmax, FoldVScale, QuantizeWGroups, FloatPV, PVToMMAC,
     LowerMMACTiles, LowerQuantize, VerifyScaleGroups,
 )}
 

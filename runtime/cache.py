@@ -70,11 +70,12 @@ class ModuleCache:
     def __init__(self, directory: Path | str | None = None):
         self.directory = Path(directory) if directory else default_cache_dir()
 
-    def key(self, source: str, options) -> str:
+    def key(self, source: str | bytes, options) -> str:
+        """`source`: MLIR text or an ONNX model's bytes."""
         digest = hashlib.sha256()
         digest.update(_toolchain_fingerprint().encode())
         digest.update(repr(options).encode())
-        digest.update(source.encode())
+        digest.update(source if isinstance(source, bytes) else source.encode())
         return digest.hexdigest()
 
     def load(self, key: str) -> tuple[bytes, dict] | None:

@@ -79,7 +79,7 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
             expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
             raise InputError(f"{label(i)} of @{function} must have shape {expected} "
                              f"for {spec.describe()}, got {list(array.shape)}")
-        checked.append(np.ascontiguousarray(array))
+        checked.append(np.asarray(array, order="C"))  # (ascontiguousarray makes 0-d 1-d)
     return checked
 
 

@@ -9,16 +9,19 @@ from pathlib import Path
 __all__ = ["DiagnosticError", "StageError", "format_location", "save_for_repro"]
 
 _FILE_LINE_COL = re.compile(r'loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)')
+_NAME = re.compile(r'loc\("(?P<name>[^"]+)"')
 
 
 def format_location(location) -> str:
-    """`file:line:col` for a file location (also inside fused/callsite locs)."""
+    """`file:line:col` for a file location (also inside fused/callsite locs);
+    `node 'name'` for a name location (an imported ONNX node)."""
     if location is None:
         return "<unknown>"
     match = _FILE_LINE_COL.search(str(location))
-    if not match:
-        return "<unknown>"
-    return f"{match['file']}:{match['line']}:{match['col']}"
+    if match:
+        return f"{match['file']}:{match['line']}:{match['col']}"
+    match = _NAME.search(str(location))
+    return f"node '{match['name']}'" if match else "<unknown>"
 
 
 class DiagnosticError(Exception):

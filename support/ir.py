@@ -7,14 +7,36 @@ op that neither int8attn nor a dialect IREE registers defines.
 
 from __future__ import annotations
 
+import sys
+import types
+
 from iree.compiler import ir
+from iree.compiler.dialects._ods_common import _cext
 
 from int8attn.support.diagnostics import DiagnosticError
 
 NAMESPACE = "int8attn."
+# Dialects without a Python module in IREE's bindings: an imported ONNX model's,
+# and int8attn (whose op classes dialects/ops.py registers).
+FOREIGN_DIALECTS = ("torch", "torch_c", "int8attn")
+_FOREIGN_PREFIX = "int8attn.support.ir_foreign_dialects"
+
+
+def _remember_foreign_dialects() -> None:
+    # The bindings import a dialect's Python module (iree.compiler.dialects.<name>)
+    # before wrapping one of its ops, and do not remember a failed import: every
+    # torch or int8attn op walked cost a file-system search (~20 us; 3.8 s of a
+    # 32-layer model's passes). An empty module under a search prefix of ours is
+    # found once and kept; registered op classes are still looked up as before.
+    if _FOREIGN_PREFIX in _cext.globals.dialect_search_modules:
+        return
+    for name in FOREIGN_DIALECTS:
+        sys.modules.setdefault(f"{_FOREIGN_PREFIX}.{name}", types.ModuleType(name))
+    _cext.globals.append_dialect_search_prefix(_FOREIGN_PREFIX)
 
 
 def new_context() -> ir.Context:
+    _remember_foreign_dialects()
     context = ir.Context()
     context.allow_unregistered_dialects = True
     return context

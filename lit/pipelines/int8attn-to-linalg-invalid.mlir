@@ -8,7 +8,7 @@
 // RUN: not int8attn-opt %s -p "canonicalize{bogus=1}" 2>&1 | filecheck %s --check-prefix=UPSTREAM
 
 // UNKNOWN: usage: int8attn-opt
-// UNKNOWN: error: unknown pass 'no-such-pass' in pipeline. int8attn passes: decode-split-kv, float-pv, fold-v-scale, int8-qk, lower-cache-write, lower-mmac-tiles, lower-paged-attention, lower-quantize, prefill-online-softmax, pv-to-mmac, quantize-w-groups, verify-scale-groups
+// UNKNOWN: error: unknown pass 'no-such-pass' in pipeline. int8attn passes: decode-split-kv, float-pv, fold-v-scale, int8-qk, lower-cache-write, lower-mmac-tiles, lower-paged-attention, lower-quantize, prefill-online-softmax, pv-to-mmac, quantize-w-groups, raise-int8-attention, verify-scale-groups
 
 // OPTION: error: option 'pv' expects one of int8, bf16, f32, got 'int4'
 // INTEGER: error: option 'tile-tokens' expects an integer, got '64x'

@@ -1,0 +1,122 @@
+"""ONNX models in: IREE's ONNX importer, then `raise-int8-attention`.
+
+`import_model(data, filename)` checks the model (`onnx.checker`), infers its
+shapes, imports it with IREE's importer (`iree.compiler.extras.onnx_importer`,
+what `iree-import-onnx` runs) into the current context: every node a
+`torch.operator "onnx.<Op>"` located at its node's name. Two things are
+added for the driver:
+
+- constants become dense attributes (the importer stores initializers as
+  `dense_resource` blobs, which Python cannot read), so the pass can read a
+  mask or a scale factor;
+- the public function carries the model's input and output names
+  (`int8attn.input_names`, `int8attn.output_names`), so `--inputs` and
+  `--output` use them.
+
+Needs the `onnx` extra (`pip install -e '.[onnx]'`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from iree.compiler import ir
+
+from int8attn.passes.onnx_ops import onnx_name
+from int8attn.support.ir import walk
+
+INPUT_NAMES = "int8attn.input_names"
+OUTPUT_NAMES = "int8attn.output_names"
+ONNX_SUFFIX = ".onnx"
+
+
+class ModelError(ValueError):
+    """An ONNX model that cannot be read or imported (what, where, how to fix)."""
+
+
+def is_onnx(filename: str | Path) -> bool:
+    return str(filename).lower().endswith(ONNX_SUFFIX)
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise ModelError("reading ONNX models needs the onnx package: pip install -e "
+                         "'.[onnx]' (or pip install onnx)") from None
+    return onnx
+
+
+def import_model(data: bytes, filename: str) -> ir.Operation:
+    """A builtin.module holding the model's graph as one public function."""
+    onnx = _onnx()
+    from iree.compiler.extras import onnx_importer
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as error:  # protobuf's DecodeError has no stable import path
+        raise ModelError(f"{filename} is not an ONNX model (protobuf: {error}); export it "
+                         "with onnx.save or torch.onnx.export") from None
+    if not model.graph.node:
+        raise ModelError(f"{filename} holds no ONNX graph (no nodes)")
+    try:
+        onnx.checker.check_model(model)
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        first = str(error).strip().splitlines()[0]
+        raise ModelError(f"{filename} is not a valid ONNX model: {first}") from None
+    _name_unnamed_nodes(model.graph)
+    info = onnx_importer.ModelInfo(model)
+    module = info.create_module(context=ir.Context.current).operation
+    try:
+        importer = onnx_importer.NodeImporter.define_function(info.main_graph, module)
+        importer.import_all()
+    except onnx_importer.OnnxImportError as error:
+        raise ModelError(f"{filename}: IREE's ONNX importer: {error}") from None
+    _dense_constants(module, info.main_graph.initializer_map)
+    _name_signature(module, list(info.main_graph.input_map), [o.name for o in model.graph.output])
+    return module
+
+
+def _name_unnamed_nodes(graph) -> None:
+    # Node names are the IR's locations (and the remarks' subject): give the
+    # unnamed ones their op type and position in the graph.
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{index}"
+
+
+def _dense_constants(module: ir.Operation, initializers) -> None:
+    from onnx import numpy_helper
+
+    for op in walk(module):
+        value = op.attributes["torch.onnx.value"] if "torch.onnx.value" in op.attributes else None
+        if onnx_name(op) != "Constant" or value is None or \
+                isinstance(value, (ir.DenseFPElementsAttr, ir.DenseIntElementsAttr)):
+            continue  # already readable (the importer inlines small non-raw tensors)
+        tensor = initializers.get(op.location.name_str)
+        array = numpy_helper.to_array(tensor) if tensor is not None else None
+        if array is None or array.dtype.kind not in "biuf":
+            continue  # left as a blob (strings, complex): IREE reads it, the pass need not
+        element = ir.RankedTensorType(value.type).element_type
+        op.attributes["torch.onnx.value"] = ir.DenseElementsAttr.get(
+            array.copy(order="C"), type=element, shape=list(array.shape))
+
+
+def _name_signature(module: ir.Operation, inputs: list[str], outputs: list[str]) -> None:
+    func = module.regions[0].blocks[0].operations[0].operation
+    names = lambda items: ir.ArrayAttr.get([ir.StringAttr.get(n) for n in items])
+    func.attributes[INPUT_NAMES] = names(inputs)
+    func.attributes[OUTPUT_NAMES] = names(outputs)
+
+
+def read_model(path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ModelError(f"ONNX model '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise ModelError(f"ONNX model '{path}' is a directory") from None
+    except OSError as error:
+        raise ModelError(f"cannot read ONNX model '{path}': {error.strerror}") from None
