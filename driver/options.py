@@ -40,7 +40,7 @@ class CompileOptions(PipelineOptions):
         """The named pipeline's options, with the fragment model resolved."""
         return PipelineOptions(self.pv, self.resolved_fragment_model(), self.scale_groups,
                                self.verify, self.partition_tokens, self.tile_tokens,
-                               self.q_terms)
+                               self.q_terms, self.w_quant)
 
     def resolved_fragment_model(self) -> str:
         if self.fragment_model is not None:

@@ -73,6 +73,9 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
         "q_terms": (lambda o: o.q_terms != 1,
                     "the lane kernels quantize q in one term so far; --q-terms 2 compiles "
                     "with --target cpu"),
+        "w_quant": (lambda o: o.w_quant != "s8",
+                    "the lane kernels quantize W signed (s8) so far; --w-quant u8 compiles "
+                    "with --target cpu"),
     }
 
 

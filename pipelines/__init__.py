@@ -30,7 +30,7 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
                              LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
-from int8attn.reference.common import PV_MODES, PVKind, QTerms
+from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
@@ -55,6 +55,9 @@ class PipelineOptions(TypedOptions):
     q_terms: QTerms = option(1, "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
                              "quantizes the f32 residual q - Qq1*s1: one more int8 QK dot, "
                              "~250x less Q quantization error; DESIGN.md §2c)")
+    w_quant: WQuant = option("s8", "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
+                             "u8 (255 levels as u - 128, offset compensated exactly by 128 * "
+                             "the group's sum of Vq; half the W rounding error; DESIGN.md §2c)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,7 +77,8 @@ def to_algorithm(options: PipelineOptions) -> list:
     """Graph -> the algorithm: verified MMAC tiles (or float PV), not yet lowered."""
     if options.pv == "int8":
         verify = [VerifyScaleGroups()] if options.verify else []
-        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups), *verify,
+        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups, options.w_quant),
+              *verify,
               PVToMMAC(options.fragment_model), *verify]
     else:
         pv = [FloatPV(options.pv)]
