@@ -69,6 +69,9 @@ REFUSED = [
     (["--target", "gfx942", "--q-terms", "2"],
      "--q-terms 2 does not apply to --target gfx942: the lane kernels quantize q in one term "
      "so far; --q-terms 2 compiles with --target cpu"),
+    (["--target", "cuda", "--w-quant", "u8"],
+     "--w-quant u8 does not apply to --target cuda: the lane kernels quantize W signed (s8) so "
+     "far; --w-quant u8 compiles with --target cpu"),
     (["--target", "gfx936", "--emit", "vmfb"],
      "--target gfx936 has the stages graph, kernel; there is no 'vmfb' to emit"),
     (["--target", "cpu", "--emit", "kernel"], "there is no 'kernel' to emit"),
