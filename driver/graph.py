@@ -31,8 +31,9 @@ class AttentionCall:
 
     @property
     def operands(self) -> tuple[str, ...]:
-        return {"paged": PAGED_OPERANDS, "cache_write": CACHE_WRITE_OPERANDS}.get(self.mode,
-                                                                                   OPERANDS)
+        names = {"paged": PAGED_OPERANDS, "cache_write": CACHE_WRITE_OPERANDS}.get(self.mode,
+                                                                                    OPERANDS)
+        return names[:len(self.argument_of)]     # cache_write's k_bias is optional
 
     @property
     def by_reference(self) -> tuple[int, ...]:
@@ -121,7 +122,7 @@ def _attention_call(block, terminator) -> AttentionCall | None:
 OPERANDS = ("q", "k", "k_scale", "v", "v_scale")
 PAGED_OPERANDS = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_tables", "context_lens")
 CACHE_WRITE_OPERANDS = ("k_new", "v_new", "slot_mapping", "k_cache", "k_scale", "v_cache",
-                        "v_scale")
+                        "v_scale", "k_bias")
 
 
 def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:

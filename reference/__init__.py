@@ -21,13 +21,14 @@ from int8attn.reference.error_model import (TIE_WINDOW, bf16_rounding_error_scal
                                             w_quantization_error_scale)
 from int8attn.reference.error_split import TERMS, error_split
 from int8attn.reference.exact import exact_attention
+from int8attn.reference.key_bias import channel_bias, quantize_keys, subtract_bias
 from int8attn.reference.fragment import fragment_attention, fragment_softmax_pv
 from int8attn.reference.paged import (exact_paged_attention, fragment_paged_attention,
                                       paged_cache_write, sequence_cache)
 
 __all__ = ["TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
            "W_OFFSET", "W_QUANTS", "WQuant", "quantize_w", "TIE_WINDOW", "quantize",
-           "quantize_cache", "round_to_bf16",
+           "quantize_cache", "round_to_bf16", "channel_bias", "quantize_keys", "subtract_bias",
            "exact_attention", "fragment_attention", "exact_paged_attention",
            "fragment_paged_attention", "paged_cache_write", "sequence_cache", "fragment_softmax_pv", "w_quantization_error_scale",
            "qk_quantization_error_scale", "qk_quantization_error_bound", "bf16_rounding_error_scale",
