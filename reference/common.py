@@ -85,6 +85,10 @@ def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarr
     `Qq1, s1 = quantize(x)`; with two terms, `Qq2, s2 = quantize(x - Qq1*s1)`,
     the f32 residual quantized by the same rule (a NaN/Inf row's NaN scale makes
     the residual NaN, so the second term is NaN too; a tiny row stays zero).
+    The residual is rounded once, as a fused multiply-add `fma(-Qq1, s1, x)`
+    (the compiler emits math.fma; LLVM fused the separate multiply and subtract
+    anyway): computed in float64, where it is exact (|x| >= s1/2 wherever
+    Qq1 != 0, so x - Qq1*s1 spans < 40 bits), then rounded to f32.
     """
     if terms not in Q_TERMS:
         raise ValueError(f"q terms must be one of {Q_TERMS}, got {terms!r}")
@@ -94,7 +98,8 @@ def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarr
         return [first]
     qq, sq = first
     with np.errstate(invalid="ignore"):
-        residual = (x - (qq.astype(F32) * sq[..., None]).astype(F32)).astype(F32)
+        residual = (x.astype(np.float64) - qq.astype(np.float64)
+                    * sq[..., None].astype(np.float64)).astype(F32)
     return [first, quantize(residual)]
 
 
