@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn import reference as ref
+from int8attn.pipelines import PipelineOptions
 
 FRAGMENT_TOL = 1.25e-5  # x max|V|
 FLOAT_SLACK = 5e-7      # x max|V|: f32 rounding of module and references
@@ -34,14 +35,17 @@ def pv_rounding_scale(args, scale, pv, q_terms=1, w_quant="s8"):
     return np.zeros(args[0].shape), np.zeros(args[0].shape)
 
 
-def check_against_references(out, args, scale, pv="int8", q_terms=1,
-                             w_quant="s8") -> dict[str, float]:
+def check_against_references(out, args, scale, pv="int8", q_terms=None,
+                             w_quant=None) -> dict[str, float]:
     """Assert every tolerance above; return the measured errors (relative to max|V|).
 
     With `q_terms=2` the one-term INT8-QK bounds still hold (the two-term Q error
     is smaller: |q - Qq1*s1 - Qq2*s2| <= s2/2 <= s1/254), so they stay as they are.
-    With `w_quant="u8"` the W rounding bounds use its step sW = a/255.
+    With `w_quant="u8"` the W rounding bounds use its step sW = a/255. Unset
+    (None), q_terms and w_quant are the cpu pipeline's defaults (PipelineOptions).
     """
+    q_terms = PipelineOptions.q_terms if q_terms is None else q_terms
+    w_quant = PipelineOptions.w_quant if w_quant is None else w_quant
     q, k, k_scale, v, v_scale = args
     value_scale = float(np.abs(v.astype(np.float64) * v_scale[..., None]).max())
     assert np.isfinite(out).all(), "non-finite output for finite inputs"

@@ -73,11 +73,11 @@ def test_unsigned_w_matches_the_fragment_reference(mode):
     args = _inputs(13, mode)
     scale = SHAPES[mode][-1] ** -0.5
     out = _compiled(mode, "int8", "u8")(*args)
-    errors = check_against_references(out, args, scale, w_quant="u8")
+    errors = check_against_references(out, args, scale, q_terms=1, w_quant="u8")
     print(f"{mode} w_quant=u8: {errors}")
     # The two contracts differ, so a module that ignored w_quant would fail above.
     signed = ref.fragment_attention(*args, scale, w_quant="s8")
-    unsigned = ref.fragment_attention(*args, scale, w_quant="u8")
+    unsigned = ref.fragment_attention(*args, scale, q_terms=1, w_quant="u8")
     assert np.abs(signed - unsigned).max() > 10 * np.abs(out - unsigned).max()
 
 
@@ -101,7 +101,7 @@ def test_paged_unsigned_w_matches_the_fragment_reference():
     q, k, ks, v, vs, tables, lens = arrays
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *ref.sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, w_quant="u8")
+        check_against_references(out[b:b + 1], dense, scale, q_terms=1, w_quant="u8")
 
 
 def test_unsigned_w_keeps_nan_zero_and_tiny_rows_to_themselves():
@@ -115,7 +115,7 @@ def test_unsigned_w_keeps_nan_zero_and_tiny_rows_to_themselves():
     args[0] = q
     scale = SHAPES["decode"][-1] ** -0.5
     out = _compiled("decode", "int8", "u8")(*args)
-    fragment = ref.fragment_attention(*args, scale, w_quant="u8")
+    fragment = ref.fragment_attention(*args, scale, q_terms=1, w_quant="u8")
     assert np.isnan(out[0, 0]).all() and np.isnan(fragment[0, 0]).all()
     assert np.isfinite(out[0, 1:]).all()
     assert np.abs(out[0, 1:] - fragment[0, 1:]).max() <= 1e-4
