@@ -3,6 +3,7 @@ of the int8 / bf16 / f32 PV modules, measured in one run.
 
     python benchmarks/cpu_decode.py [--contexts 4096,8192,16384] [--iterations 20]
     python benchmarks/cpu_decode.py --numerics     # the int8 module per q-terms x w-quant
+    python benchmarks/cpu_decode.py --numerics --query-tokens 256 --contexts 2048   # prefill
 
 Shapes follow the issue: batch 1, 32 query heads, 8 KV heads, head dim 128.
 Run time is the median over `--iterations` calls with inputs already on the
@@ -22,7 +23,7 @@ import time
 
 
 from int8attn.driver.compile import compile
-from int8attn.driver.graph import decode_graph, random_inputs
+from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.options import CompileOptions
 from int8attn.runtime import LoadedModule
 
@@ -33,7 +34,9 @@ NUMERICS = tuple(("int8", t, w) for t in (1, 2) for w in ("s8", "u8"))
 
 def measure(tokens: int, args) -> list[dict]:
     """Compile the modules of one context, then time them in turns."""
-    source = decode_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim)
+    mode = "prefill" if args.query_tokens else "decode"
+    source = attention_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim,
+                             mode=mode, query_tokens=args.query_tokens or 1, name="decode")
     rows, runs = [], []
     for pv, q_terms, w_quant in (NUMERICS if args.numerics else MODULES):
         print(f"  S={tokens} pv={pv} ...", file=sys.stderr, flush=True)
@@ -68,6 +71,8 @@ def main(argv=None) -> int:
                         help="turns the three modules of a context take (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--query-tokens", type=int, default=0,
+                        help="prefill with this many query tokens instead of decode")
     parser.add_argument("--numerics", action="store_true",
                         help="time the int8 module for every q-terms x w-quant instead")
     args = parser.parse_args(argv)
