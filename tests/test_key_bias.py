@@ -107,3 +107,18 @@ def test_cache_write_subtracts_the_bias_and_attention_follows():
     out = graph(q, *caches, table, lens, function="attend")
     dense = (q, *ref.sequence_cache(*caches, table, lens, 0))
     check_against_references(out, dense, D ** -0.5)
+
+
+def test_a_non_finite_bias_is_refused_before_the_call():
+    from int8attn.runtime.module import InputError
+
+    graph = int8attn.compile(paged_decode_graph(HQ, HKV, D, 16, k_bias=True))
+    caches = [np.zeros((2, HKV, 16, D), np.int8), np.zeros((2, HKV, 16), np.float32),
+              np.zeros((2, HKV, D, 16), np.int8), np.zeros((2, HKV, 16), np.float32)]
+    bias = np.zeros((HKV, D), np.float32)
+    bias[1, 7] = np.inf
+    new = np.ones((1, HKV, D), np.float32)
+    with pytest.raises(InputError, match=r"argument 7 \(k_bias, arg7\) of @write: holds a "
+                                         r"non-finite value at \[1, 7\]"):
+        graph(new, new, np.array([3], np.int32), *caches, bias, function="write")
+    assert not caches[1].any()
