@@ -109,8 +109,10 @@ _TOKEN_DIGIT = "ACEFGIJLMOPQSTUVWXYZ"
 _GROUP_DIGIT = "acefgijlmopqstuvwxyz"
 
 
-def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape) -> ir.Value:
-    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v.
+def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
+                      column_sums: ir.Value | None = None) -> ir.Value:
+    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v
+    (+ 128 * column_sums[b,h,n,g,d], in the same generic as the conversion to i32).
 
     The token axes outside every slot axis (whole waves) are batch loops; the
     block below them is one contiguous reduction loop, over which Wq is
@@ -159,8 +161,15 @@ def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape) 
         build.zeros(out_shape, "f32"),
         lambda w, x, total: arith.addf(total, arith.mulf(w, build.to_f32(x))),
         loops="bhn" + outer + inner_dims + "rdk")
-    acc = build.generic([acc], [out_dims], out_dims, build.empty(out_shape, "i32"),
-                        lambda a, _: arith.fptosi(ir.IntegerType.get_signless(32), a))
+    to_i32 = lambda a: arith.fptosi(ir.IntegerType.get_signless(32), a)
+    if column_sums is None:
+        acc = build.generic([acc], [out_dims], out_dims, build.empty(out_shape, "i32"),
+                            lambda a, _: to_i32(a))
+    else:
+        sums = build.split_dim(column_sums, 3, axes.group_shape)
+        acc = build.generic([acc, sums], [out_dims, "bhn" + group + "d"], out_dims,
+                            build.empty(out_shape, "i32"),
+                            lambda a, cs, _: contract.unsigned_offset(to_i32(a), cs))
     return build.merge_dims(acc, 4, len(group))
 
 
@@ -181,12 +190,12 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place"):
     axes = in_place_axes(groups) if static and tokens == "in-place" else None
     with rewriter.ip, op.location:
         if axes is not None:
-            acc = contract_in_place(wq, v, axes, d.shape_of(op.result))
+            acc = contract_in_place(wq, v, axes, d.shape_of(op.result), op.column_sums)
         else:
             v_groups = gather_tokens(v, 3, groups)
             acc = build.generic([wq, v_groups], ["bhrngk", "bhngkd"], "bhrngd",
                                 build.zeros(d.shape_of(op.result), "i32"), _mac)
-        if op.column_sums is not None:
+        if op.column_sums is not None and axes is None:
             acc = build.generic([acc, op.column_sums], ["bhrngd", "bhngd"], "bhrngd",
                                 build.empty(d.shape_of(op.result), "i32"),
                                 lambda a, cs, _: contract.unsigned_offset(a, cs))
