@@ -122,3 +122,15 @@ func.func @signed_with_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi
   %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
+
+// -----
+
+// Column sums from somewhere the verifier cannot see through.
+// CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 5]]:8: error: cannot prove the column sums of 'int8attn.grouped_pv': they are not produced by 'int8attn.column_sums'
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @opaque_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %cs: tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32> {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u8"} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
+  return %o : tensor<1x1x4x1x16xf32>
+}
