@@ -16,8 +16,9 @@ written in group order by the loops' order, no copy of W. Otherwise (or with
 gather over those token sets) W is first gathered into [..., G, K]. An
 all-zero or tiny row gives q = 0; a row holding NaN or Inf gives q = 0, s = NaN
 (never a poison fptosi). `group_quantize {w_quant = "u8"}` uses the unsigned
-rule (255 levels, Wq = u - 128, sW = a/255; u = 0 where a row is skipped). The scalar ops come from passes/quantize_contract.py,
-which the lane-level kernels share.
+rule (255 levels, Wq = u - 128, sW = a/255; u = 0 where a row is skipped).
+The scalar ops come from passes/quantize_contract.py, which the lane-level
+kernels share.
 Leading (row) dimensions of `quantize` may be dynamic (cache_write's T new tokens).
 """
 
