@@ -130,17 +130,22 @@ class PagedCache:
 
 
 class PagedDecoder:
-    """Prefill and decode steps on a compiled `paged_decode_graph` and a `PagedCache`."""
+    """Prefill and decode steps on a compiled `paged_decode_graph` and a `PagedCache`.
+
+    `k_bias` [Hkv, D] (for a graph built with `k_bias=True`) is subtracted from every
+    key written, a conditioned K cache (reference/key_bias.py; exact for attention).
+    """
 
     def __init__(self, graph, cache: PagedCache, *, write: str = "write",
-                 attend: str = "attend"):
+                 attend: str = "attend", k_bias: np.ndarray | None = None):
         self.graph, self.cache = graph, cache
         self.write_function, self.attend_function = write, attend
+        self.k_bias = () if k_bias is None else (np.asarray(k_bias, np.float32),)
         self.last_batch: tuple[np.ndarray, np.ndarray] | None = None
 
     def write(self, k_new, v_new, slot_mapping) -> None:
         """`@write`: the tokens' quantized rows stored at their slots, in the cache arrays."""
-        self.graph(k_new, v_new, slot_mapping, *self.cache.arrays,
+        self.graph(k_new, v_new, slot_mapping, *self.cache.arrays, *self.k_bias,
                    function=self.write_function)
 
     def prefill(self, k, v) -> int:

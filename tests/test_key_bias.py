@@ -11,6 +11,9 @@ bias subtracted from the keys before they are quantized.
 - `int8attn.cache_write` with a k_bias operand writes exactly `paged_cache_write(...,
   k_bias)` (bit for bit), and the paged attention over that cache matches both
   references; the verifier's shape check is a lit test (lit/dialect/cache-write-invalid).
+- A decode loop (`PagedDecoder(..., k_bias=)`) on additive-outlier keys: every step
+  matches both references on the cache it wrote, and the error vs exact attention on
+  the float keys falls >= MIN_REDUCTION (measured, seed 33: 4.2e-2 -> 2.8e-3, 15x).
 """
 
 from __future__ import annotations
@@ -122,3 +125,40 @@ def test_a_non_finite_bias_is_refused_before_the_call():
                                          r"non-finite value at \[1, 7\]"):
         graph(new, new, np.array([3], np.int32), *caches, bias, function="write")
     assert not caches[1].any()
+
+
+def test_a_decode_loop_on_a_conditioned_paged_cache():
+    # PagedDecoder with the channel bias of the prompt's keys: every step matches the
+    # references on the cache it wrote, and the error vs exact attention on the float
+    # keys is at least MIN_REDUCTION lower than the same loop without the bias.
+    from int8attn.driver.paged_decode import PagedCache, PagedDecoder
+
+    rng = seeded_rng(33)
+    tokens, steps, block_size = 300, 2, 16
+    keys = additive_outlier_keys(rng, (1, HKV, tokens + steps, D))[0].transpose(1, 0, 2)
+    values = rng.standard_normal((tokens + steps, HKV, D)).astype(np.float32)
+    queries = rng.standard_normal((steps, 1, HQ, D)).astype(np.float32)
+    bias = ref.channel_bias(keys[:tokens])
+    err = {}
+    for name, k_bias in (("plain", None), ("bias", bias)):
+        graph = int8attn.compile(paged_decode_graph(HQ, HKV, D, block_size,
+                                                    k_bias=k_bias is not None))
+        cache = PagedCache(40, HKV, block_size, D, seed=2)
+        decoder = PagedDecoder(graph, cache, k_bias=k_bias)
+        sequence = decoder.prefill(keys[:tokens].copy(), values[:tokens].copy())
+        err[name] = 0.0
+        for step in range(steps):
+            t = tokens + step
+            out = decoder.step(queries[step], keys[t:t + 1].copy(), values[t:t + 1].copy(),
+                               [sequence])
+            tables, lens = decoder.last_batch
+            dense = (queries[step], *ref.sequence_cache(*cache.arrays, tables, lens, 0))
+            check_against_references(out, dense, D ** -0.5)
+            seen = slice(0, t + 1)
+            ones = np.ones((1, HKV, t + 1), np.float32)
+            exact = ref.exact_attention(queries[step], keys[None, seen].transpose(0, 2, 1, 3),
+                                        ones, values[None, seen].transpose(0, 2, 1, 3), ones,
+                                        D ** -0.5)
+            err[name] = max(err[name], float(np.abs(out - exact).max()))
+    print(f"paged decode loop, additive key outliers: {err['plain']:.2e} -> {err['bias']:.2e}")
+    assert err["plain"] >= MIN_REDUCTION * err["bias"], err
