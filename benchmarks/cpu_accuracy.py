@@ -6,6 +6,9 @@
 For each case (Gaussian q/k/v): max abs (and RMS) of INT8 PV vs f32 PV (both
 compiled), INT8 PV vs BF16 PV, the INT8 module vs the fragment-level reference
 (raw, and beyond the exact rounding-tie slack), and vs the exact reference.
+`--q-terms` / `--w-quant` choose the numerics (default: the pipeline's; the
+baselines use the same q-terms). Other data families and every variant:
+benchmarks/cpu_accuracy_variants.py.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import int8attn
 from int8attn import reference as ref
 from int8attn.driver.graph import attention_graph, error_stats, random_inputs
+from int8attn.pipelines import PipelineOptions
 
 
 def cases(args):
@@ -39,23 +43,27 @@ def main(argv=None) -> int:
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--q-terms", type=int, choices=(1, 2), default=PipelineOptions.q_terms)
+    parser.add_argument("--w-quant", choices=("s8", "u8"), default=PipelineOptions.w_quant)
     args = parser.parse_args(argv)
-    print(f"{args.mode}: B=1 Hq={args.q_heads} Hkv={args.kv_heads} D={args.head_dim}",
-          file=sys.stderr)
+    variant = {"q_terms": args.q_terms, "w_quant": args.w_quant}
+    print(f"{args.mode}: B=1 Hq={args.q_heads} Hkv={args.kv_heads} D={args.head_dim}, "
+          f"q-terms {args.q_terms}, w-quant {args.w_quant}", file=sys.stderr)
     print("| S | Sq | seed | int8 vs f32 PV max / rms | int8 vs bf16 PV max / rms | "
           "vs fragment ref max (beyond tie slack) | vs exact max / rms |")
     print("|--:|--:|--:|--:|--:|--:|--:|")
     for tokens, query_tokens in cases(args):
         source = attention_graph(1, args.q_heads, args.kv_heads, tokens, args.head_dim,
                                  mode=args.mode, query_tokens=query_tokens)
-        graphs = {pv: int8attn.compile(source, pv=pv) for pv in ("int8", "bf16", "f32")}
+        graphs = {pv: int8attn.compile(source, pv=pv, **variant) for pv in ("int8", "bf16", "f32")}
         info = graphs["int8"].entry()
         for seed in (int(s) for s in args.seeds.split(",")):
             inputs = random_inputs(info, seed)
             out = {pv: g(*inputs) for pv, g in graphs.items()}
             scale = info.attention.softmax_scale
-            fragment_err = np.abs(out["int8"] - ref.fragment_attention(*inputs, scale))
-            beyond = np.maximum(fragment_err - ref.rounding_tie_slack(*inputs, scale), 0).max()
+            fragment_err = np.abs(out["int8"] - ref.fragment_attention(*inputs, scale, **variant))
+            slack = ref.rounding_tie_slack(*inputs, scale, **variant)
+            beyond = np.maximum(fragment_err - slack, 0).max()
             vs_f32 = error_stats(out["int8"], out["f32"])
             vs_bf16 = error_stats(out["int8"], out["bf16"])
             vs_exact = error_stats(out["int8"], ref.exact_attention(*inputs, scale))

@@ -2,12 +2,15 @@
 of the int8 / bf16 / f32 PV modules, measured in one run.
 
     python benchmarks/cpu_decode.py [--contexts 4096,8192,16384] [--iterations 20]
+    python benchmarks/cpu_decode.py --numerics     # the int8 module per q-terms x w-quant
+    python benchmarks/cpu_decode.py --numerics --query-tokens 256 --contexts 2048   # prefill
 
 Shapes follow the issue: batch 1, 32 query heads, 8 KV heads, head dim 128.
 Run time is the median over `--iterations` calls with inputs already on the
 device, after warm-up; the three modules of a context take turns, in
 `--rounds` rounds, so that a change in the machine's load falls on all of them
-alike. Ratios are against the int8 module of the same context.
+alike. Ratios are against the first module of the same context (int8 with the
+pipeline's defaults; with --numerics, the seed's one-term Q and s8 W).
 """
 
 from __future__ import annotations
@@ -20,23 +23,29 @@ import time
 
 
 from int8attn.driver.compile import compile
-from int8attn.driver.graph import decode_graph, random_inputs
+from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.options import CompileOptions
 from int8attn.runtime import LoadedModule
 
-PVS = ("int8", "bf16", "f32")
+# (pv, q_terms, w_quant); None: the pipeline's default.
+MODULES = (("int8", None, None), ("bf16", None, None), ("f32", None, None))
+NUMERICS = tuple(("int8", t, w) for t in (1, 2) for w in ("s8", "u8"))
 
 
 def measure(tokens: int, args) -> list[dict]:
-    """Compile the int8 / bf16 / f32 modules of one context, then time them in turns."""
-    source = decode_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim)
+    """Compile the modules of one context, then time them in turns."""
+    mode = "prefill" if args.query_tokens else "decode"
+    source = attention_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim,
+                             mode=mode, query_tokens=args.query_tokens or 1, name="decode")
     rows, runs = [], []
-    for pv in PVS:
+    for pv, q_terms, w_quant in (NUMERICS if args.numerics else MODULES):
         print(f"  S={tokens} pv={pv} ...", file=sys.stderr, flush=True)
-        compiled = compile(source, CompileOptions(pv=pv), filename=f"decode_{tokens}.mlir")
+        options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant).resolved()
+        compiled = compile(source, options, filename=f"decode_{tokens}.mlir")
         info, vmfb = compiled.functions["decode"], compiled.artifacts["vmfb"]
         passes = sum(compiled.timings[s] for s in ("graph", "algorithm", "linalg"))
-        rows.append({"context": tokens, "pv": pv, "passes_s": passes,
+        label = pv if pv != "int8" else f"int8 q{options.q_terms} {options.w_quant}"
+        rows.append({"context": tokens, "pv": label, "passes_s": passes,
                      "iree_compile_s": compiled.timings["vmfb"], "times_s": []})
         runs.append((LoadedModule(vmfb, {"decode": list(info.arguments)}),
                      random_inputs(info, args.seed)))
@@ -62,6 +71,10 @@ def main(argv=None) -> int:
                         help="turns the three modules of a context take (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--query-tokens", type=int, default=0,
+                        help="prefill with this many query tokens instead of decode")
+    parser.add_argument("--numerics", action="store_true",
+                        help="time the int8 module for every q-terms x w-quant instead")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     print(f"seed {args.seed}; B={args.batch} Hq={args.q_heads} Hkv={args.kv_heads} "
@@ -69,10 +82,10 @@ def main(argv=None) -> int:
           f"{args.rounds} interleaved rounds", file=sys.stderr)
     rows = [row for tokens in contexts for row in measure(tokens, args)]
     print("| context | PV | passes (s) | iree-compile (s) | run (ms) | min run (ms) "
-          "| run / int8 run |")
+          "| run / first run |")
     print("|--:|:--|--:|--:|--:|--:|--:|")
     for row in rows:
-        base = next(r for r in rows if r["context"] == row["context"] and r["pv"] == "int8")
+        base = next(r for r in rows if r["context"] == row["context"])
         print(f"| {row['context']} | {row['pv']} | {row['passes_s']:.3f} | "
               f"{row['iree_compile_s']:.2f} | {row['run_s'] * 1e3:.2f} | "
               f"{row['run_min_s'] * 1e3:.2f} | {row['run_s'] / base['run_s']:.2f} |")

@@ -19,14 +19,23 @@ scale groups of K tokens each.
 |---|---|
 | attention       | q [B,Hq,D] or [B,Hq,Sq,D], k i8 [B,Hkv,S,D], k_scale f32 [B,Hkv,S], v i8, v_scale f32 -> f32 q-shape |
 | paged_attention | q [B,Hq,D], k_cache i8 [NB,Hkv,BS,D], k_scale f32 [NB,Hkv,BS], v_cache i8 [NB,Hkv,D,BS], v_scale, block_tables i32 [B,MB], context_lens i32 [B] -> f32 [B,Hq,D] (B, NB, MB may be dynamic; `dialects/paged.py`) |
-| cache_write     | k_new, v_new float [T,Hkv,D], slot_mapping i32 [T], k_cache, k_scale, v_cache, v_scale (as paged_attention's) -> the four caches, updated {block_size} (T, NB may be dynamic; a slot < 0 skips its token) |
+| cache_write     | k_new, v_new float [T,Hkv,D], slot_mapping i32 [T], k_cache, k_scale, v_cache, v_scale (as paged_attention's)[, k_bias f32 [Hkv,D] subtracted from k_new] -> the four caches, updated {block_size} (T, NB may be dynamic; a slot < 0 skips its token) |
 | quantize        | x float [..., X] -> (i8 [..., X], f32 [...]) per-row symmetric int8 |
 | softmax_pv      | scores f32 [B,Hkv,R,S], v, v_scale {mode[, query_tokens]} -> f32 [B,Hkv,R,D] |
 | pv              | p f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], v_scale f32 [B,Hkv,N,T] -> f32 [B,Hkv,R,N,D] |
 | folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D] -> f32 [B,Hkv,R,N,D] |
 | group_quantize  | w f32 [..., T] {groups[, scale_groups]} -> (i8 [..., G, K], f32 [..., G]) |
-| grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v {groups} -> f32 [B,Hkv,R,N,D] |
-| mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v {groups, fragment_model} -> i32 [B,Hkv,R,N,G,D] |
+| grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v[, column_sums] {groups} -> f32 [B,Hkv,R,N,D] |
+| mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v[, column_sums] {groups, fragment_model} -> i32 [B,Hkv,R,N,G,D] |
+| column_sums     | v i8 [B,Hkv,N,T,D] {groups} -> i32 [B,Hkv,N,G,D]: sum of v over each group's tokens |
+
+Unsigned W (`group_quantize {w_quant = "u8"}`, DESIGN.md §2c): per group
+`a = max|W|` (= max W, W >= 0), `u = clamp(rne(W*(255/a)), 0, 255)`, Wq = u - 128
+(s8), sW = a/255; its consumer (`grouped_pv`, `mmac_tiles`) then takes the
+`column_sums` of v over the same groups as a last operand and accumulates
+`sum_k Wq*Vq + 128 * column_sums` (int32), i.e. sum_k u*Vq: the MMAC's
+accumulator starts at 128 * sum Vq. verify-scale-groups proves the column sums
+cover exactly the MMAC's tokens.
 
 `groups` is a table `[array<i64: ...>, ...]`: row g lists the tokens of a
 block that scale group g (one MMAC) consumes, in K-slot order. It always
@@ -52,15 +61,17 @@ from int8attn.dialects.ops import OPS as _TENSOR_OPS
 from int8attn.dialects.paged import CacheWriteOp, PagedAttentionOp, cache_write, paged_attention
 from int8attn.dialects.ops import (
     DYNAMIC, FLOAT_TYPES, MODES, AttentionOp, FoldedPVOp, GroupedPVOp, GroupQuantizeOp, Int8AttnOp,
-    MMACTilesOp, PVOp, QuantizeOp, SoftmaxPVOp, element_of, groups_attr, groups_of, shape_of,
+    MMACTilesOp, ColumnSumsOp, PVOp, QuantizeOp, SoftmaxPVOp, element_of, groups_attr,
+    groups_of, shape_of,
     tensor,
 )
 
 __all__ = [
     "ATTENTION", "QUANTIZE", "SOFTMAX_PV", "PV", "FOLDED_PV", "GROUP_QUANTIZE", "GROUPED_PV",
-    "MMAC_TILES", "OPS", "MODES", "FLOAT_TYPES", "QUANTIZE_MIN_ABSMAX",
+    "MMAC_TILES", "COLUMN_SUMS", "OPS", "MODES", "FLOAT_TYPES", "QUANTIZE_MIN_ABSMAX",
     "Int8AttnOp", "AttentionOp", "QuantizeOp", "SoftmaxPVOp", "PVOp", "FoldedPVOp",
-    "GroupQuantizeOp", "GroupedPVOp", "MMACTilesOp", "PagedAttentionOp", "PAGED_ATTENTION",
+    "GroupQuantizeOp", "GroupedPVOp", "MMACTilesOp", "ColumnSumsOp", "column_sums",
+    "PagedAttentionOp", "PAGED_ATTENTION",
     "paged_attention", "CacheWriteOp", "CACHE_WRITE", "cache_write", "DYNAMIC",
     "attention", "quantize", "softmax_pv", "pv", "folded_pv", "group_quantize", "grouped_pv",
     "mmac_tiles", "verify", "walk", "tensor", "shape_of", "element_of", "groups_attr",
@@ -81,6 +92,7 @@ FOLDED_PV = FoldedPVOp.OPERATION_NAME
 GROUP_QUANTIZE = GroupQuantizeOp.OPERATION_NAME
 GROUPED_PV = GroupedPVOp.OPERATION_NAME
 MMAC_TILES = MMACTilesOp.OPERATION_NAME
+COLUMN_SUMS = ColumnSumsOp.OPERATION_NAME
 
 
 # ----------------------------------------------------------------------------
@@ -112,22 +124,29 @@ def folded_pv(w, v, *, loc=None) -> ir.Value:
 
 
 def group_quantize(w, groups: np.ndarray, *, scale_groups: np.ndarray | None = None,
-                   loc=None) -> tuple[ir.Value, ir.Value]:
-    """Wq[..., g, k] = W[..., groups[g, k]] / sW[g]; sW[g] over `scale_groups[g]`.
+                   w_quant: str = "s8", loc=None) -> tuple[ir.Value, ir.Value]:
+    """Wq[..., g, k] = W[..., groups[g, k]] / sW[g] (u8: minus 128); sW[g] over
+    `scale_groups[g]`.
 
     `scale_groups` defaults to `groups` (the only correct choice); a different
     table is how the seed's bug is expressed, for the verifier to reject.
     """
-    op = GroupQuantizeOp.build(w, groups, scale_groups=scale_groups, loc=loc)
+    op = GroupQuantizeOp.build(w, groups, scale_groups=scale_groups, w_quant=w_quant, loc=loc)
     return op.wq, op.sw
 
 
-def grouped_pv(wq, sw, v, groups: np.ndarray, *, loc=None) -> ir.Value:
-    return GroupedPVOp.build(wq, sw, v, groups, loc=loc).result
+def grouped_pv(wq, sw, v, groups: np.ndarray, *, column_sums=None, loc=None) -> ir.Value:
+    return GroupedPVOp.build(wq, sw, v, groups, column_sums=column_sums, loc=loc).result
 
 
-def mmac_tiles(wq, v, groups: np.ndarray, *, fragment_model: str, loc=None) -> ir.Value:
-    return MMACTilesOp.build(wq, v, groups, fragment_model=fragment_model, loc=loc).result
+def mmac_tiles(wq, v, groups: np.ndarray, *, fragment_model: str, column_sums=None,
+               loc=None) -> ir.Value:
+    return MMACTilesOp.build(wq, v, groups, fragment_model=fragment_model,
+                             column_sums=column_sums, loc=loc).result
+
+
+def column_sums(v, groups: np.ndarray, *, loc=None) -> ir.Value:
+    return ColumnSumsOp.build(v, groups, loc=loc).result
 
 
 # ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
 from int8attn.fragments import FRAGMENT_MODELS
+from int8attn.reference.common import W_QUANTS
 from int8attn.support.diagnostics import DiagnosticError
 
 MODES = ("decode", "prefill")
@@ -169,6 +170,21 @@ class _Check:
         self.same(vs[:4], [b, hkv, blocks, tokens], "v's leading [B, Hkv, N, T]")
         self.ranked(result, "result", 5, ("f32",))
         self.same(shape_of(result), [b, hkv, rows, blocks, vs[4]], "result")
+
+    def optional_arity(self, operands: int, results: int) -> bool:
+        """`operands` operands, or one more (an optional last operand): is it there?"""
+        given = len(self.op.operands)
+        self.that(given in (operands, operands + 1),
+                  f"expects {operands} or {operands + 1} operands, got {given}")
+        self.that(len(self.op.results) == results,
+                  f"expects {results} results, got {len(self.op.results)}")
+        return given == operands + 1
+
+    def column_sums(self, sums, wq, v) -> None:
+        """The optional column sums operand: i32 [B, Hkv, N, G, D] of wq's groups and v."""
+        b, hkv, _, blocks, count, _ = shape_of(wq)
+        self.ranked(sums, "column_sums", 5, ("i32",))
+        self.same(shape_of(sums), [b, hkv, blocks, count, shape_of(v)[4]], "column_sums")
 
     def grouped_weights(self, wq, v) -> np.ndarray:
         b, hkv, rows, blocks, count, size = self.ranked(wq, "wq", 6, ("i8",))
@@ -385,9 +401,15 @@ class FoldedPVOp(Int8AttnOp):
 class GroupQuantizeOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.group_quantize"
     w = _operand(0, "weights f32 [..., T]")
-    wq = _result(0, "quantized groups i8 [..., G, K]")
+    wq = _result(0, "quantized groups i8 [..., G, K] (u8: u - 128)")
     sw = _result(1, "group scales f32 [..., G]")
     groups = _groups("groups")
+
+    @property
+    def w_quant(self) -> str:
+        """'s8' (symmetric, the default) or 'u8' (unsigned, stored as s8 u - 128)."""
+        attr = self.attributes["w_quant"] if "w_quant" in self.attributes else None
+        return "s8" if attr is None else ir.StringAttr(attr).value
 
     @property
     def scale_groups(self) -> np.ndarray:
@@ -396,12 +418,14 @@ class GroupQuantizeOp(Int8AttnOp):
 
     @classmethod
     def build(cls, w, groups: np.ndarray, *, scale_groups: np.ndarray | None = None,
-              loc=None) -> GroupQuantizeOp:
+              w_quant: str = "s8", loc=None) -> GroupQuantizeOp:
         lead = shape_of(w)[:-1]
         count, size = groups.shape
         attrs = {"groups": groups_attr(groups)}
         if scale_groups is not None:
             attrs["scale_groups"] = groups_attr(scale_groups)
+        if w_quant != "s8":
+            attrs["w_quant"] = ir.StringAttr.get(w_quant)
         return cls._create([tensor(lead + [count, size], "i8"), tensor(lead + [count], "f32")],
                            [w], attrs, loc)
 
@@ -413,6 +437,8 @@ class GroupQuantizeOp(Int8AttnOp):
         if "scale_groups" in self.attributes:
             c.that(c.groups(ws[-1], "scale_groups").shape == (count, size),
                    "attribute 'scale_groups' must have the shape of 'groups'")
+        if "w_quant" in self.attributes:
+            c.string_attr("w_quant", W_QUANTS)
         c.ranked(self.wq, "result #0", len(ws) + 1, ("i8",))
         c.same(shape_of(self.wq), ws[:-1] + [count, size], "result #0")
         c.ranked(self.sw, "result #1", len(ws), ("f32",))
@@ -428,16 +454,25 @@ class GroupedPVOp(Int8AttnOp):
     v = _operand(2, "values i8 [B,Hkv,N,T,D]")
     groups = _groups("groups")
 
+    @property
+    def column_sums(self) -> ir.Value | None:
+        """i32 [B,Hkv,N,G,D] sum of Vq over each group (unsigned W's offset), or None."""
+        operands = self.operation.operands
+        return operands[3] if len(operands) == 4 else None
+
     @classmethod
-    def build(cls, wq, sw, v, groups: np.ndarray, *, loc=None) -> GroupedPVOp:
-        return cls._create([_block_output(wq, v)], [wq, sw, v],
+    def build(cls, wq, sw, v, groups: np.ndarray, *, column_sums=None, loc=None) -> GroupedPVOp:
+        sums = [] if column_sums is None else [column_sums]
+        return cls._create([_block_output(wq, v)], [wq, sw, v, *sums],
                            {"groups": groups_attr(groups)}, loc)
 
     def verify(self) -> bool:
         c = _Check(self)
-        c.arity(3, 1)
+        has_sums = c.optional_arity(3, 1)
         wq, sw, v = self.wq, self.sw, self.v
         c.grouped_weights(wq, v)
+        if has_sums:
+            c.column_sums(self.column_sums, wq, v)
         c.ranked(sw, "sw", 5, ("f32",))
         c.same(shape_of(sw), shape_of(wq)[:5], "sw")
         c.block_pv(shape_of(wq)[:4] + [shape_of(v)[3]], v, None, self.result)
@@ -452,18 +487,28 @@ class MMACTilesOp(Int8AttnOp):
     groups = _groups("groups")
     fragment_model = _string("fragment_model")
 
+    @property
+    def column_sums(self) -> ir.Value | None:
+        """i32 [B,Hkv,N,G,D]: the accumulator starts at 128 * this (unsigned W), or None."""
+        operands = self.operation.operands
+        return operands[2] if len(operands) == 3 else None
+
     @classmethod
-    def build(cls, wq, v, groups: np.ndarray, *, fragment_model: str, loc=None) -> MMACTilesOp:
+    def build(cls, wq, v, groups: np.ndarray, *, fragment_model: str, column_sums=None,
+              loc=None) -> MMACTilesOp:
         out = shape_of(wq)[:-1] + [shape_of(v)[-1]]
-        return cls._create([tensor(out, "i32")], [wq, v],
+        sums = [] if column_sums is None else [column_sums]
+        return cls._create([tensor(out, "i32")], [wq, v, *sums],
                            {"groups": groups_attr(groups),
                             "fragment_model": ir.StringAttr.get(fragment_model)}, loc)
 
     def verify(self) -> bool:
         c = _Check(self)
-        c.arity(2, 1)
+        has_sums = c.optional_arity(2, 1)
         wq, v = self.wq, self.v
         groups = c.grouped_weights(wq, v)
+        if has_sums:
+            c.column_sums(self.column_sums, wq, v)
         model = FRAGMENT_MODELS[c.string_attr("fragment_model", tuple(sorted(FRAGMENT_MODELS)))]
         k = model.instruction.k
         c.that(groups.shape[1] == k,
@@ -476,7 +521,29 @@ class MMACTilesOp(Int8AttnOp):
         return True
 
 
+@_cext.register_operation(_Dialect)
+class ColumnSumsOp(Int8AttnOp):
+    OPERATION_NAME = "int8attn.column_sums"
+    v = _operand(0, "values i8 [B,Hkv,N,T,D]")
+    groups = _groups("groups")
+
+    @classmethod
+    def build(cls, v, groups: np.ndarray, *, loc=None) -> ColumnSumsOp:
+        b, hkv, blocks, _, head_dim = shape_of(v)
+        return cls._create([tensor([b, hkv, blocks, groups.shape[0], head_dim], "i32")], [v],
+                           {"groups": groups_attr(groups)}, loc)
+
+    def verify(self) -> bool:
+        c = _Check(self)
+        c.arity(1, 1)
+        b, hkv, blocks, tokens, head_dim = c.ranked(self.v, "v", 5, ("i8",))
+        count = c.groups(tokens).shape[0]
+        c.ranked(self.result, "result", 5, ("i32",))
+        c.same(shape_of(self.result), [b, hkv, blocks, count, head_dim], "result")
+        return True
+
+
 OPS: dict[str, type[Int8AttnOp]] = {cls.OPERATION_NAME: cls for cls in (
     AttentionOp, QuantizeOp, SoftmaxPVOp, PVOp, FoldedPVOp, GroupQuantizeOp, GroupedPVOp,
-    MMACTilesOp,
+    MMACTilesOp, ColumnSumsOp,
 )}

@@ -22,6 +22,10 @@ and block ids) the driver checks before every call (`driver.graph`).
            tensor<?x8x16xf32>, tensor<?x8x128x16xi8>, tensor<?x8x16xf32>)
         -> (tensor<?x8x16x128xi8>, tensor<?x8x16xf32>, tensor<?x8x128x16xi8>, tensor<?x8x16xf32>)
 
+An optional last operand `k_bias` f32 [Hkv, D] is subtracted from every new
+key of KV head h before it is quantized (a conditioned K cache, exact for
+attention: `reference/key_bias.py`, DESIGN.md §2c).
+
 k_new, v_new [T, Hkv, D] f32 (f16/bf16 accepted, quantized in f32); slot_mapping
 [T] i32; the caches as above; the results are the four caches updated: token i
 goes to slot s = slot_mapping[i], block s // BS, offset s % BS, each KV head's
@@ -160,18 +164,25 @@ class CacheWriteOp(Int8AttnOp):
     def caches(self) -> list[ir.Value]:
         return [self.operation.operands[3 + i] for i in range(4)]
 
+    @property
+    def k_bias(self) -> ir.Value | None:
+        """f32 [Hkv, D] subtracted from the new keys before quantizing, or None."""
+        operands = self.operation.operands
+        return operands[7] if len(operands) == 8 else None
+
     @classmethod
     def build(cls, k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale, *,
-              loc=None) -> "CacheWriteOp":
+              k_bias=None, loc=None) -> "CacheWriteOp":
         attrs = {"block_size": ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
                                                   shape_of(k_cache)[2])}
         caches = [k_cache, k_scale, v_cache, v_scale]
+        bias = [] if k_bias is None else [k_bias]
         return cls._create([c.type for c in caches],
-                           [k_new, v_new, slot_mapping, *caches], attrs, loc)
+                           [k_new, v_new, slot_mapping, *caches, *bias], attrs, loc)
 
     def verify(self) -> bool:
         c = _Check(self)
-        c.arity(7, 4)
+        has_bias = c.optional_arity(7, 4)
         ks = c.ranked(self.k_new, "k_new", 3, FLOAT_TYPES, dynamic=(0,))
         vs = c.ranked(self.v_new, "v_new", 3, FLOAT_TYPES, dynamic=(0,))
         slots = c.ranked(self.slot_mapping, "slot_mapping", 1, ("i32",), dynamic=(0,))
@@ -185,6 +196,11 @@ class CacheWriteOp(Int8AttnOp):
                f"k_new, v_new and slot_mapping disagree on the number of new tokens: "
                f"{_dims([ks[0]])}, {_dims([vs[0]])}, {_dims([slots[0]])}")
         _check_block_size(c, self, block_size)
+        if has_bias:
+            bias = c.ranked(self.k_bias, "k_bias", 2, ("f32",))
+            c.that(bias == [kv_heads, head_dim],
+                   f"k_bias has shape {_dims(bias)}, expected [Hkv, D] = "
+                   f"{_dims([kv_heads, head_dim])} (one channel bias per KV head)")
         for i, (name, cache) in enumerate(zip(self.CACHES, self.caches)):
             result = self.operation.results[i]
             c.that(result.type == cache.type,
@@ -194,7 +210,7 @@ class CacheWriteOp(Int8AttnOp):
 
 
 def cache_write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale, *,
-                loc=None) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+                k_bias=None, loc=None) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     op = CacheWriteOp.build(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale,
-                            loc=loc)
+                            k_bias=k_bias, loc=loc)
     return tuple(op.operation.results)

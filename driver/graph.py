@@ -34,8 +34,9 @@ class AttentionCall:
 
     @property
     def operands(self) -> tuple[str, ...]:
-        return {"paged": PAGED_OPERANDS, "cache_write": CACHE_WRITE_OPERANDS}.get(self.mode,
-                                                                                   OPERANDS)
+        names = {"paged": PAGED_OPERANDS, "cache_write": CACHE_WRITE_OPERANDS}.get(self.mode,
+                                                                                    OPERANDS)
+        return names[:len(self.argument_of)]     # cache_write's k_bias is optional
 
     @property
     def by_reference(self) -> tuple[int, ...]:
@@ -172,7 +173,7 @@ def _attention_call(block, terminator) -> AttentionCall | None:
 OPERANDS = ("q", "k", "k_scale", "v", "v_scale")
 PAGED_OPERANDS = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_tables", "context_lens")
 CACHE_WRITE_OPERANDS = ("k_new", "v_new", "slot_mapping", "k_cache", "k_scale", "v_cache",
-                        "v_scale")
+                        "v_scale", "k_bias")
 
 
 def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
@@ -288,7 +289,7 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
 
 def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                partition_tokens: int = 256, tile_tokens: int = 64,
-               scale_groups: str = "fragment", q_terms: int = 1,
+               scale_groups: str = "fragment", q_terms: int = 1, w_quant: str = "s8",
                progress=None) -> dict[str, np.ndarray]:
     """The exact and the fragment-level reference for the attention result.
 
@@ -312,7 +313,7 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                                                      model=model,
                                                      partition_tokens=partition_tokens,
                                                      scale_groups=scale_groups,
-                                                     q_terms=q_terms)}
+                                                     q_terms=q_terms, w_quant=w_quant)}
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     return {
         "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale,
@@ -320,7 +321,7 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
         "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
                                        model=model, partition_tokens=partition_tokens,
                                        tile_tokens=tile_tokens, scale_groups=scale_groups,
-                                       q_terms=q_terms, progress=progress),
+                                       q_terms=q_terms, w_quant=w_quant, progress=progress),
     }
 
 

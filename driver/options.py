@@ -14,10 +14,15 @@ from typing import Literal, get_args
 
 from int8attn.fragments import FragmentModelName
 from int8attn.pipelines import PipelineOptions
+from int8attn.reference.common import QTerms, WQuant
 from int8attn.support.options import check_fields, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)
+# The numerics the lane-level kernels (kernels/) implement so far: a kernel target
+# resolves these options, when not given, to these values and refuses any other
+# (driver.targets); --target cpu resolves them to the pipeline's defaults.
+KERNEL_NUMERICS = {"q_terms": 1, "w_quant": "s8"}
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,14 @@ class CompileOptions(PipelineOptions):
         "gfx942 / cuda (lane-level decode kernels on that GPU's matrix instruction)")
     iree_flags: tuple[str, ...] = option(
         (), "Python API only: extra iree-compile flags appended to the target's own")
+    q_terms: QTerms | None = option(
+        None, "INT8 terms of q: 1, or 2 (a second term quantizes the f32 residual q - Qq1*s1; "
+        f"DESIGN.md §2c). Default: {PipelineOptions.q_terms} on cpu (the pipeline's), "
+        f"{KERNEL_NUMERICS['q_terms']} on the kernel targets (what their kernels implement)")
+    w_quant: WQuant | None = option(
+        None, "W per MMAC group: s8, or u8 (255 levels as u - 128, offset compensated by 128 * "
+        f"sum Vq; DESIGN.md §2c). Default: {PipelineOptions.w_quant} on cpu (the pipeline's), "
+        f"{KERNEL_NUMERICS['w_quant']} on the kernel targets (what their kernels implement)")
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")
@@ -40,15 +53,27 @@ class CompileOptions(PipelineOptions):
         """The named pipeline's options, with the fragment model resolved."""
         return PipelineOptions(self.pv, self.resolved_fragment_model(), self.scale_groups,
                                self.verify, self.partition_tokens, self.tile_tokens,
-                               self.q_terms)
+                               self.resolved_numerics("q_terms"),
+                               self.resolved_numerics("w_quant"))
 
     def resolved_fragment_model(self) -> str:
         if self.fragment_model is not None:
             return self.fragment_model
         return self.target if self.target in get_args(FragmentModelName) else "gfx936"
 
+    def resolved_numerics(self, name: str):
+        """q_terms / w_quant: as given, else the kernels' (kernel targets) or the
+        pipeline's default (cpu)."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        if self.target == "cpu":
+            return getattr(PipelineOptions, name)
+        return KERNEL_NUMERICS[name]
+
     def resolved(self) -> "CompileOptions":
-        return replace(self, fragment_model=self.resolved_fragment_model())
+        return replace(self, fragment_model=self.resolved_fragment_model(),
+                       **{name: self.resolved_numerics(name) for name in KERNEL_NUMERICS})
 
     def __post_init__(self):
         check_fields(self)

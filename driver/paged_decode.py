@@ -26,23 +26,27 @@ from int8attn.runtime.module import aligned_empty
 
 
 def paged_decode_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
-                       softmax_scale: float | None = None, new_element: str = "f32") -> str:
+                       softmax_scale: float | None = None, new_element: str = "f32",
+                       k_bias: bool = False) -> str:
     """MLIR text of two public functions on one cache: @write (cache_write of T new
-    tokens) and @attend (paged_attention of a batch)."""
+    tokens; with `k_bias`, a last argument [Hkv, D] f32 subtracted from the new keys
+    before quantizing, reference/key_bias.py) and @attend (paged_attention of a batch)."""
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     kv = f"?x{kv_heads}x{head_dim}x{new_element}"
     caches = [f"?x{kv_heads}x{block_size}x{head_dim}xi8", f"?x{kv_heads}x{block_size}xf32",
               f"?x{kv_heads}x{head_dim}x{block_size}xi8", f"?x{kv_heads}x{block_size}xf32"]
     q = f"?x{q_heads}x{head_dim}xf32"
     t = lambda types: ", ".join(f"tensor<{x}>" for x in types)
-    write_types = [kv, kv, "?xi32", *caches]
+    bias = [f"{kv_heads}x{head_dim}xf32"] if k_bias else []
+    write_types = [kv, kv, "?xi32", *caches, *bias]
     attend_types = [q, *caches, "?x?xi32", "?xi32"]
     args = lambda types: ", ".join(f"%a{i}: tensor<{x}>" for i, x in enumerate(types))
     names = lambda n: ", ".join(f"%a{i}" for i in range(n))
     return (
         f"// Paged decode: @write stores new tokens in the cache, @attend attends a batch.\n"
         f"func.func @write({args(write_types)}) -> ({t(caches)}) {{\n"
-        f"  %c:4 = \"int8attn.cache_write\"({names(7)}) {{block_size = {block_size} : i64}}"
+        f"  %c:4 = \"int8attn.cache_write\"({names(len(write_types))}) "
+        f"{{block_size = {block_size} : i64}}"
         f" : ({t(write_types)}) -> ({t(caches)})\n"
         f"  return %c#0, %c#1, %c#2, %c#3 : {t(caches)}\n}}\n"
         f"func.func @attend({args(attend_types)}) -> tensor<{q}> {{\n"
@@ -126,17 +130,22 @@ class PagedCache:
 
 
 class PagedDecoder:
-    """Prefill and decode steps on a compiled `paged_decode_graph` and a `PagedCache`."""
+    """Prefill and decode steps on a compiled `paged_decode_graph` and a `PagedCache`.
+
+    `k_bias` [Hkv, D] (for a graph built with `k_bias=True`) is subtracted from every
+    key written, a conditioned K cache (reference/key_bias.py; exact for attention).
+    """
 
     def __init__(self, graph, cache: PagedCache, *, write: str = "write",
-                 attend: str = "attend"):
+                 attend: str = "attend", k_bias: np.ndarray | None = None):
         self.graph, self.cache = graph, cache
         self.write_function, self.attend_function = write, attend
+        self.k_bias = () if k_bias is None else (np.asarray(k_bias, np.float32),)
         self.last_batch: tuple[np.ndarray, np.ndarray] | None = None
 
     def write(self, k_new, v_new, slot_mapping) -> None:
         """`@write`: the tokens' quantized rows stored at their slots, in the cache arrays."""
-        self.graph(k_new, v_new, slot_mapping, *self.cache.arrays,
+        self.graph(k_new, v_new, slot_mapping, *self.cache.arrays, *self.k_bias,
                    function=self.write_function)
 
     def prefill(self, k, v) -> int:

@@ -11,7 +11,8 @@ pool entries past a sequence's length are never read, so they are not checked.
 cache_write: k_new, v_new and slot_mapping agree on the number of new tokens T,
 the caches on NB, every slot is in [0, NB·BS) or negative (vLLM's padding: the
 token is skipped), and no two tokens write one slot (which one the cache would
-hold is ambiguous). A refused call writes nothing.
+hold is ambiguous); a k_bias operand holds only finite values. A refused call writes
+nothing.
 """
 
 from __future__ import annotations
@@ -134,6 +135,12 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
 
 def check_cache_write_arguments(info, arrays) -> None:
     ops = _operands(info, arrays)
+    if "k_bias" in ops:
+        bad = np.argwhere(~np.isfinite(ops["k_bias"]))
+        if bad.size:
+            raise InputError(f"{_label(info, 'k_bias')}: holds a non-finite value at "
+                             f"{[int(i) for i in bad[0]]}; the key channel bias is "
+                             f"subtracted from every new key and must be finite")
     tokens = {name: ops[name].shape[0] for name in ("k_new", "v_new", "slot_mapping")}
     if len(set(tokens.values())) != 1:
         raise InputError(f"@{info.name}: k_new has {tokens['k_new']} new tokens, v_new "
@@ -179,7 +186,8 @@ def random_cache_write_inputs(info, seed: int) -> list[np.ndarray]:
     values = {"k_new": rng.standard_normal((tokens, kv_heads, head_dim)).astype(element),
               "v_new": rng.standard_normal((tokens, kv_heads, head_dim)).astype(element),
               "slot_mapping": slots, "k_cache": k, "k_scale": k_scale,
-              "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale}
+              "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale,
+              "k_bias": rng.standard_normal((kv_heads, head_dim)).astype(np.float32)}
     arrays: list = [None] * len(info.arguments)
     for name, index in zip(call.operands, call.argument_of):
         arrays[index] = values[name]

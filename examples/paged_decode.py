@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     print(f"{how} (@write and @attend) once, in {time.perf_counter() - start:.1f} s")
     cache = PagedCache(args.blocks, HKV, BS, D, seed=args.seed)
     decoder = PagedDecoder(graph, cache)
+    numerics = {"q_terms": graph.options.q_terms, "w_quant": graph.options.w_quant}
 
     sequences = []
     for length in PROMPTS:
@@ -74,11 +75,11 @@ def main(argv=None) -> int:
         tables, lens = decoder.last_batch
         operands = (q, *cache.arrays, tables, lens)
         exact = exact_paged_attention(*operands, SCALE)
-        fragment = fragment_paged_attention(*operands, SCALE)
+        fragment = fragment_paged_attention(*operands, SCALE, **numerics)
         exact_err = np.abs(out - exact).max(axis=(1, 2))
         frag_err = np.abs(out.astype(np.float64) - fragment).max(axis=(1, 2))
         ties = [rounding_tie_slack(q[b:b + 1], *sequence_cache(*cache.arrays, tables, lens, b),
-                                   SCALE).max() for b in range(len(sequences))]
+                                   SCALE, **numerics).max() for b in range(len(sequences))]
         ok = all(e <= FRAGMENT_TOL + t for e, t in zip(frag_err, ties))
         failed |= not ok
         print(f"step {step}: lengths {lens.tolist()}, write+attend {seconds * 1e3:.1f} ms, "

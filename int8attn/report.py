@@ -11,7 +11,8 @@ from int8attn.reference import TERMS, error_split
 
 _LABELS = {
     "total": "total (INT8 module - exact)",
-    "qk_and_k_cache": "INT8 QK + K cache (via P)",
+    "q_quantization": "INT8 Q (via P)",
+    "k_cache": "K cache (via P)",
     "v_cache": "V cache       sum P*(-eV)",
     "w_quantization": "W quantization sum eW*Vq",
 }
@@ -36,9 +37,11 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
     split = error_split(q, k, k_scale, v, v_scale, floats["k"], floats["v"],
                         call.softmax_scale, result, model=options.fragment_model,
                         partition_tokens=options.partition_tokens,
-                        tile_tokens=options.tile_tokens, scale_groups=options.scale_groups)
+                        tile_tokens=options.tile_tokens, scale_groups=options.scale_groups,
+                        q_terms=options.q_terms, w_quant=options.w_quant)
     print(f"error split against exact attention on the float cache (unquantized q, K, V), "
-          f"pv={options.pv}, scale groups {options.scale_groups}:")
+          f"pv={options.pv}, q-terms {options.q_terms}, w-quant {options.w_quant}, "
+          f"scale groups {options.scale_groups}:")
     print(_line(_LABELS["total"], split["total"]))
     for term in TERMS:
         print(_line(_LABELS[term], split[term]))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith
+from iree.compiler.dialects import arith, math
 
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
@@ -72,14 +72,15 @@ def rewrite_attention(op: d.AttentionOp, rewriter, q_terms: int = 1):
 
 
 def quantize_q(rows: ir.Value, q_terms: int) -> list[tuple[ir.Value, ir.Value]]:
-    """[(qq1, s1)] = quantize(rows); with two terms also (qq2, s2) = quantize(rows - f32(qq1)*s1)."""
+    """[(qq1, s1)] = quantize(rows); with two terms also (qq2, s2) = quantize(rows - f32(qq1)*s1),
+    the residual rounded once (math.fma, as reference.quantize_q states it)."""
     terms = [d.quantize(rows)]
     if q_terms == 2:
         qq, sq = terms[0]
         residual = build.generic(
             [rows, qq, sq], ["bhrd", "bhrd", "bhr"], "bhrd",
             build.empty(d.shape_of(rows), "f32"),
-            lambda x, q_i, s_i, _: arith.subf(x, arith.mulf(build.to_f32(q_i), s_i)))
+            lambda x, q_i, s_i, _: math.fma(arith.negf(build.to_f32(q_i)), s_i, x))
         terms.append(d.quantize(residual))
     return terms
 

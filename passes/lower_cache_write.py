@@ -3,13 +3,16 @@
 Rewrites `int8attn.cache_write` (T new tokens, NB blocks of BS; both may be
 dynamic) into
 
-    kq, sk = int8attn.quantize(f32(k_new))      per (token, KV head) row, [T,Hkv,D]
+    kq, sk = int8attn.quantize(f32(k_new) [- k_bias[h]])   per (token, KV head) row, [T,Hkv,D]
     vq, sv = int8attn.quantize(f32(v_new))
     for each token t, head h (d: each of D), with s = slot_mapping[t]:
       k_cache[s // BS, h, s % BS, :]  = kq[t, h, :]         iree_linalg_ext.scatter,
       k_scale[s // BS, h, s % BS]     = sk[t, h]            one per cache, whose
       v_cache[s // BS, h, d, s % BS]  = vq[t, h, d]         `outs` is the cache
       v_scale[s // BS, h, s % BS]     = sv[t, h]
+
+The optional `k_bias` [Hkv, D] is subtracted in f32 from each new key of KV
+head h before it is quantized (a conditioned K cache, reference/key_bias.py).
 
 A token with s < 0 (vLLM's padding) is skipped: its index points at slot 0
 and its update is a value quantize never produces (-128 for the int8 rows,
@@ -132,9 +135,12 @@ def lower_cache_write(op: d.CacheWriteOp, rewriter):
     with rewriter.ip, op.location:
         slots = op.slot_mapping
         rows = []
-        for x in (op.k_new, op.v_new):
+        for x, bias in ((op.k_new, op.k_bias), (op.v_new, None)):
             if d.element_of(x) != "f32":
                 x = arith.extf(ir.RankedTensorType.get(d.shape_of(x), ir.F32Type.get()), x)
+            if bias is not None:
+                x = build.generic([x, bias], ["thd", "hd"], "thd", _empty(_dims(x), "f32"),
+                                  lambda xi, b, _: arith.subf(xi, b))
             rows.append(d.quantize(x))
         (kq, ks), (vq, vs) = rows
         sizes = _dims(kq)                                       # [T, Hkv, D]

@@ -38,6 +38,22 @@ is lowered through a gather of V in fragment order and an i32 contraction:
 
 Either way the `groups` table the scales were computed over is the one that
 pairs each K slot of W with its token of V.
+
+Unsigned W (DESIGN.md §2c): `int8attn.column_sums(v) {groups}` becomes the sum
+of V over each group's tokens (int32; in place through the same token-digit
+view, reducing the slot digits, or through the gather), and a tile with column
+sums adds 128 * cs to its int32 sums (quantize_contract.unsigned_offset):
+
+    cs[b,h,n,g,d]     = sum_k v[b,h,n,groups[g,k],d]
+    acc[b,h,r,n,g,d] += 128 * cs[b,h,n,g,d]          (= sum_k u * Vq, |.| < 2^24)
+
+The column sum does not depend on the query row, so it costs 1/R of the PV
+contraction here. A lane-level decode kernel gets it for free: the A tile has
+16 rows and a GQA group fills only Hq/Hkv of them, so one all-ones padding row
+of A makes the same MMAC return sum Vq in that row of C. At 16 query heads per
+KV head no row is free: the kernel needs one more MMAC per tile (or a reduction
+of the V fragment it already holds). That is the kernels' part; this pass is
+the tensor-level form.
 """
 
 from __future__ import annotations
@@ -52,6 +68,7 @@ from iree.compiler.dialects import arith, tensor
 from int8attn.dialects import int8attn as d
 from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
 from int8attn.passes import builders as build
+from int8attn.passes import quantize_contract as contract
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 
@@ -92,8 +109,10 @@ _TOKEN_DIGIT = "ACEFGIJLMOPQSTUVWXYZ"
 _GROUP_DIGIT = "acefgijlmopqstuvwxyz"
 
 
-def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape) -> ir.Value:
-    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v.
+def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
+                      column_sums: ir.Value | None = None) -> ir.Value:
+    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v
+    (+ 128 * column_sums[b,h,n,g,d], in the same generic as the conversion to i32).
 
     The token axes outside every slot axis (whole waves) are batch loops; the
     block below them is one contiguous reduction loop, over which Wq is
@@ -142,8 +161,15 @@ def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape) 
         build.zeros(out_shape, "f32"),
         lambda w, x, total: arith.addf(total, arith.mulf(w, build.to_f32(x))),
         loops="bhn" + outer + inner_dims + "rdk")
-    acc = build.generic([acc], [out_dims], out_dims, build.empty(out_shape, "i32"),
-                        lambda a, _: arith.fptosi(ir.IntegerType.get_signless(32), a))
+    to_i32 = lambda a: arith.fptosi(ir.IntegerType.get_signless(32), a)
+    if column_sums is None:
+        acc = build.generic([acc], [out_dims], out_dims, build.empty(out_shape, "i32"),
+                            lambda a, _: to_i32(a))
+    else:
+        sums = build.split_dim(column_sums, 3, axes.group_shape)
+        acc = build.generic([acc, sums], [out_dims, "bhn" + group + "d"], out_dims,
+                            build.empty(out_shape, "i32"),
+                            lambda a, cs, _: contract.unsigned_offset(to_i32(a), cs))
     return build.merge_dims(acc, 4, len(group))
 
 
@@ -164,17 +190,48 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place"):
     axes = in_place_axes(groups) if static and tokens == "in-place" else None
     with rewriter.ip, op.location:
         if axes is not None:
-            acc = contract_in_place(wq, v, axes, d.shape_of(op.result))
+            acc = contract_in_place(wq, v, axes, d.shape_of(op.result), op.column_sums)
         else:
             v_groups = gather_tokens(v, 3, groups)
             acc = build.generic([wq, v_groups], ["bhrngk", "bhngkd"], "bhrngd",
                                 build.zeros(d.shape_of(op.result), "i32"), _mac)
+        if op.column_sums is not None and axes is None:
+            acc = build.generic([acc, op.column_sums], ["bhrngd", "bhngd"], "bhrngd",
+                                build.empty(d.shape_of(op.result), "i32"),
+                                lambda a, cs, _: contract.unsigned_offset(a, cs))
     rewriter.replace_op(op, [acc])
+
+
+def sum_columns_in_place(v: ir.Value, axes: TokenAxes) -> ir.Value:
+    """cs[b,h,n,g,d] = sum of v over group g's tokens, on a view of v's token digits."""
+    b, h, n, _, head_dim = d.shape_of(v)
+    token = _TOKEN_DIGIT[:len(axes.axes)]
+    group = "".join(token[i] for i in axes.group_order)
+    sums = build.generic([build.split_dim(v, 3, axes.token_shape)], ["bhn" + token + "d"],
+                         "bhn" + group + "d",
+                         build.zeros([b, h, n, *axes.group_shape, head_dim], "i32"),
+                         lambda x, total: arith.addi(total, build.to_i32(x)))
+    return build.merge_dims(sums, 3, len(group))
+
+
+def lower_column_sums(op: d.ColumnSumsOp, rewriter, tokens: str = "in-place"):
+    v, groups = op.v, op.groups
+    static = d.DYNAMIC not in d.shape_of(v)
+    axes = in_place_axes(groups) if static and tokens == "in-place" else None
+    with rewriter.ip, op.location:
+        if axes is not None:
+            sums = sum_columns_in_place(v, axes)
+        else:
+            sums = build.generic([gather_tokens(v, 3, groups)], ["bhngkd"], "bhngd",
+                                 build.zeros(d.shape_of(op.result), "i32"),
+                                 lambda x, total: arith.addi(total, build.to_i32(x)))
+    rewriter.replace_op(op, [sums])
 
 
 @dataclass(frozen=True)
 class LowerMMACTiles(TypedOptions):
-    """Lower MMAC tiles to exact int8 contractions, reading V in place where the groups allow.
+    """Lower MMAC tiles (and the column sums of unsigned W) to exact int8
+    contractions, reading V in place where the groups allow.
 
     Groups that are no digit permutation of the token index (or `tokens=gather`)
     go through a token gather of V instead.
@@ -186,4 +243,6 @@ class LowerMMACTiles(TypedOptions):
         "gather them through the groups table (the reference form)")
 
     def run(self, module: ir.Operation) -> None:
-        apply_patterns(module, {d.MMAC_TILES: lambda op, rw: lower_tiles(op, rw, self.tokens)})
+        apply_patterns(module, {
+            d.MMAC_TILES: lambda op, rw: lower_tiles(op, rw, self.tokens),
+            d.COLUMN_SUMS: lambda op, rw: lower_column_sums(op, rw, self.tokens)})

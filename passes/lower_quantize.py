@@ -15,8 +15,10 @@ written in group order by the loops' order, no copy of W. Otherwise (or with
 `tokens=gather`, or with `scale_groups`, whose absmax comes from a second
 gather over those token sets) W is first gathered into [..., G, K]. An
 all-zero or tiny row gives q = 0; a row holding NaN or Inf gives q = 0, s = NaN
-(never a poison fptosi). The scalar ops come from passes/quantize_contract.py,
-which the lane-level kernels share.
+(never a poison fptosi). `group_quantize {w_quant = "u8"}` uses the unsigned
+rule (255 levels, Wq = u - 128, sW = a/255; u = 0 where a row is skipped).
+The scalar ops come from passes/quantize_contract.py, which the lane-level
+kernels share.
 Leading (row) dimensions of `quantize` may be dynamic (cache_write's T new tokens).
 """
 
@@ -43,19 +45,28 @@ def row_absmax(x: ir.Value) -> ir.Value:
                          lambda xi, acc: contract.absmax_step(acc, xi))
 
 
-def quantize_rows(x: ir.Value, amax: ir.Value | None = None) -> tuple[ir.Value, ir.Value]:
-    """Per-row int8 of `x`; the scale is `amax`/127 (default: the row's own absmax)."""
+def _value_rule(c, unsigned: bool):
+    """The contract's scalar quantize of one element (signed, or unsigned W)."""
+    if unsigned:
+        return lambda xi, inv, _: contract.quantize_unsigned_value(xi, inv, c)
+    return lambda xi, inv, _: contract.quantize_value(xi, inv, c)
+
+
+def quantize_rows(x: ir.Value, amax: ir.Value | None = None,
+                  unsigned: bool = False) -> tuple[ir.Value, ir.Value]:
+    """Per-row int8 of `x`; the scale is `amax`/127 (default: the row's own absmax),
+    or `amax`/255 with Wq = u - 128 (`unsigned`)."""
     shape = d.shape_of(x)
     dims = "abcdefghij"[:len(shape)]
     row, row_shape = dims[:-1], shape[:-1]
     amax = row_absmax(x) if amax is None else amax
-    c = contract.quantize_constants(build.f32)
+    c = contract.quantize_constants(build.f32, unsigned)
     scale = build.generic([amax], [row], row, build.empty(row_shape, "f32", like=x),
-                          lambda a, _: contract.quantize_scale(a, c))
+                          lambda a, _: contract.quantize_scale(a, c, unsigned))
     inverse = build.generic([amax], [row], row, build.empty(row_shape, "f32", like=x),
-                            lambda a, _: contract.quantize_inverse(a, c))
+                            lambda a, _: contract.quantize_inverse(a, c, unsigned))
     q = build.generic([x, inverse], [dims, row], dims, build.empty(shape, "i8", like=x),
-                      lambda xi, inv, _: contract.quantize_value(xi, inv, c))
+                      _value_rule(c, unsigned))
     return q, scale
 
 
@@ -69,7 +80,8 @@ def lower_quantize(op: d.QuantizeOp, rewriter):
 _TOKEN_DIGIT = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def quantize_groups_in_place(w: ir.Value, axes: TokenAxes) -> tuple[ir.Value, ir.Value]:
+def quantize_groups_in_place(w: ir.Value, axes: TokenAxes,
+                             unsigned: bool = False) -> tuple[ir.Value, ir.Value]:
     """group_quantize on a view of W's token dim split into the groups' digits:
     the absmax reduces the slot digits, Wq is written in [G, K] order straight
     from W (a permutation of loops, no gather)."""
@@ -79,7 +91,7 @@ def quantize_groups_in_place(w: ir.Value, axes: TokenAxes) -> tuple[ir.Value, ir
     token = _TOKEN_DIGIT[:len(axes.axes)]
     group = "".join(token[i] for i in axes.group_order)
     slot = "".join(token[i] for i in axes.slot_order)
-    c = contract.quantize_constants(build.f32)
+    c = contract.quantize_constants(build.f32, unsigned)
     w_view = build.split_dim(w, t, axes.token_shape)
     amax = build.generic([w_view], [lead + token], lead + group,
                          build.zeros(shape[:t] + axes.group_shape, "f32"),
@@ -87,13 +99,13 @@ def quantize_groups_in_place(w: ir.Value, axes: TokenAxes) -> tuple[ir.Value, ir
     amax = build.merge_dims(amax, t, len(group))
     rows, row_shape = lead + "G", shape[:t] + [axes.groups]
     scale = build.generic([amax], [rows], rows, build.empty(row_shape, "f32"),
-                          lambda a, _: contract.quantize_scale(a, c))
+                          lambda a, _: contract.quantize_scale(a, c, unsigned))
     inverse = build.generic([amax], [rows], rows, build.empty(row_shape, "f32"),
-                            lambda a, _: contract.quantize_inverse(a, c))
+                            lambda a, _: contract.quantize_inverse(a, c, unsigned))
     q = build.generic([w_view, build.split_dim(inverse, t, axes.group_shape)],
                       [lead + token, lead + group], lead + group + slot,
                       build.empty(shape[:t] + axes.group_shape + axes.slot_shape, "i8"),
-                      lambda x, inv, _: contract.quantize_value(x, inv, c))
+                      _value_rule(c, unsigned))
     q = build.merge_dims(build.merge_dims(q, t + len(group), len(slot)), t, len(group))
     return q, scale
 
@@ -102,6 +114,7 @@ def lower_group_quantize(op: d.GroupQuantizeOp, rewriter, tokens: str = "in-plac
     w = op.w
     token_dim = len(d.shape_of(w)) - 1
     groups, scale_groups = op.groups, op.scale_groups
+    unsigned = op.w_quant == "u8"
     axes = None
     if (tokens == "in-place" and (scale_groups == groups).all()
             and d.DYNAMIC not in d.shape_of(w)):
@@ -111,14 +124,14 @@ def lower_group_quantize(op: d.GroupQuantizeOp, rewriter, tokens: str = "in-plac
             pass
     with rewriter.ip, op.location:
         if axes is not None:
-            q, scale = quantize_groups_in_place(w, axes)
+            q, scale = quantize_groups_in_place(w, axes, unsigned)
             rewriter.replace_op(op, [q, scale])
             return
         grouped = gather_tokens(w, token_dim, groups)
         amax = None
         if not (scale_groups == groups).all():  # the seed's bug, on request
             amax = row_absmax(gather_tokens(w, token_dim, scale_groups))
-        q, scale = quantize_rows(grouped, amax)
+        q, scale = quantize_rows(grouped, amax, unsigned)
     rewriter.replace_op(op, [q, scale])
 
 

@@ -1,9 +1,12 @@
 """pv-to-mmac: the grouped PV contraction as MMAC tiles plus the rescale.
 
-Rewrites `int8attn.grouped_pv(Wq, sW, v) {groups}` into
+Rewrites `int8attn.grouped_pv(Wq, sW, v[, cs]) {groups}` into
 
-    acc = int8attn.mmac_tiles(Wq, v) {groups, fragment_model}   int32, one K group each
+    acc = int8attn.mmac_tiles(Wq, v[, cs]) {groups, fragment_model}   int32, one K group each
     O   = sum_g f32(acc_g) * sW_g
+
+With unsigned W the column sums `cs` go to the tiles, whose accumulator starts
+at 128 * cs (acc = sum Wq*Vq + 128 sum Vq = sum u*Vq, still an s8 x s8 MMAC).
 
 Each tile is one fragment model's matrix instruction's K extent: int32 sums never
 cross groups, so no int32 value ever mixes two scales. The head dim is the
@@ -42,7 +45,7 @@ def to_mmac_tiles(op: d.GroupedPVOp, rewriter, model_name: str):
             f"at a time; pad D to {-(-head_dim // instruction.n) * instruction.n} with zero "
             f"columns, or use a float PV (--pv bf16 or --pv f32)")
     with rewriter.ip, op.location:
-        acc = d.mmac_tiles(wq, v, groups, fragment_model=model_name)
+        acc = d.mmac_tiles(wq, v, groups, fragment_model=model_name, column_sums=op.column_sums)
         out = build.generic(
             [acc, sw], ["bhrngd", "bhrng"], "bhrnd",
             build.zeros(d.shape_of(wq)[:4] + [head_dim], "f32"),

@@ -8,6 +8,16 @@
 A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
 NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
 
+Unsigned W (w-quant=u8, DESIGN.md §2c), for W >= 0 (a = max|W| = max W):
+
+    s   = a == inf ? NaN : a / 255                      quantize_scale(..., unsigned=True)
+    inv = (a >= 2^-118 and a < inf) ? 255 / a : 0       quantize_inverse(..., unsigned=True)
+    Wq  = fptosi(inv == 0 ? 0 : clamp(roundeven(W * inv), 0, 255)) - 128   (as s8)
+                                                        quantize_unsigned_value
+    acc = sum Wq*Vq + 128 * sum Vq  (int32, over one MMAC's tokens)   unsigned_offset
+
+so a skipped group (u = 0) contributes exactly 0 and the MMAC stays s8 x s8.
+
 Every compiler consumer builds the contract from these functions: lower-quantize
 inside its linalg.generic bodies, the lane-level decode kernels on the per-lane
 scalars of a W group. The numpy reference (reference/common.py) stays the
@@ -28,9 +38,10 @@ from typing import Callable, NamedTuple
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from int8attn.reference.common import QUANTIZE_MIN_ABSMAX
+from int8attn.reference.common import QUANTIZE_MIN_ABSMAX, W_OFFSET
 
 QMAX = 127.0
+UMAX = 255.0
 
 
 class QuantizeConstants(NamedTuple):
@@ -40,16 +51,20 @@ class QuantizeConstants(NamedTuple):
     inf: ir.Value
     nan: ir.Value
     min_absmax: ir.Value  # QUANTIZE_MIN_ABSMAX = 2^-118
+    umax: ir.Value | None = None   # 255, built only for unsigned W
 
 
 def _f32(value: float) -> ir.Value:
     return arith.constant(ir.F32Type.get(), float(value))
 
 
-def quantize_constants(f32: Callable[[float], ir.Value] = _f32) -> QuantizeConstants:
-    """The contract's f32 constants, made with `f32` (default: arith.constant here)."""
+def quantize_constants(f32: Callable[[float], ir.Value] = _f32,
+                       unsigned: bool = False) -> QuantizeConstants:
+    """The contract's f32 constants, made with `f32` (default: arith.constant here);
+    `unsigned` adds 255 for unsigned W."""
     return QuantizeConstants(f32(QMAX), f32(-QMAX), f32(0.0), f32(float("inf")),
-                             f32(float("nan")), f32(QUANTIZE_MIN_ABSMAX))
+                             f32(float("nan")), f32(QUANTIZE_MIN_ABSMAX),
+                             f32(UMAX) if unsigned else None)
 
 
 def absmax_step(acc: ir.Value, x: ir.Value) -> ir.Value:
@@ -62,17 +77,18 @@ def absmax_merge(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.maximumf(a, b)
 
 
-def quantize_scale(amax: ir.Value, c: QuantizeConstants) -> ir.Value:
-    """s = a / 127, NaN when the row held NaN (a is NaN) or Inf (a is +inf)."""
+def quantize_scale(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False) -> ir.Value:
+    """s = a / 127 (a / 255 unsigned), NaN when the row held NaN (a is NaN) or Inf."""
     is_inf = arith.cmpf(arith.CmpFPredicate.OEQ, amax, c.inf)
-    return arith.select(is_inf, c.nan, arith.divf(amax, c.qmax))
+    return arith.select(is_inf, c.nan, arith.divf(amax, c.umax if unsigned else c.qmax))
 
 
-def quantize_inverse(amax: ir.Value, c: QuantizeConstants) -> ir.Value:
-    """127 / a, or 0 where the row quantizes to zero (a tiny, zero, NaN or Inf)."""
+def quantize_inverse(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False) -> ir.Value:
+    """127 / a (255 / a unsigned), or 0 where the row quantizes to zero (a tiny,
+    zero, NaN or Inf)."""
     quantizable = arith.andi(arith.cmpf(arith.CmpFPredicate.OGE, amax, c.min_absmax),
                              arith.cmpf(arith.CmpFPredicate.OLT, amax, c.inf))
-    return arith.select(quantizable, arith.divf(c.qmax, amax), c.zero)
+    return arith.select(quantizable, arith.divf(c.umax if unsigned else c.qmax, amax), c.zero)
 
 
 def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
@@ -81,3 +97,21 @@ def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.V
     clamped = arith.minimumf(arith.maximumf(steps, c.qmin), c.qmax)
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
     return arith.fptosi(ir.IntegerType.get_signless(8), arith.select(skipped, c.zero, clamped))
+
+
+def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
+    """The s8 `u - 128` of W against its group's unsigned `quantize_inverse`:
+    u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0."""
+    steps = math.roundeven(arith.mulf(w, inverse))
+    clamped = arith.minimumf(arith.maximumf(steps, c.zero), c.umax)
+    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
+    u = arith.fptosi(ir.IntegerType.get_signless(32), arith.select(skipped, c.zero, clamped))
+    i32 = ir.IntegerType.get_signless(32)
+    shifted = arith.subi(u, arith.constant(i32, W_OFFSET))
+    return arith.trunci(ir.IntegerType.get_signless(8), shifted)
+
+
+def unsigned_offset(acc: ir.Value, column_sum: ir.Value) -> ir.Value:
+    """acc + 128 * column_sum (i32): the MMAC's sum of Wq*Vq, compensated to sum u*Vq."""
+    i32 = ir.IntegerType.get_signless(32)
+    return arith.addi(acc, arith.muli(column_sum, arith.constant(i32, W_OFFSET)))

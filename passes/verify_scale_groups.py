@@ -9,7 +9,11 @@ Checks, from the IR alone, every consumer of quantized W (`grouped_pv`,
 - the consumer reads V through the same `groups` table (K slot k of group g
   pairs W and V of the same token);
 - for `mmac_tiles`, those are the tokens the fragment model's MMAC really consumes
-  (the fragment model's groups for the block).
+  (the fragment model's groups for the block);
+- unsigned W (`w_quant = "u8"`) and only it has column sums, produced by one
+  `int8attn.column_sums` of the consumer's own V whose group g sums exactly
+  the tokens the consumer's group g reads (as sets): the 128 * sum Vq offset
+  compensation covers the MMAC's token set, no more, no less.
 
 On a mismatch it reports an error at the offending op naming both token sets,
 e.g. `{0-31}` vs `{0-7,16-23,32-39,48-55}`. It rewrites nothing.
@@ -74,6 +78,7 @@ def _check_consumer(consumer: d.GroupedPVOp | d.MMACTilesOp) -> None:
             f"'{consumer.name}' op pairs quantized W group {g} (tokens "
             f"{format_token_set(groups[g])}) with V tokens {format_token_set(consumed[g])}",
             (f"Wq produced at {format_location(quantize.location)}",) if distinct else ())
+    _check_column_sums(consumer, quantize)
     if isinstance(consumer, d.MMACTilesOp):
         model_name = consumer.fragment_model
         real = fragment_model(model_name).token_groups(d.shape_of(consumer.v)[3])
@@ -84,6 +89,36 @@ def _check_consumer(consumer: d.GroupedPVOp | d.MMACTilesOp) -> None:
                 f"'{consumer.name}' op claims MMAC {g} consumes tokens "
                 f"{format_token_set(consumed[g])} but {model_name}'s fragment model says "
                 f"{format_token_set(real[g])}")
+
+
+def _check_column_sums(consumer, quantize: d.GroupQuantizeOp) -> None:
+    sums = consumer.column_sums
+    if quantize.w_quant != "u8":
+        if sums is not None:
+            raise DiagnosticError(consumer.location, f"'{consumer.name}' op adds 128 * column "
+                                  f"sums to signed (s8) W; only w_quant = \"u8\" has an offset")
+        return
+    if sums is None:
+        raise DiagnosticError(consumer.location, f"'{consumer.name}' op consumes unsigned W "
+                              f"(Wq = u - 128) without the column sums that compensate the "
+                              f"offset")
+    producer = sums.owner
+    if not isinstance(producer, d.ColumnSumsOp):
+        raise DiagnosticError(consumer.location, f"cannot prove the column sums of "
+                              f"'{consumer.name}': they are not produced by '{d.COLUMN_SUMS}'")
+    distinct = format_location(consumer.location) != format_location(producer.location)
+    here = f"consumer at {format_location(consumer.location)}; " if distinct else ""
+    if not producer.v == consumer.v:
+        raise DiagnosticError(producer.location, f"column sums of another V than the one "
+                              f"'{consumer.name}' reads", (here.rstrip("; "),) if distinct else ())
+    g = _first_mismatch(producer.groups, consumer.groups, as_sets=True)
+    if g is not None:
+        raise DiagnosticError(
+            producer.location,
+            f"column sum of group {g} is computed over tokens "
+            f"{format_token_set(producer.groups[g])} but the MMAC it compensates reads tokens "
+            f"{format_token_set(consumer.groups[g])}",
+            (f"{here}the 128 * sum Vq offset must cover the MMAC's own tokens",))
 
 
 @dataclass(frozen=True)

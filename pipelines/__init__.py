@@ -14,6 +14,10 @@ Only the PV part differs between `pv` values:
                    verify-scale-groups             (+ lower-mmac-tiles)
     pv=bf16|f32:   float-pv
 
+The defaults (q-terms=2, w-quant=u8) are what the accuracy benchmark over data
+families favours (benchmarks/results-cpu-accuracy-variants.md); q-terms=1
+w-quant=s8 is the seed's contract, which the lane kernels implement.
+
 `verify=false` drops the verifier (only to measure a deliberately wrong
 `scale-groups=contiguous`). `PipelineOptions` is the one declaration of these
 options: the pass options, the pipeline string, the CLI flags and the API
@@ -30,7 +34,7 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
                              LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
-from int8attn.reference.common import PV_MODES, PVKind, QTerms
+from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
@@ -52,9 +56,12 @@ class PipelineOptions(TypedOptions):
                           "grouping)", flag="--no-verify")
     partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
     tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
-    q_terms: QTerms = option(1, "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
+    q_terms: QTerms = option(2, "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
                              "quantizes the f32 residual q - Qq1*s1: one more int8 QK dot, "
                              "~250x less Q quantization error; DESIGN.md §2c)")
+    w_quant: WQuant = option("u8", "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
+                             "u8 (255 levels as u - 128, offset compensated exactly by 128 * "
+                             "the group's sum of Vq; half the W rounding error; DESIGN.md §2c)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,7 +81,8 @@ def to_algorithm(options: PipelineOptions) -> list:
     """Graph -> the algorithm: verified MMAC tiles (or float PV), not yet lowered."""
     if options.pv == "int8":
         verify = [VerifyScaleGroups()] if options.verify else []
-        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups), *verify,
+        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups, options.w_quant),
+              *verify,
               PVToMMAC(options.fragment_model), *verify]
     else:
         pv = [FloatPV(options.pv)]

@@ -12,19 +12,23 @@ implementation of the contract; compiled modules must match it to f32 rounding.
 `error_model` says how far the INT8 results may be from those, per output.
 """
 
-from int8attn.reference.common import (PV_MODES, Q_TERMS, PVKind, QTerms, quantize, quantize_cache,
-                                       quantize_q, round_to_bf16)
+from int8attn.reference.common import (PV_MODES, Q_TERMS, W_OFFSET, W_QUANTS, PVKind, QTerms,
+                                       WQuant, quantize, quantize_cache, quantize_q, quantize_w,
+                                       round_to_bf16)
 from int8attn.reference.error_model import (TIE_WINDOW, bf16_rounding_error_scale,
                                             qk_quantization_error_bound,
                                             qk_quantization_error_scale, rounding_tie_slack,
                                             w_quantization_error_scale)
 from int8attn.reference.error_split import TERMS, error_split
 from int8attn.reference.exact import exact_attention
+from int8attn.reference.key_bias import channel_bias, quantize_keys, subtract_bias
 from int8attn.reference.fragment import fragment_attention, fragment_softmax_pv
 from int8attn.reference.paged import (exact_paged_attention, fragment_paged_attention,
                                       paged_cache_write, sequence_cache)
 
-__all__ = ["TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q", "TIE_WINDOW", "quantize", "quantize_cache", "round_to_bf16",
+__all__ = ["TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
+           "W_OFFSET", "W_QUANTS", "WQuant", "quantize_w", "TIE_WINDOW", "quantize",
+           "quantize_cache", "round_to_bf16", "channel_bias", "quantize_keys", "subtract_bias",
            "exact_attention", "fragment_attention", "exact_paged_attention",
            "fragment_paged_attention", "paged_cache_write", "sequence_cache", "fragment_softmax_pv", "w_quantization_error_scale",
            "qk_quantization_error_scale", "qk_quantization_error_bound", "bf16_rounding_error_scale",

@@ -12,6 +12,12 @@ PV_MODES = get_args(PVKind)
 # How many INT8 terms q is quantized into (DESIGN.md §2c, two-term Q).
 QTerms = Literal[1, 2]
 Q_TERMS = get_args(QTerms)
+# How W is quantized per MMAC group (DESIGN.md §2c): symmetric s8 (127 levels
+# for W >= 0), or unsigned u8 stored as s8 `u - W_OFFSET` with the offset
+# compensated exactly in the int32 accumulator by W_OFFSET * sum Vq.
+WQuant = Literal["s8", "u8"]
+W_QUANTS = get_args(WQuant)
+W_OFFSET = 128
 # A row whose absmax is below this quantizes to zero (127/a would overflow f32).
 # The compiler's lower-quantize reads it from here; the references need no compiler.
 QUANTIZE_MIN_ABSMAX = 2.0 ** -118
@@ -41,6 +47,32 @@ def quantize_with(x: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return q, scale
 
 
+def quantize_unsigned_with(w: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unsigned W (w-quant=u8): `u = clamp(rne(W*(255/a)), 0, 255)`, returned as the
+    s8 `u - 128`, scale `a/255` (NaN where `a` is Inf or NaN). Where `a` is tiny,
+    zero, NaN or Inf, u = 0 (Wq = -128): with the +128 * sum Vq compensation the
+    group contributes exactly 0 (times its NaN scale, if any)."""
+    amax = np.asarray(amax, dtype=F32)
+    quantizable = (amax >= F32(QUANTIZE_MIN_ABSMAX)) & (amax < np.inf)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inverse = np.where(quantizable, F32(255) / amax, F32(0)).astype(F32)
+        steps = np.clip(np.rint(w * inverse[..., None]), 0, 255)
+        u = np.where(inverse[..., None] == 0, 0, steps)
+        scale = np.where(amax == np.inf, np.nan, amax / F32(255)).astype(F32)
+    return (u - W_OFFSET).astype(np.int8), scale
+
+
+def quantize_w(w: np.ndarray, w_quant: str = "s8",
+               amax: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """W groups (last axis) quantized as `w_quant`; `amax` defaults to each group's
+    max|W| (= max W, W >= 0); another one is the seed's contiguous-scale bug."""
+    if w_quant not in W_QUANTS:
+        raise ValueError(f"w quant must be one of {W_QUANTS}, got {w_quant!r}")
+    w = np.asarray(w, dtype=F32)
+    amax = np.max(np.abs(w), axis=-1) if amax is None else amax
+    return quantize_unsigned_with(w, amax) if w_quant == "u8" else quantize_with(w, amax)
+
+
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 per row (last axis), dialects/int8attn.py's quantize."""
     x = np.asarray(x, dtype=F32)
@@ -53,6 +85,10 @@ def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarr
     `Qq1, s1 = quantize(x)`; with two terms, `Qq2, s2 = quantize(x - Qq1*s1)`,
     the f32 residual quantized by the same rule (a NaN/Inf row's NaN scale makes
     the residual NaN, so the second term is NaN too; a tiny row stays zero).
+    The residual is rounded once, as a fused multiply-add `fma(-Qq1, s1, x)`
+    (the compiler emits math.fma; LLVM fused the separate multiply and subtract
+    anyway): computed in float64, where it is exact (|x| >= s1/2 wherever
+    Qq1 != 0, so x - Qq1*s1 spans < 40 bits), then rounded to f32.
     """
     if terms not in Q_TERMS:
         raise ValueError(f"q terms must be one of {Q_TERMS}, got {terms!r}")
@@ -62,7 +98,8 @@ def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarr
         return [first]
     qq, sq = first
     with np.errstate(invalid="ignore"):
-        residual = (x - (qq.astype(F32) * sq[..., None]).astype(F32)).astype(F32)
+        residual = (x.astype(np.float64) - qq.astype(np.float64)
+                    * sq[..., None].astype(np.float64)).astype(F32)
     return [first, quantize(residual)]
 
 
@@ -148,24 +185,27 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(dtype), b.astype(dtype))
 
 
-def int8_pv(w, v_blocks, groups, scale_groups=None) -> np.ndarray:
-    """sum_g f32(sum_k Wq*Vq) * sW over the fragment model's token groups.
+def int8_pv(w, v_blocks, groups, scale_groups=None, w_quant: str = "s8") -> np.ndarray:
+    """sum_g f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment model's groups.
 
-    `scale_groups` (default `groups`) are the token sets the scales come from.
+    `scale_groups` (default `groups`) are the token sets the scales come from;
+    `w_quant="u8"` adds the offset compensation over the group's own tokens.
     """
     w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
-    if scale_groups is None:
-        wq, sw = quantize(w_groups)
-    else:
-        wq, sw = quantize_with(w_groups, np.abs(w[..., scale_groups]).max(axis=-1))
+    amax = None if scale_groups is None else np.abs(w[..., scale_groups]).max(axis=-1)
+    wq, sw = quantize_w(w_groups, w_quant, amax)
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
-    assert groups.shape[1] * 128 * 128 < 2**31, "int32 accumulator overflow"
+    assert groups.shape[1] * 256 * 128 < 2**31, "int32 accumulator overflow"
+    if w_quant == "u8":                             # W_OFFSET * sum_k Vq, per (group, d)
+        offset = W_OFFSET * v_groups.sum(axis=-2, dtype=np.int32)        # [B,Hkv,N,G,D]
     out = np.zeros(wq.shape[:4] + v_groups.shape[-1:], dtype=F32)          # [B,Hkv,R,N,D]
     for g in range(groups.shape[0]):                # groups in order, like the IR
         # The int32 sums of group g, exact. (An einsum: many small matmuls
         # through a threaded BLAS can be many times slower.)
         acc = np.einsum("bhrnk,bhnkd->bhrnd", np.ascontiguousarray(wq[..., g, :], dtype=np.int32),
                         np.ascontiguousarray(v_groups[:, :, :, g], dtype=np.int32))
+        if w_quant == "u8":
+            acc = acc + offset[:, :, None, :, g]
         out += acc.astype(F32) * sw[:, :, :, :, g, None]
     return out
 

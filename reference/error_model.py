@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn.fragments import FragmentModel, fragment_model
-from int8attn.reference.common import F32, group_rows, quantization_inverse, quantize, visible
+from int8attn.reference.common import (F32, group_rows, quantization_inverse, quantize,
+                                       quantize_w, visible)
 from int8attn.reference.fragment import blocks_for
 
 # Two f32 implementations of the contract (different exp, summation order)
@@ -22,7 +23,8 @@ def _groups(st, model, fragments: FragmentModel | None):
 
 
 def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
-                               model: str = "gfx936", fragments=None, **block_sizes):
+                               model: str = "gfx936", fragments=None, w_quant: str = "s8",
+                               **block_sizes):
     """Hard bound and standard deviation of INT8 PV minus f32 PV.
 
     They differ only by the W rounding term sum_n omega_n sum_i eW_i Vq_i with
@@ -30,13 +32,14 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
     |eW| at sW/2 with the worst signs; the standard deviation takes eW uniform
     in [-sW/2, sW/2]. A group whose max a is below QUANTIZE_MIN_ABSMAX is set to
     zero (|eW| <= a): that deterministic part is added to both. Shaped like q.
+    sW is a/127 (w_quant s8) or a/255 (u8: the offset compensation is exact).
     """
     st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
     groups = _groups(st, model, fragments)
     w_groups = st.w[..., groups]
     amax = np.abs(w_groups).max(axis=-1)
     flushed = quantization_inverse(amax) == 0
-    _, sw = quantize(w_groups)                                         # [B,Hkv,R,N,G]
+    _, sw = quantize_w(w_groups, w_quant)                              # [B,Hkv,R,N,G]
     v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)     # [B,Hkv,N,G,K,D]
     sw = np.where(flushed, 0, sw).astype(np.float64)
     worst = np.einsum("bhrng,bhngkd->bhrnd", sw / 2, np.abs(v_groups))
@@ -49,11 +52,12 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
 
 
 def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
-                       model: str = "gfx936", fragments=None, **block_sizes) -> np.ndarray:
+                       model: str = "gfx936", fragments=None, w_quant: str = "s8",
+                       **block_sizes) -> np.ndarray:
     """Per output: how much W elements sitting on a rounding tie may move it.
 
     pv=int8: a tie that rounds the other way changes Wq by 1, so the output by
-    omega_n * sW * |Vq|. pv=bf16: a W next to a bf16 midpoint moves by one bf16
+    omega_n * sW * |Vq| (sW = a/127, or a/255 with w_quant u8). pv=bf16: a W next to a bf16 midpoint moves by one bf16
     ulp (<= 2^-7 |W|). pv=f32 has no rounding of W. Returns the sum over all
     tie elements (usually zero), shaped like q: the fragment-level comparison
     allows exactly that. `block_sizes` as for `blocks_for` (partition_tokens,
@@ -71,10 +75,11 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     groups = _groups(st, model, fragments)
     w_groups = st.w[..., groups]
     amax = np.abs(w_groups).max(axis=-1)
-    steps = w_groups * quantization_inverse(amax)[..., None]
+    levels = 255 if w_quant == "u8" else 127
+    steps = w_groups * (quantization_inverse(amax) * F32(levels / 127))[..., None]
     ties = np.abs(steps - np.floor(steps) - 0.5) < TIE_WINDOW
     v_groups = np.abs(st.v_blocks[:, :, :, groups, :].astype(np.float64))
-    per_block = np.einsum("bhrngk,bhngkd->bhrnd", ties * (amax / 127)[..., None], v_groups)
+    per_block = np.einsum("bhrngk,bhngkd->bhrnd", ties * (amax / levels)[..., None], v_groups)
     return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
 
 

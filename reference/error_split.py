@@ -4,14 +4,19 @@ Against exact attention on the float cache (unquantized q, K, V), the
 pipeline's output O_int8 = sum_n omega_n sum_t Wq_t sW_t Vq_t differs by
 
     total = O_int8 - O_exact
-          = [sum omega p V - O_exact]            INT8 QK + K cache (through P)
+          = [sum omega p V - O_kdeq]             INT8 Q (through P)
+          + [O_kdeq - O_exact]                   K cache (through P)
           + [sum omega p (sV Vq - V)]            V cache: sum P * (-eV)
-          + [sum omega (Wq sW - W) Vq]           W quantization: sum eW * Vq
+          + [sum omega (W~ - W) Vq]              W quantization: sum eW * Vq
           + [O_int8 - its fragment-level value]  f32 rounding of the module
 
 with p the pipeline's own weights (decode: P per partition; prefill: the
-unnormalized tile weights) and omega its block factors. Each term is computed
-here from its definition, so their sum matching `total` checks the module.
+unnormalized tile weights), omega its block factors, O_kdeq exact attention
+(unquantized q) on the dequantized K cache and the float V, and W~ the value
+the MMAC's sum really weights V by: Wq sW (w-quant s8) or (Wq + 128) sW
+(u8, the offset compensated). The terms follow the module's variant (q-terms,
+w-quant, scale groups). Each term is computed here from its definition, so
+their sum matching `total` checks the module.
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn.fragments import fragment_model
-from int8attn.reference.common import F32, pad_tokens, quantize_with
+from int8attn.reference.common import F32, W_OFFSET, pad_tokens, quantize_w
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import blocks_for
 
-TERMS = ("qk_and_k_cache", "v_cache", "w_quantization")
+TERMS = ("q_quantization", "k_cache", "v_cache", "w_quantization")
 
 
 def _blocks_of(x: np.ndarray, block_tokens: int) -> np.ndarray:
@@ -35,16 +40,19 @@ def _blocks_of(x: np.ndarray, block_tokens: int) -> np.ndarray:
 
 def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: float,
                 output: np.ndarray, *, model: str = "gfx936", partition_tokens: int = 256,
-                tile_tokens: int = 64, scale_groups: str = "fragment") -> dict[str, np.ndarray]:
+                tile_tokens: int = 64, scale_groups: str = "fragment", q_terms: int = 1,
+                w_quant: str = "s8") -> dict[str, np.ndarray]:
     """The terms above (each shaped like q), plus `total` and `exact`.
 
-    `scale_groups` must be the module's ("contiguous" to split the seed's bug).
+    `scale_groups`, `q_terms` and `w_quant` must be the module's ("contiguous"
+    to split the seed's bug).
     """
-    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale,
-                    partition_tokens=partition_tokens, tile_tokens=tile_tokens)
+    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens=partition_tokens,
+                    tile_tokens=tile_tokens, q_terms=q_terms)
     block_tokens = st.w.shape[-1]
     ones = np.ones_like(k_scale, dtype=np.float32)
     exact = exact_attention(q, k_float, ones, v_float, ones, softmax_scale).astype(np.float64)
+    k_deq = exact_attention(q, k, k_scale, v_float, ones, softmax_scale).astype(np.float64)
     v_float_blocks = _blocks_of(v_float.astype(np.float64), block_tokens)
     v_deq_blocks = _blocks_of(v.astype(np.float64) * v_scale[..., None], block_tokens)
     p = st.p.astype(np.float64)
@@ -56,15 +64,17 @@ def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: floa
     model = fragment_model(model)
     groups = model.token_groups(block_tokens)
     amax = np.abs(st.w[..., model.scale_groups(block_tokens, scale_groups)]).max(axis=-1)
-    wq, sw = quantize_with(st.w[..., groups], amax)
-    e_w = wq * sw[..., None].astype(np.float64) - st.w[..., groups].astype(np.float64)
+    wq, sw = quantize_w(st.w[..., groups], w_quant, amax)
+    levels = wq.astype(np.float64) + (W_OFFSET if w_quant == "u8" else 0)
+    e_w = levels * sw[..., None].astype(np.float64) - st.w[..., groups].astype(np.float64)
     v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)
     w_term = np.einsum("bhrn,bhrnd->bhrd", st.omega,
                        np.einsum("bhrngk,bhngkd->bhrnd", e_w, v_groups)).reshape(q.shape)
     return {
         "exact": exact.astype(F32),
         "total": output.astype(np.float64) - exact,
-        "qk_and_k_cache": merged(v_float_blocks) - exact,
+        "q_quantization": merged(v_float_blocks) - k_deq,
+        "k_cache": k_deq - exact,
         "v_cache": merged(v_deq_blocks - v_float_blocks),
         "w_quantization": w_term,
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn.reference.common import quantize
+from int8attn.reference.key_bias import subtract_bias
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import fragment_attention
 
@@ -59,15 +60,17 @@ def fragment_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables
                          k_cache, k_scale, v_cache, v_scale, block_tables, context_lens)
 
 
-def paged_cache_write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale):
+def paged_cache_write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale,
+                      k_bias=None):
     """The caches with tokens i written at slot_mapping[i] (copies; the inputs are kept):
-    per KV head, (Kq, sK) = quantize(k_new[i, h]) at k_cache[s // BS, h, s % BS, :] and
-    k_scale[s // BS, h, s % BS]; V likewise, token-innermost (v_cache[s // BS, h, :, s % BS]).
-    A token whose slot is negative is skipped (vLLM's padding)."""
+    per KV head, (Kq, sK) = quantize(k_new[i, h] - k_bias[h]) at k_cache[s // BS, h, s % BS, :]
+    and k_scale[s // BS, h, s % BS] (no bias: k_new as it is; key_bias.py); V likewise,
+    token-innermost (v_cache[s // BS, h, :, s % BS]). A token whose slot is negative is
+    skipped (vLLM's padding)."""
     k_cache, k_scale, v_cache, v_scale = (np.array(a, copy=True) for a in
                                           (k_cache, k_scale, v_cache, v_scale))
     block_size = k_cache.shape[2]
-    kq, ks = quantize(np.asarray(k_new, np.float32))          # [T, Hkv, D], [T, Hkv]
+    kq, ks = quantize(subtract_bias(k_new, k_bias, head_axis=1))   # [T, Hkv, D], [T, Hkv]
     vq, vs = quantize(np.asarray(v_new, np.float32))
     for i, slot in enumerate(np.asarray(slot_mapping)):
         if slot < 0:

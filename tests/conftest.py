@@ -57,18 +57,28 @@ def seeded_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+# The seed's numerics (one-term Q, s8 W): what the reference functions default to and
+# the lane kernels implement; the cpu pipeline defaults to two-term Q and u8 W.
+SEED_NUMERICS = {"q_terms": 1, "w_quant": "s8"}
+
+
 @lru_cache(maxsize=None)
-def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8"):
+def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8", **numerics):
+    """`numerics` (q_terms, w_quant) default to the seed's contract (SEED_NUMERICS),
+    which the reference functions' defaults state; the files using these helpers test
+    that path, test_numerics.py also the pipeline's defaults."""
     import int8attn
     from int8attn.driver.graph import decode_graph
 
     source = decode_graph(batch, q_heads, kv_heads, tokens, head_dim)
-    return int8attn.compile(source, filename=f"decode_{tokens}.mlir", pv=pv, cache=False)
+    return int8attn.compile(source, filename=f"decode_{tokens}.mlir", pv=pv, cache=False,
+                            **{**SEED_NUMERICS, **numerics})
 
 
 @lru_cache(maxsize=None)
 def compiled_attention(mode, shape, pv="int8"):
-    """shape = (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode."""
+    """shape = (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode. The pipeline's default
+    numerics (accuracy.check_against_references follows them)."""
     import int8attn
     from int8attn.driver.graph import attention_graph
 

@@ -80,7 +80,7 @@ def test_built_ops_have_typed_accessors():
 def test_every_op_in_the_table_has_a_registered_class():
     assert set(d.OPS) == {d.ATTENTION, d.PAGED_ATTENTION, d.CACHE_WRITE, d.QUANTIZE,
                           d.SOFTMAX_PV, d.PV, d.FOLDED_PV, d.GROUP_QUANTIZE, d.GROUPED_PV,
-                          d.MMAC_TILES}
+                          d.MMAC_TILES, d.COLUMN_SUMS}
     with new_context(), ir.Location.unknown():
         for name, cls in d.OPS.items():
             assert issubclass(cls, Int8AttnOp) and cls.OPERATION_NAME == name

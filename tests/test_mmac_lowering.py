@@ -4,8 +4,9 @@
 token index's digits (fragments.token_axes) instead of gathering them through
 the groups table. Every group's int32 sum is exact either way, so the two
 lowerings of the same algorithm-stage IR must give bitwise equal outputs, for
-decode and prefill and for every fragment model's groups. The inputs are
-random from a printed seed.
+decode and prefill, for every fragment model's groups and for signed and
+unsigned W (whose column sums are lowered both ways too). The inputs are random
+from a printed seed.
 """
 
 from __future__ import annotations
@@ -48,11 +49,12 @@ def lowered(algorithm: str, tokens: str) -> str:
         return str(module)
 
 
+@pytest.mark.parametrize("w_quant", ["s8", "u8"])
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("graph", sorted(GRAPHS))
-def test_in_place_lowering_matches_gather_bitwise(graph, model):
+def test_in_place_lowering_matches_gather_bitwise(graph, model, w_quant):
     source, extra = GRAPHS[graph]
-    options = CompileOptions(fragment_model=model, **extra)
+    options = CompileOptions(fragment_model=model, w_quant=w_quant, **extra)
     compiled = compile(source, options, filename=f"{graph}.mlir", until="algorithm")
     (name, info), = compiled.functions.items()
     in_place = lowered(compiled.artifacts["algorithm"], "in-place")

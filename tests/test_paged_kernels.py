@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from accuracy import check_against_references
+from int8attn.driver.options import KERNEL_NUMERICS
 from conftest import seeded_rng
 from int8attn.fragments import fragment_model
 from int8attn.kernels.decode import build_decode_kernels, paged_access
@@ -35,7 +36,7 @@ def _check(out, arrays, scale, target):
     assert out.shape == q.shape
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, model=target)
+        check_against_references(out[b:b + 1], dense, scale, model=target, **KERNEL_NUMERICS)
 
 
 @pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
@@ -114,7 +115,8 @@ def test_the_driver_compiles_one_kernel_module_for_every_batch(counted_compiles)
         q, k, ks, v, vs, tables, lens = arrays
         for b in range(len(lengths)):
             dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
-            check_against_references(out[b:b + 1], dense, np.float32(0.125), model="cuda")
+            check_against_references(out[b:b + 1], dense, np.float32(0.125), model="cuda",
+                                     **KERNEL_NUMERICS)
     assert len(counted_compiles) - before == 1
 
 

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 import int8attn
-from conftest import seeded_rng
+from conftest import REPO, seeded_rng
 from int8attn import cli
 from int8attn.driver.graph import decode_graph, random_inputs
+from int8attn.driver.options import KERNEL_NUMERICS, CompileOptions
 from int8attn.driver.targets import TARGETS
+from int8attn.pipelines import PipelineOptions
 from int8attn.runtime.cache import project_source_roots, source_fingerprint
 from int8attn.runtime.module import InputError
 
@@ -69,6 +71,9 @@ REFUSED = [
     (["--target", "gfx942", "--q-terms", "2"],
      "--q-terms 2 does not apply to --target gfx942: the lane kernels quantize q in one term "
      "so far; --q-terms 2 compiles with --target cpu"),
+    (["--target", "cuda", "--w-quant", "u8"],
+     "--w-quant u8 does not apply to --target cuda: the lane kernels quantize W signed (s8) so "
+     "far; --w-quant u8 compiles with --target cpu"),
     (["--target", "gfx936", "--emit", "vmfb"],
      "--target gfx936 has the stages graph, kernel; there is no 'vmfb' to emit"),
     (["--target", "cpu", "--emit", "kernel"], "there is no 'kernel' to emit"),
@@ -249,15 +254,27 @@ def test_kernel_limits_are_located_errors(shape, message, tmp_path, capsys):
 
 # Results agree across executors ---------------------------------------------
 
+def test_numerics_defaults_follow_the_target():
+    # cpu: the pipeline's defaults (two-term Q, u8 W); a kernel target: what its
+    # kernels implement, so it compiles without flags.
+    cpu = int8attn.compile(SMALL).options
+    assert (cpu.q_terms, cpu.w_quant) == (PipelineOptions.q_terms, PipelineOptions.w_quant)
+    for target in KERNEL_TARGETS:
+        options = TARGETS[target].check(CompileOptions(target=target))
+        assert (options.q_terms, options.w_quant) == tuple(KERNEL_NUMERICS.values())
+    assert cli.main(["run", "--target", "gfx936", "--simulate", "--seed", "1",
+                     str(REPO / "examples" / "decode.mlir")]) == 0
+
+
 def test_cpu_and_every_simulated_kernel_agree_on_the_same_inputs():
-    graph = int8attn.compile(SMALL)
+    graph = int8attn.compile(SMALL, **KERNEL_NUMERICS)
     arrays = random_inputs(graph.entry(), seed=12)
     cpu = graph(*arrays)
     for target in KERNEL_TARGETS:
         sim = int8attn.compile(SMALL, target=target, simulate=True)(*arrays)
         # Different fragment models group W differently: agree to the W rounding.
         assert np.abs(sim - cpu).max() < 2e-2, target
-        same_groups = int8attn.compile(SMALL, fragment_model=target)(*arrays)
+        same_groups = int8attn.compile(SMALL, fragment_model=target, **KERNEL_NUMERICS)(*arrays)
         assert np.abs(sim - same_groups).max() <= 5e-5, target
 
 

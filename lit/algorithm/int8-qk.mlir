@@ -22,7 +22,8 @@
 // CHECK: %[[R:.*]] = tensor.collapse_shape %[[O]] {{\[\[}}0], [1, 2], [3]] : tensor<1x2x4x64xf32> into tensor<1x8x64xf32>
 // CHECK: return %[[R]]
 // Two-term q (DESIGN.md §2c): the second quantize is of the f32 residual
-// q - f32(qq1)*s1; one int32 dot per term; scores (f32(acc1)*s1 + f32(acc2)*s2)*sK*scale.
+// q - f32(qq1)*s1, rounded once (math.fma(-qq1, s1, q)); one int32 dot per term; scores
+// (f32(acc1)*s1 + f32(acc2)*s2)*sK*scale.
 // TWO-LABEL: func.func @decode
 // TWO-SAME: (%[[Q:.*]]: tensor<1x8x64xf32>, %[[K:.*]]: tensor<1x2x300x64xi8>, %[[KS:.*]]: tensor<1x2x300xf32>,
 // TWO-DAG: %[[SCALE:.*]] = arith.constant 1.250000e-01 : f32
@@ -31,8 +32,8 @@
 // TWO: %[[RES:.*]] = linalg.generic {{.*}} ins(%[[QG]], %[[Q1]]#0, %[[Q1]]#1 : tensor<1x2x4x64xf32>, tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
 // TWO-NEXT: ^bb0(%[[X:.*]]: f32, %[[QI:.*]]: i8, %[[SI:.*]]: f32, %{{.*}}: f32):
 // TWO-NEXT:   %[[QF:.*]] = arith.sitofp %[[QI]] : i8 to f32
-// TWO-NEXT:   %[[DQ:.*]] = arith.mulf %[[QF]], %[[SI]] : f32
-// TWO-NEXT:   %[[D:.*]] = arith.subf %[[X]], %[[DQ]] : f32
+// TWO-NEXT:   %[[NQ:.*]] = arith.negf %[[QF]] : f32
+// TWO-NEXT:   %[[D:.*]] = math.fma %[[NQ]], %[[SI]], %[[X]] : f32
 // TWO-NEXT:   linalg.yield %[[D]] : f32
 // TWO: %[[Q2:.*]]:2 = "int8attn.quantize"(%[[RES]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
 // TWO: %[[ACC1:.*]] = linalg.generic {{.*}} ins(%[[Q1]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)

@@ -78,3 +78,24 @@ func.func private @inner(%k: tensor<4x1x32xf16>, %v: tensor<4x1x32xf16>, %s: ten
   %0:4 = "int8attn.cache_write"(%k, %v, %s, %kc, %ks, %vc, %vs) {block_size = 32 : i64} : (tensor<4x1x32xf16>, tensor<4x1x32xf16>, tensor<4xi32>, tensor<8x1x32x32xi8>, tensor<8x1x32xf32>, tensor<8x1x32x32xi8>, tensor<8x1x32xf32>) -> (tensor<8x1x32x32xi8>, tensor<8x1x32xf32>, tensor<8x1x32x32xi8>, tensor<8x1x32xf32>)
   return %0#0 : tensor<8x1x32x32xi8>
 }
+
+// -----
+
+// A conditioned K cache: the k_bias operand [Hkv, D] is subtracted from every
+// new key of its KV head, in f32, before the keys are quantized; V is as before.
+// CHECK-DAG: #[[ROWS:.*]] = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+// CHECK-DAG: #[[BIAS:.*]] = affine_map<(d0, d1, d2) -> (d1, d2)>
+// CHECK-LABEL: func.func @write_bias
+// CHECK-SAME: (%[[K:[^:]*]]: tensor<?x2x64xf32>, %[[V:[^:]*]]: tensor<?x2x64xf32>, {{.*}}, %[[B:[^:]*]]: tensor<2x64xf32>)
+// CHECK: %[[KB:.*]] = linalg.generic {indexing_maps = [#[[ROWS]], #[[BIAS]], #[[ROWS]]], {{.*}} ins(%[[K]], %[[B]] : tensor<?x2x64xf32>, tensor<2x64xf32>)
+// CHECK:   arith.subf
+// CHECK: "int8attn.quantize"(%[[KB]])
+// CHECK: "int8attn.quantize"(%[[V]])
+// LINALG-LABEL: func.func @write_bias
+// LINALG: arith.subf
+// LINALG-NOT: int8attn.
+// LINALG: return
+func.func @write_bias(%a0: tensor<?x2x64xf32>, %a1: tensor<?x2x64xf32>, %a2: tensor<?xi32>, %a3: tensor<?x2x16x64xi8>, %a4: tensor<?x2x16xf32>, %a5: tensor<?x2x64x16xi8>, %a6: tensor<?x2x16xf32>, %b: tensor<2x64xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) {
+  %c:4 = "int8attn.cache_write"(%a0, %a1, %a2, %a3, %a4, %a5, %a6, %b) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<2x64xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  return %c#0, %c#1, %c#2, %c#3 : tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>
+}

@@ -99,3 +99,38 @@ func.func @no_digit_permutation(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x6
   %acc = "int8attn.mmac_tiles"(%wq, %v) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
   return %acc : tensor<1x1x4x1x2x16xi32>
 }
+
+// -----
+
+// Unsigned W: the column sums reduce V in place over the slot digits (r, j)
+// of each group t, in i32, and the tile adds 128 * cs to its int32 sums
+// (acc = sum Wq*Vq + 128 sum Vq = sum u*Vq) where it converts them to i32; the
+// gather form adds it after its i32 contraction.
+// CHECK-DAG: #[[V_DIGITS:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d5, d3, d6, d4)>
+// CHECK-DAG: #[[CS_WRITE:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3, d4)>
+// CHECK-LABEL: func.func @unsigned_wave
+// CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
+// CHECK: %[[C128:.*]] = arith.constant 128 : i32
+// CHECK: %[[VIEW:.*]] = tensor.expand_shape %[[V]] {{\[\[}}0], [1], [2], [3, 4, 5], [6]] output_shape [1, 1, 1, 4, 2, 8, 16]
+// CHECK: %[[CS:.*]] = linalg.generic {indexing_maps = [#[[V_DIGITS]], #[[CS_WRITE]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]} ins(%[[VIEW]] : tensor<1x1x1x4x2x8x16xi8>) outs(%{{.*}} : tensor<1x1x1x2x16xi32>)
+// CHECK:   %[[X:.*]] = arith.extsi %{{.*}} : i8 to i32
+// CHECK:   arith.addi %{{.*}}, %[[X]] : i32
+// CHECK: %[[SUMS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x4x1x2x16xf32>)
+// CHECK: %[[OUT:.*]] = linalg.generic {{.*}} ins(%[[SUMS]], %[[CS]] : tensor<1x1x4x1x2x16xf32>, tensor<1x1x1x2x16xi32>)
+// CHECK:   %[[ACC:.*]] = arith.fptosi %{{.*}} : f32 to i32
+// CHECK:   %[[OFF:.*]] = arith.muli %{{.*}}, %[[C128]] : i32
+// CHECK:   arith.addi %[[ACC]], %[[OFF]] : i32
+// CHECK: return %[[OUT]]
+// GATHER-LABEL: func.func @unsigned_wave
+// GATHER: %[[CS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x2x16xi32>)
+// GATHER: %[[ACC:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
+// GATHER: linalg.generic {{.*}} ins(%[[ACC]], %[[CS]] : tensor<1x1x4x1x2x16xi32>, tensor<1x1x1x2x16xi32>)
+// GATHER:   arith.muli %{{.*}}, %{{.*}} : i32
+// GATHER:   arith.addi
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @unsigned_wave(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
+  %cs = "int8attn.column_sums"(%v) {groups = #groups} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x2x16xi32>
+  %acc = "int8attn.mmac_tiles"(%wq, %v, %cs) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x2x16xi32>
+  return %acc : tensor<1x1x4x1x2x16xi32>
+}

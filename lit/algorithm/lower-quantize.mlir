@@ -82,3 +82,35 @@ func.func @no_digit_permutation(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, ten
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
   return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
 }
+
+// -----
+
+// Unsigned W (w_quant = "u8"): the same in-place view and absmax, scale a/255,
+// inverse 255/a (0 where skipped), u = clamp(roundeven(W * inv), 0, 255)
+// stored as the s8 u - 128.
+// CHECK-LABEL: func.func @unsigned_groups
+// CHECK-SAME: (%[[W:.*]]: tensor<3x64xf32>)
+// CHECK-DAG: %[[C128:.*]] = arith.constant 128 : i32
+// CHECK-DAG: %[[ZERO:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK-DAG: %[[U8MAX:.*]] = arith.constant 2.550000e+02 : f32
+// CHECK: %[[WV:.*]] = tensor.expand_shape %[[W]] {{\[\[}}0], [1, 2, 3]] output_shape [3, 4, 2, 8]
+// CHECK: %[[AMAX:.*]] = linalg.generic {{.*}} ins(%[[WV]] : tensor<3x4x2x8xf32>) outs(%{{.*}} : tensor<3x2xf32>)
+// CHECK: %[[SCALE:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] : tensor<3x2xf32>)
+// CHECK:   arith.divf %{{.*}}, %[[U8MAX]] : f32
+// CHECK: %[[INV:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] : tensor<3x2xf32>)
+// CHECK:   arith.divf %[[U8MAX]], %{{.*}} : f32
+// CHECK: %[[Q:.*]] = linalg.generic {{.*}} ins(%[[WV]], %[[INV]] : tensor<3x4x2x8xf32>, tensor<3x2xf32>) outs(%{{.*}} : tensor<3x2x4x8xi8>)
+// CHECK:   %[[STEPS:.*]] = math.roundeven
+// CHECK:   %[[LOW:.*]] = arith.maximumf %[[STEPS]], %[[ZERO]] : f32
+// CHECK:   %[[U:.*]] = arith.minimumf %[[LOW]], %[[U8MAX]] : f32
+// CHECK:   %[[UI:.*]] = arith.fptosi %{{.*}} : f32 to i32
+// CHECK:   %[[S:.*]] = arith.subi %[[UI]], %[[C128]] : i32
+// CHECK:   arith.trunci %[[S]] : i32 to i8
+// CHECK: %[[WQ:.*]] = tensor.collapse_shape %[[Q]]
+// CHECK: return %[[WQ]], %[[SCALE]]
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @unsigned_groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u8"} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
+  return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
+}

@@ -1,5 +1,6 @@
 // RUN: int8attn-opt %s -p quantize-w-groups | filecheck %s
 // RUN: int8attn-opt %s -p "quantize-w-groups{fragment-model=gfx942}" | filecheck %s
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8}" | filecheck %s --check-prefix=U8
 
 // One scale per (row, partition, MMAC group). The groups of a wave are the
 // gfx936 MMAC's real token sets with 16-byte V loads:
@@ -13,6 +14,19 @@
 // CHECK-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
 // CHECK-SAME: -> tensor<1x2x4x2x16xf32>
 // CHECK: return %[[O]]
+
+// Unsigned W: the same groups, w_quant = "u8", and the column sums of V over
+// exactly those groups as grouped_pv's last operand (the +128 * sum Vq offset).
+// U8-LABEL: func.func @groups
+// U8-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>)
+// U8: %[[Q:.*]]:2 = "int8attn.group_quantize"(%[[W]])
+// U8-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
+// U8-SAME: w_quant = "u8"
+// U8: %[[CS:.*]] = "int8attn.column_sums"(%[[V]])
+// U8-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
+// U8-SAME: : (tensor<1x2x2x256x16xi8>) -> tensor<1x2x2x8x16xi32>
+// U8: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[CS]])
+// U8: return %[[O]]
 func.func @groups(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32> {
   %o = "int8attn.folded_pv"(%w, %v) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32>
   return %o : tensor<1x2x4x2x16xf32>

@@ -93,8 +93,25 @@ func.func @result_type(%a0: tensor<?x2x64xf32>, %a1: tensor<?x2x64xf32>, %a2: te
 
 // -----
 
-// CHECK: cache-write-invalid.mlir:[[# @LINE + 2]]:10: error: 'int8attn.cache_write' op expects 7 operands, got 6
+// CHECK: cache-write-invalid.mlir:[[# @LINE + 2]]:10: error: 'int8attn.cache_write' op expects 7 or 8 operands, got 6
 func.func @arity(%a0: tensor<?x2x64xf32>, %a1: tensor<?x2x64xf32>, %a2: tensor<?xi32>, %a3: tensor<?x2x16x64xi8>, %a4: tensor<?x2x16xf32>, %a5: tensor<?x2x64x16xi8>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) {
   %c:4 = "int8attn.cache_write"(%a0, %a1, %a2, %a3, %a4, %a5) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  return %c#0, %c#1, %c#2, %c#3 : tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>
+}
+
+// -----
+
+// The optional k_bias is one channel bias per KV head: [Hkv, D] f32.
+// CHECK: cache-write-invalid.mlir:[[# @LINE + 2]]:10: error: 'int8attn.cache_write' op k_bias has shape [2, 32], expected [Hkv, D] = [2, 64] (one channel bias per KV head)
+func.func @bias_shape(%a0: tensor<?x2x64xf32>, %a1: tensor<?x2x64xf32>, %a2: tensor<?xi32>, %a3: tensor<?x2x16x64xi8>, %a4: tensor<?x2x16xf32>, %a5: tensor<?x2x64x16xi8>, %a6: tensor<?x2x16xf32>, %b: tensor<2x32xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) {
+  %c:4 = "int8attn.cache_write"(%a0, %a1, %a2, %a3, %a4, %a5, %a6, %b) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<2x32xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  return %c#0, %c#1, %c#2, %c#3 : tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>
+}
+
+// -----
+
+// CHECK: cache-write-invalid.mlir:[[# @LINE + 2]]:10: error: 'int8attn.cache_write' op k_bias must have element type f32, got tensor<2x64xf16>
+func.func @bias_type(%a0: tensor<?x2x64xf32>, %a1: tensor<?x2x64xf32>, %a2: tensor<?xi32>, %a3: tensor<?x2x16x64xi8>, %a4: tensor<?x2x16xf32>, %a5: tensor<?x2x64x16xi8>, %a6: tensor<?x2x16xf32>, %b: tensor<2x64xf16>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) {
+  %c:4 = "int8attn.cache_write"(%a0, %a1, %a2, %a3, %a4, %a5, %a6, %b) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<2x64xf16>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
   return %c#0, %c#1, %c#2, %c#3 : tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>
 }

@@ -100,3 +100,36 @@ func.func @scale_tokens(%q: tensor<1x4x16xf32>, %k: tensor<1x4x8x16xi8>, %ks: te
   %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.25 : f32} : (tensor<1x4x16xf32>, tensor<1x4x8x16xi8>, tensor<1x4x7xf32>, tensor<1x4x8x16xi8>, tensor<1x4x8xf32>) -> tensor<1x4x16xf32>
   return %o : tensor<1x4x16xf32>
 }
+
+// -----
+
+// column_sums: i32 [B, Hkv, N, G, D] over a groups table of V's block.
+// CHECK: ops-invalid.mlir:[[# @LINE + 4]]:9: error: 'int8attn.column_sums' op result has shape [1, 1, 1, 4, 16], expected [1, 1, 1, 2, 16]
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @column_sums_shape(%v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x4x16xi32> {
+  %cs = "int8attn.column_sums"(%v) {groups = #groups} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x4x16xi32>
+  return %cs : tensor<1x1x1x4x16xi32>
+}
+
+// -----
+
+// A tile's column sums are i32 [B, Hkv, N, G, D].
+// CHECK: ops-invalid.mlir:[[# @LINE + 4]]:10: error: 'int8attn.mmac_tiles' op column_sums must have element type i32, got tensor<1x1x1x2x16xi8>
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @tile_sums_type(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>, %cs: tensor<1x1x1x2x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
+  %acc = "int8attn.mmac_tiles"(%wq, %v, %cs) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi8>) -> tensor<1x1x4x1x2x16xi32>
+  return %acc : tensor<1x1x4x1x2x16xi32>
+}
+
+// -----
+
+// w_quant is s8 or u8.
+// CHECK: ops-invalid.mlir:[[# @LINE + 4]]:10: error: 'int8attn.group_quantize' op attribute 'w_quant' is "u4"; expected one of 's8', 'u8'
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @w_quant_value(%w: tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>) {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u4"} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
+  return %q#0, %q#1 : tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>
+}

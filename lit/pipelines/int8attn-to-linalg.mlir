@@ -4,6 +4,7 @@
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg" --print-ir-after-all 2>&1 >/dev/null | filecheck %s --check-prefix=STAGES
 // RUN: not int8attn-opt %s --pipeline "int8attn-to-linalg{scale-groups=contiguous}" 2>&1 | filecheck %s --check-prefix=BUG
 // RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{scale-groups=contiguous verify=false}" | filecheck %s --check-prefix=INT8
+// RUN: int8attn-opt %s --pipeline "int8attn-to-linalg{w-quant=u8 q-terms=2}" | filecheck %s --check-prefix=U8
 
 // The whole pipeline leaves only standard dialects. INT8 PV keeps exact
 // per-group sums (accumulated in f32, exact for int8 products, as int32
@@ -19,6 +20,15 @@
 // INPLACE-NOT: = tensor.extract %
 // INT8-NOT: int8attn.
 // INT8: return
+
+// Unsigned W: Wq = u - 128 (a subtraction of 128 before the i8 truncation)
+// and the tiles' +128 * column sums, all lowered.
+// U8-LABEL: func.func @decode
+// U8-DAG: %[[C128:.*]] = arith.constant 128 : i32
+// U8: arith.subi %{{.*}}, %[[C128]] : i32
+// U8: arith.muli %{{.*}}, %[[C128]] : i32
+// U8-NOT: int8attn.
+// U8: return
 
 // FLOAT-LABEL: func.func @decode
 // FLOAT-NOT: int8attn.
@@ -36,7 +46,7 @@
 // STAGES: IR Dump After prefill-online-softmax{tile-tokens=64}
 // STAGES: IR Dump After fold-v-scale
 // STAGES: "int8attn.folded_pv"
-// STAGES: IR Dump After quantize-w-groups{fragment-model=gfx936 scale-groups=fragment}
+// STAGES: IR Dump After quantize-w-groups{fragment-model=gfx936 scale-groups=fragment
 // STAGES: "int8attn.group_quantize"
 // STAGES: "int8attn.grouped_pv"
 // STAGES: IR Dump After verify-scale-groups
@@ -57,7 +67,7 @@ func.func @decode(%q: tensor<1x8x64xf32>, %k: tensor<1x2x300x64xi8>, %ks: tensor
 // INT8-LABEL: func.func @prefill
 // INT8: scf.for
 // INT8-NOT: int8attn.
-// INT8: arith.fptosi %{{.*}} : f32 to i8
+// INT8: math.roundeven
 // INT8: -> tensor<1x1x6x1x2x16xi32>
 // INT8: scf.yield
 func.func @prefill(%q: tensor<1x2x3x16xf32>, %k: tensor<1x1x130x16xi8>, %ks: tensor<1x1x130xf32>, %v: tensor<1x1x130x16xi8>, %vs: tensor<1x1x130xf32>) -> tensor<1x2x3x16xf32> {
