@@ -19,9 +19,9 @@ from int8attn.support.options import check_fields, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)
-# The numerics the lane-level kernels (kernels/) implement so far: a kernel target
-# resolves these options, when not given, to these values and refuses any other
-# (driver.targets); --target cpu resolves them to the pipeline's defaults.
+# The numerics a kernel target resolves these options to when they are not given
+# (the kernels implement every variant; these are the seed's, whose H200 timings
+# the README reports); --target cpu resolves them to the pipeline's defaults.
 KERNEL_NUMERICS = {"q_terms": 1, "w_quant": "s8"}
 
 
@@ -40,11 +40,11 @@ class CompileOptions(PipelineOptions):
     q_terms: QTerms | None = option(
         None, "INT8 terms of q: 1, or 2 (a second term quantizes the f32 residual q - Qq1*s1; "
         f"DESIGN.md §2c). Default: {PipelineOptions.q_terms} on cpu (the pipeline's), "
-        f"{KERNEL_NUMERICS['q_terms']} on the kernel targets (what their kernels implement)")
+        f"{KERNEL_NUMERICS['q_terms']} on the kernel targets")
     w_quant: WQuant | None = option(
         None, "W per MMAC group: s8, or u8 (255 levels as u - 128, offset compensated by 128 * "
         f"sum Vq; DESIGN.md §2c). Default: {PipelineOptions.w_quant} on cpu (the pipeline's), "
-        f"{KERNEL_NUMERICS['w_quant']} on the kernel targets (what their kernels implement)")
+        f"{KERNEL_NUMERICS['w_quant']} on the kernel targets")
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")

@@ -114,7 +114,9 @@ def make_kernel(c: Compilation) -> str:
     with attention.location:
         try:
             access = _kernel_access(info, attention, model)
-            kernels = build_decode_kernels(access, model, target, c.options.pv)
+            kernels = build_decode_kernels(access, model, target, c.options.pv,
+                                           q_terms=c.options.resolved_numerics("q_terms"),
+                                           w_quant=c.options.resolved_numerics("w_quant"))
         except (ValueError, KeyError) as error:
             raise DiagnosticError(attention.location, f"the {target} decode kernel: "
                                   + str(error).strip("'")) from None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from int8attn.driver import stages
-from int8attn.driver.options import KERNEL_NUMERICS, TARGET_NAMES, CompileOptions
+from int8attn.driver.options import TARGET_NAMES, CompileOptions
 from int8attn.fragments import fragment_model
 from int8attn.support.options import kebab
 
@@ -70,12 +70,6 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
         "tile_tokens": (lambda o: o.tile_tokens != CompileOptions.tile_tokens,
                         "tile-tokens is the prefill KV tile of --target cpu; the kernels "
                         "cover decode"),
-        "q_terms": (lambda o: o.q_terms not in (None, KERNEL_NUMERICS["q_terms"]),
-                    "the lane kernels quantize q in one term so far; --q-terms 2 compiles "
-                    "with --target cpu"),
-        "w_quant": (lambda o: o.w_quant not in (None, KERNEL_NUMERICS["w_quant"]),
-                    "the lane kernels quantize W signed (s8) so far; --w-quant u8 compiles "
-                    "with --target cpu"),
     }
 
 

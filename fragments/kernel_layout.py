@@ -211,6 +211,27 @@ class DecodeKernelLayout:
         c = self.instruction.c.coords
         return [i for i in range(c.shape[1]) if (c[:, i, 0] >= rows).all()]
 
+    def column_sum_slots(self, rows: int) -> tuple[dict[int, int], list[int]] | None:
+        """Unsigned W's column sums for free: ({live slot: dead slot in the same
+        lane holding the same column on every lane}, the rows of those dead
+        slots). With those rows of the A tile all ones, the MMAC puts sum Vq
+        over its K tokens next to each live element. None where a live slot has
+        no such partner (e.g. every row real): the kernel then runs one more
+        MMAC with A all ones."""
+        c = self.instruction.c.coords
+        dead = self.dead_c_slots(rows)
+        live = [i for i in range(c.shape[1]) if i not in dead]
+        partner = {}
+        for i in live:
+            same = [j for j in dead if (c[:, j, 1] == c[:, i, 1]).all()]
+            if not same:
+                return None
+            partner[i] = same[0]
+        ones = sorted(set(c[:, list(set(partner.values())), 0].ravel().tolist()))
+        if set(ones) & set(c[:, live, 0].ravel().tolist()):
+            return None
+        return partner, ones
+
     # PV: A = Wq rows x the group's tokens (from LDS), B = V tokens x head dim.
     def a_token_runs(self, mmac: int) -> list[tuple[LaneMap, LaneMap, int]]:
         """(row, first wave token, length) of each A run of PV MMAC `mmac`: the

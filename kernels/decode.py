@@ -87,8 +87,9 @@ class _PartitionKernel:
     """Builds the partition kernel body; one method per stage of the docstring."""
 
     def __init__(self, access, model: FragmentModel, target: str, pv: str = "int8",
-                 tuning: "DecodeTuning | None" = None):
+                 tuning: "DecodeTuning | None" = None, q_terms: int = 1, w_quant: str = "s8"):
         self.access = access
+        self.q_terms, self.unsigned = q_terms, w_quant == "u8"
         self.tuning = tuning or DecodeTuning()
         self.v_loaded = None
         self.shape = access.shape
@@ -105,6 +106,9 @@ class _PartitionKernel:
         # C registers that hold padding rows on every lane are never computed.
         self.dead = set(self.layout.dead_c_slots(self.rows_out))
         self.pv_dead = set(self.pv_layout.dead_c_slots(self.rows_out))
+        # Unsigned W: where each live C element finds sum Vq (a ones row of A), or
+        # None for one more MMAC with A all ones.
+        self.column_sums = self.layout.column_sum_slots(self.rows_out) if self.unsigned else None
 
     def argument_types(self):
         return self.access.argument_types(outputs=3)
@@ -132,7 +136,7 @@ class _PartitionKernel:
         out_l = binding(outputs[2], kv + (ROWS,), "f32", zero)
         self.wave_token0 = lanes.affine((lanes.wave, self.model.wave_tokens))
         access.stage()                    # published by quantize_q's barrier
-        self.qq, self.sq = self.quantize_q()
+        self.q_fragments = self.quantize_q()
         scores = self.qk()
         if self.tuning.v_early:
             self.v_loaded = self._v_loads(self.pv_layout)
@@ -175,11 +179,10 @@ class _PartitionKernel:
     # stages --------------------------------------------------------------------
     def quantize_q(self):
         """The KV head's query rows, quantized per row (the contract's rule) into LDS:
-        Qq [16, D] i8 and sQ [16] f32, rows past the real ones zero."""
+        per term, Qq [16, D] i8 and sQ [16] f32, rows past the real ones zero. The
+        second term (`q_terms=2`) quantizes the residual fma(-Qq1, s1, q)."""
         lanes, s, access = self.lanes, self.shape, self.access
         b, h = self.where
-        qq_lds = lanes.shared([ROWS, s.head_dim], "i8")
-        sq_lds = lanes.shared([ROWS], "f32")
         _, slots = thread_distribution(ROWS, s.head_dim, self.threads)
         row_map = slots[0][0]
         offsets = xor_reduction_offsets(row_map(range(self.threads))[:, None])
@@ -188,20 +191,27 @@ class _PartitionKernel:
         q_row = lanes.affine((self.where[1], s.rows),
                              (arith.minui(row, lanes.index(s.rows - 1)), 1))
         c = contract.quantize_constants(lanes.f32)
-        values, cols, amax = [], [], c.zero
-        for _, col_map in slots:
-            col = lanes.of_lane(col_map, of=lanes.thread)
-            x = arith.select(real, memref.load(access.q, [b, q_row, col]), c.zero)
-            values.append(x)
-            cols.append(col)
-            amax = contract.absmax_step(amax, x)
-        amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
-        inverse = contract.quantize_inverse(amax, c)
-        for x, col in zip(values, cols):
-            memref.store(contract.quantize_value(x, inverse, c), qq_lds, [row, col])
-        memref.store(contract.quantize_scale(amax, c), sq_lds, [row])
+        cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
+        values = [arith.select(real, memref.load(access.q, [b, q_row, col]), c.zero)
+                  for col in cols]
+        terms = []
+        for term in range(self.q_terms):
+            qq_lds = lanes.shared([ROWS, s.head_dim], "i8")
+            sq_lds = lanes.shared([ROWS], "f32")
+            amax = c.zero
+            for x in values:
+                amax = contract.absmax_step(amax, x)
+            amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
+            inverse = contract.quantize_inverse(amax, c)
+            scale = contract.quantize_scale(amax, c)
+            quantized = [contract.quantize_value(x, inverse, c) for x in values]
+            for qv, col in zip(quantized, cols):
+                memref.store(qv, qq_lds, [row, col])
+            memref.store(scale, sq_lds, [row])
+            terms.append((qq_lds, sq_lds))
+            values = [contract.q_residual(x, qv, scale) for x, qv in zip(values, quantized)]
         lanes.barrier()
-        return qq_lds, sq_lds
+        return terms
 
     def qk(self):
         """Scores {element: f32} of the lane's live C elements, -inf past the length.
@@ -219,11 +229,12 @@ class _PartitionKernel:
                   for step in steps]
         b_lengths = [length for _, length in inst.b.runs(axis=0)]
         b_col = lanes.of_lane(layout.b_col())
-        # The Q fragment of each K step, loaded once for all token blocks.
-        a_steps = [lanes.assemble([load_vector(self.qq, [lanes.of_lane(row), lanes.of_lane(dim)],
-                                               length, "i8")
-                                   for row, dim, length in layout.qk_a_runs(d, step)],
-                                  inst.a_vector) for step in steps]
+        # The Q fragment of each term and K step, loaded once for all token blocks.
+        a_steps = [[lanes.assemble([load_vector(qq, [lanes.of_lane(row), lanes.of_lane(dim)],
+                                                length, "i8")
+                                    for row, dim, length in layout.qk_a_runs(d, step)],
+                                   inst.a_vector) for step in steps]
+                   for qq, _ in self.q_fragments]
         scores, self.live, self.v_scales = {}, {}, {}
         for n in range(layout.blocks):
             k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
@@ -235,7 +246,7 @@ class _PartitionKernel:
             rows = {e: access.token_row(self._local_token(e)) for e in elements}
             k_scales = {e: memref.load(access.k_scale, rows[e]) for e in elements}
             self.v_scales.update({e: memref.load(access.v_scale, rows[e]) for e in elements})
-            acc = lanes.zeros(inst.c_vector, "i32")
+            accs = [lanes.zeros(inst.c_vector, "i32") for _ in a_steps]
             for step in steps:
                 pieces = []
                 for offset, length in zip(b_runs[step], b_lengths):
@@ -244,15 +255,19 @@ class _PartitionKernel:
                         raise ValueError("a B run straddles two K loads")
                     pieces.append(vector.extract_strided_slice(
                         vector_type(length, "i8"), loads[load], [start], [length], [1]))
-                acc = mma(inst, self.target, a_steps[step], lanes.assemble(pieces, inst.b_vector),
-                          acc)
+                kb = lanes.assemble(pieces, inst.b_vector)
+                accs = [mma(inst, self.target, a[step], kb, acc) for a, acc in zip(a_steps, accs)]
             for element in elements:
                 i = element % inst.c.slots
                 row = lanes.of_lane(self._row_map(element))
                 local = self._local_token(element)
-                value = arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i))
-                value = arith.mulf(arith.mulf(value, memref.load(self.sq, [row])),
-                                   k_scales[element])
+                # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order.
+                qk = None
+                for acc, (_, sq) in zip(accs, self.q_fragments):
+                    term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)),
+                                      memref.load(sq, [row]))
+                    qk = term if qk is None else arith.addf(qk, term)
+                value = arith.mulf(qk, k_scales[element])
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
                 live = arith.cmpi(arith.CmpIPredicate.slt, local, access.remaining)
                 self.live[element] = live
@@ -309,25 +324,42 @@ class _PartitionKernel:
         mmacs, wave_tokens = self.model.mmacs_per_wave, self.model.wave_tokens
         wq_lds = lanes.shared([self.waves, ROWS, wave_tokens], "i8")
         sw_lds = lanes.shared([self.waves, ROWS, mmacs], "f32")
-        c = contract.quantize_constants(lanes.f32)
+        unsigned = self.unsigned
+        c = contract.quantize_constants(lanes.f32, unsigned=unsigned)
+        value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
+        if self.column_sums:
+            self._store_ones_rows(wq_lds, self.column_sums[1])
         for members in self._live_classes(layout.group_keys()):
             amax = c.zero
             for e in members:
                 amax = contract.absmax_step(amax, w[e])
             amax = lanes.xor_reduce(amax, layout.group_max_offsets(), contract.absmax_merge)
-            inverse = contract.quantize_inverse(amax, c)
+            inverse = contract.quantize_inverse(amax, c, unsigned)
             row = lanes.of_lane(self._row_map(members[0]))
             group = lanes.of_lane(layout.group_map(members[0]))
-            memref.store(contract.quantize_scale(amax, c), sw_lds, [lanes.wave, row, group])
+            memref.store(contract.quantize_scale(amax, c, unsigned), sw_lds,
+                         [lanes.wave, row, group])
             for e in members:
-                q = contract.quantize_value(w[e], inverse, c)
+                q = value_of(w[e], inverse, c)
                 token = lanes.of_lane(self._token_in_wave(e))
                 memref.store(q, wq_lds, [lanes.wave, lanes.of_lane(self._row_map(e)), token])
         lanes.barrier()
         return wq_lds, sw_lds
 
+    def _store_ones_rows(self, wq_lds, rows):
+        """Unsigned W: the A rows whose MMAC outputs are the column sums, all ones."""
+        lanes, wave_tokens = self.lanes, self.model.wave_tokens
+        per = max(1, wave_tokens // lanes.wave_size)
+        token = arith.muli(lanes.lane, lanes.index(per))
+        live = arith.cmpi(arith.CmpIPredicate.ult, token, lanes.index(wave_tokens))
+        ones = lanes.splat([per], "i8", 1)
+        with lanes.when(live):
+            for row in rows:
+                vector.store(ones, wq_lds, [lanes.wave, lanes.index(row), token])
+
     def pv(self, wq_lds, sw_lds):
-        """O partial of the wave: per (row, head-dim) C elements, f32."""
+        """O partial of the wave: per (row, head-dim) C elements, f32; unsigned W
+        adds 128 * sum Vq of the MMAC's tokens to each int32 sum first."""
         lanes, inst, layout = self.lanes, self.instruction, self.layout
         mmacs = range(self.model.mmacs_per_wave)
         a = [lanes.assemble([load_vector(wq_lds, [lanes.wave, lanes.of_lane(row),
@@ -342,13 +374,29 @@ class _PartitionKernel:
                     vector_type(length, "i8"), loads[u], [offset], [length], [1])
                     for u, offset, length in layout.v_runs_of_mmac(t)], inst.b_vector)
                 acc = mma(inst, self.target, a[t], bv, lanes.zeros(inst.c_vector, "i32"))
+                sums = self._column_sums(acc, bv)
                 for i in self._live_slots(self.dead):
                     sw = memref.load(sw_lds, [lanes.wave, lanes.of_lane(layout.c_row(i)),
                                               lanes.index(t)])
-                    term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)), sw)
+                    value = c_element(acc, inst, i)
+                    if sums is not None:
+                        value = contract.unsigned_offset(value, sums[i])
+                    term = arith.mulf(arith.sitofp(ir.F32Type.get(), value), sw)
                     regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
             o.append(regs)
         return o
+
+    def _column_sums(self, acc, bv):
+        """{live C slot: int32 sum Vq of its column over the MMAC's tokens}, or None
+        for signed W."""
+        if not self.unsigned:
+            return None
+        inst, live = self.instruction, self._live_slots(self.dead)
+        if self.column_sums:
+            return {i: c_element(acc, inst, self.column_sums[0][i]) for i in live}
+        ones = mma(inst, self.target, self.lanes.splat(inst.a_vector, "i8", 1), bv,
+                   self.lanes.zeros(inst.c_vector, "i32"))
+        return {i: c_element(ones, inst, i) for i in live}
 
     def _v_tiles(self, layout):
         """(tile, the lane's V loads for its 16 head-dim columns), in tile order:
@@ -579,14 +627,16 @@ def check_decode_shape(shape, model: FragmentModel) -> None:
 
 
 def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target: str,
-                         pv: str = "int8", tuning: DecodeTuning | None = None) -> DecodeKernels:
+                         pv: str = "int8", tuning: DecodeTuning | None = None,
+                         q_terms: int = 1, w_quant: str = "s8") -> DecodeKernels:
     """A module holding both stream.executables (needs an active context/location).
 
     `pv="bf16"` builds the BF16-PV baseline: everything identical but PV.
+    `q_terms` and `w_quant` are the contract's variants (DESIGN.md §2c).
     """
     check_decode_shape(access.shape, model)
     tuning = tuning or DEFAULT_TUNING.get(target, DecodeTuning())
-    partition = _PartitionKernel(access, model, target, pv, tuning)
+    partition = _PartitionKernel(access, model, target, pv, tuning, q_terms, w_quant)
     merge = _MergeKernel(access, model, partition.rows_out, partition.tuning.merge_unroll,
                          partition.tuning.merge_splits)
     module = ir.Module.create()

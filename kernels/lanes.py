@@ -60,14 +60,18 @@ class Lanes:
         return self._constants[key]
 
     def zeros(self, shape, element: str) -> ir.Value:
+        return self.splat(shape, element, 0)
+
+    def splat(self, shape, element: str, value) -> ir.Value:
+        """A constant vector of `shape` holding `value` everywhere."""
         scalar = ir.Type.parse(element)
         t = ir.VectorType.get(list(shape) if not isinstance(shape, int) else [shape], scalar)
-        zero = (ir.FloatAttr.get(scalar, 0.0) if isinstance(scalar, ir.FloatType)
-                else ir.IntegerAttr.get(scalar, 0))
-        key = (str(t), 0)
+        attr = (ir.FloatAttr.get(scalar, float(value)) if isinstance(scalar, ir.FloatType)
+                else ir.IntegerAttr.get(scalar, int(value)))
+        key = (str(t), value)
         if key not in self._constants:
             with self._head:
-                self._constants[key] = arith.constant(t, ir.DenseElementsAttr.get_splat(t, zero))
+                self._constants[key] = arith.constant(t, ir.DenseElementsAttr.get_splat(t, attr))
         return self._constants[key]
 
     def assemble(self, pieces, shape) -> ir.Value:

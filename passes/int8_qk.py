@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, math
+from iree.compiler.dialects import arith
 
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
+from int8attn.passes import quantize_contract as contract
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.reference.common import QTerms
 from int8attn.support.options import TypedOptions, option
@@ -80,7 +81,7 @@ def quantize_q(rows: ir.Value, q_terms: int) -> list[tuple[ir.Value, ir.Value]]:
         residual = build.generic(
             [rows, qq, sq], ["bhrd", "bhrd", "bhr"], "bhrd",
             build.empty(d.shape_of(rows), "f32"),
-            lambda x, q_i, s_i, _: math.fma(arith.negf(build.to_f32(q_i)), s_i, x))
+            lambda x, q_i, s_i, _: contract.q_residual(x, q_i, s_i))
         terms.append(d.quantize(residual))
     return terms
 

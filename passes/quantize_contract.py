@@ -115,3 +115,9 @@ def unsigned_offset(acc: ir.Value, column_sum: ir.Value) -> ir.Value:
     """acc + 128 * column_sum (i32): the MMAC's sum of Wq*Vq, compensated to sum u*Vq."""
     i32 = ir.IntegerType.get_signless(32)
     return arith.addi(acc, arith.muli(column_sum, arith.constant(i32, W_OFFSET)))
+
+
+def q_residual(x: ir.Value, qq: ir.Value, scale: ir.Value) -> ir.Value:
+    """What the second INT8 term of q quantizes: x - f32(Qq1)*s1, rounded once
+    (fma(-f32(Qq1), s1, x)), as reference.quantize_q states it."""
+    return math.fma(arith.negf(arith.sitofp(ir.F32Type.get(), qq)), scale, x)

@@ -70,39 +70,44 @@ def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v
 RUNNERS = {"decode": run_dense_kernels, "paged": run_paged_kernels}
 
 
-def _build(access, target, fragments, pv):
+def _build(access, target, fragments, pv, numerics):
     model = fragments or fragment_model(target)
-    built = build_decode_kernels(access(model), model, target, pv)
+    built = build_decode_kernels(access(model), model, target, pv, **numerics)
     return built.module, {"rows_out": built.rows_out, "partition_tokens": model.partition_tokens}
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",
-                    fragments: FragmentModel | None = None, pv: str = "int8") -> np.ndarray:
+                    fragments: FragmentModel | None = None, pv: str = "int8",
+                    **numerics) -> np.ndarray:
     """Output [B, Hq, D] of the dense decode kernels for `target`, run in the simulator.
 
     `fragments` overrides the model the kernels are generated from (the
     simulator's instruction semantics stay the real ones of `target`);
-    `pv="bf16"` runs the BF16-PV baseline kernel (targets with a bf16 MMA).
+    `pv="bf16"` runs the BF16-PV baseline kernel (targets with a bf16 MMA);
+    `numerics` are q_terms / w_quant (DESIGN.md §2c; default the seed's).
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
     shape = DenseShape(batch, kv_heads, q_heads // kv_heads, tokens, head_dim,
                        float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
-        module, layout = _build(lambda m: dense_access(shape, m), target, fragments, pv)
+        module, layout = _build(lambda m: dense_access(shape, m), target, fragments, pv,
+                                numerics)
         return run_dense_kernels(module, layout, q, k, k_scale, v, v_scale)
 
 
 def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                    softmax_scale: float, *, target: str = "gfx936",
-                   fragments: FragmentModel | None = None, pv: str = "int8") -> np.ndarray:
+                   fragments: FragmentModel | None = None, pv: str = "int8",
+                   **numerics) -> np.ndarray:
     """Output [B, Hq, D] of the paged decode kernels, run in the simulator."""
     q_heads, head_dim = q.shape[1:]
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size,
                        float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
-        module, layout = _build(lambda m: paged_access(shape, m), target, fragments, pv)
+        module, layout = _build(lambda m: paged_access(shape, m), target, fragments, pv,
+                                numerics)
         return run_paged_kernels(module, layout, q, k_cache, k_scale, v_cache, v_scale,
                                  block_tables, context_lens)
 

@@ -247,6 +247,15 @@ class Machine:
     op_arith_divui = _binary(np.floor_divide)
     op_arith_remui = _binary(np.remainder)
     op_arith_minui = _binary(np.minimum)
+    op_arith_negf = _binary(np.negative)
+    op_arith_trunci = _binary(lambda x: np.asarray(x))   # the cast wraps, as LLVM's trunc
+
+    def op_math_fma(self, op, operands):
+        # a*b is exact in float64 for f32 operands; one rounding of the sum, as the
+        # contract's residual (reference.quantize_q) is computed.
+        a, b, c = (np.asarray(x, np.float64) for x in operands)
+        with np.errstate(all="ignore"):
+            return (a * b + c).astype(np.float32)
     op_arith_andi = _binary(np.bitwise_and)
     op_arith_shrui = _binary(np.right_shift)
     op_arith_addf = _binary(np.add)

@@ -17,7 +17,7 @@ from int8attn.fragments import fragment_model
 from int8attn.kernels.decode import build_decode_kernels, paged_access
 from int8attn.kernels.kv_access import PagedShape
 from int8attn.reference import sequence_cache
-from int8attn.simulator.decode import run_paged_kernels
+from int8attn.simulator.decode import run_paged_kernels, simulate_paged
 from int8attn.simulator.interpreter import SimulationError
 from int8attn.support.ir import new_context
 from iree.compiler import ir
@@ -31,12 +31,13 @@ def _kernels(target, q_heads, kv_heads, head_dim, block_size, scale):
     return built.module, {"rows_out": built.rows_out, "partition_tokens": model.partition_tokens}
 
 
-def _check(out, arrays, scale, target):
+def _check(out, arrays, scale, target, **numerics):
     q, k, ks, v, vs, tables, lens = arrays
     assert out.shape == q.shape
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, model=target, **KERNEL_NUMERICS)
+        check_against_references(out[b:b + 1], dense, scale, model=target,
+                                 **{**KERNEL_NUMERICS, **numerics})
 
 
 @pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
@@ -138,3 +139,19 @@ def test_a_split_merge_matches_both_references(target, splits):
         layout = {"partition_tokens": model.partition_tokens, "rows_out": built.rows_out}
         out = run_paged_kernels(built.module, layout, *arrays)
     _check(out, arrays, np.float32(0.125), target)
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+@pytest.mark.parametrize("q_terms, w_quant", [(2, "s8"), (1, "u8"), (2, "u8")])
+@pytest.mark.parametrize("q_heads", [8, 32])
+def test_every_numerics_variant_in_every_kernel(target, q_terms, w_quant, q_heads):
+    # Two-term Q is a second QK MMAC per step; unsigned W adds 128 * sum Vq, taken
+    # from all-ones padding rows of the A tile where the C layout puts them in the
+    # same lane (cuda, <= 8 rows), else from one more MMAC with A all ones
+    # (gfx936, and every target at 16 rows per KV head).
+    seed = 90 + q_terms + len(w_quant) + q_heads
+    rng = seeded_rng(seed)
+    arrays = paged_batch(rng, [1, 200, 700], q_heads, 2, 64, 16)
+    numerics = dict(q_terms=q_terms, w_quant=w_quant)
+    out = simulate_paged(*arrays, 0.125, target=target, **numerics)
+    _check(out, arrays, np.float32(0.125), target, **numerics)

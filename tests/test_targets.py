@@ -6,6 +6,7 @@ Commands run in-process through `cli.main(argv)` (an exception escaping it is
 what a user would see as a traceback, and fails the test).
 """
 
+import re
 import shutil
 import stat
 import subprocess
@@ -68,12 +69,6 @@ REFUSED = [
      "--partition-tokens 512 does not apply to --target gfx936: the decode kernels' partition "
      "is fixed by the fragment model: 4 waves of 64 tokens = 256"),
     (["--target", "cuda", "--tile-tokens", "128"], "--tile-tokens 128 does not apply"),
-    (["--target", "gfx942", "--q-terms", "2"],
-     "--q-terms 2 does not apply to --target gfx942: the lane kernels quantize q in one term "
-     "so far; --q-terms 2 compiles with --target cpu"),
-    (["--target", "cuda", "--w-quant", "u8"],
-     "--w-quant u8 does not apply to --target cuda: the lane kernels quantize W signed (s8) so "
-     "far; --w-quant u8 compiles with --target cpu"),
     (["--target", "gfx936", "--emit", "vmfb"],
      "--target gfx936 has the stages graph, kernel; there is no 'vmfb' to emit"),
     (["--target", "cpu", "--emit", "kernel"], "there is no 'kernel' to emit"),
@@ -316,3 +311,18 @@ def test_the_cache_key_covers_every_option(tmp_path):
         {"tile_tokens": 128}, {"verify": False}, {"scale_groups": "contiguous", "verify": False},
         {"iree_flags": ("--iree-opt-level=O1",)})}
     assert len(keys) == 8
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+def test_kernel_targets_run_every_numerics_variant(target, capsys):
+    # --q-terms 2 --w-quant u8 on a lane-kernel target, simulated, against the
+    # references of the same variant (the printed fragment-level error is tight).
+
+    graph = Path(__file__).resolve().parent.parent / "examples" / "decode.mlir"
+    assert cli.main(["run", str(graph), "--target", target, "--simulate", "--q-terms", "2",
+                     "--w-quant", "u8", "--seed", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "q-terms 2, w-quant u8" in out
+    fragment = float(re.search(r"vs fragment-level reference\s+max abs (\S+)", out).group(1))
+    exact = float(re.search(r"vs exact f32 reference\s+max abs (\S+)", out).group(1))
+    assert fragment <= 5e-5 and exact <= 1e-3, out
