@@ -40,20 +40,23 @@ def paged_source(q_heads: int, kv_heads: int, head_dim: int, block_size: int) ->
 
 
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
-            block_size: int = BLOCK_SIZE) -> None:
+            block_size: int = BLOCK_SIZE, q_terms: int | None = None,
+            w_quant: str | None = None) -> None:
     from int8attn.driver.compile import compile
     from int8attn.driver.options import CompileOptions
 
     directory.mkdir(parents=True, exist_ok=True)
     source = paged_source(q_heads, kv_heads, head_dim, block_size)
     for pv in PV:
-        compiled = compile(source, CompileOptions(target="cuda", pv=pv), filename="paged.mlir",
-                           until="ptx")
+        options = CompileOptions(target="cuda", pv=pv, q_terms=q_terms, w_quant=w_quant)
+        numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
+        compiled = compile(source, options, filename="paged.mlir", until="ptx")
         (directory / f"paged_{pv}.vmfb").write_bytes(compiled.artifacts["vmfb"])
         (directory / f"paged_{pv}.ptx").write_text(compiled.artifacts["ptx"])
         print(f"prepared paged {pv}: one module for every batch", flush=True)
     (directory / "paged.json").write_text(json.dumps(dict(
-        q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)))
+        q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+        **numerics)))
 
 
 def cases(batch: int, contexts, mean: int, seed: int):
@@ -94,15 +97,16 @@ def bytes_read(arrays) -> int:
     return tokens * per_token + slots + q.nbytes + q.nbytes  # + the output
 
 
-def check(out, arrays, scale, pv) -> tuple[float, bool]:
+def check(out, arrays, scale, pv, q_terms=1, w_quant="s8") -> tuple[float, bool]:
     from int8attn.reference import fragment_attention, rounding_tie_slack, sequence_cache
 
     q, k, ks, v, vs, tables, lengths = arrays
     worst, ok = 0.0, True
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lengths, b))
-        expected = fragment_attention(*dense, scale, model="cuda", pv=pv)
-        slack = rounding_tie_slack(*dense, scale, model="cuda", pv=pv) if pv == "int8" else 0
+        numerics = dict(model="cuda", pv=pv, q_terms=q_terms, w_quant=w_quant)
+        expected = fragment_attention(*dense, scale, **numerics)
+        slack = rounding_tie_slack(*dense, scale, **numerics) if pv == "int8" else 0
         err = np.abs(out[b:b + 1] - expected)
         worst = max(worst, float(err.max()))
         ok = ok and bool((err <= 5e-5 + slack).all())
@@ -164,7 +168,7 @@ def run(directory: Path, batch: int, contexts, mean: int, seed: int = 0, warmup:
         for pv, fn in functions.items():
             out = fn(*device_args).to_host()
             row[f"{pv}_max_abs_vs_fragment"], row[f"{pv}_within_tolerance"] = \
-                check(out, arrays, scale, pv)
+                check(out, arrays, scale, pv, meta.get("q_terms", 1), meta.get("w_quant", "s8"))
             row[f"{pv}_wall_s"], kernel_s = _time_iree(fn, device_args, warmup, iterations)
             row[f"{pv}_s"] = kernel_s or row[f"{pv}_wall_s"]
             row[f"{pv}_kernels_s"] = dict(bench_cuda.KERNEL_SECONDS)

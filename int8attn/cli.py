@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="--mode paged: mean length of the ragged batch (default 8192)")
     bench_cmd.add_argument("--seed", type=_seed, default=0,
                            help="--mode paged: seed of the lengths, tables and data")
+    bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default="seed",
+                           help="--mode paged: the kernels' q-terms / w-quant: the seed's (1, s8; "
+                                "the kernel targets' default) or the cpu pipeline's defaults")
     bench_cmd.add_argument("--context", default="4096,8192,16384",
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=int, default=16)
@@ -403,7 +406,12 @@ def cmd_bench(args) -> int:
     else:
         directory = Path(args.prepare_only or tempfile.mkdtemp(prefix="int8attn-bench-"))
         if paged:
-            bench_paged.prepare(directory, args.q_heads, args.kv_heads, args.head_dim)
+            from int8attn.pipelines import PipelineOptions
+
+            numerics = ({} if args.numerics == "seed" else
+                        dict(q_terms=PipelineOptions.q_terms, w_quant=PipelineOptions.w_quant))
+            bench_paged.prepare(directory, args.q_heads, args.kv_heads, args.head_dim,
+                                **numerics)
         else:
             bench_cuda.prepare(directory, contexts, args.batch, args.q_heads, args.kv_heads,
                                args.head_dim)
