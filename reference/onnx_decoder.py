@@ -236,10 +236,16 @@ def run_onnxruntime(model, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return dict(zip(names, session.run(names, inputs)))
 
 
-def contract_attention(outputs: dict, layer: int) -> tuple[np.ndarray, np.ndarray]:
+def contract_attention(outputs: dict, layer: int, q_terms: int | None = None,
+                       w_quant: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the contract's attention of layer `layer`, its rounding-tie slack), from the
-    q and caches among `outputs` (a run's outputs by name)."""
+    q and caches among `outputs` (a run's outputs by name); the numerics default
+    to the cpu pipeline's, which compiled models use."""
+    from int8attn.pipelines import PipelineOptions
     from int8attn.reference import fragment_attention, rounding_tie_slack
+
+    numerics = dict(q_terms=PipelineOptions.q_terms if q_terms is None else q_terms,
+                    w_quant=PipelineOptions.w_quant if w_quant is None else w_quant)
 
     q = outputs[f"q_{layer}"]
     operands = [outputs[f"present_{n}_{layer}"] for n in ("k", "k_scale", "v", "v_scale")]
@@ -247,7 +253,8 @@ def contract_attention(outputs: dict, layer: int) -> tuple[np.ndarray, np.ndarra
     decode = q.shape[2] == 1
     q = q[:, :, 0] if decode else q
     scale = q.shape[-1] ** -0.5
-    out, slack = fragment_attention(q, *operands, scale), rounding_tie_slack(q, *operands, scale)
+    out = fragment_attention(q, *operands, scale, **numerics)
+    slack = rounding_tie_slack(q, *operands, scale, **numerics)
     return (out[:, :, None], slack[:, :, None]) if decode else (out, slack)
 
 
