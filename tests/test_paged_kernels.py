@@ -155,3 +155,22 @@ def test_every_numerics_variant_in_every_kernel(target, q_terms, w_quant, q_head
     numerics = dict(q_terms=q_terms, w_quant=w_quant)
     out = simulate_paged(*arrays, 0.125, target=target, **numerics)
     _check(out, arrays, np.float32(0.125), target, **numerics)
+
+
+def test_bench_prepares_one_paged_module_per_pv(tmp_path):
+    # The half of `int8attn bench --mode paged` that needs no GPU: one module per
+    # PV precision (whatever the batch), its PTX, and the numerics the check uses.
+    import json
+
+    from int8attn import cli
+
+    assert cli.main(["bench", "--mode", "paged", "--numerics", "defaults", "--q-heads", "8",
+                     "--kv-heads", "2", "--head-dim", "64", "--prepare-only",
+                     str(tmp_path)]) == 0
+    meta = json.loads((tmp_path / "paged.json").read_text())
+    assert meta == dict(q_heads=8, kv_heads=2, head_dim=64, block_size=16, q_terms=2,
+                        w_quant="u8")
+    for pv in ("int8", "bf16"):
+        assert (tmp_path / f"paged_{pv}.vmfb").stat().st_size > 0
+        ptx = (tmp_path / f"paged_{pv}.ptx").read_text()
+        assert ".minnctapersm 6" in ptx and "mma.sync.aligned.m16n8k32" in ptx
