@@ -15,7 +15,8 @@ scheme gives, for every MMAC of a wave, the token behind each of its K slots.
 from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
                                              SM80_MMA_S8, MatrixInstruction, OperandLayout)
 from int8attn.fragments.kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
-                                              thread_distribution, xor_reduction_offsets)
+                                              thread_distribution, thread_groups,
+                                              xor_reduction_offsets)
 from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, SCALE_GROUP_KINDS,
                                       FragmentModel, FragmentModelName, ScaleGroupKind,
                                       VLoadScheme, bf16_pv_model,
@@ -45,6 +46,7 @@ __all__ = [
     "xor_reduction_offsets",
     "element_classes",
     "thread_distribution",
+    "thread_groups",
     "TokenAxis",
     "TokenAxes",
     "NotADigitPermutation",

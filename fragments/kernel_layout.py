@@ -270,15 +270,25 @@ class DecodeKernelLayout:
         return runs
 
 
-def thread_distribution(rows: int, cols: int, threads: int) -> tuple[int, list[tuple[LaneMap, LaneMap]]]:
-    """Row-major split of a rows x cols tile over threads: per slot u, (row, col) maps."""
-    total = rows * cols
+def thread_distribution(rows, cols: int, threads: int) -> tuple[int, list[tuple[LaneMap, LaneMap]]]:
+    """Row-major split of a rows x cols tile over threads: per slot u, (row, col) maps.
+
+    `rows` is a count, or the row indices the tile's rows stand for (e.g. the
+    padding rows of an MMAC tile)."""
+    row_ids = np.arange(rows) if isinstance(rows, int) else np.asarray(rows, dtype=np.int64)
+    total = len(row_ids) * cols
     if total % threads:
-        raise ValueError(f"{rows}x{cols} does not split over {threads} threads")
+        raise ValueError(f"{len(row_ids)}x{cols} does not split over {threads} threads")
     per = total // threads
     thread = np.arange(threads)
     maps = []
     for u in range(per):
         element = thread * per + u
-        maps.append((LaneMap.fit(element // cols), LaneMap.fit(element % cols)))
+        maps.append((LaneMap.fit(row_ids[element // cols]), LaneMap.fit(element % cols)))
     return per, maps
+
+
+def thread_groups(group_threads: int, groups: int) -> tuple[LaneMap, LaneMap]:
+    """(member, group) of each thread of `groups` consecutive groups of `group_threads`."""
+    thread = np.arange(group_threads * groups)
+    return LaneMap.fit(thread % group_threads), LaneMap.fit(thread // group_threads)

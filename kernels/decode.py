@@ -31,7 +31,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math, memref, scf, vector
 
 from int8attn.fragments import (DecodeKernelLayout, FragmentModel, bf16_pv_model,
-                                element_classes, thread_distribution, xor_reduction_offsets)
+                                element_classes, thread_distribution, thread_groups,
+                                xor_reduction_offsets)
 from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import DenseKV, PagedKV
 from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
@@ -348,31 +349,22 @@ class _PartitionKernel:
 
     def _store_ones_rows(self, wq_lds, rows):
         """Unsigned W: the A rows whose MMAC outputs are the column sums, all ones."""
-        lanes, wave_tokens = self.lanes, self.model.wave_tokens
-        per = max(1, wave_tokens // lanes.wave_size)
-        token = arith.muli(lanes.lane, lanes.index(per))
-        live = arith.cmpi(arith.CmpIPredicate.ult, token, lanes.index(wave_tokens))
-        ones = lanes.splat([per], "i8", 1)
-        with lanes.when(live):
-            for row in rows:
-                vector.store(ones, wq_lds, [lanes.wave, lanes.index(row), token])
+        lanes, one = self.lanes, self.lanes.i8(1)
+        _, slots = thread_distribution(rows, self.model.wave_tokens, lanes.wave_size)
+        for row, token in slots:
+            memref.store(one, wq_lds, [lanes.wave, lanes.of_lane(row), lanes.of_lane(token)])
 
     def pv(self, wq_lds, sw_lds):
         """O partial of the wave: per (row, head-dim) C elements, f32; unsigned W
         adds 128 * sum Vq of the MMAC's tokens to each int32 sum first."""
         lanes, inst, layout = self.lanes, self.instruction, self.layout
         mmacs = range(self.model.mmacs_per_wave)
-        a = [lanes.assemble([load_vector(wq_lds, [lanes.wave, lanes.of_lane(row),
-                                                  lanes.of_lane(token)], length, "i8")
-                             for row, token, length in layout.a_token_runs(t)], inst.a_vector)
-             for t in mmacs]
+        a = self._w_fragments(layout, wq_lds, "i8")
         o = []
         for tile, loads in self._v_tiles(layout):
             regs = [None] * inst.c.slots
             for t in mmacs:
-                bv = lanes.assemble([vector.extract_strided_slice(
-                    vector_type(length, "i8"), loads[u], [offset], [length], [1])
-                    for u, offset, length in layout.v_runs_of_mmac(t)], inst.b_vector)
+                bv = lanes.assemble(self._v_runs(layout, loads, t), inst.b_vector)
                 acc = mma(inst, self.target, a[t], bv, lanes.zeros(inst.c_vector, "i32"))
                 sums = self._column_sums(acc, bv)
                 for i in self._live_slots(self.dead):
@@ -385,6 +377,22 @@ class _PartitionKernel:
                     regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
             o.append(regs)
         return o
+
+    def _w_fragments(self, layout, w_lds, element: str):
+        """The wave's A operand of each PV MMAC, read from W staged in LDS."""
+        lanes, inst = self.lanes, layout.instruction
+        return [lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),
+                                                    lanes.of_lane(token)], length, element)
+                                for row, token, length in layout.a_token_runs(t)],
+                               inst.a_vector)
+                for t in range(layout.model.mmacs_per_wave)]
+
+    @staticmethod
+    def _v_runs(layout, loads, t):
+        """The i8 runs of PV MMAC t's B operand, sliced out of the lane's V loads."""
+        return [vector.extract_strided_slice(vector_type(length, "i8"), loads[u], [offset],
+                                             [length], [1])
+                for u, offset, length in layout.v_runs_of_mmac(t)]
 
     def _column_sums(self, acc, bv):
         """{live C slot: int32 sum Vq of its column over the MMAC's tokens}, or None
@@ -443,18 +451,14 @@ class _PartitionKernel:
         lanes, layout = self.lanes, self.pv_layout
         inst, model = layout.instruction, layout.model
         mmacs = range(model.mmacs_per_wave)
-        a = [lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),
-                                                 lanes.of_lane(token)], length, "bf16")
-                             for row, token, length in layout.a_token_runs(t)], inst.a_vector)
-             for t in mmacs]
+        a = self._w_fragments(layout, w_lds, "bf16")
         o = []
         for tile, loads in self._v_tiles(layout):
             regs = [None] * inst.c.slots
             for t in mmacs:
                 runs = []
-                for u, offset, length in layout.v_runs_of_mmac(t):
-                    piece = vector.extract_strided_slice(vector_type(length, "i8"), loads[u],
-                                                         [offset], [length], [1])
+                for piece in self._v_runs(layout, loads, t):
+                    length = ir.VectorType(piece.type).shape[0]
                     as_f32 = arith.sitofp(vector_type(length, "f32"), piece)
                     runs.append(arith.truncf(vector_type(length, "bf16"), as_f32))
                 acc = mma(inst, self.target, a[t], lanes.assemble(runs, inst.b_vector),
@@ -524,9 +528,9 @@ class _MergeKernel:
         l = binding(l_arg, kv + (ROWS,), "f32", zero)
         out = binding(out_arg, (access.batch, self.shape.kv_heads, self.rows_out, d), "f32", zero)
         per, slots = thread_distribution(self.rows_out, d, self.group_threads)
-        member = arith.andi(lanes.thread, lanes.index(self.group_threads - 1))
-        group = (zero if self.splits == 1 else
-                 arith.shrui(lanes.thread, lanes.index(self.group_threads.bit_length() - 1)))
+        member_map, group_map = thread_groups(self.group_threads, self.splits)
+        member = lanes.of_lane(member_map, of=lanes.thread)
+        group = lanes.of_lane(group_map, of=lanes.thread)
         cells = [(lanes.of_lane(r, of=member), lanes.of_lane(c, of=member)) for r, c in slots]
         partial = self._partial(lanes, (o, m, l), (b, h), cells, group)
         if self.splits == 1:

@@ -52,6 +52,9 @@ class Lanes:
     def i32(self, value: int) -> ir.Value:
         return self._constant("i32", int(value))
 
+    def i8(self, value: int) -> ir.Value:
+        return self._constant("i8", int(value))
+
     def _constant(self, element: str, value) -> ir.Value:
         key = (element, value)
         if key not in self._constants:

@@ -22,7 +22,8 @@
 // CHECK-NOT: llvm.call_intrinsic
 // CHECK: %[[PARTIALS:.*]] = memref.alloc() : memref<4x3x256x2xf32, #gpu.address_space<workgroup>>
 // CHECK: %[[TID:.*]] = gpu.thread_id x upper_bound 1024
-// CHECK: %[[GROUP:.*]] = arith.shrui %[[TID]], %c8 : index
+// CHECK: %[[HIGH:.*]] = arith.shrui %[[TID]], %c8 : index
+// CHECK: %[[GROUP:.*]] = arith.andi %[[HIGH]], %c3 : index
 // CHECK: %[[P:.*]] = arith.minui %[[GROUP]], %c15 : index
 // CHECK: memref.load %{{.*}}[%{{.*}}, %{{.*}}, %[[P]], %{{.*}}] : memref<1x8x16x16xf32>
 // CHECK: math.exp
