@@ -25,34 +25,60 @@ import numpy as np
 from int8attn.runtime.module import aligned_empty
 
 
+def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
+                          batch="?", blocks="?", slots="?", softmax_scale: float | None = None,
+                          name: str = "paged") -> str:
+    """MLIR text of a function returning one `int8attn.paged_attention` of its seven
+    arguments; B, NB and MB are dynamic ("?") unless given."""
+    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    q = f"{batch}x{q_heads}x{head_dim}xf32"
+    types = [q, *_cache_types(kv_heads, head_dim, block_size, blocks),
+             f"{batch}x{slots}xi32", f"{batch}xi32"]
+    return (f"func.func @{name}({_arguments(types)}) -> tensor<{q}> {{\n"
+            f"  %o = \"int8attn.paged_attention\"({_names(7)}) {{block_size = {block_size} : i64, "
+            f"softmax_scale = {scale} : f32}} : ({_types(types)}) -> tensor<{q}>\n"
+            f"  return %o : tensor<{q}>\n}}\n")
+
+
 def paged_decode_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
                        softmax_scale: float | None = None, new_element: str = "f32",
                        k_bias: bool = False) -> str:
     """MLIR text of two public functions on one cache: @write (cache_write of T new
     tokens; with `k_bias`, a last argument [Hkv, D] f32 subtracted from the new keys
     before quantizing, reference/key_bias.py) and @attend (paged_attention of a batch)."""
-    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     kv = f"?x{kv_heads}x{head_dim}x{new_element}"
-    caches = [f"?x{kv_heads}x{block_size}x{head_dim}xi8", f"?x{kv_heads}x{block_size}xf32",
-              f"?x{kv_heads}x{head_dim}x{block_size}xi8", f"?x{kv_heads}x{block_size}xf32"]
-    q = f"?x{q_heads}x{head_dim}xf32"
-    t = lambda types: ", ".join(f"tensor<{x}>" for x in types)
+    caches = _cache_types(kv_heads, head_dim, block_size)
     bias = [f"{kv_heads}x{head_dim}xf32"] if k_bias else []
     write_types = [kv, kv, "?xi32", *caches, *bias]
-    attend_types = [q, *caches, "?x?xi32", "?xi32"]
-    args = lambda types: ", ".join(f"%a{i}: tensor<{x}>" for i, x in enumerate(types))
-    names = lambda n: ", ".join(f"%a{i}" for i in range(n))
     return (
         f"// Paged decode: @write stores new tokens in the cache, @attend attends a batch.\n"
-        f"func.func @write({args(write_types)}) -> ({t(caches)}) {{\n"
-        f"  %c:4 = \"int8attn.cache_write\"({names(len(write_types))}) "
+        f"func.func @write({_arguments(write_types)}) -> ({_types(caches)}) {{\n"
+        f"  %c:4 = \"int8attn.cache_write\"({_names(len(write_types))}) "
         f"{{block_size = {block_size} : i64}}"
-        f" : ({t(write_types)}) -> ({t(caches)})\n"
-        f"  return %c#0, %c#1, %c#2, %c#3 : {t(caches)}\n}}\n"
-        f"func.func @attend({args(attend_types)}) -> tensor<{q}> {{\n"
-        f"  %o = \"int8attn.paged_attention\"({names(7)}) {{block_size = {block_size} : i64, "
-        f"softmax_scale = {scale} : f32}} : ({t(attend_types)}) -> tensor<{q}>\n"
-        f"  return %o : tensor<{q}>\n}}\n")
+        f" : ({_types(write_types)}) -> ({_types(caches)})\n"
+        f"  return %c#0, %c#1, %c#2, %c#3 : {_types(caches)}\n}}\n"
+        + paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
+                                softmax_scale=softmax_scale, name="attend"))
+
+
+def _cache_types(kv_heads, head_dim, block_size, blocks="?") -> list[str]:
+    """k_cache, k_scale, v_cache (token-innermost), v_scale of a pool of `blocks`."""
+    return [f"{blocks}x{kv_heads}x{block_size}x{head_dim}xi8",
+            f"{blocks}x{kv_heads}x{block_size}xf32",
+            f"{blocks}x{kv_heads}x{head_dim}x{block_size}xi8",
+            f"{blocks}x{kv_heads}x{block_size}xf32"]
+
+
+def _arguments(types) -> str:
+    return ", ".join(f"%a{i}: tensor<{x}>" for i, x in enumerate(types))
+
+
+def _names(count: int) -> str:
+    return ", ".join(f"%a{i}" for i in range(count))
+
+
+def _types(types) -> str:
+    return ", ".join(f"tensor<{x}>" for x in types)
 
 
 class PoolExhausted(RuntimeError):

@@ -25,28 +25,16 @@ PV = ("int8", "bf16")
 BLOCK_SIZE = 16
 
 
-def paged_source(q_heads: int, kv_heads: int, head_dim: int, block_size: int) -> str:
-    scale = float(np.float32(head_dim ** -0.5))
-    types = [f"?x{q_heads}x{head_dim}xf32", f"?x{kv_heads}x{block_size}x{head_dim}xi8",
-             f"?x{kv_heads}x{block_size}xf32", f"?x{kv_heads}x{head_dim}x{block_size}xi8",
-             f"?x{kv_heads}x{block_size}xf32", "?x?xi32", "?xi32"]
-    args = ", ".join(f"%a{i}: tensor<{t}>" for i, t in enumerate(types))
-    operands = ", ".join(f"%a{i}" for i in range(7))
-    signature = ", ".join(f"tensor<{t}>" for t in types)
-    return (f"func.func @paged({args}) -> tensor<{types[0]}> {{\n"
-            f"  %o = \"int8attn.paged_attention\"({operands}) {{block_size = {block_size} : i64, "
-            f"softmax_scale = {scale!r} : f32}} : ({signature}) -> tensor<{types[0]}>\n"
-            f"  return %o : tensor<{types[0]}>\n}}\n")
-
-
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
             block_size: int = BLOCK_SIZE, q_terms: int | None = None,
             w_quant: str | None = None) -> None:
     from int8attn.driver.compile import compile
     from int8attn.driver.options import CompileOptions
+    from int8attn.driver.paged_decode import paged_attention_graph
 
     directory.mkdir(parents=True, exist_ok=True)
-    source = paged_source(q_heads, kv_heads, head_dim, block_size)
+    source = paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
+                                   softmax_scale=float(np.float32(head_dim ** -0.5)))
     for pv in PV:
         options = CompileOptions(target="cuda", pv=pv, q_terms=q_terms, w_quant=w_quant)
         numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}

@@ -18,6 +18,7 @@ from accuracy import check_against_references
 from conftest import seeded_rng
 from int8attn import cli
 from int8attn.driver import compile as driver_compile
+from int8attn.driver.paged_decode import paged_attention_graph
 from int8attn.reference import quantize_cache, sequence_cache
 from int8attn.runtime.module import InputError
 
@@ -26,19 +27,8 @@ LENGTHS = [1, 15, 16, 17, 255, 256, 257, 1000]
 
 def paged_graph(q_heads, kv_heads, head_dim, block_size, *, batch="?", blocks="?",
                 slots="?", scale=None) -> str:
-    scale = scale or head_dim ** -0.5
-    q = f"{batch}x{q_heads}x{head_dim}xf32"
-    types = [q, f"{blocks}x{kv_heads}x{block_size}x{head_dim}xi8",
-             f"{blocks}x{kv_heads}x{block_size}xf32",
-             f"{blocks}x{kv_heads}x{head_dim}x{block_size}xi8",
-             f"{blocks}x{kv_heads}x{block_size}xf32", f"{batch}x{slots}xi32", f"{batch}xi32"]
-    args = ", ".join(f"%a{i}: tensor<{t}>" for i, t in enumerate(types))
-    operands = ", ".join(f"%a{i}" for i in range(7))
-    signature = ", ".join(f"tensor<{t}>" for t in types)
-    return (f"func.func @paged({args}) -> tensor<{q}> {{\n"
-            f"  %o = \"int8attn.paged_attention\"({operands}) {{block_size = {block_size} : i64, "
-            f"softmax_scale = {scale} : f32}} : ({signature}) -> tensor<{q}>\n"
-            f"  return %o : tensor<{q}>\n}}\n")
+    return paged_attention_graph(q_heads, kv_heads, head_dim, block_size, batch=batch,
+                                 blocks=blocks, slots=slots, softmax_scale=scale)
 
 
 def paged_batch(rng, lengths, q_heads, kv_heads, head_dim, block_size, spare_blocks=3):
