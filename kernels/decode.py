@@ -138,7 +138,7 @@ class _PartitionKernel:
         self.wave_token0 = lanes.affine((lanes.wave, self.model.wave_tokens))
         access.stage()                    # published by quantize_q's barrier
         self.q_fragments = self.quantize_q()
-        scores = self.qk()
+        scores = self.qk(self.q_operands())
         if self.tuning.v_early:
             self.v_loaded = self._v_loads(self.pv_layout)
         row_classes = self._live_classes(self.layout.element_rows())
@@ -179,26 +179,24 @@ class _PartitionKernel:
 
     # stages --------------------------------------------------------------------
     def quantize_q(self):
-        """The KV head's query rows, quantized per row (the contract's rule) into LDS:
-        per term, Qq [16, D] i8 and sQ [16] f32, rows past the real ones zero. The
-        second term (`q_terms=2`) quantizes the residual fma(-Qq1, s1, q)."""
-        lanes, s, access = self.lanes, self.shape, self.access
-        b, h = self.where
-        _, slots = thread_distribution(ROWS, s.head_dim, self.threads)
+        """The workgroup's query rows, quantized per row (the contract's rule) into
+        LDS: per term, Qq [rows, D] i8 and sQ [rows] f32, rows past the real ones
+        zero. The second term (`q_terms=2`) quantizes the residual fma(-Qq1, s1, q)."""
+        lanes, s = self.lanes, self.shape
+        rows = self.q_tile_rows
+        _, slots = thread_distribution(rows, s.head_dim, self.threads)
         row_map = slots[0][0]
         offsets = xor_reduction_offsets(row_map(range(self.threads))[:, None])
         row = lanes.of_lane(row_map, of=lanes.thread)
-        real = arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(s.rows))
-        q_row = lanes.affine((self.where[1], s.rows),
-                             (arith.minui(row, lanes.index(s.rows - 1)), 1))
+        real, q_index = self.q_source(row)
         c = contract.quantize_constants(lanes.f32)
         cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
-        values = [arith.select(real, memref.load(access.q, [b, q_row, col]), c.zero)
+        values = [arith.select(real, memref.load(self.access.q, q_index + [col]), c.zero)
                   for col in cols]
         terms = []
         for term in range(self.q_terms):
-            qq_lds = lanes.shared([ROWS, s.head_dim], "i8")
-            sq_lds = lanes.shared([ROWS], "f32")
+            qq_lds = lanes.shared([rows, s.head_dim], "i8")
+            sq_lds = lanes.shared([rows], "f32")
             amax = c.zero
             for x in values:
                 amax = contract.absmax_step(amax, x)
@@ -214,7 +212,38 @@ class _PartitionKernel:
         lanes.barrier()
         return terms
 
-    def qk(self):
+    # The query rows of the workgroup: decode stages the KV head's 16-row tile once
+    # and every wave reads all of it.
+    q_tile_rows = ROWS
+
+    def q_source(self, row):
+        """(is `row` a real query row, its q indices but the head dim)."""
+        lanes, s = self.lanes, self.shape
+        b, h = self.where
+        real = arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(s.rows))
+        q_row = lanes.affine((h, s.rows), (arith.minui(row, lanes.index(s.rows - 1)), 1))
+        return real, [b, q_row]
+
+    def wave_q_row(self, row):
+        """The staged Q row of the wave's MMA row `row`."""
+        return row
+
+    def token_live(self, element, local):
+        """Does score element `element` (token `local` of the partition) count?"""
+        return arith.cmpi(arith.CmpIPredicate.slt, local, self.access.remaining)
+
+    def q_operands(self):
+        """The Q fragment of each term and K step (A, in the layout's head-dim
+        order), loaded once for all token blocks."""
+        lanes, inst, layout = self.lanes, self.instruction, self.layout
+        d = self.shape.head_dim
+        return [[lanes.assemble([load_vector(qq, [self.wave_q_row(lanes.of_lane(row)),
+                                                  lanes.of_lane(dim)], length, "i8")
+                                 for row, dim, length in layout.qk_a_runs(d, step)],
+                                inst.a_vector) for step in range(d // inst.k)]
+                for qq, _ in self.q_fragments]
+
+    def qk(self, a_steps):
         """Scores {element: f32} of the lane's live C elements, -inf past the length.
 
         K and Q are read in the layout's lane-contiguous head-dim order: each
@@ -230,12 +259,6 @@ class _PartitionKernel:
                   for step in steps]
         b_lengths = [length for _, length in inst.b.runs(axis=0)]
         b_col = lanes.of_lane(layout.b_col())
-        # The Q fragment of each term and K step, loaded once for all token blocks.
-        a_steps = [[lanes.assemble([load_vector(qq, [lanes.of_lane(row), lanes.of_lane(dim)],
-                                                length, "i8")
-                                    for row, dim, length in layout.qk_a_runs(d, step)],
-                                   inst.a_vector) for step in steps]
-                   for qq, _ in self.q_fragments]
         scores, self.live, self.v_scales = {}, {}, {}
         for n in range(layout.blocks):
             k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
@@ -266,11 +289,11 @@ class _PartitionKernel:
                 qk = None
                 for acc, (_, sq) in zip(accs, self.q_fragments):
                     term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)),
-                                      memref.load(sq, [row]))
+                                      memref.load(sq, [self.wave_q_row(row)]))
                     qk = term if qk is None else arith.addf(qk, term)
                 value = arith.mulf(qk, k_scales[element])
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
-                live = arith.cmpi(arith.CmpIPredicate.slt, local, access.remaining)
+                live = self.token_live(element, local)
                 self.live[element] = live
                 scores[element] = arith.select(live, value, lanes.f32(float("-inf")))
         return scores
@@ -624,6 +647,10 @@ def check_decode_shape(shape, model: FragmentModel) -> None:
     if shape.rows > ROWS:
         raise ValueError(f"{shape.rows} query heads per KV head do not fit one {ROWS}-row "
                          f"MMAC tile")
+    check_head_dim(shape, model)
+
+
+def check_head_dim(shape, model: FragmentModel) -> None:
     inst = model.instruction
     if shape.head_dim % inst.k or shape.head_dim % inst.n:
         raise ValueError(f"head dim {shape.head_dim} must be a multiple of {inst.k} "
