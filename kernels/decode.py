@@ -641,6 +641,11 @@ class DecodeKernels:
     def shape(self):
         return self.access.shape
 
+    @property
+    def layout(self) -> dict:
+        """What a host (the driver's, the simulator's) needs to call the kernels."""
+        return {"rows_out": self.rows_out, "partition_tokens": self.access.partition_tokens}
+
 
 def check_decode_shape(shape, model: FragmentModel) -> None:
     """The limits of the lane-level kernel, as errors a user can act on."""

@@ -242,6 +242,12 @@ class PrefillKernels:
         return self.access.shape
 
     @property
+    def layout(self) -> dict:
+        """What a host (the driver's, the simulator's) needs to call the kernel."""
+        return {"rows_per_workgroup": self.rows_per_workgroup,
+                "tile_tokens": self.access.partition_tokens}
+
+    @property
     def row_blocks(self) -> int:
         s = self.shape
         return -(-s.query_tokens * s.rows // self.rows_per_workgroup)

@@ -74,7 +74,7 @@ RUNNERS = {"decode": run_dense_kernels, "paged": run_paged_kernels, "prefill": r
 def _build(access, target, fragments, pv, numerics):
     model = fragments or fragment_model(target)
     built = build_decode_kernels(access(model), model, target, pv, **numerics)
-    return built.module, {"rows_out": built.rows_out, "partition_tokens": model.partition_tokens}
+    return built.module, built.layout
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",

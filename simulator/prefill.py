@@ -45,6 +45,4 @@ def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
     with new_context(), ir.Location.unknown():
         model = fragments or fragment_model(target)
         built = build_prefill_kernels(shape, model, target, pv, **numerics)
-        layout = {"rows_per_workgroup": built.rows_per_workgroup,
-                  "tile_tokens": model.wave_tokens}
-        return run_prefill_kernels(built.module, layout, q, k, k_scale, v, v_scale)
+        return run_prefill_kernels(built.module, built.layout, q, k, k_scale, v, v_scale)
