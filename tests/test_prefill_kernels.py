@@ -169,3 +169,69 @@ def test_one_kernel_module_runs_every_batch_element():
         built = build_prefill_kernels(shape, fragment_model("gfx942"), "gfx942")
         out = run_prefill_kernels(built.module, built.layout, *args)
     _check(out, args, "gfx942")
+
+
+def test_bench_checks_slices_of_the_query_tokens_as_shorter_prefills():
+    # The GPU bench checks 3 slices of 64 query tokens, each as the prefill of the
+    # sequence that ends at its last token: on a simulated output they pass, and an
+    # error in one middle row is found.
+    from int8attn import bench_prefill
+
+    args = prefill_inputs(318, 1, 4, 1, 300, 200, 64)
+    out = simulate_prefill(*args, 0.125, target="cuda")
+    worst, ok = bench_prefill.check_slices(out, args, np.float32(0.125), "int8")
+    assert ok and worst < 5e-5
+    bad = out.copy()
+    bad[0, 2, 100, 7] += 1e-3                  # token 100: in the middle slice [68, 132)
+    assert not bench_prefill.check_slices(bad, args, np.float32(0.125), "int8")[1]
+
+
+@pytest.mark.parametrize("tokens, query_tokens", [(1, 1), (300, 300), (300, 37), (64, 1)])
+def test_bench_counts_the_causal_pairs(tokens, query_tokens):
+    from int8attn import bench_prefill
+
+    positions = np.arange(tokens - query_tokens, tokens)
+    visible = (np.arange(tokens)[None, :] <= positions[:, None]).sum()
+    assert bench_prefill.causal_pairs(tokens, query_tokens) == visible
+
+
+def test_bench_prepares_prefill_modules(tmp_path):
+    import json
+
+    from int8attn import cli
+
+    assert cli.main(["bench", "--mode", "prefill", "--context", "128", "--history", "100",
+                     "--new-tokens", "37", "--q-heads", "8", "--kv-heads", "2", "--head-dim",
+                     "64", "--prepare-only", str(tmp_path)]) == 0
+    meta = json.loads((tmp_path / "prefill.json").read_text())
+    assert meta["cases"] == [["Sq=S=128", 128, 128], ["100+37", 137, 37]]
+    assert meta["batch"] == 1
+    for pv in ("int8", "bf16"):
+        for tokens, query_tokens in ((128, 128), (137, 37)):
+            assert (tmp_path / f"prefill_{pv}_{tokens}_{query_tokens}.vmfb").stat().st_size > 0
+
+
+def test_bench_refuses_prefill_flags_in_other_modes(tmp_path):
+    from test_cli import run
+
+    proc = run("int8attn", "bench", "--mode", "decode", "--history", "100", "--prepare-only",
+               tmp_path, check_rc=1)
+    assert "--history applies to --mode prefill, not --mode decode" in proc.stderr
+
+
+def _cuda_device():
+    try:
+        import iree.runtime as rt
+
+        return rt.Config("cuda")
+    except Exception:  # no driver, no GPU: the runtime says so in various ways
+        return None
+
+
+@pytest.mark.skipif(_cuda_device() is None, reason="no CUDA device for IREE's CUDA runtime")
+def test_prefill_kernels_on_the_gpu(tmp_path):
+    from int8attn import bench_prefill
+
+    bench_prefill.prepare(tmp_path, [512], 256, 65, 1, 8, 2, 128)
+    rows = bench_prefill.run(tmp_path, iterations=2)
+    assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"] for r in rows)
