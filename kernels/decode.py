@@ -234,9 +234,17 @@ class _PartitionKernel:
 
     def q_operands(self):
         """The Q fragment of each term and K step (A, in the layout's head-dim
-        order), loaded once for all token blocks."""
+        order), loaded once for all token blocks; likewise sQ of the rows the
+        lane's C elements hold (`self.sq_of_row[(term, row map)]`)."""
         lanes, inst, layout = self.lanes, self.instruction, self.layout
         d = self.shape.head_dim
+        self.sq_of_row = {}
+        for term, (_, sq) in enumerate(self.q_fragments):
+            for i in self._live_slots(self.dead):
+                key = (term, layout.c_row(i))
+                if key not in self.sq_of_row:
+                    row = self.wave_q_row(lanes.of_lane(key[1]))
+                    self.sq_of_row[key] = memref.load(sq, [row])
         return [[lanes.assemble([load_vector(qq, [self.wave_q_row(lanes.of_lane(row)),
                                                   lanes.of_lane(dim)], length, "i8")
                                  for row, dim, length in layout.qk_a_runs(d, step)],
@@ -283,13 +291,12 @@ class _PartitionKernel:
                 accs = [mma(inst, self.target, a[step], kb, acc) for a, acc in zip(a_steps, accs)]
             for element in elements:
                 i = element % inst.c.slots
-                row = lanes.of_lane(self._row_map(element))
                 local = self._local_token(element)
                 # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order.
                 qk = None
-                for acc, (_, sq) in zip(accs, self.q_fragments):
+                for t, acc in enumerate(accs):
                     term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)),
-                                      memref.load(sq, [self.wave_q_row(row)]))
+                                      self.sq_of_row[(t, self._row_map(element))])
                     qk = term if qk is None else arith.addf(qk, term)
                 value = arith.mulf(qk, k_scales[element])
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
