@@ -38,6 +38,7 @@ from int8attn.kernels.decode import ROWS, DecodeTuning, _PartitionKernel, check_
 from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import PrefillKV, PrefillShape
 from int8attn.kernels.lanes import Lanes, binding, workgroup_id
+from int8attn.passes import quantize_contract as contract
 
 PREFILL_KERNEL = "prefill_attention"
 
@@ -75,7 +76,9 @@ class _PrefillKernel(_PartitionKernel):
         self.q_fragments = self.quantize_q()
         a_steps = self.q_operands()
         row_classes = self._classes = self._live_classes(self.layout.element_rows())
-        self.limits = [self._causal_limit(self._row_map(members[0])) for members in row_classes]
+        self.history = s.tokens - s.query_tokens
+        self.query_tokens = [self._query_token(self._row_map(members[0]))
+                             for members in row_classes]
         o, l = self.tile_loop(a_steps, row_classes)
         self.store(o, l, row_classes, out)
 
@@ -106,28 +109,29 @@ class _PrefillKernel(_PartitionKernel):
     def wave_q_row(self, row):
         return self.lanes.affine((self.lanes.wave, ROWS), (row, 1))
 
-    def _causal_limit(self, row_map):
-        """Last key position the lane's row of `row_map` sees: S - Sq + its token
-        (a padding row past the last query row sees what the last one sees)."""
+    def _query_token(self, row_map):
+        """Query token of the lane's row of `row_map` (a padding row past the last
+        real one takes the last one's token)."""
         lanes, s = self.lanes, self.shape
         packed = self._block_row(lanes.of_lane(row_map))
         last = lanes.index(s.query_tokens * s.rows - 1)
         token, _ = self._token_and_head(arith.minui(packed, last))
-        return lanes.plus(token, s.tokens - s.query_tokens)
+        return token
 
     def token_live(self, element, local):
         key = arith.addi(self.access.first, local)
-        limit = self.limits[self._class_of(self._classes, element)]
-        return arith.cmpi(arith.CmpIPredicate.ule, key, limit)
+        query_token = self.query_tokens[self._class_of(self._classes, element)]
+        return contract.causal_visible(key, query_token, self.history, self.lanes.index)
 
     # the tile loop -----------------------------------------------------------
     def tile_count(self):
-        """Tiles up to the causal limit of the block's last real row."""
+        """Tiles up to the last key the block's last real row sees (history + its
+        token: the causal rule of `contract.causal_visible`)."""
         lanes, s = self.lanes, self.shape
         last_row = arith.minui(lanes.affine((self.block, self.q_tile_rows), self.q_tile_rows - 1),
                                lanes.index(s.query_tokens * s.rows - 1))
         token, _ = self._token_and_head(last_row)
-        seen = lanes.plus(token, s.tokens - s.query_tokens + 1)
+        seen = lanes.plus(token, self.history + 1)
         tile = self.model.wave_tokens
         return arith.divui(lanes.plus(seen, tile - 1), lanes.index(tile))
 

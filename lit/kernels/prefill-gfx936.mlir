@@ -20,10 +20,9 @@
 // CHECK: arith.divui %{{.*}}, %c4 : index
 // CHECK: arith.remui %{{.*}}, %c4 : index
 // CHECK: gpu.barrier
-// The causal limit of the lane's row: S - Sq + its token.
-// CHECK: %[[LIMIT:.*]] = arith.addi %{{.*}}, %c3968 : index
 // The tile count: ceil((S - Sq + 1 + the block's last token) / 64).
-// CHECK: %[[LAST:.*]] = arith.minui %{{.*}}, %c511 : index
+// CHECK: %[[BLOCK_END:.*]] = arith.addi %{{.*}}, %c63 : index
+// CHECK: %[[LAST:.*]] = arith.minui %[[BLOCK_END]], %c511 : index
 // CHECK: %[[TOKEN:.*]] = arith.divui %[[LAST]], %c4 : index
 // CHECK: %[[SEEN:.*]] = arith.addi %[[TOKEN]], %c4032 : index
 // CHECK: %[[TILES:.*]] = arith.divui %[[SEEN]], %c64 : index
@@ -33,7 +32,8 @@
 // CHECK: vector.load %[[K]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : memref<1x8x4096x128xi8>, vector<16xi8>
 // QK: 4 token blocks x 4 K steps.
 // CHECK-COUNT-16: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
-// The causal mask: key position <= the row's limit.
+// The causal mask (contract.causal_visible): key <= S - Sq + the row's query token.
+// CHECK: %[[LIMIT:.*]] = arith.addi %{{.*}}, %c3968 : index
 // CHECK: arith.cmpi ule, %{{.*}}, %[[LIMIT]] : index
 // The online softmax: tile max over the row (xor 16, 32), m' = max(m, .), guarded alpha.
 // CHECK: gpu.shuffle xor %{{.*}}, %c16_i32, %c64_i32 : f32
