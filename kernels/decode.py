@@ -536,8 +536,8 @@ class _MergeKernel:
         self.group_threads = partition_threads // self.chunks
         self.threads = self.group_threads * self.splits
         if self.threads % self.wave_size or self.threads > 1024:
-            raise ValueError(f"a merge workgroup of {self.threads} threads is not whole "
-                             f"waves of {self.wave_size} (at most 1024)")
+            raise ValueError(f"a merge workgroup of {self.threads} threads: it must be whole "
+                             f"waves of {self.wave_size} and at most 1024")
 
     def argument_types(self):
         return self.access.merge_argument_types(partials=3)
@@ -563,14 +563,8 @@ class _MergeKernel:
         row_maps = list(dict.fromkeys(row for row, _, _ in runs))
         self.rows = [lanes.of_lane(row, of=member) for row in row_maps]
         first = lanes.affine((chunk, self.columns))
-        self.runs = [(row_maps.index(row), arith.addi(first, lanes.of_lane(col, of=member)), n)
-                     for row, col, n in runs]
-        # A run of n (a power of two) starting at a multiple of n in rows of a
-        # multiple of n f32 is n * 4-byte aligned: tell the backend, or it splits
-        # the load into scalars.
-        starts = {n for _, col, n in runs if (col(np.arange(self.group_threads)) % n).any()}
-        self.alignment = {n: 4 * n for _, _, n in runs if n & (n - 1) == 0 and n not in starts
-                          and self.columns % n == 0 and d % n == 0}
+        self.runs = [(row_maps.index(row), arith.addi(first, lanes.of_lane(col, of=member)), n,
+                      self._alignment(col, n)) for row, col, n in runs]
         top = [memref.load(top_lds, [row]) for row in self.rows]
         sums = self._sums((o, m, l), top, group)
         if self.splits == 1:
@@ -615,7 +609,7 @@ class _MergeKernel:
     def _sums(self, partials, top, group):
         """[numerator per cell..., denominator per row...] over this group's partitions."""
         lanes, (o, m, l), (b, h) = self.lanes, partials, self.where
-        cells = sum(n for _, _, n in self.runs)
+        cells = sum(n for _, _, n, _ in self.runs)
         last = arith.subi(self.parts, lanes.index(1))
         start = [lanes.f32(0.0)] * (cells + len(self.rows))
         loop = lanes.loop(lanes.index(0), self.parts, start, step=self.unroll * self.splits)
@@ -627,15 +621,15 @@ class _MergeKernel:
                 valid = arith.cmpi(arith.CmpIPredicate.ult, slot, self.parts)
                 chunk.append((valid, [memref.load(m, [b, h, p, row]) for row in self.rows],
                               [memref.load(l, [b, h, p, row]) for row in self.rows],
-                              [self._load_run(o, [b, h, p, self.rows[r], col], n)
-                               for r, col, n in self.runs]))
+                              [self._load_run(o, [b, h, p, self.rows[r], col], n, align)
+                               for r, col, n, align in self.runs]))
             sums = list(loop.inner_iter_args)
             for valid, m_p, l_p, o_p in chunk:
                 weights = [arith.select(valid, arith.mulf(math.exp(arith.subf(mp, t)), lp),
                                         lanes.f32(0.0))
                            for mp, lp, t in zip(m_p, l_p, top)]
                 cell = 0
-                for (r, _, n), loaded in zip(self.runs, o_p):
+                for (r, _, n, _), loaded in zip(self.runs, o_p):
                     for e in range(n):
                         term = arith.mulf(weights[r], loaded[e])
                         sums[cell] = arith.addf(sums[cell], term)
@@ -645,12 +639,24 @@ class _MergeKernel:
             scf.YieldOp(sums)
         return list(loop.results)
 
-    def _load_run(self, memory, indices, n):
+    def _alignment(self, col, n):
+        """Bytes of alignment of a run of n f32 whose first column is `col` (a
+        lane map of the thread in its group), or None. A power-of-two run that
+        starts at a multiple of n in rows and chunks of a multiple of n f32 is
+        n * 4-byte aligned (bindings are at least 16-byte aligned): said
+        explicitly, or the backend splits the vector access into scalars."""
+        starts = col(np.arange(self.group_threads))
+        if n & (n - 1) or (starts % n).any() or self.columns % n or self.shape.head_dim % n:
+            return None
+        return 4 * n
+
+    @staticmethod
+    def _load_run(memory, indices, n, alignment):
         """n consecutive f32 as scalars, one vector load (scalar for n = 1)."""
         if n == 1:
             return [memref.load(memory, indices)]
         loaded = vector.LoadOp(vector_type(n, "f32"), memory, indices,
-                               alignment=self.alignment.get(n)).result
+                               alignment=alignment).result
         return [vector.extract(loaded, [], [e]) for e in range(n)]
 
     def _publish(self, sums, member, group):
@@ -674,16 +680,16 @@ class _MergeKernel:
         return totals
 
     def _store(self, out, sums):
-        (b, h), cells = self.where, sum(n for _, _, n in self.runs)
+        (b, h), cells = self.where, sum(n for _, _, n, _ in self.runs)
         cell = 0
-        for r, col, n in self.runs:
+        for r, col, n, alignment in self.runs:
             values = [arith.divf(sums[cell + e], sums[cells + r]) for e in range(n)]
             where = [b, h, self.rows[r], col]
             if n == 1:
                 memref.store(values[0], out, where)
             else:
                 vector.store(vector.from_elements(vector_type(n, "f32"), values), out, where,
-                             alignment=self.alignment.get(n))
+                             alignment=alignment)
             cell += n
 
 

@@ -147,7 +147,8 @@ def test_a_split_merge_matches_both_references(target, splits, chunks):
 
 @pytest.mark.parametrize("tuning, message", [
     (dict(merge_chunks=3), "3 merge chunks must divide the head dim 64"),
-    (dict(merge_chunks=8), "a merge workgroup of 16 threads is not whole waves of 32")])
+    (dict(merge_chunks=8), "merge workgroup of 16 threads: it must be whole waves of 32"),
+    (dict(merge_splits=16), "merge workgroup of 2048 threads: .* at most 1024")])
 def test_a_merge_split_the_kernel_cannot_run_is_refused(tuning, message):
     from int8attn.kernels.decode import DecodeTuning
 
