@@ -141,7 +141,7 @@ class _PartitionKernel:
         self.wave_token0 = lanes.affine((lanes.wave, self.model.wave_tokens))
         access.stage()                    # published by quantize_q's barrier
         self.q_fragments = self.quantize_q()
-        scores = self.qk()
+        scores = self.qk(self.q_operands())
         if self.tuning.v_early:
             self.v_loaded = self._v_loads(self.pv_layout)
         row_classes = self._live_classes(self.layout.element_rows())
@@ -182,26 +182,24 @@ class _PartitionKernel:
 
     # stages --------------------------------------------------------------------
     def quantize_q(self):
-        """The KV head's query rows, quantized per row (the contract's rule) into LDS:
-        per term, Qq [16, D] i8 and sQ [16] f32, rows past the real ones zero. The
-        second term (`q_terms=2`) quantizes the residual fma(-Qq1, s1, q)."""
-        lanes, s, access = self.lanes, self.shape, self.access
-        b, h = self.where
-        _, slots = thread_distribution(ROWS, s.head_dim, self.threads)
+        """The workgroup's query rows, quantized per row (the contract's rule) into
+        LDS: per term, Qq [rows, D] i8 and sQ [rows] f32, rows past the real ones
+        zero. The second term (`q_terms=2`) quantizes the residual fma(-Qq1, s1, q)."""
+        lanes, s = self.lanes, self.shape
+        rows = self.q_tile_rows
+        _, slots = thread_distribution(rows, s.head_dim, self.threads)
         row_map = slots[0][0]
         offsets = xor_reduction_offsets(row_map(range(self.threads))[:, None])
         row = lanes.of_lane(row_map, of=lanes.thread)
-        real = arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(s.rows))
-        q_row = lanes.affine((self.where[1], s.rows),
-                             (arith.minui(row, lanes.index(s.rows - 1)), 1))
+        real, q_index = self.q_source(row)
         c = contract.quantize_constants(lanes.f32)
         cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
-        values = [arith.select(real, memref.load(access.q, [b, q_row, col]), c.zero)
+        values = [arith.select(real, memref.load(self.access.q, q_index + [col]), c.zero)
                   for col in cols]
         terms = []
         for term in range(self.q_terms):
-            qq_lds = lanes.shared([ROWS, s.head_dim], "i8")
-            sq_lds = lanes.shared([ROWS], "f32")
+            qq_lds = lanes.shared([rows, s.head_dim], "i8")
+            sq_lds = lanes.shared([rows], "f32")
             amax = c.zero
             for x in values:
                 amax = contract.absmax_step(amax, x)
@@ -217,7 +215,46 @@ class _PartitionKernel:
         lanes.barrier()
         return terms
 
-    def qk(self):
+    # The query rows of the workgroup: decode stages the KV head's 16-row tile once
+    # and every wave reads all of it.
+    q_tile_rows = ROWS
+
+    def q_source(self, row):
+        """(is `row` a real query row, its q indices but the head dim)."""
+        lanes, s = self.lanes, self.shape
+        b, h = self.where
+        real = arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(s.rows))
+        q_row = lanes.affine((h, s.rows), (arith.minui(row, lanes.index(s.rows - 1)), 1))
+        return real, [b, q_row]
+
+    def wave_q_row(self, row):
+        """The staged Q row of the wave's MMA row `row`."""
+        return row
+
+    def token_live(self, element, local):
+        """Does score element `element` (token `local` of the partition) count?"""
+        return arith.cmpi(arith.CmpIPredicate.slt, local, self.access.remaining)
+
+    def q_operands(self):
+        """The Q fragment of each term and K step (A, in the layout's head-dim
+        order), loaded once for all token blocks; likewise sQ of the rows the
+        lane's C elements hold (`self.sq_of_row[(term, row map)]`)."""
+        lanes, inst, layout = self.lanes, self.instruction, self.layout
+        d = self.shape.head_dim
+        self.sq_of_row = {}
+        for term, (_, sq) in enumerate(self.q_fragments):
+            for i in self._live_slots(self.dead):
+                key = (term, layout.c_row(i))
+                if key not in self.sq_of_row:
+                    row = self.wave_q_row(lanes.of_lane(key[1]))
+                    self.sq_of_row[key] = memref.load(sq, [row])
+        return [[lanes.assemble([load_vector(qq, [self.wave_q_row(lanes.of_lane(row)),
+                                                  lanes.of_lane(dim)], length, "i8")
+                                 for row, dim, length in layout.qk_a_runs(d, step)],
+                                inst.a_vector) for step in range(d // inst.k)]
+                for qq, _ in self.q_fragments]
+
+    def qk(self, a_steps):
         """Scores {element: f32} of the lane's live C elements, -inf past the length.
 
         K and Q are read in the layout's lane-contiguous head-dim order: each
@@ -233,12 +270,6 @@ class _PartitionKernel:
                   for step in steps]
         b_lengths = [length for _, length in inst.b.runs(axis=0)]
         b_col = lanes.of_lane(layout.b_col())
-        # The Q fragment of each term and K step, loaded once for all token blocks.
-        a_steps = [[lanes.assemble([load_vector(qq, [lanes.of_lane(row), lanes.of_lane(dim)],
-                                                length, "i8")
-                                    for row, dim, length in layout.qk_a_runs(d, step)],
-                                   inst.a_vector) for step in steps]
-                   for qq, _ in self.q_fragments]
         scores, self.live, self.v_scales = {}, {}, {}
         for n in range(layout.blocks):
             k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
@@ -263,17 +294,16 @@ class _PartitionKernel:
                 accs = [mma(inst, self.target, a[step], kb, acc) for a, acc in zip(a_steps, accs)]
             for element in elements:
                 i = element % inst.c.slots
-                row = lanes.of_lane(self._row_map(element))
                 local = self._local_token(element)
                 # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order.
                 qk = None
-                for acc, (_, sq) in zip(accs, self.q_fragments):
+                for t, acc in enumerate(accs):
                     term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)),
-                                      memref.load(sq, [row]))
+                                      self.sq_of_row[(t, self._row_map(element))])
                     qk = term if qk is None else arith.addf(qk, term)
                 value = arith.mulf(qk, k_scales[element])
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
-                live = arith.cmpi(arith.CmpIPredicate.slt, local, access.remaining)
+                live = self.token_live(element, local)
                 self.live[element] = live
                 scores[element] = arith.select(live, value, lanes.f32(float("-inf")))
         return scores
@@ -705,12 +735,21 @@ class DecodeKernels:
     def shape(self):
         return self.access.shape
 
+    @property
+    def layout(self) -> dict:
+        """What a host (the driver's, the simulator's) needs to call the kernels."""
+        return {"rows_out": self.rows_out, "partition_tokens": self.access.partition_tokens}
+
 
 def check_decode_shape(shape, model: FragmentModel) -> None:
     """The limits of the lane-level kernel, as errors a user can act on."""
     if shape.rows > ROWS:
         raise ValueError(f"{shape.rows} query heads per KV head do not fit one {ROWS}-row "
                          f"MMAC tile")
+    check_head_dim(shape, model)
+
+
+def check_head_dim(shape, model: FragmentModel) -> None:
     inst = model.instruction
     if shape.head_dim % inst.k or shape.head_dim % inst.n:
         raise ValueError(f"head dim {shape.head_dim} must be a multiple of {inst.k} "

@@ -34,7 +34,7 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // CHECK: gpu.barrier
 // K rows are read through the staged ids, 16 bytes per lane: D = 64 is two
 // K steps of 8 bytes each, in the layout's lane-contiguous head-dim order.
-// CHECK: %[[BLOCK:.*]] = memref.load %[[IDS]]
+// CHECK: %[[BLOCK:.*]] = memref.load %[[IDS]][
 // CHECK: %[[ROW:.*]] = arith.index_cast %[[BLOCK]] : i32 to index
 // CHECK: %[[KB:.*]] = vector.load %[[K]][%[[ROW]], %{{.*}}, %{{.*}}, %{{.*}}] : memref<?x2x32x64xi8>, vector<16xi8>
 // CHECK: vector.extract_strided_slice %[[KB]] offsets = [0], sizes = [8], strides = [1]
