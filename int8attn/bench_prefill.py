@@ -97,7 +97,7 @@ def check_slices(out, arrays, scale, pv) -> tuple[float, bool]:
         part = (q[:, :, start:end], k[:, :, :seen], ks[:, :, :seen], v[:, :, :seen],
                 vs[:, :, :seen])
         expected = fragment_attention(*part, scale, model="cuda", pv=pv)
-        slack = rounding_tie_slack(*part, scale, model="cuda") if pv == "int8" else 0
+        slack = rounding_tie_slack(*part, scale, model="cuda", pv=pv)
         err = np.abs(out[:, :, start:end] - expected)
         worst = max(worst, float(err.max()))
         ok = ok and bool((err <= 5e-5 + slack).all())
