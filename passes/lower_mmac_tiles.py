@@ -39,16 +39,20 @@ is lowered through a gather of V in fragment order and an i32 contraction:
 Either way the `groups` table the scales were computed over is the one that
 pairs each K slot of W with its token of V.
 
-Unsigned W (DESIGN.md §2c): `int8attn.column_sums(v) {groups}` becomes the sum
-of V over each group's tokens (int32; in place through the same token-digit
-view, reducing the slot digits, or through the gather), and a tile with column
-sums adds 128 * cs to its int32 sums (quantize_contract.unsigned_offset):
+Unsigned W (DESIGN.md §2c): a tile with column sums computes
+acc = sum Wq*Vq + 128 * cs = sum u*Vq (u = Wq + 128, quantize_contract.unsigned_offset).
+In place, the tile sums u * Vq directly: u (in [0, 255]) is what the zero-spread
+W holds, every partial sum stays below K * 255 * 128 < 2^24 (K <= 514), so the
+f32 sums are the same int32 values bit for bit, and V is read once. The
+`int8attn.column_sums` op it no longer needs is erased; where something else
+reads it (or through the gather) it becomes the sum of V over each group's
+tokens (int32; in place through the same token-digit view, reducing the slot
+digits, or through the gather), which the gather form adds as 128 * cs:
 
     cs[b,h,n,g,d]     = sum_k v[b,h,n,groups[g,k],d]
     acc[b,h,r,n,g,d] += 128 * cs[b,h,n,g,d]          (= sum_k u * Vq, |.| < 2^24)
 
-The column sum does not depend on the query row, so it costs 1/R of the PV
-contraction here. A lane-level decode kernel gets it for free: the A tile has
+A lane-level decode kernel gets the column sum for free: the A tile has
 16 rows and a GQA group fills only Hq/Hkv of them, so one all-ones padding row
 of A makes the same MMAC return sum Vq in that row of C. At 16 query heads per
 KV head no row is free: the kernel needs one more MMAC per tile (or a reduction
@@ -77,9 +81,11 @@ from int8attn.support.options import TypedOptions, option
 # gather by the table ("gather", the reference form the tests compare with).
 TokenAccess = Literal["in-place", "gather"]
 
-# Group sums of up to EXACT_F32_SLOTS products of two int8 values stay below
-# 2^24 (1024 * 128 * 128 = 2^24), so f32 accumulates them exactly.
-EXACT_F32_SLOTS = 1024
+# f32 accumulates a group's sum exactly while K * max|product| <= 2^24: products
+# of two int8 values (|.| <= 128 * 128) up to K = 1024, of an unsigned W
+# u = Wq + 128 in [0, 255] with an int8 V (|.| <= 255 * 128) up to K = 514.
+EXACT_F32_SUM = 1 << 24
+MAX_PRODUCT = {"s8": 128 * 128, "u8": 255 * 128}
 
 
 def gather_tokens(values: ir.Value, token_dim: int, groups) -> ir.Value:
@@ -111,8 +117,9 @@ _GROUP_DIGIT = "acefgijlmopqstuvwxyz"
 
 def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
                       column_sums: ir.Value | None = None) -> ir.Value:
-    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v
-    (+ 128 * column_sums[b,h,n,g,d], in the same generic as the conversion to i32).
+    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v;
+    with `column_sums` (unsigned W) sum_k (Wq + 128) * v, which equals
+    sum_k Wq * v + 128 * column_sums exactly (the column sums are not read).
 
     The token axes outside every slot axis (whole waves) are batch loops; the
     block below them is one contiguous reduction loop, over which Wq is
@@ -142,6 +149,8 @@ def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
 
     def own_group_only(w, _):
         w = build.to_f32(w)
+        if column_sums is not None:          # u = Wq + 128: the tile sums u * Vq
+            w = arith.addf(w, build.f32(contract.W_OFFSET))
         same = None
         for i in inner:
             eq = arith.cmpi(arith.CmpIPredicate.eq, build.loop_index(loop[digit[i]]),
@@ -161,21 +170,16 @@ def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
         build.zeros(out_shape, "f32"),
         lambda w, x, total: arith.addf(total, arith.mulf(w, build.to_f32(x))),
         loops="bhn" + outer + inner_dims + "rdk")
-    to_i32 = lambda a: arith.fptosi(ir.IntegerType.get_signless(32), a)
-    if column_sums is None:
-        acc = build.generic([acc], [out_dims], out_dims, build.empty(out_shape, "i32"),
-                            lambda a, _: to_i32(a))
-    else:
-        sums = build.split_dim(column_sums, 3, axes.group_shape)
-        acc = build.generic([acc, sums], [out_dims, "bhn" + group + "d"], out_dims,
-                            build.empty(out_shape, "i32"),
-                            lambda a, cs, _: contract.unsigned_offset(to_i32(a), cs))
+    acc = build.generic([acc], [out_dims], out_dims, build.empty(out_shape, "i32"),
+                        lambda a, _: arith.fptosi(ir.IntegerType.get_signless(32), a))
     return build.merge_dims(acc, 4, len(group))
 
 
-def in_place_axes(groups) -> TokenAxes | None:
-    """The token axes to read V in place by, or None (lower through the gather)."""
-    if groups.shape[1] > EXACT_F32_SLOTS:
+def in_place_axes(groups, w: str = "s8") -> TokenAxes | None:
+    """The token axes to read V in place by, or None (lower through the gather).
+
+    `w` is "u8" where the tile sums u * Vq (unsigned W, the +128 folded in)."""
+    if groups.shape[1] * MAX_PRODUCT[w] > EXACT_F32_SUM:
         return None
     try:
         axes = token_axes(groups)
@@ -187,7 +191,8 @@ def in_place_axes(groups) -> TokenAxes | None:
 def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place"):
     wq, v, groups = op.wq, op.v, op.groups
     static = d.DYNAMIC not in d.shape_of(wq) + d.shape_of(v)
-    axes = in_place_axes(groups) if static and tokens == "in-place" else None
+    w = "s8" if op.column_sums is None else "u8"
+    axes = in_place_axes(groups, w) if static and tokens == "in-place" else None
     with rewriter.ip, op.location:
         if axes is not None:
             acc = contract_in_place(wq, v, axes, d.shape_of(op.result), op.column_sums)
@@ -199,7 +204,15 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place"):
             acc = build.generic([acc, op.column_sums], ["bhrngd", "bhngd"], "bhrngd",
                                 build.empty(d.shape_of(op.result), "i32"),
                                 lambda a, cs, _: contract.unsigned_offset(a, cs))
+    sums = op.column_sums
     rewriter.replace_op(op, [acc])
+    if (sums is not None and axes is not None and isinstance(sums, ir.OpResult)
+            and _unused(sums)):
+        rewriter.erase_op(sums.owner)        # the in-place tile summed u * Vq itself
+
+
+def _unused(value: ir.Value) -> bool:
+    return next(iter(value.uses), None) is None
 
 
 def sum_columns_in_place(v: ir.Value, axes: TokenAxes) -> ir.Value:

@@ -102,25 +102,26 @@ func.func @no_digit_permutation(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x6
 
 // -----
 
-// Unsigned W: the column sums reduce V in place over the slot digits (r, j)
-// of each group t, in i32, and the tile adds 128 * cs to its int32 sums
-// (acc = sum Wq*Vq + 128 sum Vq = sum u*Vq) where it converts them to i32; the
-// gather form adds it after its i32 contraction.
-// CHECK-DAG: #[[V_DIGITS:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d5, d3, d6, d4)>
-// CHECK-DAG: #[[CS_WRITE:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3, d4)>
+// Unsigned W: in place, the tile sums u * Vq itself (u = Wq + 128 in [0, 255],
+// added where Wq becomes f32; K * 255 * 128 < 2^24, still exact in f32), which
+// is sum Wq*Vq + 128 sum Vq bit for bit: the column sums op, now unused, is
+// erased, and V is read once. The gather form adds 128 * cs after its i32
+// contraction.
 // CHECK-LABEL: func.func @unsigned_wave
 // CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
-// CHECK: %[[C128:.*]] = arith.constant 128 : i32
-// CHECK: %[[VIEW:.*]] = tensor.expand_shape %[[V]] {{\[\[}}0], [1], [2], [3, 4, 5], [6]] output_shape [1, 1, 1, 4, 2, 8, 16]
-// CHECK: %[[CS:.*]] = linalg.generic {indexing_maps = [#[[V_DIGITS]], #[[CS_WRITE]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]} ins(%[[VIEW]] : tensor<1x1x1x4x2x8x16xi8>) outs(%{{.*}} : tensor<1x1x1x2x16xi32>)
-// CHECK:   %[[X:.*]] = arith.extsi %{{.*}} : i8 to i32
-// CHECK:   arith.addi %{{.*}}, %[[X]] : i32
-// CHECK: %[[SUMS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x4x1x2x16xf32>)
-// CHECK: %[[OUT:.*]] = linalg.generic {{.*}} ins(%[[SUMS]], %[[CS]] : tensor<1x1x4x1x2x16xf32>, tensor<1x1x1x2x16xi32>)
-// CHECK:   %[[ACC:.*]] = arith.fptosi %{{.*}} : f32 to i32
-// CHECK:   %[[OFF:.*]] = arith.muli %{{.*}}, %[[C128]] : i32
-// CHECK:   arith.addi %[[ACC]], %[[OFF]] : i32
-// CHECK: return %[[OUT]]
+// CHECK-DAG: %[[C128:.*]] = arith.constant 1.280000e+02 : f32
+// CHECK-NOT: int8attn.column_sums
+// CHECK-NOT: arith.extsi
+// CHECK: %[[WZ:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x2x4x4x2x8xf32>)
+// CHECK:   %[[W:.*]] = arith.sitofp %{{.*}} : i8 to f32
+// CHECK:   %[[U:.*]] = arith.addf %[[W]], %[[C128]] : f32
+// CHECK:   arith.select %{{.*}}, %[[U]], %{{.*}} : f32
+// CHECK: %[[WZ_TOK:.*]] = tensor.collapse_shape %[[WZ]]
+// CHECK: %[[SUMS:.*]] = linalg.generic {{.*}} ins(%[[WZ_TOK]], %[[V]] : tensor<1x1x1x2x4x64xf32>, tensor<1x1x1x64x16xi8>) outs(%{{.*}} : tensor<1x1x4x1x2x16xf32>)
+// CHECK: %[[ACC:.*]] = linalg.generic {{.*}} ins(%[[SUMS]] : tensor<1x1x4x1x2x16xf32>) outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
+// CHECK:   arith.fptosi %{{.*}} : f32 to i32
+// CHECK-NOT: arith.muli
+// CHECK: return %[[ACC]]
 // GATHER-LABEL: func.func @unsigned_wave
 // GATHER: %[[CS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x2x16xi32>)
 // GATHER: %[[ACC:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
@@ -133,4 +134,26 @@ func.func @unsigned_wave(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8
   %cs = "int8attn.column_sums"(%v) {groups = #groups} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x2x16xi32>
   %acc = "int8attn.mmac_tiles"(%wq, %v, %cs) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x2x16xi32>
   return %acc : tensor<1x1x4x1x2x16xi32>
+}
+
+// -----
+
+// Column sums that something else also reads are lowered on their own: one
+// i32 reduction of V in place over the slot digits (r, j) of each group t.
+// CHECK-DAG: #[[V_DIGITS:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d5, d3, d6, d4)>
+// CHECK-DAG: #[[CS_WRITE:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3, d4)>
+// CHECK-LABEL: func.func @column_sums_kept
+// CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
+// CHECK: %[[VIEW:.*]] = tensor.expand_shape %[[V]] {{\[\[}}0], [1], [2], [3, 4, 5], [6]] output_shape [1, 1, 1, 4, 2, 8, 16]
+// CHECK: %[[CS:.*]] = linalg.generic {indexing_maps = [#[[V_DIGITS]], #[[CS_WRITE]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction", "reduction"]} ins(%[[VIEW]] : tensor<1x1x1x4x2x8x16xi8>) outs(%{{.*}} : tensor<1x1x1x2x16xi32>)
+// CHECK:   %[[X:.*]] = arith.extsi %{{.*}} : i8 to i32
+// CHECK:   arith.addi %{{.*}}, %[[X]] : i32
+// CHECK: %[[ACC:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
+// CHECK: return %[[ACC]], %[[CS]]
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @column_sums_kept(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>) -> (tensor<1x1x4x1x2x16xi32>, tensor<1x1x1x2x16xi32>) {
+  %cs = "int8attn.column_sums"(%v) {groups = #groups} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x2x16xi32>
+  %acc = "int8attn.mmac_tiles"(%wq, %v, %cs) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x2x16xi32>
+  return %acc, %cs : tensor<1x1x4x1x2x16xi32>, tensor<1x1x1x2x16xi32>
 }
