@@ -22,7 +22,14 @@ from int8attn.fragments import fragment_model
 from int8attn.kernels.lanes import Lanes, binding
 from int8attn.passes import quantize_contract as contract
 from int8attn.reference.common import QUANTIZE_MIN_ABSMAX
+from int8attn.driver.stages import iree_compile
+from int8attn.driver.targets import TARGETS as COMPILE_TARGETS
+from int8attn.passes import LowerQuantize
+from int8attn.pipelines.manager import UpstreamPass, run_passes
+from int8attn.runtime import LoadedModule
+from int8attn.runtime.module import TensorSpec
 from int8attn.simulator import simulate_decode
+from int8attn.support.ir import new_context, parse_module
 from int8attn.simulator.interpreter import Machine, SimulationError
 
 TARGETS = ("gfx936", "gfx942", "cuda")
@@ -53,6 +60,7 @@ def special_rows(rng, width=8):
         np.r_[127.0, 0.5, -0.5, 1.5, -2.5, 3.5, 126.5, -126.5],     # exact ties (inv = 1)
         rng.standard_normal(width) * 1e30,
         rng.standard_normal(width) * 1e-30,
+        np.r_[-127.0, 64.5, -63.5, 125.5, -124.5, 0.49999997, -0.50000006, 99.5],
     ]
     return np.array(rows, dtype=np.float32)
 
@@ -105,6 +113,67 @@ def test_the_scalar_contract_matches_the_numpy_reference():
     assert np.isnan(s[nonfinite]).all() and not q[nonfinite | tiny].any()
     assert np.array_equal(s[tiny], np.abs(x[tiny]).max(axis=1) / np.float32(127))
     assert np.array_equal(q[13], [127, 0, 0, 2, -2, 4, 126, -126])
+
+
+# the CPU lowering, compiled by IREE ----------------------------------------------
+def cpu_quantize(x: np.ndarray, w_quant: str | None):
+    """lower-quantize's `quantize` (w_quant None) or one-group `group_quantize` of
+    each row of x, compiled for llvm-cpu and run."""
+    rows, width = x.shape
+    ty = f"tensor<{rows}x{width}xf32>"
+    if w_quant is None:
+        q_ty, s_ty = f"tensor<{rows}x{width}xi8>", f"tensor<{rows}xf32>"
+        op = f'"int8attn.quantize"(%x) : ({ty}) -> ({q_ty}, {s_ty})'
+    else:
+        q_ty, s_ty = f"tensor<{rows}x1x{width}xi8>", f"tensor<{rows}x1xf32>"
+        groups = ", ".join(str(i) for i in range(width))
+        op = (f'"int8attn.group_quantize"(%x) {{groups = [array<i64: {groups}>], '
+              f'w_quant = "{w_quant}"}} : ({ty}) -> ({q_ty}, {s_ty})')
+    text = (f"func.func @q(%x: {ty}) -> ({q_ty}, {s_ty}) {{\n  %q:2 = {op}\n"
+            f"  return %q#0, %q#1 : {q_ty}, {s_ty}\n}}\n")
+    with new_context():
+        module = parse_module(text, "quantize.mlir")
+        run_passes(module, [LowerQuantize(), UpstreamPass("canonicalize"), UpstreamPass("cse")])
+        lowered = str(module)
+    vmfb, _ = iree_compile(lowered, COMPILE_TARGETS["cpu"])
+    spec = TensorSpec((rows, width), "f32")
+    q, s = LoadedModule(vmfb, {"q": [spec]}).call("q", x)
+    return q.reshape(rows, width), s.reshape(rows)
+
+
+def assert_same_scales(s, s_ref):
+    """Bitwise, except that llvm-cpu flushes a subnormal scale (a tiny row's a/127) to 0."""
+    subnormal = (s_ref != 0) & (np.abs(s_ref) < np.finfo(np.float32).tiny)
+    assert np.array_equal(s[~subnormal], s_ref[~subnormal], equal_nan=True)
+    assert np.isin(s[subnormal], [0]).all() or np.array_equal(s[subnormal], s_ref[subnormal])
+
+
+def test_the_cpu_lowering_quantizes_like_the_numpy_reference():
+    """lower-quantize compiled by IREE llvm-cpu (where LLVM contracts a multiply
+    feeding an add into an fma): bitwise the reference's q and s over the special
+    rows, ties and random rows (signed), and over W >= 0 rows with ties, tiny, zero
+    and non-finite groups (unsigned)."""
+    rng = seeded_rng(61)
+    special = special_rows(rng)
+    magnitudes = (10.0 ** rng.integers(-20, 20, (64, 1))).astype(np.float32)
+    x = np.concatenate([special, rng.standard_normal((64, 8)).astype(np.float32) * magnitudes])
+    q, s = cpu_quantize(x, None)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q_ref, s_ref = ref.quantize(x)
+    assert np.array_equal(q, q_ref)
+    assert_same_scales(s, s_ref)
+
+    w = np.abs(x)
+    ties = len(special)                     # a random row, replaced by ties with a = 255
+    w[ties] = [255.0, 0.5, 1.5, 2.5, 254.5, 127.5, 128.5, 0.0]
+    q, s = cpu_quantize(w, "u8")
+    with np.errstate(invalid="ignore", over="ignore"):
+        q_ref, s_ref = ref.quantize_w(w[:, None, :], "u8")
+    assert np.array_equal(q, q_ref.reshape(q.shape))
+    assert_same_scales(s, s_ref.reshape(s.shape))
+    assert np.array_equal(q[ties].astype(int) + 128, [255, 0, 2, 2, 254, 128, 128, 0])
+    # 63.5 * (255/127) rounds to the tie 127.5 as a product: u = 128, not 127
+    assert int(q[len(special) - 1, 2]) + 128 == 128
 
 
 # the decode kernels -------------------------------------------------------------
