@@ -4,6 +4,7 @@ of the int8 / bf16 / f32 PV modules, measured in one run.
     python benchmarks/cpu_decode.py [--contexts 4096,8192,16384] [--iterations 20]
     python benchmarks/cpu_decode.py --numerics     # the int8 module per q-terms x w-quant
     python benchmarks/cpu_decode.py --numerics --query-tokens 256 --contexts 2048   # prefill
+    python benchmarks/cpu_decode.py --cpu-time     # one thread, CPU time of the calls
 
 Shapes follow the issue: batch 1, 32 query heads, 8 KV heads, head dim 128.
 Run time is the median over `--iterations` calls with inputs already on the
@@ -11,6 +12,11 @@ device, after warm-up; the three modules of a context take turns, in
 `--rounds` rounds, so that a change in the machine's load falls on all of them
 alike. Ratios are against the first module of the same context (int8 with the
 pipeline's defaults; with --numerics, the seed's one-term Q and s8 W).
+
+`--cpu-time` runs the modules on IREE's inline `local-sync` driver (one thread,
+the calling one) and times each call by this process's CPU time: on a machine
+shared with other jobs that counts the calls' own work, not the time the
+scheduler gave to others (cache and memory contention still show).
 """
 
 from __future__ import annotations
@@ -47,12 +53,14 @@ def measure(tokens: int, args) -> list[dict]:
         label = pv if pv != "int8" else f"int8 q{options.q_terms} {options.w_quant}"
         rows.append({"context": tokens, "pv": label, "passes_s": passes,
                      "iree_compile_s": compiled.timings["vmfb"], "times_s": []})
-        runs.append((LoadedModule(vmfb, {"decode": list(info.arguments)}),
+        driver = "local-sync" if args.cpu_time else "local-task"
+        runs.append((LoadedModule(vmfb, {"decode": list(info.arguments)}, driver),
                      random_inputs(info, args.seed)))
     per_round = max(1, -(-args.iterations // args.rounds))
+    clock = time.process_time if args.cpu_time else time.perf_counter
     for _ in range(args.rounds):
         for row, (loaded, inputs) in zip(rows, runs):
-            row["times_s"] += loaded.time_calls("decode", inputs, per_round)
+            row["times_s"] += loaded.time_calls("decode", inputs, per_round, clock=clock)
     for row in rows:
         times = row.pop("times_s")
         row.update(run_s=statistics.median(times), run_min_s=min(times), calls=len(times))
@@ -73,13 +81,18 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--query-tokens", type=int, default=0,
                         help="prefill with this many query tokens instead of decode")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="one thread (IREE local-sync) and CPU time per call instead of "
+                             "wall time on local-task")
     parser.add_argument("--numerics", action="store_true",
                         help="time the int8 module for every q-terms x w-quant instead")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     print(f"seed {args.seed}; B={args.batch} Hq={args.q_heads} Hkv={args.kv_heads} "
           f"D={args.head_dim}; run time = median of {args.iterations} calls in "
-          f"{args.rounds} interleaved rounds", file=sys.stderr)
+          f"{args.rounds} interleaved rounds"
+          + ("; one thread (local-sync), process CPU time" if args.cpu_time else ""),
+          file=sys.stderr)
     rows = [row for tokens in contexts for row in measure(tokens, args)]
     print("| context | PV | passes (s) | iree-compile (s) | run (ms) | min run (ms) "
           "| run / first run |")
