@@ -34,7 +34,7 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
                              LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
-from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant
+from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant, WTerms
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
@@ -62,6 +62,10 @@ class PipelineOptions(TypedOptions):
     w_quant: WQuant = option("u8", "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
                              "u8 (255 levels as u - 128, offset compensated exactly by 128 * "
                              "the group's sum of Vq; half the W rounding error; DESIGN.md §2c)")
+    w_terms: WTerms = option(1, "INT8 terms of W per MMAC group (pv=int8): 1, or 2 (a second, "
+                             "signed term quantizes the f32 residual W - level*sW1 over the "
+                             "same tokens: one more MMAC per group, ~250x less W rounding "
+                             "error; DESIGN.md §2c)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -81,7 +85,8 @@ def to_algorithm(options: PipelineOptions) -> list:
     """Graph -> the algorithm: verified MMAC tiles (or float PV), not yet lowered."""
     if options.pv == "int8":
         verify = [VerifyScaleGroups()] if options.verify else []
-        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups, options.w_quant),
+        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups, options.w_quant,
+                              options.w_terms),
               *verify,
               PVToMMAC(options.fragment_model), *verify]
     else:
