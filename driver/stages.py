@@ -112,11 +112,6 @@ def make_kernel(c: Compilation) -> str:
     target = c.options.target
     model = fragment_model(target)
     with attention.location:
-        w_terms = c.options.resolved_numerics("w_terms")
-        if c.options.pv == "int8" and w_terms != 1:
-            raise DiagnosticError(attention.location, f"the {target} decode kernel implements "
-                                  f"w-terms 1 only, got {w_terms} (two-term W is the cpu "
-                                  f"pipeline's; DESIGN.md §2c)")
         try:
             access = _kernel_access(info, attention, model)
             kernels = build_decode_kernels(access, model, target, c.options.pv,

@@ -70,6 +70,9 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
         "tile_tokens": (lambda o: o.tile_tokens != CompileOptions.tile_tokens,
                         "tile-tokens is the prefill KV tile of --target cpu; the kernels "
                         "cover decode"),
+        "w_terms": (lambda o: o.w_terms not in (None, 1),
+                    "the lane kernels quantize W in one INT8 term; two-term W (DESIGN.md "
+                    "§2c) is --target cpu's so far"),
     }
 
 
