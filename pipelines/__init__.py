@@ -62,7 +62,7 @@ class PipelineOptions(TypedOptions):
     w_quant: WQuant = option("u8", "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
                              "u8 (255 levels as u - 128, offset compensated exactly by 128 * "
                              "the group's sum of Vq; half the W rounding error; DESIGN.md §2c)")
-    w_terms: WTerms = option(1, "INT8 terms of W per MMAC group (pv=int8): 1, or 2 (a second, "
+    w_terms: WTerms = option(2, "INT8 terms of W per MMAC group (pv=int8): 1, or 2 (a second, "
                              "signed term quantizes the f32 residual W - level*sW1 over the "
                              "same tokens: one more MMAC per group, ~250x less W rounding "
                              "error; DESIGN.md §2c)")
