@@ -14,9 +14,15 @@ Only the PV part differs between `pv` values:
                    verify-scale-groups             (+ lower-mmac-tiles)
     pv=bf16|f32:   float-pv
 
-The defaults (q-terms=2, w-quant=u8) are what the accuracy benchmark over data
-families favours (benchmarks/results-cpu-accuracy-variants.md); q-terms=1
-w-quant=s8 is the seed's contract, which the lane kernels implement.
+The defaults (q-terms=2, w-quant=u8, w-terms=2) are what the accuracy benchmark
+over data families favours (benchmarks/results-cpu-accuracy-variants.md): two-term
+Q removes the Q term, two-term W the W term (what one INT8 W term leaves is half a
+step a/510 on the weights next to a big one, which a peaked softmax makes large;
+benchmarks/results-numpy-w-rounding.md), so what stays is the K/V cache's
+quantization. With two W terms u8 and s8 first terms measure alike (u8's W term
+is ~2x smaller, both far below the rest); u8 stays. q-terms=1 w-quant=s8
+w-terms=1 is the seed's contract, the lane kernels' default; they implement
+q-terms=2 and u8 as well, not w-terms=2 yet.
 
 `verify=false` drops the verifier (only to measure a deliberately wrong
 `scale-groups=contiguous`). `PipelineOptions` is the one declaration of these
