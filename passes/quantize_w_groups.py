@@ -23,8 +23,11 @@ per group on the f32 residual of the first, read back in token order, and its
 own MMAC tiles over the same groups:
 
     R        = W - level(Wq) * sW    per token (quantize_contract.w_residual; level =
-                                     Wq, or Wq + 128 for u8), a linalg.generic that
-                                     reads Wq, sW at the token's (group, slot)
+                                     Wq, or Wq + 128 for u8), a linalg.generic over
+                                     W's token digits that reads Wq, sW through views
+                                     of their group / slot digits (a gather through
+                                     the groups table where they are no digit
+                                     permutation)
     Wq2, sW2 = int8attn.group_quantize(R) {groups}
     O        = int8attn.grouped_pv(Wq, sW, v[, cs]) {groups}
              + int8attn.grouped_pv(Wq2, sW2, v) {groups}
@@ -49,7 +52,8 @@ from iree.compiler.dialects import arith, tensor
 
 from int8attn.support.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
-from int8attn.fragments import FragmentModelName, ScaleGroupKind, fragment_model
+from int8attn.fragments import (FragmentModelName, NotADigitPermutation, ScaleGroupKind,
+                                fragment_model, token_axes)
 from int8attn.passes import builders as build
 from int8attn.passes import quantize_contract as contract
 from int8attn.passes.rewrite import apply_patterns
@@ -69,10 +73,39 @@ def _inverse(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group_of, slot_of
 
 
+_TOKEN_DIGIT = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
 def w_residual_tokens(w: ir.Value, wq: ir.Value, sw: ir.Value, groups: np.ndarray,
                       unsigned: bool) -> ir.Value:
     """R[b,h,r,n,t] = w_residual(W[b,h,r,n,t], Wq[b,h,r,n,g,k], sW[b,h,r,n,g]) with
-    (g, k) the token's group and slot: the residual in W's own token order."""
+    (g, k) the token's group and slot: the residual in W's own token order.
+
+    Where `groups` is a permutation of the token index's digits (every fragment
+    model) and the shapes are static, Wq and sW are read through views of their
+    group and slot digits, the loops running over W's token digits (no gather,
+    as lower-quantize reads W); otherwise through (group, slot) tables."""
+    shape = d.shape_of(w)
+    if d.DYNAMIC not in shape:
+        try:
+            axes = token_axes(groups)
+        except NotADigitPermutation:
+            axes = None
+        if axes is not None:
+            lead = "abcdefghijklmnopqrstuvwxyz"[:4]
+            token = _TOKEN_DIGIT[:len(axes.axes)]
+            group = "".join(token[i] for i in axes.group_order)
+            slot = "".join(token[i] for i in axes.slot_order)
+            wq_view = build.split_dim(build.split_dim(wq, 5, axes.slot_shape), 4,
+                                      axes.group_shape)
+            residual = build.generic(
+                [build.split_dim(w, 4, axes.token_shape), wq_view,
+                 build.split_dim(sw, 4, axes.group_shape)],
+                [lead + token, lead + group + slot, lead + group], lead + token,
+                build.empty(shape[:4] + axes.token_shape, "f32"),
+                lambda w_t, level_q, scale, _: contract.w_residual(w_t, level_q, scale,
+                                                                  unsigned))
+            return build.merge_dims(residual, 4, len(token))
     group_of, slot_of = _inverse(groups)
     group_table, slot_table = build.lookup_table(group_of), build.lookup_table(slot_of)
 
