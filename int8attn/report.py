@@ -63,4 +63,4 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
                        ("INT8 PV vs f32 PV", result, others["f32"]),
                        ("BF16 PV vs f32 PV", others["bf16"], others["f32"])):
         stats = error_stats(a, b)
-        print(f"| {name} | {stats['max_abs']:.6f} | {stats['rms']:.6f} |")
+        print(f"| {name} | {stats['max_abs']:.3e} | {stats['rms']:.3e} |")
