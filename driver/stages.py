@@ -104,61 +104,72 @@ def make_linalg(c: Compilation) -> str:
 
 
 def make_kernel(c: Compilation) -> str:
-    """The lane-level decode kernels and the host function that dispatches them."""
+    """The lane-level kernels (decode, paged decode, prefill) and their host function."""
     from int8attn.fragments import fragment_model
-    from int8attn.kernels.decode import build_decode_kernels
 
     info, attention = _kernel_entry(c)
     target = c.options.target
     model = fragment_model(target)
+    mode = info.attention.mode
     with attention.location:
         try:
-            access = _kernel_access(info, attention, model)
-            kernels = build_decode_kernels(access, model, target, c.options.pv,
-                                           q_terms=c.options.resolved_numerics("q_terms"),
-                                           w_quant=c.options.resolved_numerics("w_quant"))
+            kernels = _build_kernels(info, model, c.options)
         except (ValueError, KeyError) as error:
-            raise DiagnosticError(attention.location, f"the {target} decode kernel: "
+            raise DiagnosticError(attention.location, f"the {target} {mode} kernel: "
                                   + str(error).strip("'")) from None
         with ir.InsertionPoint(kernels.module.regions[0].blocks[0]):
             _build_host(c, info, kernels)
         run_passes(kernels.module, [UpstreamPass("canonicalize")])
     c.module = kernels.module
-    c.kernel_layout = {"function": info.name, "mode": info.attention.mode,
-                       "rows_out": kernels.rows_out,
-                       "partition_tokens": model.partition_tokens}
+    c.kernel_layout = {"function": info.name, "mode": mode, **kernels.layout}
     if c.options.v_token_innermost:
         c.functions = describe_functions(c.module)
     return str(c.module)
 
 
-def _kernel_access(info: FunctionInfo, attention, model):
-    from int8attn.kernels.decode import dense_access, paged_access
-    from int8attn.kernels.kv_access import DenseShape, PagedShape
+def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
+    """The decode (dense or paged) or prefill kernels of the graph's attention."""
+    from int8attn.kernels.decode import build_decode_kernels, dense_access, paged_access
+    from int8attn.kernels.kv_access import DenseShape, PagedShape, PrefillShape
+    from int8attn.kernels.prefill import build_prefill_kernels
 
-    call = info.attention
-    q_heads, head_dim = info.arguments[call.argument("q")].shape[1:]
+    call, target = info.attention, options.target
+    numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
+    q_shape = info.arguments[call.argument("q")].shape
+    q_heads, head_dim = q_shape[1], q_shape[-1]
     if call.mode == "paged":
         _, kv_heads, block_size, _ = info.arguments[call.argument("k_cache")].shape
-        return paged_access(PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size,
-                                       call.softmax_scale), model)
+        access = paged_access(PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size,
+                                         call.softmax_scale), model)
+        return build_decode_kernels(access, model, target, options.pv, **numerics)
     batch, kv_heads, tokens, _ = info.arguments[call.argument("k")].shape
-    return dense_access(DenseShape(batch, kv_heads, q_heads // kv_heads, tokens, head_dim,
-                                   call.softmax_scale), model)
+    rows = q_heads // kv_heads
+    if call.mode == "prefill":
+        shape = PrefillShape(batch, kv_heads, rows, tokens, q_shape[2], head_dim,
+                             call.softmax_scale)
+        return build_prefill_kernels(shape, model, target, options.pv, **numerics)
+    access = dense_access(DenseShape(batch, kv_heads, rows, tokens, head_dim,
+                                     call.softmax_scale), model)
+    return build_decode_kernels(access, model, target, options.pv, **numerics)
 
 
 def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
-    from int8attn.kernels.host import build_host_function, build_paged_host_function
+    from int8attn.kernels.host import (build_host_function, build_paged_host_function,
+                                       build_prefill_host_function)
 
     def tensor_type(spec):
         dims = "x".join("?" if n is None else str(n) for n in spec.shape)
         return ir.Type.parse(f"tensor<{dims}x{spec.element}>")
 
-    if info.attention.mode == "paged":
+    mode, q_type = info.attention.mode, tensor_type(info.arguments[0])
+    if mode == "paged":
         build_paged_host_function(kernels, info.name, [tensor_type(a) for a in info.arguments],
                                   tensor_type(info.results[0]))
+    elif mode == "prefill":
+        build_prefill_host_function(kernels, info.name, q_type,
+                                    v_token_innermost=c.options.v_token_innermost)
     else:
-        build_host_function(kernels, info.name, tensor_type(info.arguments[0]),
+        build_host_function(kernels, info.name, q_type,
                             v_token_innermost=c.options.v_token_innermost)
 
 
@@ -174,12 +185,8 @@ def _kernel_entry(c: Compilation):
                      if op.name in (ATTENTION, PAGED_ATTENTION, CACHE_WRITE))
     if info.attention.mode == "cache_write":
         raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover "
-                              f"decode attention (dense and paged); {attention.name} compiles "
-                              f"with --target cpu for now")
-    if info.attention.mode not in ("decode", "paged"):
-        raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover "
-                              f"decode; mode = \"{info.attention.mode}\" compiles with "
-                              f"--target cpu")
+                              f"attention (decode, paged decode, prefill); {attention.name} "
+                              f"compiles with --target cpu for now")
     order = tuple(range(len(info.attention.operands)))
     if info.attention.argument_of != order:
         raise DiagnosticError(attention.location, "the kernel host function expects the "

@@ -67,9 +67,10 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                              f"the decode kernels' partition is fixed by the fragment model: "
                              f"{model.waves_per_partition} waves of {model.wave_tokens} "
                              f"tokens = {model.partition_tokens}"),
-        "tile_tokens": (lambda o: o.tile_tokens != CompileOptions.tile_tokens,
-                        "tile-tokens is the prefill KV tile of --target cpu; the kernels "
-                        "cover decode"),
+        "tile_tokens": (lambda o: o.tile_tokens != model.wave_tokens,
+                        f"the prefill kernel's KV tile is the fragment model's wave of "
+                        f"{model.wave_tokens} tokens (its W groups are the wave's MMAC "
+                        f"token sets)"),
         "w_terms": (lambda o: o.w_terms not in (None, 1),
                     "the lane kernels quantize W in one INT8 term; two-term W (DESIGN.md "
                     "§2c) is --target cpu's so far"),
@@ -135,7 +136,7 @@ TARGETS: dict[str, Target] = {
          "--iree-llvmcpu-target-cpu=host"),
         refusals=_CPU_ONLY),
     "gfx936": Target(
-        "gfx936", "lane-level decode kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
+        "gfx936", "lane-level decode and prefill kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
         "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",
         (GRAPH, KERNEL), "kernel", ("int8",), None, True,
         refusals={**_kernel_refusals("gfx936"),
@@ -143,13 +144,13 @@ TARGETS: dict[str, Target] = {
                                  "gfx936 has no IREE compilation stage (IREE does not know "
                                  "the chip)")}),
     "gfx942": Target(
-        "gfx942", "lane-level decode kernels on v_mfma_i32_16x16x32_i8 through IREE's ROCm "
+        "gfx942", "lane-level decode and prefill kernels on v_mfma_i32_16x16x32_i8 through IREE's ROCm "
         "backend",
         (GRAPH, KERNEL, VMFB, ISA), "vmfb", ("int8",), "hip", True,
         ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942", *_KERNEL_FLAGS),
         "*.rocmasm", refusals=_kernel_refusals("gfx942")),
     "cuda": Target(
-        "cuda", "lane-level decode kernels on mma.sync.m16n8k32.s8 through IREE's CUDA "
+        "cuda", "lane-level decode and prefill kernels on mma.sync.m16n8k32.s8 through IREE's CUDA "
         "backend (sm_80 PTX; the driver JITs it on newer GPUs)",
         (GRAPH, KERNEL, VMFB, PTX), "vmfb", ("int8", "bf16"), "cuda", True,
         ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80", *_KERNEL_FLAGS),

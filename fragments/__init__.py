@@ -16,7 +16,7 @@ from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_
                                              SM80_MMA_S8, MatrixInstruction, OperandLayout)
 from int8attn.fragments.kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
                                               thread_distribution, thread_groups,
-                                              xor_reduction_offsets)
+                                              thread_runs, xor_reduction_offsets)
 from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, SCALE_GROUP_KINDS,
                                       FragmentModel, FragmentModelName, ScaleGroupKind,
                                       VLoadScheme, bf16_pv_model,
@@ -47,6 +47,7 @@ __all__ = [
     "element_classes",
     "thread_distribution",
     "thread_groups",
+    "thread_runs",
     "TokenAxis",
     "TokenAxes",
     "NotADigitPermutation",

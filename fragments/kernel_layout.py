@@ -292,3 +292,23 @@ def thread_groups(group_threads: int, groups: int) -> tuple[LaneMap, LaneMap]:
     """(member, group) of each thread of `groups` consecutive groups of `group_threads`."""
     thread = np.arange(group_threads * groups)
     return LaneMap.fit(thread % group_threads), LaneMap.fit(thread // group_threads)
+
+
+def thread_runs(rows, cols: int, threads: int,
+                longest: int) -> tuple[int, list[tuple[LaneMap, LaneMap, int]]]:
+    """`thread_distribution`'s slots as runs of consecutive columns of one row, each
+    at most `longest` long (one vector access): (row, first column, length) per run,
+    in slot order. A run ends where any thread's next slot starts a new row."""
+    per, slots = thread_distribution(rows, cols, threads)
+    element = np.arange(threads) * per
+    runs: list[tuple[LaneMap, LaneMap, int]] = []
+    length = 0
+    for u in range(per):
+        if u and length < longest and not ((element + u) % cols == 0).any():
+            length += 1
+            continue
+        if length:
+            runs.append((*slots[u - length], length))
+        length = 1
+    runs.append((*slots[per - length], length))
+    return per, runs

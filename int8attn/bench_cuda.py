@@ -49,6 +49,41 @@ def prepare(directory: Path, contexts, batch: int, q_heads: int, kv_heads: int,
         head_dim=head_dim)))
 
 
+def map_forked(fn, items) -> list:
+    """[fn(x) for x in items] in forked worker processes, which inherit the caller's
+    arrays: the numpy references run one sequence per core of the GPU machine."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    global _TASK
+    items = list(items)
+    workers = min(len(items), os.cpu_count() or 1)
+    if workers <= 1:
+        return [fn(x) for x in items]
+    _TASK = fn
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(_run_task, items))
+    finally:
+        _TASK = None
+
+
+_TASK = None   # map_forked's function, inherited by its workers
+
+
+def _run_task(x):
+    return _TASK(x)
+
+
+def _per_sequence(reference, q, k, k_scale, v, v_scale, *args, **kwargs) -> np.ndarray:
+    """`reference` of a batch, one sequence per worker process."""
+    def one(b):
+        return reference(q[b:b + 1], k[b:b + 1], k_scale[b:b + 1], v[b:b + 1],
+                         v_scale[b:b + 1], *args, **kwargs)
+    return np.concatenate(map_forked(one, range(q.shape[0])))
+
+
 def _inputs(seed, batch, q_heads, kv_heads, tokens, head_dim):
     from int8attn.reference import quantize_cache
 
@@ -152,9 +187,11 @@ def run(directory: Path, warmup: int = 5, iterations: int = 50, seed: int = 0) -
         shape = (meta["batch"], meta["q_heads"], meta["kv_heads"], tokens, meta["head_dim"])
         q, k, k_scale, v, v_scale = _inputs(seed + tokens, *shape)
         scale = float(np.float32(meta["head_dim"] ** -0.5))
-        expected = {pv: fragment_attention(q, k, k_scale, v, v_scale, scale, model="cuda", pv=pv)
+        expected = {pv: _per_sequence(fragment_attention, q, k, k_scale, v, v_scale, scale,
+                                      model="cuda", pv=pv)
                     for pv in ("int8", "bf16")}
-        slack = {"int8": rounding_tie_slack(q, k, k_scale, v, v_scale, scale, model="cuda"),
+        slack = {"int8": _per_sequence(rounding_tie_slack, q, k, k_scale, v, v_scale, scale,
+                                       model="cuda"),
                  "bf16": 0}
         row = dict(context=tokens, batch=meta["batch"], q_heads=meta["q_heads"],
                    kv_heads=meta["kv_heads"], head_dim=meta["head_dim"])

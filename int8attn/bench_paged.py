@@ -86,19 +86,22 @@ def bytes_read(arrays) -> int:
 
 
 def check(out, arrays, scale, pv, q_terms=1, w_quant="s8") -> tuple[float, bool]:
+    """(max abs error, all within 5e-5 + tie slack) of every sequence against the
+    fragment-level reference (one sequence per worker process)."""
     from int8attn.reference import fragment_attention, rounding_tie_slack, sequence_cache
 
     q, k, ks, v, vs, tables, lengths = arrays
-    worst, ok = 0.0, True
-    for b in range(q.shape[0]):
+    numerics = dict(model="cuda", pv=pv, q_terms=q_terms, w_quant=w_quant)
+
+    def one(b):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lengths, b))
-        numerics = dict(model="cuda", pv=pv, q_terms=q_terms, w_quant=w_quant)
         expected = fragment_attention(*dense, scale, **numerics)
         slack = rounding_tie_slack(*dense, scale, **numerics) if pv == "int8" else 0
         err = np.abs(out[b:b + 1] - expected)
-        worst = max(worst, float(err.max()))
-        ok = ok and bool((err <= 5e-5 + slack).all())
-    return worst, ok
+        return float(err.max()), bool((err <= 5e-5 + slack).all())
+
+    results = bench_cuda.map_forked(one, range(q.shape[0]))
+    return max(r[0] for r in results), all(r[1] for r in results)
 
 
 def sdpa_seconds(arrays, warmup, iterations):
@@ -130,18 +133,28 @@ def sdpa_seconds(arrays, warmup, iterations):
         qt, kf, vf, attn_mask=mask, scale=scale, enable_gqa=True), warmup, iterations)
 
 
-def run(directory: Path, batch: int, contexts, mean: int, seed: int = 0, warmup: int = 5,
-        iterations: int = 50) -> list[dict]:
+def run(directory, batch: int, contexts, mean: int, seed: int = 0, warmup: int = 5,
+        iterations: int = 50, pvs=PV) -> list[dict]:
+    """One row per case; `directory` may be a list of prepared folders (schedule
+    variants of the same shapes), run on the same data one after the other, a
+    row per (folder, case) naming its folder. `pvs` selects the modules to run
+    (both by default; one for a quicker look at a variant)."""
     import iree.runtime as rt
 
-    meta = json.loads((directory / "paged.json").read_text())
+    directories = [Path(d) for d in directory] if isinstance(directory, (list, tuple)) \
+        else [Path(directory)]
+    metas = [json.loads((d / "paged.json").read_text()) for d in directories]
+    if any(m != metas[0] for m in metas):
+        raise ValueError("the folders hold modules of different shapes or numerics")
+    meta = metas[0]
     config = rt.Config("cuda")
     functions = {}
-    for pv in PV:
-        ctx = rt.SystemContext(config=config)
-        ctx.add_vm_module(rt.VmModule.copy_buffer(
-            ctx.instance, (directory / f"paged_{pv}.vmfb").read_bytes()))
-        functions[pv] = ctx.modules.module["paged"]
+    for d in directories:
+        for pv in pvs:
+            ctx = rt.SystemContext(config=config)
+            ctx.add_vm_module(rt.VmModule.copy_buffer(
+                ctx.instance, (d / f"paged_{pv}.vmfb").read_bytes()))
+            functions.setdefault(d, {})[pv] = ctx.modules.module["paged"]
     scale = float(np.float32(meta["head_dim"] ** -0.5))
     ceiling = copy_ceiling(warmup, iterations)
     rows = []
@@ -150,38 +163,59 @@ def run(directory: Path, batch: int, contexts, mean: int, seed: int = 0, warmup:
         arrays = batch_arrays(rng, lengths, meta["q_heads"], meta["kv_heads"], meta["head_dim"],
                               meta["block_size"])
         device_args = [rt.asdevicearray(config.device, a) for a in arrays]
-        row = dict(case=name, batch=len(lengths), mean_length=float(np.mean(lengths)),
-                   max_length=int(max(lengths)), bytes_read=bytes_read(arrays),
-                   copy_ceiling_bytes_per_s=ceiling, seed=seed, **meta)
-        for pv, fn in functions.items():
-            out = fn(*device_args).to_host()
-            row[f"{pv}_max_abs_vs_fragment"], row[f"{pv}_within_tolerance"] = \
-                check(out, arrays, scale, pv, meta.get("q_terms", 1), meta.get("w_quant", "s8"))
-            row[f"{pv}_wall_s"], kernel_s = _time_iree(fn, device_args, warmup, iterations)
-            row[f"{pv}_s"] = kernel_s or row[f"{pv}_wall_s"]
-            row[f"{pv}_kernels_s"] = dict(bench_cuda.KERNEL_SECONDS)
-        row["torch_sdpa_bf16_padded_s"] = sdpa_seconds(arrays, warmup, iterations)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        sdpa = sdpa_seconds(arrays, warmup, iterations)
+        for d in directories:
+            row = dict(case=name, batch=len(lengths), mean_length=float(np.mean(lengths)),
+                       max_length=int(max(lengths)), bytes_read=bytes_read(arrays),
+                       copy_ceiling_bytes_per_s=ceiling, seed=seed, **meta)
+            if len(directories) > 1:
+                row["modules"] = d.name
+            for pv, fn in functions[d].items():
+                out = fn(*device_args).to_host()
+                row[f"{pv}_max_abs_vs_fragment"], row[f"{pv}_within_tolerance"] = check(
+                    out, arrays, scale, pv, meta.get("q_terms", 1), meta.get("w_quant", "s8"))
+                row[f"{pv}_wall_s"], kernel_s = _time_iree(fn, device_args, warmup, iterations)
+                row[f"{pv}_s"] = kernel_s or row[f"{pv}_wall_s"]
+                row[f"{pv}_kernels_s"] = dict(bench_cuda.KERNEL_SECONDS)
+            row["torch_sdpa_bf16_padded_s"] = sdpa
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
+    """The results table, then the INT8 module's time per kernel (a module that
+    was not run shows as -)."""
+    def us(r, pv):
+        return f"{r[f'{pv}_s'] * 1e6:.1f}" if f"{pv}_s" in r else "-"
+
+    def err(r, pv):
+        return f"{r[f'{pv}_max_abs_vs_fragment']:.1e}" if f"{pv}_s" in r else "-"
+
     lines = ["| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) "
              "| vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | checked |",
              "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|"]
     for r in rows:
         gbps = r["bytes_read"] / r["int8_s"] / 1e9
         sdpa = r["torch_sdpa_bf16_padded_s"]
-        ok = r["int8_within_tolerance"] and r["bf16_within_tolerance"]
+        ok = all(r[f"{pv}_within_tolerance"] for pv in PV if f"{pv}_s" in r)
+        ratio = f"{r['bf16_s'] / r['int8_s']:.2f}x" if "bf16_s" in r else "-"
+        case = f"{r['modules']}: {r['case']}" if "modules" in r else r["case"]
         lines.append(
-            f"| {r['case']} | {r['batch']} | {r['int8_s'] * 1e6:.1f} | {r['bf16_s'] * 1e6:.1f} | "
-            f"{r['bf16_s'] / r['int8_s']:.2f}x | "
+            f"| {case} | {r['batch']} | {us(r, 'int8')} | {us(r, 'bf16')} | {ratio} | "
             f"{sdpa * 1e6 if sdpa else float('nan'):.1f} | "
             f"{(sdpa / r['int8_s']) if sdpa else float('nan'):.2f}x | {gbps:.0f} | "
             f"{gbps * 1e9 / r['copy_ceiling_bytes_per_s']:.0%} | "
-            f"{r['int8_max_abs_vs_fragment']:.1e} / {r['bf16_max_abs_vs_fragment']:.1e} | "
-            f"{'yes' if ok else 'NO'} |")
+            f"{err(r, 'int8')} / {err(r, 'bf16')} | {'yes' if ok else 'NO'} |")
+    kernels = sorted({k for r in rows for k in r.get("int8_kernels_s", {})})
+    if kernels:
+        lines += ["", "| case | " + " | ".join(f"{k} (us)" for k in kernels) + " |",
+                  "|---|" + "--:|" * len(kernels)]
+        for r in rows:
+            times = r.get("int8_kernels_s", {})
+            case = f"{r['modules']}: {r['case']}" if "modules" in r else r["case"]
+            lines.append(f"| {case} | " + " | ".join(
+                f"{times[k] * 1e6:.1f}" if k in times else "-" for k in kernels) + " |")
     return "\n".join(lines)
 
 
@@ -192,16 +226,19 @@ def main(argv=None) -> int:
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m int8attn.bench_paged")
-    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--run", required=True,
+                        help="a prepared folder, or several (comma-separated) on the same data")
     parser.add_argument("--contexts", default="4096,8192,16384")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--ragged-mean", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--pv", default=",".join(PV), help="modules to run (default: both)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    rows = run(args.run, args.batch, [int(c) for c in args.contexts.split(",")],
-               args.ragged_mean, seed=args.seed, iterations=args.iterations)
+    rows = run([Path(d) for d in args.run.split(",")], args.batch,
+               [int(c) for c in args.contexts.split(",")], args.ragged_mean, seed=args.seed,
+               iterations=args.iterations, pvs=args.pv.split(","))
     print(markdown(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -106,10 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "reference; time them, torch SDPA on a bf16 KV cache and a device copy. "
                     "Writes a Markdown table, a JSON file and a PNG plot.")
     bench_cmd.add_argument("--target", choices=("cuda",), default="cuda")
-    bench_cmd.add_argument("--mode", choices=("decode", "paged"), default="decode",
+    bench_cmd.add_argument("--mode", choices=("decode", "paged", "prefill"), default="decode",
                            help="decode: dense batches, one module per context; paged: one "
                                 "module for uniform batches at each --context, a ragged batch "
-                                "(lengths uniform on [1, 2*mean-1]) and B=1 at the longest")
+                                "(lengths uniform on [1, 2*mean-1]) and B=1 at the longest; "
+                                "prefill: causal Sq = S at each --context and a history case "
+                                "(--history cached + --new-tokens new tokens), TFLOP/s on the "
+                                "causal work")
+    bench_cmd.add_argument("--history", type=int, default=None, metavar="TOKENS",
+                           help="--mode prefill: cached tokens of the history case "
+                                "(default 8192)")
+    bench_cmd.add_argument("--new-tokens", type=int, default=None, metavar="TOKENS",
+                           help="--mode prefill: new tokens of the history case (default 512; "
+                                "0 leaves the case out)")
     bench_cmd.add_argument("--ragged-mean", type=int, default=8192, metavar="TOKENS",
                            help="--mode paged: mean length of the ragged batch (default 8192)")
     bench_cmd.add_argument("--seed", type=_seed, default=0,
@@ -119,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "the kernel targets' default) or the cpu pipeline's defaults")
     bench_cmd.add_argument("--context", default="4096,8192,16384",
                            help="comma-separated context lengths (default 4096,8192,16384)")
-    bench_cmd.add_argument("--batch", type=int, default=16)
+    bench_cmd.add_argument("--batch", type=int, default=None,
+                           help="batch size (default 16 for decode and paged, 1 for prefill)")
     bench_cmd.add_argument("--q-heads", type=int, default=32)
     bench_cmd.add_argument("--kv-heads", type=int, default=8)
     bench_cmd.add_argument("--head-dim", type=int, default=128)
@@ -395,14 +405,24 @@ def cmd_run(args) -> int:
     return 0
 
 
+PREFILL_HISTORY, PREFILL_NEW_TOKENS = 8192, 512
+
+
 def cmd_bench(args) -> int:
     import json
     import tempfile
 
-    from int8attn import bench_cuda, bench_paged
+    from int8attn import bench_cuda, bench_paged, bench_prefill
 
     contexts = [int(c) for c in args.context.split(",")]
-    paged = args.mode == "paged"
+    mode = args.mode
+    paged, prefill = mode == "paged", mode == "prefill"
+    for flag, value in (("--history", args.history), ("--new-tokens", args.new_tokens)):
+        if value is not None and not prefill:
+            raise UserError(f"{flag} applies to --mode prefill, not --mode {mode}")
+    batch = args.batch if args.batch is not None else (1 if prefill else 16)
+    history = PREFILL_HISTORY if args.history is None else args.history
+    new_tokens = PREFILL_NEW_TOKENS if args.new_tokens is None else args.new_tokens
     if args.from_dir:
         directory = Path(args.from_dir)
     else:
@@ -414,25 +434,30 @@ def cmd_bench(args) -> int:
                         dict(q_terms=PipelineOptions.q_terms, w_quant=PipelineOptions.w_quant))
             bench_paged.prepare(directory, args.q_heads, args.kv_heads, args.head_dim,
                                 **numerics)
+        elif prefill:
+            bench_prefill.prepare(directory, contexts, history, new_tokens, batch,
+                                  args.q_heads, args.kv_heads, args.head_dim)
         else:
-            bench_cuda.prepare(directory, contexts, args.batch, args.q_heads, args.kv_heads,
+            bench_cuda.prepare(directory, contexts, batch, args.q_heads, args.kv_heads,
                                args.head_dim)
         if args.prepare_only:
             return 0
     try:
         if paged:
-            rows = bench_paged.run(directory, args.batch, contexts, args.ragged_mean,
+            rows = bench_paged.run(directory, batch, contexts, args.ragged_mean,
                                    seed=args.seed, iterations=args.iterations)
+        elif prefill:
+            rows = bench_prefill.run(directory, seed=args.seed, iterations=args.iterations)
         else:
             rows = bench_cuda.run(directory, iterations=args.iterations)
     except RuntimeError as error:
         raise UserError(f"cannot run on CUDA here ({error}); compile with --prepare-only "
                         f"and run with --from on a machine with an NVIDIA GPU") from None
-    table = (bench_paged if paged else bench_cuda).markdown(rows)
+    table = {"paged": bench_paged, "prefill": bench_prefill}.get(mode, bench_cuda).markdown(rows)
     print(table)
     write_atomic(f"{args.out}.md", table + "\n")
     write_atomic(f"{args.out}.json", json.dumps(rows, indent=2))
-    if paged:
+    if paged or prefill:
         return 0
     try:
         bench_cuda.plot(rows, Path(f"{args.out}.png"))

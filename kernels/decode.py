@@ -14,8 +14,9 @@ Partition kernel, one workgroup of 4 waves per (partition, KV head, sequence),
   PV      Wq read back in the A layout; V loaded 16 bytes per lane from the
           token-innermost cache; one MMAC per (group, 16 head-dim columns);
           rescale by sW; the partition's output rows, max and sum
-Merge kernel, one workgroup per (KV head, sequence): a loop over the
-sequence's own partitions with a running log-sum-exp.
+Merge kernel, `merge_chunks` workgroups per (KV head, sequence), each over a
+slice of the head dim: each row's max over the sequence's own partitions, then
+the weighted sum of the partial outputs.
 
 Every lane index, shuffle offset and LDS offset comes from the target's
 `DecodeKernelLayout` (int8attn.fragments); swapping the model swaps the kernel.
@@ -27,12 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math, memref, scf, vector
 
 from int8attn.fragments import (DecodeKernelLayout, FragmentModel, bf16_pv_model,
                                 element_classes, thread_distribution, thread_groups,
-                                xor_reduction_offsets)
+                                thread_runs, xor_reduction_offsets)
 from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import DenseKV, PagedKV
 from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
@@ -56,6 +58,7 @@ class DecodeTuning:
     workgroups_per_sm: int = 0
     merge_unroll: int = 8     # partitions each merge thread loads per loop iteration
     merge_splits: int = 1     # thread groups of the merge, each over every splits-th partition
+    merge_chunks: int = 1     # merge workgroups per (KV head, sequence), each D / chunks columns
 
     def kernel_attributes(self, target: str) -> dict[str, str]:
         if not self.workgroups_per_sm:
@@ -72,7 +75,7 @@ OCCUPANCY_ATTRIBUTE = {"cuda": "nvvm.minctasm"}
 # on the H200 (benchmarks/results-h200-paged.md); the AMD targets take the
 # target-independent choices only (nothing there is measured on hardware).
 DEFAULT_TUNING = {
-    "cuda": DecodeTuning(workgroups_per_sm=6, merge_splits=8, merge_unroll=4),
+    "cuda": DecodeTuning(workgroups_per_sm=6, merge_chunks=4, merge_splits=16, merge_unroll=2),
     "gfx942": DecodeTuning(merge_splits=4),
     "gfx936": DecodeTuning(merge_splits=4),
 }
@@ -138,7 +141,7 @@ class _PartitionKernel:
         self.wave_token0 = lanes.affine((lanes.wave, self.model.wave_tokens))
         access.stage()                    # published by quantize_q's barrier
         self.q_fragments = self.quantize_q()
-        scores = self.qk()
+        scores = self.qk(self.q_operands())
         if self.tuning.v_early:
             self.v_loaded = self._v_loads(self.pv_layout)
         row_classes = self._live_classes(self.layout.element_rows())
@@ -179,26 +182,24 @@ class _PartitionKernel:
 
     # stages --------------------------------------------------------------------
     def quantize_q(self):
-        """The KV head's query rows, quantized per row (the contract's rule) into LDS:
-        per term, Qq [16, D] i8 and sQ [16] f32, rows past the real ones zero. The
-        second term (`q_terms=2`) quantizes the residual fma(-Qq1, s1, q)."""
-        lanes, s, access = self.lanes, self.shape, self.access
-        b, h = self.where
-        _, slots = thread_distribution(ROWS, s.head_dim, self.threads)
+        """The workgroup's query rows, quantized per row (the contract's rule) into
+        LDS: per term, Qq [rows, D] i8 and sQ [rows] f32, rows past the real ones
+        zero. The second term (`q_terms=2`) quantizes the residual fma(-Qq1, s1, q)."""
+        lanes, s = self.lanes, self.shape
+        rows = self.q_tile_rows
+        _, slots = thread_distribution(rows, s.head_dim, self.threads)
         row_map = slots[0][0]
         offsets = xor_reduction_offsets(row_map(range(self.threads))[:, None])
         row = lanes.of_lane(row_map, of=lanes.thread)
-        real = arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(s.rows))
-        q_row = lanes.affine((self.where[1], s.rows),
-                             (arith.minui(row, lanes.index(s.rows - 1)), 1))
+        real, q_index = self.q_source(row)
         c = contract.quantize_constants(lanes.f32)
         cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
-        values = [arith.select(real, memref.load(access.q, [b, q_row, col]), c.zero)
+        values = [arith.select(real, memref.load(self.access.q, q_index + [col]), c.zero)
                   for col in cols]
         terms = []
         for term in range(self.q_terms):
-            qq_lds = lanes.shared([ROWS, s.head_dim], "i8")
-            sq_lds = lanes.shared([ROWS], "f32")
+            qq_lds = lanes.shared([rows, s.head_dim], "i8")
+            sq_lds = lanes.shared([rows], "f32")
             amax = c.zero
             for x in values:
                 amax = contract.absmax_step(amax, x)
@@ -214,7 +215,46 @@ class _PartitionKernel:
         lanes.barrier()
         return terms
 
-    def qk(self):
+    # The query rows of the workgroup: decode stages the KV head's 16-row tile once
+    # and every wave reads all of it.
+    q_tile_rows = ROWS
+
+    def q_source(self, row):
+        """(is `row` a real query row, its q indices but the head dim)."""
+        lanes, s = self.lanes, self.shape
+        b, h = self.where
+        real = arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(s.rows))
+        q_row = lanes.affine((h, s.rows), (arith.minui(row, lanes.index(s.rows - 1)), 1))
+        return real, [b, q_row]
+
+    def wave_q_row(self, row):
+        """The staged Q row of the wave's MMA row `row`."""
+        return row
+
+    def token_live(self, element, local):
+        """Does score element `element` (token `local` of the partition) count?"""
+        return arith.cmpi(arith.CmpIPredicate.slt, local, self.access.remaining)
+
+    def q_operands(self):
+        """The Q fragment of each term and K step (A, in the layout's head-dim
+        order), loaded once for all token blocks; likewise sQ of the rows the
+        lane's C elements hold (`self.sq_of_row[(term, row map)]`)."""
+        lanes, inst, layout = self.lanes, self.instruction, self.layout
+        d = self.shape.head_dim
+        self.sq_of_row = {}
+        for term, (_, sq) in enumerate(self.q_fragments):
+            for i in self._live_slots(self.dead):
+                key = (term, layout.c_row(i))
+                if key not in self.sq_of_row:
+                    row = self.wave_q_row(lanes.of_lane(key[1]))
+                    self.sq_of_row[key] = memref.load(sq, [row])
+        return [[lanes.assemble([load_vector(qq, [self.wave_q_row(lanes.of_lane(row)),
+                                                  lanes.of_lane(dim)], length, "i8")
+                                 for row, dim, length in layout.qk_a_runs(d, step)],
+                                inst.a_vector) for step in range(d // inst.k)]
+                for qq, _ in self.q_fragments]
+
+    def qk(self, a_steps):
         """Scores {element: f32} of the lane's live C elements, -inf past the length.
 
         K and Q are read in the layout's lane-contiguous head-dim order: each
@@ -230,12 +270,6 @@ class _PartitionKernel:
                   for step in steps]
         b_lengths = [length for _, length in inst.b.runs(axis=0)]
         b_col = lanes.of_lane(layout.b_col())
-        # The Q fragment of each term and K step, loaded once for all token blocks.
-        a_steps = [[lanes.assemble([load_vector(qq, [lanes.of_lane(row), lanes.of_lane(dim)],
-                                                length, "i8")
-                                    for row, dim, length in layout.qk_a_runs(d, step)],
-                                   inst.a_vector) for step in steps]
-                   for qq, _ in self.q_fragments]
         scores, self.live, self.v_scales = {}, {}, {}
         for n in range(layout.blocks):
             k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
@@ -260,17 +294,16 @@ class _PartitionKernel:
                 accs = [mma(inst, self.target, a[step], kb, acc) for a, acc in zip(a_steps, accs)]
             for element in elements:
                 i = element % inst.c.slots
-                row = lanes.of_lane(self._row_map(element))
                 local = self._local_token(element)
                 # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order.
                 qk = None
-                for acc, (_, sq) in zip(accs, self.q_fragments):
+                for t, acc in enumerate(accs):
                     term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)),
-                                      memref.load(sq, [row]))
+                                      self.sq_of_row[(t, self._row_map(element))])
                     qk = term if qk is None else arith.addf(qk, term)
                 value = arith.mulf(qk, k_scales[element])
                 value = arith.mulf(value, lanes.f32(self.shape.softmax_scale))
-                live = arith.cmpi(arith.CmpIPredicate.slt, local, access.remaining)
+                live = self.token_live(element, local)
                 self.live[element] = live
                 scores[element] = arith.select(live, value, lanes.f32(float("-inf")))
         return scores
@@ -497,113 +530,197 @@ class _PartitionKernel:
 
 class _MergeKernel:
     """out = sum_p e^(m_p - M) l_p O_p / sum_p e^(m_p - M) l_p over the sequence's
-    partitions.
+    partitions, M = max_p m_p per output row.
 
-    `splits` groups of threads cover the output tile each; group s runs a
-    running-max loop over partitions s, s + splits, ..., `unroll` of them per
-    iteration with all their loads issued first (a slot past the last
-    partition re-reads it with weight 0). The groups' (max, numerator,
-    denominator) then meet in LDS and group 0 combines and stores them.
+    Grid (chunk, KV head, sequence): workgroup c covers head-dim columns
+    [c, c + 1) * D / chunks of every output row, so that one sequence still
+    spreads over many SMs.
+
+      rows     M per row first: the lanes of a wave stride over the partitions
+               (a max needs no rescaling), xor shuffles, LDS.
+      cells    `splits` thread groups each cover the chunk's tile; group g runs
+               over partitions g, g + splits, ..., `unroll` of them per
+               iteration with all their loads issued first (a slot past the
+               last partition re-reads it with weight 0). A thread's cells are
+               runs of one row, read 16 bytes at a time, and one weight
+               e^(m_p - M) l_p per (row, partition) serves all of them.
+      combine  with one M for all, the groups' numerators and denominators are
+               plain sums: through LDS, then group 0 divides and stores.
     """
 
-    def __init__(self, access, model: FragmentModel, rows_out: int, unroll: int, splits: int):
+    VECTOR = 4                # f32 per load: 16 bytes
+
+    def __init__(self, access, model: FragmentModel, rows_out: int, tuning: DecodeTuning):
         self.access, self.shape, self.rows_out = access, access.shape, rows_out
-        self.unroll, self.splits = unroll, splits
-        self.group_threads = model.waves_per_partition * model.instruction.wave_size
-        self.threads = self.group_threads * splits
+        self.unroll, self.splits, self.chunks = (tuning.merge_unroll, tuning.merge_splits,
+                                                 tuning.merge_chunks)
         self.wave_size = model.instruction.wave_size
+        partition_threads = model.waves_per_partition * self.wave_size
+        d = self.shape.head_dim
+        if d % self.chunks or partition_threads % self.chunks:
+            raise ValueError(f"{self.chunks} merge chunks must divide the head dim {d} and "
+                             f"the {partition_threads} partition threads")
+        # rows_out x D splits over the partition kernel's threads (output_rows), so
+        # one chunk's columns split over a chunks-th of them.
+        self.columns = d // self.chunks
+        self.group_threads = partition_threads // self.chunks
+        self.threads = self.group_threads * self.splits
+        if self.threads % self.wave_size or self.threads > 1024:
+            raise ValueError(f"a merge workgroup of {self.threads} threads: it must be whole "
+                             f"waves of {self.wave_size} and at most 1024")
 
     def argument_types(self):
         return self.access.merge_argument_types(partials=3)
 
     def build(self, args):
         d, access = self.shape.head_dim, self.access
-        lanes = Lanes(self.threads, self.wave_size)
+        lanes = self.lanes = Lanes(self.threads, self.wave_size)
         zero = lanes.index(0)
-        b, h = workgroup_id(1), workgroup_id(0)
+        chunk, h, b = workgroup_id(0), workgroup_id(1), workgroup_id(2)
         o_arg, m_arg, l_arg, out_arg = access.bind_merge(lanes, args, b)
         kv = (access.batch, self.shape.kv_heads, access.partition_count)
         o = binding(o_arg, kv + (self.rows_out, d), "f32", zero)
         m = binding(m_arg, kv + (ROWS,), "f32", zero)
         l = binding(l_arg, kv + (ROWS,), "f32", zero)
         out = binding(out_arg, (access.batch, self.shape.kv_heads, self.rows_out, d), "f32", zero)
-        per, slots = thread_distribution(self.rows_out, d, self.group_threads)
+        self.where, self.parts = (b, h), access.partitions_of(lanes, b)
+        top_lds = self._row_max(m)
+
+        _, runs = thread_runs(self.rows_out, self.columns, self.group_threads, self.VECTOR)
         member_map, group_map = thread_groups(self.group_threads, self.splits)
         member = lanes.of_lane(member_map, of=lanes.thread)
         group = lanes.of_lane(group_map, of=lanes.thread)
-        cells = [(lanes.of_lane(r, of=member), lanes.of_lane(c, of=member)) for r, c in slots]
-        partial = self._partial(lanes, (o, m, l), (b, h), cells, group)
+        row_maps = list(dict.fromkeys(row for row, _, _ in runs))
+        self.rows = [lanes.of_lane(row, of=member) for row in row_maps]
+        first = lanes.affine((chunk, self.columns))
+        self.runs = [(row_maps.index(row), arith.addi(first, lanes.of_lane(col, of=member)), n,
+                      self._alignment(col, n)) for row, col, n in runs]
+        top = [memref.load(top_lds, [row]) for row in self.rows]
+        sums = self._sums((o, m, l), top, group)
         if self.splits == 1:
-            results = partial
-        else:
-            results = self._combine(lanes, partial, member, group, per)
-        for u, (row, col) in enumerate(cells):
-            m_u, numerator, denominator = results[3 * u:3 * u + 3]
-            store = lambda: memref.store(arith.divf(numerator, denominator), out,
-                                         [b, h, row, col])
-            if self.splits == 1:
-                store()
-            else:
-                with lanes.when(arith.cmpi(arith.CmpIPredicate.eq, group, zero)):
-                    store()
+            self._store(out, sums)
+            return
+        lds = self._publish(sums, member, group)
+        with lanes.when(arith.cmpi(arith.CmpIPredicate.eq, group, zero)):
+            self._store(out, self._totals(lds, len(sums), member))
 
-    def _partial(self, lanes, partials, where, cells, group):
-        """(max, numerator, denominator) per cell over this group's partitions."""
-        (o, m, l), (b, h) = partials, where
-        parts = self.access.partitions_of(lanes, b)
-        last = arith.subi(parts, lanes.index(1))
-        start = [lanes.f32(float("-inf")), lanes.f32(0.0), lanes.f32(0.0)] * len(cells)
-        loop = lanes.loop(lanes.index(0), parts, start, step=self.unroll * self.splits)
+    def _row_max(self, m):
+        """M of each output row, in LDS [ROWS]. Threads past the last row repeat
+        it: the xor shuffles need every lane of the wave."""
+        lanes, (b, h) = self.lanes, self.where
+        span = 1 << (self.rows_out - 1).bit_length()
+        width = min(self.wave_size, self.threads // span)
+        slot_map, row_map = thread_groups(width, self.threads // width)
+        slot = lanes.of_lane(slot_map, of=lanes.thread)
+        row = lanes.of_lane(row_map, of=lanes.thread)
+        read = arith.minui(row, lanes.index(self.rows_out - 1))
+        last = arith.subi(self.parts, lanes.index(1))
+        loop = lanes.loop(lanes.index(0), self.parts, [lanes.f32(float("-inf"))],
+                          step=self.unroll * width)
         with ir.InsertionPoint(loop.body):
-            carried = list(loop.inner_iter_args)
+            # A slot past the last partition re-reads it: no change to a max.
+            loads = [memref.load(m, [b, h, arith.minui(
+                lanes.affine((loop.induction_variable, 1), (slot, 1), j * width), last), read])
+                for j in range(self.unroll)]
+            top = loop.inner_iter_args[0]
+            for value in loads:
+                top = arith.maximumf(top, value)
+            scf.YieldOp([top])
+        offsets = xor_reduction_offsets(row_map(np.arange(self.threads))[:, None])
+        top = lanes.xor_reduce(loop.results[0], offsets, arith.maximumf)
+        lds = lanes.shared([ROWS], "f32")
+        writer = arith.andi(arith.cmpi(arith.CmpIPredicate.eq, slot, lanes.index(0)),
+                            arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(self.rows_out)))
+        with lanes.when(writer):
+            memref.store(top, lds, [row])
+        lanes.barrier()
+        return lds
+
+    def _sums(self, partials, top, group):
+        """[numerator per cell..., denominator per row...] over this group's partitions."""
+        lanes, (o, m, l), (b, h) = self.lanes, partials, self.where
+        cells = sum(n for _, _, n, _ in self.runs)
+        last = arith.subi(self.parts, lanes.index(1))
+        start = [lanes.f32(0.0)] * (cells + len(self.rows))
+        loop = lanes.loop(lanes.index(0), self.parts, start, step=self.unroll * self.splits)
+        with ir.InsertionPoint(loop.body):
             chunk = []
             for j in range(self.unroll):
                 slot = lanes.affine((loop.induction_variable, 1), (group, 1), j * self.splits)
                 p = arith.minui(slot, last)
-                valid = arith.cmpi(arith.CmpIPredicate.ult, slot, parts)
-                chunk.append((valid, [(memref.load(m, [b, h, p, row]),
-                                       memref.load(l, [b, h, p, row]),
-                                       memref.load(o, [b, h, p, row, col]))
-                                      for row, col in cells]))
-            for valid, loaded in chunk:
-                updated = []
-                for u, (m_p, l_p, o_p) in enumerate(loaded):
-                    m_run, numerator, denominator = carried[3 * u:3 * u + 3]
-                    m_new = arith.maximumf(m_run, m_p)
-                    decay = math.exp(arith.subf(m_run, m_new))
-                    weight = arith.mulf(math.exp(arith.subf(m_p, m_new)), l_p)
-                    weight = arith.select(valid, weight, lanes.f32(0.0))
-                    term = arith.mulf(weight, o_p)
-                    updated += [m_new, arith.addf(arith.mulf(numerator, decay), term),
-                                arith.addf(arith.mulf(denominator, decay), weight)]
-                carried = updated
-            scf.YieldOp(carried)
+                valid = arith.cmpi(arith.CmpIPredicate.ult, slot, self.parts)
+                chunk.append((valid, [memref.load(m, [b, h, p, row]) for row in self.rows],
+                              [memref.load(l, [b, h, p, row]) for row in self.rows],
+                              [self._load_run(o, [b, h, p, self.rows[r], col], n, align)
+                               for r, col, n, align in self.runs]))
+            sums = list(loop.inner_iter_args)
+            for valid, m_p, l_p, o_p in chunk:
+                weights = [arith.select(valid, arith.mulf(math.exp(arith.subf(mp, t)), lp),
+                                        lanes.f32(0.0))
+                           for mp, lp, t in zip(m_p, l_p, top)]
+                cell = 0
+                for (r, _, n, _), loaded in zip(self.runs, o_p):
+                    for e in range(n):
+                        term = arith.mulf(weights[r], loaded[e])
+                        sums[cell] = arith.addf(sums[cell], term)
+                        cell += 1
+                for r, weight in enumerate(weights):
+                    sums[cells + r] = arith.addf(sums[cells + r], weight)
+            scf.YieldOp(sums)
         return list(loop.results)
 
-    def _combine(self, lanes, partial, member, group, per):
-        """The groups' partials through LDS; every group reads all of them (only
-        group 0 stores). A group that saw no partition has max -inf and adds 0."""
-        lds = lanes.shared([self.splits, 3, self.group_threads, per], "f32")
-        for u in range(per):
-            for k in range(3):
-                memref.store(partial[3 * u + k], lds, [group, lanes.index(k), member,
-                                                       lanes.index(u)])
+    def _alignment(self, col, n):
+        """Bytes of alignment of a run of n f32 whose first column is `col` (a
+        lane map of the thread in its group), or None. A power-of-two run that
+        starts at a multiple of n in rows and chunks of a multiple of n f32 is
+        n * 4-byte aligned (bindings are at least 16-byte aligned): said
+        explicitly, or the backend splits the vector access into scalars."""
+        starts = col(np.arange(self.group_threads))
+        if n & (n - 1) or (starts % n).any() or self.columns % n or self.shape.head_dim % n:
+            return None
+        return 4 * n
+
+    @staticmethod
+    def _load_run(memory, indices, n, alignment):
+        """n consecutive f32 as scalars, one vector load (scalar for n = 1)."""
+        if n == 1:
+            return [memref.load(memory, indices)]
+        loaded = vector.LoadOp(vector_type(n, "f32"), memory, indices,
+                               alignment=alignment).result
+        return [vector.extract(loaded, [], [e]) for e in range(n)]
+
+    def _publish(self, sums, member, group):
+        """Every group's sums into LDS [group, sum, member]."""
+        lanes = self.lanes
+        lds = lanes.shared([self.splits, len(sums), self.group_threads], "f32")
+        for k, value in enumerate(sums):
+            memref.store(value, lds, [group, lanes.index(k), member])
         lanes.barrier()
-        results = []
-        for u in range(per):
-            parts = [[memref.load(lds, [lanes.index(g), lanes.index(k), member, lanes.index(u)])
-                      for k in range(3)] for g in range(self.splits)]
-            top = parts[0][0]
-            for g in range(1, self.splits):
-                top = arith.maximumf(top, parts[g][0])
-            numerator = denominator = None
-            for m_g, n_g, d_g in parts:
-                scale = math.exp(arith.subf(m_g, top))
-                n_term, d_term = arith.mulf(n_g, scale), arith.mulf(d_g, scale)
-                numerator = n_term if numerator is None else arith.addf(numerator, n_term)
-                denominator = d_term if denominator is None else arith.addf(denominator, d_term)
-            results += [top, numerator, denominator]
-        return results
+        return lds
+
+    def _totals(self, lds, count, member):
+        """The sums over all groups (read by group 0)."""
+        lanes, totals = self.lanes, []
+        for k in range(count):
+            total = None
+            for g in range(self.splits):
+                part = memref.load(lds, [lanes.index(g), lanes.index(k), member])
+                total = part if total is None else arith.addf(total, part)
+            totals.append(total)
+        return totals
+
+    def _store(self, out, sums):
+        (b, h), cells = self.where, sum(n for _, _, n, _ in self.runs)
+        cell = 0
+        for r, col, n, alignment in self.runs:
+            values = [arith.divf(sums[cell + e], sums[cells + r]) for e in range(n)]
+            where = [b, h, self.rows[r], col]
+            if n == 1:
+                memref.store(values[0], out, where)
+            else:
+                vector.store(vector.from_elements(vector_type(n, "f32"), values), out, where,
+                             alignment=alignment)
+            cell += n
 
 
 @dataclass(frozen=True)
@@ -618,12 +735,21 @@ class DecodeKernels:
     def shape(self):
         return self.access.shape
 
+    @property
+    def layout(self) -> dict:
+        """What a host (the driver's, the simulator's) needs to call the kernels."""
+        return {"rows_out": self.rows_out, "partition_tokens": self.access.partition_tokens}
+
 
 def check_decode_shape(shape, model: FragmentModel) -> None:
     """The limits of the lane-level kernel, as errors a user can act on."""
     if shape.rows > ROWS:
         raise ValueError(f"{shape.rows} query heads per KV head do not fit one {ROWS}-row "
                          f"MMAC tile")
+    check_head_dim(shape, model)
+
+
+def check_head_dim(shape, model: FragmentModel) -> None:
     inst = model.instruction
     if shape.head_dim % inst.k or shape.head_dim % inst.n:
         raise ValueError(f"head dim {shape.head_dim} must be a multiple of {inst.k} "
@@ -641,15 +767,14 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
     check_decode_shape(access.shape, model)
     tuning = tuning or DEFAULT_TUNING.get(target, DecodeTuning())
     partition = _PartitionKernel(access, model, target, pv, tuning, q_terms, w_quant)
-    merge = _MergeKernel(access, model, partition.rows_out, partition.tuning.merge_unroll,
-                         partition.tuning.merge_splits)
+    merge = _MergeKernel(access, model, partition.rows_out, partition.tuning)
     module = ir.Module.create()
     wave = model.instruction.wave_size
     with ir.InsertionPoint(module.body):
         build_executable(PARTITION_KERNEL, partition.argument_types(), 3, partition.build,
                          partition.threads, wave, partition.tuning.kernel_attributes(target))
         build_executable(MERGE_KERNEL, merge.argument_types(), 2, merge.build,
-                         merge.threads, wave)
+                         merge.threads, wave, leading=[merge.chunks])
     return DecodeKernels(module.operation, access, partition.rows_out)
 
 

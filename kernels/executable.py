@@ -24,9 +24,12 @@ def translation_info(threads: int, wave_size: int) -> ir.Attribute:
 
 def build_executable(name: str, argument_types: Sequence[ir.Type], workload_rank: int,
                      body: Callable[[list[ir.Value]], None], threads: int,
-                     wave_size: int, attributes: dict[str, str] | None = None) -> ir.Operation:
+                     wave_size: int, attributes: dict[str, str] | None = None,
+                     leading: Sequence[int] = ()) -> ir.Operation:
     """stream.executable @name { export @name workgroups(w0..) ; func @name(args) };
-    `attributes` go on the kernel function (e.g. an occupancy hint for the backend)."""
+    `attributes` go on the kernel function (e.g. an occupancy hint for the backend);
+    `leading` are constant workgroup counts before the workload's (a kernel's own
+    split of its work, which the host need not know)."""
     exe = stream.ExecutableOp(name, sym_visibility="private")
     exe.body.blocks.append()
     index = ir.IndexType.get()
@@ -34,8 +37,10 @@ def build_executable(name: str, argument_types: Sequence[ir.Type], workload_rank
         export = stream.ExecutableExportOp(name, name)
         counts = export.workgroup_count.blocks.append(*([index] * workload_rank))
         with ir.InsertionPoint(counts):
+            fixed = [arith.constant(index, n) for n in leading]
             one = arith.constant(index, 1)
-            stream.ReturnOp(list(counts.arguments) + [one] * (3 - workload_rank))
+            rest = 3 - len(fixed) - workload_rank
+            stream.ReturnOp(fixed + list(counts.arguments) + [one] * rest)
         inner = ir.Operation.create("builtin.module", regions=1)
         inner.regions[0].blocks.append()
         with ir.InsertionPoint(inner.regions[0].blocks[0]):

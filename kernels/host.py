@@ -4,6 +4,8 @@ Dense (`int8attn.attention`, decode):
     K, scales padded to whole partitions; V padded and transposed to [.., D, S]
     flow.dispatch partition[P, Hkv, B], flow.dispatch merge[Hkv, B]
     rows [0, G) -> [B, Hq, D]
+Prefill (`int8attn.attention`, prefill): K, scales, V padded to whole tiles, V
+transposed; flow.dispatch prefill[row blocks, Hkv, B] -> [B, Hq, Sq, D].
 Paged (`int8attn.paged_attention`): no copy of the pool; B, NB, MB come from
 the arguments' shapes and the partition count P = ceil(MB * BS / 256) is
 computed at run time, so one compiled module serves every batch.
@@ -21,6 +23,7 @@ from iree.compiler.dialects import arith, func, linalg, tensor
 from int8attn.dialects import int8attn as d
 from int8attn.kernels.decode import MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeKernels
 from int8attn.kernels.executable import dispatch
+from int8attn.kernels.prefill import PREFILL_KERNEL, PrefillKernels
 from int8attn.passes import builders as build
 
 DYN = d.DYNAMIC
@@ -58,16 +61,8 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
 
     @func.FuncOp.from_py_func(q_type, cache, scales, v_type, scales, name=name)
     def host(q, k, k_scale, v, v_scale):
-        k = build.pad_dim(k, 2, padded, build.zero("i8"))
-        k_scale = build.pad_dim(k_scale, 2, padded, build.zero("f32"))
-        v_scale = build.pad_dim(v_scale, 2, padded, build.zero("f32"))
-        if v_token_innermost:
-            v_t = build.pad_dim(v, 3, padded, build.zero("i8"))
-        else:
-            v = build.pad_dim(v, 2, padded, build.zero("i8"))
-            v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
-                                   permutation=[0, 1, 3, 2])
-            v_t = v_t if isinstance(v_t, ir.Value) else v_t.result
+        k, k_scale, v_t, v_scale = _padded_caches(k, k_scale, v, v_scale, padded,
+                                                  v_token_innermost)
         parts = [b, hkv, access.partitions]
         grid = [build.index(access.partitions), build.index(hkv), build.index(b)]
         o_part, m_part, l_part = dispatch(
@@ -119,3 +114,38 @@ def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
                           argument_dims=[batch, parts] * 3 + [batch], result_dims=[batch])
         result = _real_rows(out, s, kernels.rows_out, batch)
         return tensor.CastOp(result_type, result).result if result.type != result_type else result
+
+
+def _padded_caches(k, k_scale, v, v_scale, padded: int, v_token_innermost: bool):
+    """The dense cache padded to `padded` tokens, V token-innermost ([.., D, S])."""
+    b, hkv, _, dim = d.shape_of(k)
+    k = build.pad_dim(k, 2, padded, build.zero("i8"))
+    k_scale = build.pad_dim(k_scale, 2, padded, build.zero("f32"))
+    v_scale = build.pad_dim(v_scale, 2, padded, build.zero("f32"))
+    if v_token_innermost:
+        return k, k_scale, build.pad_dim(v, 3, padded, build.zero("i8")), v_scale
+    v = build.pad_dim(v, 2, padded, build.zero("i8"))
+    v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
+                           permutation=[0, 1, 3, 2])
+    return k, k_scale, (v_t if isinstance(v_t, ir.Value) else v_t.result), v_scale
+
+
+def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.Type, *,
+                                v_token_innermost: bool = False) -> None:
+    """func.func @name(q, k, k_scale, v, v_scale) of a causal prefill graph (v as
+    [B, Hkv, D, S] with `v_token_innermost`)."""
+    s, padded = kernels.shape, kernels.access.padded
+    b, hkv, dim = s.batch, s.kv_heads, s.head_dim
+    cache = d.tensor([b, hkv, s.tokens, dim], "i8")
+    v_type = d.tensor([b, hkv, dim, s.tokens], "i8") if v_token_innermost else cache
+    scales = d.tensor([b, hkv, s.tokens], "f32")
+
+    @func.FuncOp.from_py_func(q_type, cache, scales, v_type, scales, name=name)
+    def host(q, k, k_scale, v, v_scale):
+        k, k_scale, v_t, v_scale = _padded_caches(k, k_scale, v, v_scale, padded,
+                                                  v_token_innermost)
+        grid = [build.index(kernels.row_blocks), build.index(hkv), build.index(b)]
+        (out,) = dispatch(PREFILL_KERNEL, grid,
+                          [d.tensor([b, s.q_heads, s.query_tokens, dim], "f32")],
+                          [_f32(q), k, k_scale, v_t, v_scale])
+        return out

@@ -6,6 +6,9 @@ into memref indices and says which tokens are live:
 
   DenseKV  [B, Hkv, S_pad, D] K, [B, Hkv, D, S_pad] V (host-padded to whole
            partitions); S is static, every partition is live.
+  PrefillKV  the dense cache of a prefill graph, [B, Hkv, S_pad, D] K and
+           [B, Hkv, D, S_pad] V (host-padded to whole tiles); the kernel moves
+           `first` to each tile it visits, liveness is the causal mask.
   PagedKV  the block pool [NB, Hkv, BS, D] / [NB, Hkv, D, BS] read through the
            block table (DESIGN.md §2b). The partition's block ids are read once
            into LDS; a token past the sequence's length reads its last used
@@ -44,6 +47,21 @@ class PagedShape:
     rows: int
     head_dim: int
     block_size: int
+    softmax_scale: float
+
+    @property
+    def q_heads(self) -> int:
+        return self.kv_heads * self.rows
+
+
+@dataclass(frozen=True)
+class PrefillShape:
+    batch: int
+    kv_heads: int
+    rows: int          # query heads per KV head
+    tokens: int        # S: the cached tokens, the new ones last
+    query_tokens: int  # Sq: the new tokens, causal over the history
+    head_dim: int
     softmax_scale: float
 
     @property
@@ -110,6 +128,22 @@ class DenseKV:
 
     def partitions_of(self, lanes: Lanes, b) -> ir.Value:
         return lanes.index(self.partitions)
+
+
+class PrefillKV(DenseKV):
+    """The dense cache of a prefill graph, padded by the host to whole tiles."""
+
+    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
+        s, zero = self.shape, lanes.index(0)
+        self.lanes, (self.b, self.h) = lanes, where
+        kv, d = (s.batch, s.kv_heads), s.head_dim
+        self.q = binding(args[0], (s.batch, s.q_heads, s.query_tokens, d), "f32", zero)
+        self.k = binding(args[1], kv + (self.padded, d), "i8", zero)
+        self.k_scale = binding(args[2], kv + (self.padded,), "f32", zero)
+        self.v = binding(args[3], kv + (d, self.padded), "i8", zero)
+        self.v_scale = binding(args[4], kv + (self.padded,), "f32", zero)
+        self.first = zero     # the kernel's tile loop moves it
+        return args[self.inputs:]
 
 
 class PagedKV:

@@ -27,6 +27,7 @@ from iree.compiler.dialects import arith, math, scf
 
 from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
+from int8attn.passes import quantize_contract as contract
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 
@@ -38,8 +39,8 @@ def _causal_mask(scores: ir.Value, query_tokens: int, tokens: int) -> ir.Value:
 
     def body(score, _):
         row, token = build.loop_index(2), build.loop_index(3)
-        position = arith.addi(arith.remui(row, build.index(query_tokens)), build.index(history))
-        visible = arith.cmpi(arith.CmpIPredicate.ule, token, position)
+        query_token = arith.remui(row, build.index(query_tokens))
+        visible = contract.causal_visible(token, query_token, history, build.index)
         return arith.select(visible, score, neg_inf)
 
     return build.generic([scores], ["bhrt"], "bhrt",

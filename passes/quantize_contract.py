@@ -3,7 +3,8 @@
     a   = max_j |x_j|                       absmax_step / absmax_merge (NaN propagates)
     s   = a == inf ? NaN : a / 127          quantize_scale   (a NaN gives NaN / 127 = NaN)
     inv = (a >= 2^-118 and a < inf) ? 127 / a : 0                        quantize_inverse
-    q   = fptosi(inv == 0 ? 0 : clamp(roundeven(x * inv), -127, 127))    quantize_value
+    q   = fptosi(inv == 0 ? 0 : roundeven(clamp(x * inv, -127, 127)))    quantize_value
+          (= clamp(roundeven(x * inv)); roundeven as y + 1.5*2^23 - 1.5*2^23)
 
 A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
 NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
@@ -50,6 +51,14 @@ from int8attn.reference.common import QUANTIZE_MIN_ABSMAX, W_OFFSET
 
 QMAX = 127.0
 UMAX = 255.0
+# x + 1.5*2^23 - 1.5*2^23 is roundeven(x) for |x| <= 2^22 in f32's round-to-nearest-even
+# arithmetic: the sum has no bits below 1, so the add rounds x to an integer, ties to
+# even. Two adds where math.roundeven expands to about eight instructions on the GPU
+# targets. The contract clamps x * inv to the (integer) level range first, which
+# rounds the same (rounding is monotonic) and keeps the product a separate rounding:
+# an add fed straight by the multiply may be contracted into an fma by the backend
+# (LLVM does on x86 and NVPTX), which rounds the exact product instead.
+ROUND_BIAS = 1.5 * 2.0 ** 23
 
 
 class QuantizeConstants(NamedTuple):
@@ -59,6 +68,7 @@ class QuantizeConstants(NamedTuple):
     inf: ir.Value
     nan: ir.Value
     min_absmax: ir.Value  # QUANTIZE_MIN_ABSMAX = 2^-118
+    round_bias: ir.Value  # ROUND_BIAS = 1.5 * 2^23
     umax: ir.Value | None = None   # 255, built only for unsigned W
 
 
@@ -71,7 +81,7 @@ def quantize_constants(f32: Callable[[float], ir.Value] = _f32,
     """The contract's f32 constants, made with `f32` (default: arith.constant here);
     `unsigned` adds 255 for unsigned W."""
     return QuantizeConstants(f32(QMAX), f32(-QMAX), f32(0.0), f32(float("inf")),
-                             f32(float("nan")), f32(QUANTIZE_MIN_ABSMAX),
+                             f32(float("nan")), f32(QUANTIZE_MIN_ABSMAX), f32(ROUND_BIAS),
                              f32(UMAX) if unsigned else None)
 
 
@@ -99,21 +109,26 @@ def quantize_inverse(amax: ir.Value, c: QuantizeConstants, unsigned: bool = Fals
     return arith.select(quantizable, arith.divf(c.umax if unsigned else c.qmax, amax), c.zero)
 
 
+def round_even(x: ir.Value, c: QuantizeConstants) -> ir.Value:
+    """roundeven(x) for the bounded x * inv of the contract (see ROUND_BIAS)."""
+    return arith.subf(arith.addf(x, c.round_bias), c.round_bias)
+
+
 def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
     """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0."""
-    steps = math.roundeven(arith.mulf(x, inverse))
-    clamped = arith.minimumf(arith.maximumf(steps, c.qmin), c.qmax)
+    clamped = arith.minimumf(arith.maximumf(arith.mulf(x, inverse), c.qmin), c.qmax)
+    steps = round_even(clamped, c)
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    return arith.fptosi(ir.IntegerType.get_signless(8), arith.select(skipped, c.zero, clamped))
+    return arith.fptosi(ir.IntegerType.get_signless(8), arith.select(skipped, c.zero, steps))
 
 
 def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
     """The s8 `u - 128` of W against its group's unsigned `quantize_inverse`:
     u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0."""
-    steps = math.roundeven(arith.mulf(w, inverse))
-    clamped = arith.minimumf(arith.maximumf(steps, c.zero), c.umax)
+    clamped = arith.minimumf(arith.maximumf(arith.mulf(w, inverse), c.zero), c.umax)
+    steps = round_even(clamped, c)
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    u = arith.fptosi(ir.IntegerType.get_signless(32), arith.select(skipped, c.zero, clamped))
+    u = arith.fptosi(ir.IntegerType.get_signless(32), arith.select(skipped, c.zero, steps))
     i32 = ir.IntegerType.get_signless(32)
     shifted = arith.subi(u, arith.constant(i32, W_OFFSET))
     return arith.trunci(ir.IntegerType.get_signless(8), shifted)
@@ -136,6 +151,15 @@ def w_residual(w: ir.Value, wq: ir.Value, scale: ir.Value, unsigned: bool) -> ir
     """What the second INT8 term of W quantizes: W - f32(level)*sW1 rounded once
     (the first term's level from `w_level`), as reference.w_residual states it."""
     return q_residual(w, w_level(wq, unsigned), scale)
+
+
+def causal_visible(token: ir.Value, query_token: ir.Value, history: int,
+                   index: Callable[[int], ir.Value]) -> ir.Value:
+    """The causal prefill mask (DESIGN.md §2): key `token` (0..S-1) is visible to
+    new query token `query_token` (0..Sq-1, the last Sq of S) iff
+    token <= history + query_token, history = S - Sq. `index` makes an index constant."""
+    position = arith.addi(query_token, index(history))
+    return arith.cmpi(arith.CmpIPredicate.ule, token, position)
 
 
 def q_residual(x: ir.Value, qq: ir.Value, scale: ir.Value) -> ir.Value:

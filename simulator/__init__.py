@@ -2,7 +2,8 @@
 
 from int8attn.simulator.decode import simulate_decode, simulate_kernel_ir, simulate_paged
 from int8attn.simulator.interpreter import Machine, SimulationError
+from int8attn.simulator.prefill import simulate_prefill
 from int8attn.simulator.run import run_executable
 
 __all__ = ["Machine", "SimulationError", "run_executable", "simulate_decode", "simulate_kernel_ir",
-           "simulate_paged"]
+           "simulate_paged", "simulate_prefill"]

@@ -15,6 +15,7 @@ from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build
                                      dense_access, paged_access)
 from int8attn.kernels.kv_access import DenseShape, PagedShape
 from int8attn.reference.common import pad_tokens
+from int8attn.simulator.prefill import run_prefill_kernels
 from int8attn.simulator.run import run_executable
 from int8attn.support.ir import new_context
 
@@ -67,13 +68,13 @@ def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v
     return _real_rows(out, q_heads)
 
 
-RUNNERS = {"decode": run_dense_kernels, "paged": run_paged_kernels}
+RUNNERS = {"decode": run_dense_kernels, "paged": run_paged_kernels, "prefill": run_prefill_kernels}
 
 
 def _build(access, target, fragments, pv, numerics):
     model = fragments or fragment_model(target)
     built = build_decode_kernels(access(model), model, target, pv, **numerics)
-    return built.module, {"rows_out": built.rows_out, "partition_tokens": model.partition_tokens}
+    return built.module, built.layout
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",
@@ -114,7 +115,8 @@ def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_
 
 def simulate_kernel_ir(kernel_ir: str, layout: dict, arrays) -> np.ndarray:
     """The driver's `kernel` artifact (MLIR text) run in the simulator on the
-    function's arguments (dense: q, k, k_scale, v, v_scale; paged: the seven)."""
+    function's arguments (dense decode and prefill: q, k, k_scale, v, v_scale;
+    paged: the seven)."""
     with new_context():
         module = ir.Operation.parse(kernel_ir)
         return RUNNERS[layout["mode"]](module, layout, *arrays)

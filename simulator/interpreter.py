@@ -163,7 +163,8 @@ class Machine:
                                 np.broadcast_to(y, c.shape), c) for y, c in zip(yielded, carried)]
             iv = iv + np.broadcast_to(step, shape)
         self.active = outer
-        return tuple(carried)
+        # _run_block wraps a single result itself.
+        return carried[0] if len(carried) == 1 else tuple(carried)
 
     @staticmethod
     def _masked_from(outer, mask):

@@ -104,3 +104,27 @@ def test_qk_head_dim_order_gives_each_lane_one_contiguous_run(target, head_dim):
         a_dims = np.concatenate([d(np.arange(inst.a.lanes))[:, None] + np.arange(n)
                                  for _, d, n in layout.qk_a_runs(head_dim, step)], axis=1)
         assert (a_dims == order[step, inst.a.coords[:, :, 1]]).all()
+
+
+@pytest.mark.parametrize("rows, cols, threads, longest", [
+    (4, 128, 128, 4), (4, 32, 32, 4), (16, 64, 64, 4), (16, 128, 128, 4), (2, 4, 2, 4),
+    (4, 64, 256, 4), (8, 16, 16, 2)])
+def test_thread_runs_are_the_slots_cut_at_row_ends(rows, cols, threads, longest):
+    # Every slot of the row-major split exactly once, each run one row's
+    # consecutive columns, never longer than asked.
+    from int8attn.fragments import thread_distribution, thread_runs
+
+    per, slots = thread_distribution(rows, cols, threads)
+    per_runs, runs = thread_runs(rows, cols, threads, longest)
+    assert per_runs == per and sum(n for _, _, n in runs) == per
+    thread = np.arange(threads)
+    u = 0
+    for row, col, n in runs:
+        assert 1 <= n <= longest
+        for e in range(n):
+            assert np.array_equal(slots[u + e][0](thread), row(thread))
+            assert np.array_equal(slots[u + e][1](thread), col(thread) + e)
+        u += n
+    # A run ends where some thread's next slot starts a row, not earlier.
+    for (_, col, n), (_, next_col, _) in zip(runs, runs[1:]):
+        assert n == longest or (next_col(thread) == 0).any()

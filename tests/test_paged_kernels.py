@@ -84,9 +84,11 @@ def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
 
 
 @pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(merge_unroll=1),
-                                    dict(workgroups_per_sm=6)])
+                                    dict(workgroups_per_sm=6), dict(merge_chunks=2),
+                                    dict(merge_chunks=4, merge_unroll=3)])
 def test_schedule_choices_do_not_change_a_bit(tuning):
-    # DecodeTuning moves loads and caps registers; the arithmetic stays the same.
+    # DecodeTuning moves loads, caps registers and splits the merge's columns over
+    # workgroups; the arithmetic stays the same.
     from int8attn.kernels.decode import DecodeTuning
 
     rng = seeded_rng(83)
@@ -121,24 +123,39 @@ def test_the_driver_compiles_one_kernel_module_for_every_batch(counted_compiles)
     assert len(counted_compiles) - before == 1
 
 
-@pytest.mark.parametrize("target", ["gfx936", "cuda"])
-@pytest.mark.parametrize("splits", [2, 4])
-def test_a_split_merge_matches_both_references(target, splits):
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+@pytest.mark.parametrize("splits, chunks", [(2, 1), (4, 1), (16, 4), (16, 8)])
+def test_a_split_merge_matches_both_references(target, splits, chunks):
     # Thread groups over every splits-th partition, combined through LDS: a
-    # different summation order, so checked against the references, not bits.
+    # different summation order, so checked against the references, not bits;
+    # the head dim over `chunks` workgroups per (KV head, sequence).
     from int8attn.kernels.decode import DecodeTuning
 
-    seed = 85 + splits
+    seed = 85 + splits + chunks
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 257, 1000, 2100, 3000], 8, 2, 64, 16)
     shape = PagedShape(2, 4, 64, 16, 0.125)
     model = fragment_model(target)
     with new_context(), ir.Location.unknown():
         built = build_decode_kernels(paged_access(shape, model), model, target, "int8",
-                                     DecodeTuning(merge_splits=splits, merge_unroll=2))
+                                     DecodeTuning(merge_splits=splits, merge_unroll=2,
+                                                  merge_chunks=chunks))
         layout = {"partition_tokens": model.partition_tokens, "rows_out": built.rows_out}
         out = run_paged_kernels(built.module, layout, *arrays)
     _check(out, arrays, np.float32(0.125), target)
+
+
+@pytest.mark.parametrize("tuning, message", [
+    (dict(merge_chunks=3), "3 merge chunks must divide the head dim 64"),
+    (dict(merge_chunks=8), "merge workgroup of 16 threads: it must be whole waves of 32"),
+    (dict(merge_splits=16), "merge workgroup of 2048 threads: .* at most 1024")])
+def test_a_merge_split_the_kernel_cannot_run_is_refused(tuning, message):
+    from int8attn.kernels.decode import DecodeTuning
+
+    model = fragment_model("cuda")
+    with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match=message):
+        build_decode_kernels(paged_access(PagedShape(2, 4, 64, 16, 0.125), model), model, "cuda",
+                             "int8", DecodeTuning(**tuning))
 
 
 @pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])

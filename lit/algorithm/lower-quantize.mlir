@@ -1,7 +1,9 @@
 // RUN: int8attn-opt %s --split-input-file -p lower-quantize | filecheck %s
 
 // a = max|x|, s = (a == inf ? NaN : a/127),
-// inv = (a >= 2^-118 and a < inf ? 127/a : 0), q = (inv == 0 ? 0 : clamp(rne(x*inv))).
+// inv = (a >= 2^-118 and a < inf ? 127/a : 0), q = (inv == 0 ? 0 : rne(clamp(x*inv))),
+// rne(y) = y + 1.5*2^23 - 1.5*2^23 (exact for |y| <= 2^22; the clamp first keeps the
+// product from being contracted into an fma with the add).
 // CHECK-LABEL: func.func @rows
 // CHECK-SAME: (%[[X:.*]]: tensor<2x4x64xf32>)
 // CHECK-DAG: %[[QMAX:.*]] = arith.constant 1.270000e+02 : f32
@@ -10,6 +12,7 @@
 // CHECK-DAG: %[[INF:.*]] = arith.constant 0x7F800000 : f32
 // CHECK-DAG: %[[NAN:.*]] = arith.constant 0x7FC00000 : f32
 // CHECK-DAG: %[[TINY:.*]] = arith.constant 3.0092655{{[0-9]}}E-36 : f32
+// CHECK-DAG: %[[BIAS:.*]] = arith.constant 0x4B400000 : f32
 // CHECK: %[[AMAX:.*]] = linalg.generic {{.*}} ins(%[[X]] : tensor<2x4x64xf32>)
 // CHECK:   %[[ABS:.*]] = math.absf
 // CHECK:   arith.maximumf %{{.*}}, %[[ABS]]
@@ -24,11 +27,13 @@
 // CHECK:   %[[RECIP:.*]] = arith.divf %[[QMAX]], %[[A]]
 // CHECK:   arith.select %[[OK]], %[[RECIP]], %[[ZERO]]
 // CHECK: %[[Q:.*]] = linalg.generic {{.*}} ins(%[[X]], %[[INV]] :
-// CHECK:   %[[R:.*]] = math.roundeven
-// CHECK:   %[[LO:.*]] = arith.maximumf %[[R]], %[[QMIN]]
+// CHECK:   %[[Y:.*]] = arith.mulf
+// CHECK:   %[[LO:.*]] = arith.maximumf %[[Y]], %[[QMIN]]
 // CHECK:   %[[HI:.*]] = arith.minimumf %[[LO]], %[[QMAX]]
+// CHECK:   %[[BIASED:.*]] = arith.addf %[[HI]], %[[BIAS]]
+// CHECK:   %[[R:.*]] = arith.subf %[[BIASED]], %[[BIAS]]
 // CHECK:   %[[SKIP:.*]] = arith.cmpf oeq, %{{.*}}, %[[ZERO]]
-// CHECK:   %[[SEL:.*]] = arith.select %[[SKIP]], %[[ZERO]], %[[HI]]
+// CHECK:   %[[SEL:.*]] = arith.select %[[SKIP]], %[[ZERO]], %[[R]]
 // CHECK:   arith.fptosi %[[SEL]] : f32 to i8
 // CHECK: return %[[Q]], %[[SCALE]]
 func.func @rows(%x: tensor<2x4x64xf32>) -> (tensor<2x4x64xi8>, tensor<2x4xf32>) {
@@ -55,7 +60,8 @@ func.func @rows(%x: tensor<2x4x64xf32>) -> (tensor<2x4x64xi8>, tensor<2x4xf32>) 
 // CHECK: %[[SCALE:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] : tensor<3x2xf32>)
 // CHECK: %[[INV:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] : tensor<3x2xf32>)
 // CHECK: %[[Q:.*]] = linalg.generic {indexing_maps = [#[[TOKENS]], #[[GROUP]], #[[GROUP_ORDER]]], {{.*}} ins(%[[WV]], %[[INV]] : tensor<3x4x2x8xf32>, tensor<3x2xf32>) outs(%{{.*}} : tensor<3x2x4x8xi8>)
-// CHECK:   math.roundeven
+// CHECK:   arith.addf
+// CHECK:   arith.subf
 // CHECK:   arith.fptosi %{{.*}} : f32 to i8
 // CHECK: %[[WQ:.*]] = tensor.collapse_shape %[[Q]] {{\[\[}}0], [1], [2, 3]] : tensor<3x2x4x8xi8> into tensor<3x2x32xi8>
 // CHECK: return %[[WQ]], %[[SCALE]]
@@ -86,7 +92,7 @@ func.func @no_digit_permutation(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, ten
 // -----
 
 // Unsigned W (w_quant = "u8"): the same in-place view and absmax, scale a/255,
-// inverse 255/a (0 where skipped), u = clamp(roundeven(W * inv), 0, 255)
+// inverse 255/a (0 where skipped), u = rne(clamp(W * inv, 0, 255))
 // stored as the s8 u - 128.
 // CHECK-LABEL: func.func @unsigned_groups
 // CHECK-SAME: (%[[W:.*]]: tensor<3x64xf32>)
@@ -100,9 +106,10 @@ func.func @no_digit_permutation(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, ten
 // CHECK: %[[INV:.*]] = linalg.generic {{.*}} ins(%[[AMAX]] : tensor<3x2xf32>)
 // CHECK:   arith.divf %[[U8MAX]], %{{.*}} : f32
 // CHECK: %[[Q:.*]] = linalg.generic {{.*}} ins(%[[WV]], %[[INV]] : tensor<3x4x2x8xf32>, tensor<3x2xf32>) outs(%{{.*}} : tensor<3x2x4x8xi8>)
-// CHECK:   %[[STEPS:.*]] = math.roundeven
-// CHECK:   %[[LOW:.*]] = arith.maximumf %[[STEPS]], %[[ZERO]] : f32
+// CHECK:   %[[LOW:.*]] = arith.maximumf %{{.*}}, %[[ZERO]] : f32
 // CHECK:   %[[U:.*]] = arith.minimumf %[[LOW]], %[[U8MAX]] : f32
+// CHECK:   %[[BIASED:.*]] = arith.addf %[[U]],
+// CHECK:   %[[STEPS:.*]] = arith.subf %[[BIASED]]
 // CHECK:   %[[UI:.*]] = arith.fptosi %{{.*}} : f32 to i32
 // CHECK:   %[[S:.*]] = arith.subi %[[UI]], %[[C128]] : i32
 // CHECK:   arith.trunci %[[S]] : i32 to i8

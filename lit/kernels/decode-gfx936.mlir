@@ -15,23 +15,37 @@
 // CHECK: stream.binding.subspan %{{.*}} -> memref<1x8x16x4x128xf32>
 // CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"(%{{.*}}, %{{.*}}, %{{.*}}) : (i64, i64, vector<4xi32>) -> vector<4xi32>
 // CHECK-NOT: llvm.call_intrinsic
-// The merge: 4 groups of 256 threads, group g over partitions g, g+4, ...
-// (here 16 partitions: the loop is unrolled away), all loads of an iteration
-// first; the groups' partials meet in LDS and group 0 stores.
+// The merge: first each row's max M over the partitions (the lanes of a wave
+// stride over them, xor shuffles, LDS); then 4 groups of 256 threads, group g
+// over partitions g, g+4, ... (here 16 partitions: the loop is unrolled away),
+// each thread's 2 cells of one row read as one vector, one weight
+// e^(m_p - M) l_p per (row, partition); the groups' sums meet in LDS and
+// group 0 divides and stores.
 // CHECK-LABEL: stream.executable private @decode_merge
+// CHECK: stream.return %c1, %{{.*}}, %{{.*}} : index, index, index
 // CHECK-NOT: llvm.call_intrinsic
-// CHECK: %[[PARTIALS:.*]] = memref.alloc() : memref<4x3x256x2xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[TOP:.*]] = memref.alloc() : memref<16xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[SUMS:.*]] = memref.alloc() : memref<4x3x256xf32, #gpu.address_space<workgroup>>
 // CHECK: %[[TID:.*]] = gpu.thread_id x upper_bound 1024
+// CHECK: arith.maximumf
+// CHECK: gpu.shuffle xor %{{.*}}, %c32_i32, %c64_i32 : f32
+// CHECK: memref.store %{{.*}}, %[[TOP]][
+// CHECK: gpu.barrier
 // CHECK: %[[HIGH:.*]] = arith.shrui %[[TID]], %c8 : index
 // CHECK: %[[GROUP:.*]] = arith.andi %[[HIGH]], %c3 : index
+// CHECK: memref.load %[[TOP]][
 // CHECK: %[[P:.*]] = arith.minui %[[GROUP]], %c15 : index
 // CHECK: memref.load %{{.*}}[%{{.*}}, %{{.*}}, %[[P]], %{{.*}}] : memref<1x8x16x16xf32>
-// CHECK: math.exp
-// CHECK: memref.store %{{.*}}, %[[PARTIALS]][%[[GROUP]],
+// CHECK: vector.load %{{.*}}[%{{.*}}, %{{.*}}, %[[P]], %{{.*}}, %{{.*}}] alignment = 8 : memref<1x8x16x4x128xf32>, vector<2xf32>
+// Eight partition slots per thread (unroll 8), one exp each for its two cells.
+// CHECK-COUNT-8: math.exp
+// CHECK-NOT: math.exp
+// CHECK: memref.store %{{.*}}, %[[SUMS]][%[[GROUP]],
 // CHECK: gpu.barrier
 // CHECK: %[[FIRST:.*]] = arith.cmpi eq, %[[GROUP]], %c0 : index
 // CHECK: scf.if %[[FIRST]] {
 // CHECK: arith.divf
+// CHECK: vector.store %{{.*}} alignment = 8 : memref<1x8x4x128xf32>, vector<2xf32>
 // CHECK-LABEL: func.func @decode(
 // CHECK: %[[PART:.*]]:3 = flow.dispatch @decode_partition::@decode_partition[%{{.*}}, %{{.*}}, %{{.*}}](%arg0, %{{.*}})
 // CHECK: flow.dispatch @decode_merge::@decode_merge[%{{.*}}, %{{.*}}](%[[PART]]#0, %[[PART]]#1, %[[PART]]#2)
@@ -45,6 +59,8 @@
 // ABSMAX-NEXT: %[[S32:.*]], %{{.*}} = gpu.shuffle xor %[[M16]], %c32_i32, %c64_i32 : f32
 // ABSMAX-NEXT: arith.maximumf %[[M16]], %[[S32]] : f32
 // ABSMAX-NOT: gpu.shuffle xor %{{.*}}, %c1_i32
+// (The merge's row max does shuffle over lanes 1, 2, ...)
+// ABSMAX-LABEL: stream.executable private @decode_merge
 // RUN: int8attn compile %s --target gfx936 --emit kernel -o - | filecheck %s --check-prefix=ABSMAX
 
 // V is read 16 bytes per lane from the token-innermost cache [B, Hkv, D, S].

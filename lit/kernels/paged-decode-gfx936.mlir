@@ -34,7 +34,7 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // CHECK: gpu.barrier
 // K rows are read through the staged ids, 16 bytes per lane: D = 64 is two
 // K steps of 8 bytes each, in the layout's lane-contiguous head-dim order.
-// CHECK: %[[BLOCK:.*]] = memref.load %[[IDS]]
+// CHECK: %[[BLOCK:.*]] = memref.load %[[IDS]][
 // CHECK: %[[ROW:.*]] = arith.index_cast %[[BLOCK]] : i32 to index
 // CHECK: %[[KB:.*]] = vector.load %[[K]][%[[ROW]], %{{.*}}, %{{.*}}, %{{.*}}] : memref<?x2x32x64xi8>, vector<16xi8>
 // CHECK: vector.extract_strided_slice %[[KB]] offsets = [0], sizes = [8], strides = [1]
@@ -47,7 +47,12 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // CHECK: %[[MLEN:.*]] = arith.index_cast %{{.*}} : i32 to index
 // CHECK: %[[ROUND:.*]] = arith.addi %[[MLEN]], %c255 : index
 // CHECK: %[[PARTS:.*]] = arith.divui %[[ROUND]], %c256 : index
-// Four thread groups, eight partitions each per iteration: group g's slot j
+// Each row's max first: the 64 lanes of a wave stride over the partitions,
+// eight each per iteration (a slot past the last re-reads it: same max).
+// CHECK: scf.for %{{.*}} = %c0 to %[[PARTS]] step %c512
+// CHECK: arith.maximumf
+// CHECK: gpu.barrier
+// Then four thread groups, eight partitions each per iteration: group g's slot j
 // is iv + g + 4j; a slot past the last re-reads it with weight 0.
 // CHECK: %[[LASTP:.*]] = arith.subi %[[PARTS]], %c1 : index
 // CHECK: scf.for %[[P0:.*]] = %c0 to %[[PARTS]] step %c32

@@ -67,7 +67,7 @@ func.func @decode(%q: tensor<1x8x64xf32>, %k: tensor<1x2x300x64xi8>, %ks: tensor
 // INT8-LABEL: func.func @prefill
 // INT8: scf.for
 // INT8-NOT: int8attn.
-// INT8: math.roundeven
+// INT8: arith.fptosi %{{.*}} : f32 to i32
 // INT8: -> tensor<1x1x6x1x2x16xi32>
 // INT8: scf.yield
 func.func @prefill(%q: tensor<1x2x3x16xf32>, %k: tensor<1x1x130x16xi8>, %ks: tensor<1x1x130xf32>, %v: tensor<1x1x130x16xi8>, %vs: tensor<1x1x130xf32>) -> tensor<1x2x3x16xf32> {

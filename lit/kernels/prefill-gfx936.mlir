@@ -1,0 +1,76 @@
+// RUN: int8attn compile %s --target gfx936 --emit kernel -o - | filecheck %s
+
+// Causal prefill with history: 128 new tokens ending a 4096-token sequence,
+// 32 query heads over 8 KV heads (GQA 4:1), D = 128. The KV head's 512 rows
+// are (token, head) pairs, token-major; a workgroup takes 64 of them (8 row
+// blocks) and walks the 64-token tiles its last row can see.
+// CHECK-LABEL: stream.executable private @prefill_attention
+// CHECK: workgroups(%[[R:.*]]: index, %[[H:.*]]: index, %[[B:.*]]: index) -> (index, index, index)
+// CHECK: stream.return %[[R]], %[[H]], %[[B]] : index, index, index
+// CHECK: func.func @prefill_attention
+// The workgroup's rows quantized once; Wq and sW of each wave's tile.
+// CHECK: memref.alloc() : memref<64x128xi8, #gpu.address_space<workgroup>>
+// CHECK: memref.alloc() : memref<64xf32, #gpu.address_space<workgroup>>
+// CHECK: memref.alloc() : memref<4x16x64xi8, #gpu.address_space<workgroup>>
+// CHECK: memref.alloc() : memref<4x16x2xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[Q:.*]] = stream.binding.subspan %arg0[%{{.*}}] : !stream.binding -> memref<1x32x128x128xf32>
+// CHECK: %[[K:.*]] = stream.binding.subspan %arg1[%{{.*}}] : !stream.binding -> memref<1x8x4096x128xi8>
+// CHECK: %[[OUT:.*]] = stream.binding.subspan %arg5[%{{.*}}] : !stream.binding -> memref<1x32x128x128xf32>
+// Row r of the KV head is query token r / 4, head r % 4.
+// CHECK: arith.divui %{{.*}}, %c4 : index
+// CHECK: arith.remui %{{.*}}, %c4 : index
+// CHECK: gpu.barrier
+// The tile count: ceil((S - Sq + 1 + the block's last token) / 64).
+// CHECK: %[[BLOCK_END:.*]] = arith.addi %{{.*}}, %c63 : index
+// CHECK: %[[LAST:.*]] = arith.minui %[[BLOCK_END]], %c511 : index
+// CHECK: %[[TOKEN:.*]] = arith.divui %[[LAST]], %c4 : index
+// CHECK: %[[SEEN:.*]] = arith.addi %[[TOKEN]], %c4032 : index
+// CHECK: %[[TILES:.*]] = arith.divui %[[SEEN]], %c64 : index
+// One row class per lane in the gfx936 C layout: (m, l) and 32 o elements carried.
+// CHECK: %[[LOOP:.*]]:34 = scf.for %[[T:[a-z0-9_]+]] = %c0 to %[[TILES]] step %c1 iter_args(%[[M:[a-z0-9_]+]] = %cst{{(_[0-9]+)?}}, %[[L:[a-z0-9_]+]] = %cst{{(_[0-9]+)?}}, %[[O0:[a-z0-9_]+]] = %cst
+// CHECK: %[[FIRST:.*]] = arith.muli %[[T]], %c64 : index
+// CHECK: vector.load %[[K]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : memref<1x8x4096x128xi8>, vector<16xi8>
+// QK: 4 token blocks x 4 K steps.
+// CHECK-COUNT-16: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
+// The causal mask (contract.causal_visible): key <= S - Sq + the row's query token.
+// CHECK: %[[LIMIT:.*]] = arith.addi %{{.*}}, %c3968 : index
+// CHECK: arith.cmpi ule, %{{.*}}, %[[LIMIT]] : index
+// The online softmax: tile max over the row (xor 16, 32), m' = max(m, .), guarded alpha.
+// CHECK: gpu.shuffle xor %{{.*}}, %c16_i32, %c64_i32 : f32
+// CHECK: gpu.shuffle xor %{{.*}}, %c32_i32, %c64_i32 : f32
+// CHECK: %[[MNEW:.*]] = arith.maximumf %[[M]], %{{.*}} : f32
+// CHECK: %[[DEAD:.*]] = arith.cmpf oeq, %[[MNEW]], %cst{{.*}} : f32
+// CHECK: %[[DIFF:.*]] = arith.subf %[[M]], %[[MNEW]] : f32
+// CHECK: %[[EXP:.*]] = math.exp %[[DIFF]] : f32
+// CHECK: %[[ALPHA:.*]] = arith.select %[[DEAD]], %cst{{.*}}, %[[EXP]] : f32
+// CHECK: %[[LSCALED:.*]] = arith.mulf %[[ALPHA]], %[[L]] : f32
+// CHECK: %[[LNEW:.*]] = arith.addf %[[LSCALED]], %{{.*}} : f32
+// W quantized per (row, MMAC group), Wq to LDS, then PV: 2 MMACs x 8 head-dim tiles.
+// CHECK: gpu.barrier
+// CHECK-COUNT-16: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
+// CHECK-NOT: llvm.call_intrinsic
+// o' = alpha o + the tile's PV.
+// CHECK: %[[OSCALED:.*]] = arith.mulf %[[ALPHA]], %[[O0]] : f32
+// CHECK: %[[ONEW:.*]] = arith.addf %[[OSCALED]], %{{.*}} : f32
+// CHECK: gpu.barrier
+// CHECK: scf.yield %[[MNEW]], %[[LNEW]], %[[ONEW]],
+// The real rows store O = o / l into [B, Hq, Sq, D].
+// CHECK: %[[REAL:.*]] = arith.cmpi ult, %{{.*}}, %c512 : index
+// CHECK: scf.if %[[REAL]] {
+// CHECK: %[[QTOKEN:.*]] = arith.divui %{{.*}}, %c4 : index
+// CHECK: arith.divf %[[LOOP]]#2, %[[LOOP]]#1 : f32
+// CHECK: memref.store %{{.*}}, %[[OUT]][%{{.*}}, %{{.*}}, %[[QTOKEN]], %{{.*}}] : memref<1x32x128x128xf32>
+// The host: V transposed to token-innermost, one dispatch over (8 row blocks, 8 KV heads, 1).
+// CHECK-LABEL: func.func @prefill(
+// CHECK: %[[VT:.*]] = linalg.transpose
+// CHECK: flow.dispatch @prefill_attention::@prefill_attention[%c8, %c8, %c1](%arg0, %arg1, %arg2, %[[VT]], %arg4)
+func.func @prefill(%q: tensor<1x32x128x128xf32>,
+                   %k: tensor<1x8x4096x128xi8>, %k_scale: tensor<1x8x4096xf32>,
+                   %v: tensor<1x8x4096x128xi8>, %v_scale: tensor<1x8x4096xf32>)
+    -> tensor<1x32x128x128xf32> {
+  %o = "int8attn.attention"(%q, %k, %k_scale, %v, %v_scale)
+      {mode = "prefill", softmax_scale = 0.08838834764831845 : f32}
+      : (tensor<1x32x128x128xf32>, tensor<1x8x4096x128xi8>, tensor<1x8x4096xf32>,
+         tensor<1x8x4096x128xi8>, tensor<1x8x4096xf32>) -> tensor<1x32x128x128xf32>
+  return %o : tensor<1x32x128x128xf32>
+}

@@ -1,0 +1,48 @@
+"""Prefill attention through the generated lane-level kernel, simulated.
+
+The host part is the IREE host function's work in numpy (K/V padded to whole
+tiles, V to the token-innermost layout); the kernel runs in the lane simulator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from iree.compiler import ir
+
+from int8attn.fragments import FragmentModel, fragment_model
+from int8attn.kernels.kv_access import PrefillShape
+from int8attn.kernels.prefill import PREFILL_KERNEL, build_prefill_kernels
+from int8attn.reference.common import pad_tokens
+from int8attn.simulator.run import run_executable
+from int8attn.support.ir import new_context
+
+
+def run_prefill_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale):
+    """The prefill graph's host work in numpy, its kernel in the simulator."""
+    batch, q_heads, query_tokens, head_dim = q.shape
+    kv_heads, tokens = k.shape[1], k.shape[2]
+    tile = layout["tile_tokens"]
+    padded = -(-tokens // tile) * tile
+    inputs = [np.asarray(q, np.float32), np.ascontiguousarray(pad_tokens(k, 2, padded, 0)),
+              pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
+              np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
+              pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]
+    out = np.zeros(q.shape, np.float32)
+    blocks = -(-query_tokens * (q_heads // kv_heads) // layout["rows_per_workgroup"])
+    run_executable(module, PREFILL_KERNEL, (blocks, kv_heads, batch), inputs + [out])
+    return out
+
+
+def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
+                     target: str = "gfx936", fragments: FragmentModel | None = None,
+                     pv: str = "int8", **numerics) -> np.ndarray:
+    """Output [B, Hq, Sq, D] of the prefill kernel for `target`, run in the simulator
+    (`fragments`, `pv` and `numerics` as for `simulate_decode`)."""
+    batch, q_heads, query_tokens, head_dim = q.shape
+    kv_heads, tokens = k.shape[1], k.shape[2]
+    shape = PrefillShape(batch, kv_heads, q_heads // kv_heads, tokens, query_tokens, head_dim,
+                         float(np.float32(softmax_scale)))
+    with new_context(), ir.Location.unknown():
+        model = fragments or fragment_model(target)
+        built = build_prefill_kernels(shape, model, target, pv, **numerics)
+        return run_prefill_kernels(built.module, built.layout, q, k, k_scale, v, v_scale)
