@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="--mode paged: seed of the lengths, tables and data")
     bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default="seed",
                            help="--mode paged: the kernels' q-terms / w-quant: the seed's (1, s8; "
-                                "the kernel targets' default) or the cpu pipeline's defaults")
+                                "the kernel targets' default) or the cpu pipeline's defaults "
+                                "(its q-terms and w-quant; the kernels have one W term)")
     bench_cmd.add_argument("--context", default="4096,8192,16384",
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=int, default=None,
