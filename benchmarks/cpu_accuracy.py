@@ -6,7 +6,7 @@
 For each case (Gaussian q/k/v): max abs (and RMS) of INT8 PV vs f32 PV (both
 compiled), INT8 PV vs BF16 PV, the INT8 module vs the fragment-level reference
 (raw, and beyond the exact rounding-tie slack), and vs the exact reference.
-`--q-terms` / `--w-quant` choose the numerics (default: the pipeline's; the
+`--q-terms` / `--w-quant` / `--w-terms` choose the numerics (default: the pipeline's; the
 baselines use the same q-terms). Other data families and every variant:
 benchmarks/cpu_accuracy_variants.py.
 """
@@ -45,10 +45,12 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--q-terms", type=int, choices=(1, 2), default=PipelineOptions.q_terms)
     parser.add_argument("--w-quant", choices=("s8", "u8"), default=PipelineOptions.w_quant)
+    parser.add_argument("--w-terms", type=int, choices=(1, 2), default=PipelineOptions.w_terms)
     args = parser.parse_args(argv)
-    variant = {"q_terms": args.q_terms, "w_quant": args.w_quant}
+    variant = {"q_terms": args.q_terms, "w_quant": args.w_quant, "w_terms": args.w_terms}
     print(f"{args.mode}: B=1 Hq={args.q_heads} Hkv={args.kv_heads} D={args.head_dim}, "
-          f"q-terms {args.q_terms}, w-quant {args.w_quant}", file=sys.stderr)
+          f"q-terms {args.q_terms}, w-quant {args.w_quant}, w-terms {args.w_terms}",
+          file=sys.stderr)
     print("| S | Sq | seed | int8 vs f32 PV max / rms | int8 vs bf16 PV max / rms | "
           "vs fragment ref max (beyond tie slack) | vs exact max / rms |")
     print("|--:|--:|--:|--:|--:|--:|--:|")

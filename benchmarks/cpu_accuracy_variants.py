@@ -3,7 +3,8 @@
     python benchmarks/cpu_accuracy_variants.py [--seeds 0,1] [--families all] [--out FILE.md]
 
 For each data family and each combination of --w-quant (s8, u8) and --q-terms
-(1, 2), the compiled INT8-PV module against
+(1, 2) with one W term, and two-term W (--w-terms 2) with two-term Q and either
+w-quant, the compiled INT8-PV module against
 
 - the compiled f32-PV module with the same q-terms (the W quantization alone),
 - exact attention on the dequantized cache with unquantized q (the project's
@@ -39,7 +40,8 @@ import int8attn
 from int8attn import reference as ref
 from int8attn.driver.graph import attention_graph
 
-VARIANTS = [(w, t) for w in ("s8", "u8") for t in (1, 2)]
+# (w-quant, q-terms, w-terms)
+VARIANTS = [(w, t, 1) for w in ("s8", "u8") for t in (1, 2)] + [("s8", 2, 2), ("u8", 2, 2)]
 DECODE = (32, 8, 128)
 PREFILL = (8, 2, 128)
 
@@ -94,10 +96,11 @@ def run_family(family: Family, seeds, compiled) -> list[dict]:
                              query_tokens=family.tokens if family.mode == "prefill" else 1,
                              softmax_scale=scale)
 
-    def module(pv, w_quant, q_terms):
-        key = (source, pv, w_quant, q_terms)
+    def module(pv, w_quant, q_terms, w_terms=1):
+        key = (source, pv, w_quant, q_terms, w_terms)
         if key not in compiled:
-            compiled[key] = int8attn.compile(source, pv=pv, w_quant=w_quant, q_terms=q_terms)
+            compiled[key] = int8attn.compile(source, pv=pv, w_quant=w_quant, q_terms=q_terms,
+                                             w_terms=w_terms)
         return compiled[key]
 
     worst = {v: {"f32pv": 0.0, "exact": 0.0, "float": 0.0} for v in VARIANTS}
@@ -110,13 +113,14 @@ def run_family(family: Family, seeds, compiled) -> list[dict]:
         ones = np.ones(keys.shape[:3], np.float32)
         floating = ref.exact_attention(q, keys, ones, values, ones, scale).astype(np.float64)
         f32 = {t: module("f32", "s8", t)(*args) for t in (1, 2)}
-        for w_quant, q_terms in VARIANTS:
-            out = module("int8", w_quant, q_terms)(*args).astype(np.float64)
-            errs = worst[w_quant, q_terms]
+        for variant in VARIANTS:
+            w_quant, q_terms, w_terms = variant
+            out = module("int8", w_quant, q_terms, w_terms)(*args).astype(np.float64)
+            errs = worst[variant]
             for name, other in (("f32pv", f32[q_terms]), ("exact", exact), ("float", floating)):
                 errs[name] = max(errs[name], float(np.abs(out - other).max()))
-    return [{"family": family.name, "w_quant": w, "q_terms": t, **worst[w, t]}
-            for w, t in VARIANTS]
+    return [{"family": family.name, "w_quant": w, "q_terms": t, "w_terms": n, **worst[w, t, n]}
+            for w, t, n in VARIANTS]
 
 
 def main(argv=None) -> int:
@@ -129,14 +133,14 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     chosen = FAMILIES if args.families == "all" else \
         [f for f in FAMILIES if f.name in args.families.split(",")]
-    lines = ["| family | w-quant | q-terms | INT8 vs f32 PV | vs exact (deq. cache) | "
-             "vs float attention |", "|:--|:--|--:|--:|--:|--:|"]
+    lines = ["| family | w-quant | q-terms | w-terms | INT8 vs f32 PV | vs exact (deq. cache) | "
+             "vs float attention |", "|:--|:--|--:|--:|--:|--:|--:|"]
     print("\n".join(lines), flush=True)
     compiled: dict = {}
     start = time.time()
     for family in chosen:
         for row in run_family(family, seeds, compiled):
-            line = (f"| {row['family']} | {row['w_quant']} | {row['q_terms']} | "
+            line = (f"| {row['family']} | {row['w_quant']} | {row['q_terms']} | {row['w_terms']} | "
                     f"{row['f32pv']:.2e} | {row['exact']:.2e} | {row['float']:.2e} |")
             lines.append(line)
             print(line, flush=True)

@@ -3,6 +3,7 @@ of the int8 / bf16 / f32 PV modules, measured in one run.
 
     python benchmarks/cpu_decode.py [--contexts 4096,8192,16384] [--iterations 20]
     python benchmarks/cpu_decode.py --numerics     # the int8 module per q-terms x w-quant
+                                                   # (one W term), and two-term W
     python benchmarks/cpu_decode.py --numerics --query-tokens 256 --contexts 2048   # prefill
     python benchmarks/cpu_decode.py --cpu-time     # one thread, CPU time of the calls
 
@@ -33,9 +34,10 @@ from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.options import CompileOptions
 from int8attn.runtime import LoadedModule
 
-# (pv, q_terms, w_quant); None: the pipeline's default.
-MODULES = (("int8", None, None), ("bf16", None, None), ("f32", None, None))
-NUMERICS = tuple(("int8", t, w) for t in (1, 2) for w in ("s8", "u8"))
+# (pv, q_terms, w_quant, w_terms); None: the pipeline's default.
+MODULES = (("int8", None, None, None), ("bf16", None, None, None), ("f32", None, None, None))
+NUMERICS = tuple(("int8", t, w, 1) for t in (1, 2) for w in ("s8", "u8")) + \
+    tuple(("int8", 2, w, 2) for w in ("s8", "u8"))
 
 
 def measure(tokens: int, args) -> list[dict]:
@@ -44,13 +46,15 @@ def measure(tokens: int, args) -> list[dict]:
     source = attention_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim,
                              mode=mode, query_tokens=args.query_tokens or 1, name="decode")
     rows, runs = [], []
-    for pv, q_terms, w_quant in (NUMERICS if args.numerics else MODULES):
+    for pv, q_terms, w_quant, w_terms in (NUMERICS if args.numerics else MODULES):
         print(f"  S={tokens} pv={pv} ...", file=sys.stderr, flush=True)
-        options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant).resolved()
+        options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant,
+                                 w_terms=w_terms).resolved()
         compiled = compile(source, options, filename=f"decode_{tokens}.mlir")
         info, vmfb = compiled.functions["decode"], compiled.artifacts["vmfb"]
         passes = sum(compiled.timings[s] for s in ("graph", "algorithm", "linalg"))
-        label = pv if pv != "int8" else f"int8 q{options.q_terms} {options.w_quant}"
+        label = pv if pv != "int8" else \
+            f"int8 q{options.q_terms} {options.w_quant} w{options.w_terms}"
         rows.append({"context": tokens, "pv": label, "passes_s": passes,
                      "iree_compile_s": compiled.timings["vmfb"], "times_s": []})
         driver = "local-sync" if args.cpu_time else "local-task"

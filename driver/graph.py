@@ -290,7 +290,7 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
 def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                partition_tokens: int = 256, tile_tokens: int = 64,
                scale_groups: str = "fragment", q_terms: int = 1, w_quant: str = "s8",
-               progress=None) -> dict[str, np.ndarray]:
+               w_terms: int = 1, progress=None) -> dict[str, np.ndarray]:
     """The exact and the fragment-level reference for the attention result.
 
     `progress` (a callable taking a short string) gets a line after each chunk of
@@ -313,7 +313,8 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                                                      model=model,
                                                      partition_tokens=partition_tokens,
                                                      scale_groups=scale_groups,
-                                                     q_terms=q_terms, w_quant=w_quant)}
+                                                     q_terms=q_terms, w_quant=w_quant,
+                                                     w_terms=w_terms)}
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     return {
         "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale,
@@ -321,7 +322,8 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
         "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
                                        model=model, partition_tokens=partition_tokens,
                                        tile_tokens=tile_tokens, scale_groups=scale_groups,
-                                       q_terms=q_terms, w_quant=w_quant, progress=progress),
+                                       q_terms=q_terms, w_quant=w_quant, w_terms=w_terms,
+                                       progress=progress),
     }
 
 

@@ -14,15 +14,16 @@ from typing import Literal, get_args
 
 from int8attn.fragments import FragmentModelName
 from int8attn.pipelines import PipelineOptions
-from int8attn.reference.common import QTerms, WQuant
+from int8attn.reference.common import QTerms, WQuant, WTerms
 from int8attn.support.options import check_fields, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)
 # The numerics a kernel target resolves these options to when they are not given
-# (the kernels implement every variant; these are the seed's, whose H200 timings
-# the README reports); --target cpu resolves them to the pipeline's defaults.
-KERNEL_NUMERICS = {"q_terms": 1, "w_quant": "s8"}
+# (the kernels implement every q-terms / w-quant variant; these are the seed's,
+# whose H200 timings the README reports; w-terms 2 is cpu only so far); --target
+# cpu resolves them to the pipeline's defaults.
+KERNEL_NUMERICS = {"q_terms": 1, "w_quant": "s8", "w_terms": 1}
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class CompileOptions(PipelineOptions):
         None, "W per MMAC group: s8, or u8 (255 levels as u - 128, offset compensated by 128 * "
         f"sum Vq; DESIGN.md §2c). Default: {PipelineOptions.w_quant} on cpu (the pipeline's), "
         f"{KERNEL_NUMERICS['w_quant']} on the kernel targets")
+    w_terms: WTerms | None = option(
+        None, "INT8 terms of W per MMAC group: 1, or 2 (a second, signed term quantizes the f32 "
+        f"residual W - level*sW1; DESIGN.md §2c). Default: {PipelineOptions.w_terms} on cpu "
+        f"(the pipeline's), {KERNEL_NUMERICS['w_terms']} on the kernel targets, which "
+        "implement only 1")
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")
@@ -54,7 +60,8 @@ class CompileOptions(PipelineOptions):
         return PipelineOptions(self.pv, self.resolved_fragment_model(), self.scale_groups,
                                self.verify, self.partition_tokens, self.tile_tokens,
                                self.resolved_numerics("q_terms"),
-                               self.resolved_numerics("w_quant"))
+                               self.resolved_numerics("w_quant"),
+                               self.resolved_numerics("w_terms"))
 
     def resolved_fragment_model(self) -> str:
         if self.fragment_model is not None:
@@ -62,7 +69,7 @@ class CompileOptions(PipelineOptions):
         return self.target if self.target in get_args(FragmentModelName) else "gfx936"
 
     def resolved_numerics(self, name: str):
-        """q_terms / w_quant: as given, else the kernels' (kernel targets) or the
+        """q_terms / w_quant / w_terms: as given, else the kernels' (kernel targets) or the
         pipeline's default (cpu)."""
         value = getattr(self, name)
         if value is not None:

@@ -71,6 +71,9 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                         f"the prefill kernel's KV tile is the fragment model's wave of "
                         f"{model.wave_tokens} tokens (its W groups are the wave's MMAC "
                         f"token sets)"),
+        "w_terms": (lambda o: o.w_terms not in (None, 1),
+                    "the lane kernels quantize W in one INT8 term; two-term W (DESIGN.md "
+                    "§2c) is --target cpu's so far"),
     }
 
 

@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     print(f"{how} (@write and @attend) once, in {time.perf_counter() - start:.1f} s")
     cache = PagedCache(args.blocks, HKV, BS, D, seed=args.seed)
     decoder = PagedDecoder(graph, cache)
-    numerics = {"q_terms": graph.options.q_terms, "w_quant": graph.options.w_quant}
+    numerics = {"q_terms": graph.options.q_terms, "w_quant": graph.options.w_quant,
+                "w_terms": graph.options.w_terms}
 
     sequences = []
     for length in PROMPTS:

@@ -35,7 +35,7 @@ from int8attn.support.options import OptionError, add_arguments, given
 # Flags of CompileOptions the CLI offers (v_token_innermost changes the
 # function's signature: a Python API / bench choice).
 CLI_OPTIONS = ("target", "pv", "fragment_model", "scale_groups", "verify", "partition_tokens",
-               "tile_tokens", "q_terms", "w_quant")
+               "tile_tokens", "q_terms", "w_quant", "w_terms")
 
 
 class UserError(Exception):
@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="--mode paged: seed of the lengths, tables and data")
     bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default="seed",
                            help="--mode paged: the kernels' q-terms / w-quant: the seed's (1, s8; "
-                                "the kernel targets' default) or the cpu pipeline's defaults")
+                                "the kernel targets' default) or the cpu pipeline's defaults "
+                                "(its q-terms and w-quant; the kernels have one W term)")
     bench_cmd.add_argument("--context", default="4096,8192,16384",
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=int, default=None,
@@ -290,8 +291,10 @@ def _accuracy(result, arrays, info, options) -> None:
     refs = references(info, arrays, pv=options.pv, model=options.fragment_model,
                       partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
                       scale_groups=options.scale_groups, q_terms=options.q_terms,
-                      w_quant=options.w_quant, progress=_SlowProgress())
-    variant = f", q-terms {options.q_terms}, w-quant {options.w_quant}" if options.pv == "int8" \
+                      w_quant=options.w_quant, w_terms=options.w_terms,
+                      progress=_SlowProgress())
+    variant = (f", q-terms {options.q_terms}, w-quant {options.w_quant}, w-terms "
+               f"{options.w_terms}") if options.pv == "int8" \
         else f", q-terms {options.q_terms}"
     print(f"accuracy of @{info.name} (target {options.target}, pv={options.pv}, fragment "
           f"model {options.fragment_model}{variant}):")

@@ -38,9 +38,11 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
                         call.softmax_scale, result, model=options.fragment_model,
                         partition_tokens=options.partition_tokens,
                         tile_tokens=options.tile_tokens, scale_groups=options.scale_groups,
-                        q_terms=options.q_terms, w_quant=options.w_quant)
+                        q_terms=options.q_terms, w_quant=options.w_quant,
+                        w_terms=options.w_terms)
     print(f"error split against exact attention on the float cache (unquantized q, K, V), "
           f"pv={options.pv}, q-terms {options.q_terms}, w-quant {options.w_quant}, "
+          f"w-terms {options.w_terms}, "
           f"scale groups {options.scale_groups}:")
     print(_line(_LABELS["total"], split["total"]))
     for term in TERMS:
@@ -61,4 +63,4 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
                        ("INT8 PV vs f32 PV", result, others["f32"]),
                        ("BF16 PV vs f32 PV", others["bf16"], others["f32"])):
         stats = error_stats(a, b)
-        print(f"| {name} | {stats['max_abs']:.6f} | {stats['rms']:.6f} |")
+        print(f"| {name} | {stats['max_abs']:.3e} | {stats['rms']:.3e} |")

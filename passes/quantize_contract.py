@@ -19,6 +19,14 @@ Unsigned W (w-quant=u8, DESIGN.md §2c), for W >= 0 (a = max|W| = max W):
 
 so a skipped group (u = 0) contributes exactly 0 and the MMAC stays s8 x s8.
 
+Two-term W (w-terms=2, DESIGN.md §2c): a second, signed INT8 term of each group
+quantizes what the first left over, with the signed rule above:
+
+    r   = fma(-f32(level), sW1, W)     level = Wq (s8) or Wq + 128 (u8)   w_residual
+    Wq2, sW2 = quantize(r) over the same group; acc2 = sum Wq2*Vq (int32, same MMAC set)
+
+the residual rounded once, as q's second term (q_residual).
+
 Every compiler consumer builds the contract from these functions: lower-quantize
 inside its linalg.generic bodies, the lane-level decode kernels on the per-lane
 scalars of a W group. The numpy reference (reference/common.py) stays the
@@ -130,6 +138,19 @@ def unsigned_offset(acc: ir.Value, column_sum: ir.Value) -> ir.Value:
     """acc + 128 * column_sum (i32): the MMAC's sum of Wq*Vq, compensated to sum u*Vq."""
     i32 = ir.IntegerType.get_signless(32)
     return arith.addi(acc, arith.muli(column_sum, arith.constant(i32, W_OFFSET)))
+
+
+def w_level(wq: ir.Value, unsigned: bool) -> ir.Value:
+    """The integer (i32) a stored Wq stands for: Wq (s8), or u = Wq + 128 (u8)."""
+    i32 = ir.IntegerType.get_signless(32)
+    level = arith.extsi(i32, wq)
+    return arith.addi(level, arith.constant(i32, W_OFFSET)) if unsigned else level
+
+
+def w_residual(w: ir.Value, wq: ir.Value, scale: ir.Value, unsigned: bool) -> ir.Value:
+    """What the second INT8 term of W quantizes: W - f32(level)*sW1 rounded once
+    (the first term's level from `w_level`), as reference.w_residual states it."""
+    return q_residual(w, w_level(wq, unsigned), scale)
 
 
 def causal_visible(token: ir.Value, query_token: ir.Value, history: int,

@@ -18,6 +18,23 @@ exactly by the column sums of V over the same groups:
     cs     = int8attn.column_sums(v) {groups}              sum_k Vq, int32
     O      = int8attn.grouped_pv(Wq, sW, v, cs) {groups}   sum_g f32(acc + 128 cs) sW
 
+Option `w-terms=2` (DESIGN.md §2c, two-term W) adds a second, signed INT8 term
+per group on the f32 residual of the first, read back in token order, and its
+own MMAC tiles over the same groups:
+
+    R        = W - level(Wq) * sW    per token (quantize_contract.w_residual; level =
+                                     Wq, or Wq + 128 for u8), a linalg.generic over
+                                     W's token digits that reads Wq, sW through views
+                                     of their group / slot digits (a gather through
+                                     the groups table where they are no digit
+                                     permutation)
+    Wq2, sW2 = int8attn.group_quantize(R) {groups}
+    O        = int8attn.grouped_pv(Wq, sW, v[, cs]) {groups}
+             + int8attn.grouped_pv(Wq2, sW2, v) {groups}
+
+verify-scale-groups proves each pair like the first (the residual is W's, in the
+same token order, so the second term's groups are the MMAC's tokens too).
+
 Option `scale-groups=contiguous` reproduces the seed's bug on purpose: scales
 over logical tokens 0-31 / 32-63 of each wave applied to the fragment's real
 interleaved sets (`scale_groups` differs from `groups`). verify-scale-groups
@@ -29,18 +46,82 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 from iree.compiler import ir
+from iree.compiler.dialects import arith, tensor
 
 from int8attn.support.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
-from int8attn.fragments import FragmentModelName, ScaleGroupKind, fragment_model
+from int8attn.fragments import (FragmentModelName, NotADigitPermutation, ScaleGroupKind,
+                                fragment_model, token_axes)
+from int8attn.passes import builders as build
+from int8attn.passes import quantize_contract as contract
 from int8attn.passes.rewrite import apply_patterns
-from int8attn.reference.common import WQuant
+from int8attn.reference.common import WQuant, WTerms
 from int8attn.support.options import TypedOptions, option
 
 
+def _inverse(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group, slot) of every token of the block: groups[g[t], k[t]] == t."""
+    count, size = groups.shape
+    group_of = np.full(count * size, -1, np.int64)
+    slot_of = np.full(count * size, -1, np.int64)
+    group_of[groups.ravel()] = np.repeat(np.arange(count), size)
+    slot_of[groups.ravel()] = np.tile(np.arange(size), count)
+    if (group_of < 0).any():
+        raise ValueError("the groups do not cover every token of the block")
+    return group_of, slot_of
+
+
+_TOKEN_DIGIT = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def w_residual_tokens(w: ir.Value, wq: ir.Value, sw: ir.Value, groups: np.ndarray,
+                      unsigned: bool) -> ir.Value:
+    """R[b,h,r,n,t] = w_residual(W[b,h,r,n,t], Wq[b,h,r,n,g,k], sW[b,h,r,n,g]) with
+    (g, k) the token's group and slot: the residual in W's own token order.
+
+    Where `groups` is a permutation of the token index's digits (every fragment
+    model) and the shapes are static, Wq and sW are read through views of their
+    group and slot digits, the loops running over W's token digits (no gather,
+    as lower-quantize reads W); otherwise through (group, slot) tables."""
+    shape = d.shape_of(w)
+    if d.DYNAMIC not in shape:
+        try:
+            axes = token_axes(groups)
+        except NotADigitPermutation:
+            axes = None
+        if axes is not None:
+            lead = "abcdefghijklmnopqrstuvwxyz"[:4]
+            token = _TOKEN_DIGIT[:len(axes.axes)]
+            group = "".join(token[i] for i in axes.group_order)
+            slot = "".join(token[i] for i in axes.slot_order)
+            wq_view = build.split_dim(build.split_dim(wq, 5, axes.slot_shape), 4,
+                                      axes.group_shape)
+            residual = build.generic(
+                [build.split_dim(w, 4, axes.token_shape), wq_view,
+                 build.split_dim(sw, 4, axes.group_shape)],
+                [lead + token, lead + group + slot, lead + group], lead + token,
+                build.empty(shape[:4] + axes.token_shape, "f32"),
+                lambda w_t, level_q, scale, _: contract.w_residual(w_t, level_q, scale,
+                                                                  unsigned))
+            return build.merge_dims(residual, 4, len(token))
+    group_of, slot_of = _inverse(groups)
+    group_table, slot_table = build.lookup_table(group_of), build.lookup_table(slot_of)
+
+    def body(w_t, _):
+        b, h, r, n, t = (build.loop_index(i) for i in range(5))
+        g, k = build.lookup(group_table, [t]), build.lookup(slot_table, [t])
+        level_q = tensor.ExtractOp(wq, [b, h, r, n, g, k]).result
+        scale = tensor.ExtractOp(sw, [b, h, r, n, g]).result
+        return contract.w_residual(w_t, level_q, scale, unsigned)
+
+    return build.generic([w], ["bhrnt"], "bhrnt", build.empty(d.shape_of(w), "f32", like=w),
+                         body)
+
+
 def quantize_groups(op: d.FoldedPVOp, rewriter, model_name: str, scale_groups: str,
-                    w_quant: str = "s8"):
+                    w_quant: str = "s8", w_terms: int = 1):
     w, v = op.w, op.v
     block_tokens = d.shape_of(w)[-1]
     model = fragment_model(model_name)
@@ -55,6 +136,13 @@ def quantize_groups(op: d.FoldedPVOp, rewriter, model_name: str, scale_groups: s
             w_quant=w_quant)
         sums = d.column_sums(v, groups) if w_quant == "u8" else None
         out = d.grouped_pv(wq, sw, v, groups, column_sums=sums)
+        if w_terms == 2:
+            residual = w_residual_tokens(w, wq, sw, groups, w_quant == "u8")
+            wq2, sw2 = d.group_quantize(residual, groups)
+            second = d.grouped_pv(wq2, sw2, v, groups)
+            out = build.generic([out, second], ["bhrnd", "bhrnd"], "bhrnd",
+                                build.empty(d.shape_of(out), "f32", like=out),
+                                lambda a, b, _: arith.addf(a, b))
     rewriter.replace_op(op, [out])
 
 
@@ -71,7 +159,10 @@ class QuantizeWGroups(TypedOptions):
     w_quant: WQuant = option(
         "s8", "W per group: s8 (symmetric, 127 levels) or u8 (255 levels, stored as u - 128, "
         "offset compensated by 128 * sum Vq)")
+    w_terms: WTerms = option(
+        1, "INT8 terms of W per group: 1, or 2 (a second, signed term quantizes the f32 "
+        "residual W - level*sW1 over the same tokens: one more MMAC per group)")
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.FOLDED_PV: lambda op, rw: quantize_groups(
-            op, rw, self.fragment_model, self.scale_groups, self.w_quant)})
+            op, rw, self.fragment_model, self.scale_groups, self.w_quant, self.w_terms)})

@@ -14,9 +14,15 @@ Only the PV part differs between `pv` values:
                    verify-scale-groups             (+ lower-mmac-tiles)
     pv=bf16|f32:   float-pv
 
-The defaults (q-terms=2, w-quant=u8) are what the accuracy benchmark over data
-families favours (benchmarks/results-cpu-accuracy-variants.md); q-terms=1
-w-quant=s8 is the seed's contract, which the lane kernels implement.
+The defaults (q-terms=2, w-quant=u8, w-terms=2) are what the accuracy benchmark
+over data families favours (benchmarks/results-cpu-accuracy-variants.md): two-term
+Q removes the Q term, two-term W the W term (what one INT8 W term leaves is half a
+step a/510 on the weights next to a big one, which a peaked softmax makes large;
+benchmarks/results-numpy-w-rounding.md), so what stays is the K/V cache's
+quantization. With two W terms u8 and s8 first terms measure alike (u8's W term
+is ~2x smaller, both far below the rest); u8 stays. q-terms=1 w-quant=s8
+w-terms=1 is the seed's contract, the lane kernels' default; they implement
+q-terms=2 and u8 as well, not w-terms=2 yet.
 
 `verify=false` drops the verifier (only to measure a deliberately wrong
 `scale-groups=contiguous`). `PipelineOptions` is the one declaration of these
@@ -34,7 +40,7 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
                              LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
-from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant
+from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant, WTerms
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
@@ -62,6 +68,10 @@ class PipelineOptions(TypedOptions):
     w_quant: WQuant = option("u8", "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
                              "u8 (255 levels as u - 128, offset compensated exactly by 128 * "
                              "the group's sum of Vq; half the W rounding error; DESIGN.md §2c)")
+    w_terms: WTerms = option(2, "INT8 terms of W per MMAC group (pv=int8): 1, or 2 (a second, "
+                             "signed term quantizes the f32 residual W - level*sW1 over the "
+                             "same tokens: one more MMAC per group, ~250x less W rounding "
+                             "error; DESIGN.md §2c)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -81,7 +91,8 @@ def to_algorithm(options: PipelineOptions) -> list:
     """Graph -> the algorithm: verified MMAC tiles (or float PV), not yet lowered."""
     if options.pv == "int8":
         verify = [VerifyScaleGroups()] if options.verify else []
-        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups, options.w_quant),
+        pv = [QuantizeWGroups(options.fragment_model, options.scale_groups, options.w_quant,
+                              options.w_terms),
               *verify,
               PVToMMAC(options.fragment_model), *verify]
     else:

@@ -12,9 +12,10 @@ implementation of the contract; compiled modules must match it to f32 rounding.
 `error_model` says how far the INT8 results may be from those, per output.
 """
 
-from int8attn.reference.common import (PV_MODES, Q_TERMS, W_OFFSET, W_QUANTS, PVKind, QTerms,
-                                       WQuant, quantize, quantize_cache, quantize_q, quantize_w,
-                                       round_to_bf16)
+from int8attn.reference.common import (PV_MODES, Q_TERMS, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
+                                       QTerms, WQuant, WTerms, quantize, quantize_cache,
+                                       quantize_q, quantize_w, quantize_w_terms, round_to_bf16,
+                                       w_residual)
 from int8attn.reference.error_model import (TIE_WINDOW, bf16_rounding_error_scale,
                                             qk_quantization_error_bound,
                                             qk_quantization_error_scale, rounding_tie_slack,
@@ -27,7 +28,8 @@ from int8attn.reference.paged import (exact_paged_attention, fragment_paged_atte
                                       paged_cache_write, sequence_cache)
 
 __all__ = ["TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
-           "W_OFFSET", "W_QUANTS", "WQuant", "quantize_w", "TIE_WINDOW", "quantize",
+           "W_OFFSET", "W_QUANTS", "WQuant", "quantize_w", "W_TERMS", "WTerms",
+           "quantize_w_terms", "w_residual", "TIE_WINDOW", "quantize",
            "quantize_cache", "round_to_bf16", "channel_bias", "quantize_keys", "subtract_bias",
            "exact_attention", "fragment_attention", "exact_paged_attention",
            "fragment_paged_attention", "paged_cache_write", "sequence_cache", "fragment_softmax_pv", "w_quantization_error_scale",

@@ -18,6 +18,10 @@ Q_TERMS = get_args(QTerms)
 WQuant = Literal["s8", "u8"]
 W_QUANTS = get_args(WQuant)
 W_OFFSET = 128
+# How many INT8 terms W is quantized into per MMAC group (DESIGN.md §2c,
+# two-term W): the first as w_quant says, the second (signed) on its f32 residual.
+WTerms = Literal[1, 2]
+W_TERMS = get_args(WTerms)
 # A row whose absmax is below this quantizes to zero (127/a would overflow f32).
 # The compiler's lower-quantize reads it from here; the references need no compiler.
 QUANTIZE_MIN_ABSMAX = 2.0 ** -118
@@ -185,29 +189,68 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(dtype), b.astype(dtype))
 
 
-def int8_pv(w, v_blocks, groups, scale_groups=None, w_quant: str = "s8") -> np.ndarray:
+def w_levels(wq: np.ndarray, w_quant: str) -> np.ndarray:
+    """The integer each Wq stands for: Wq (s8), or u = Wq + 128 (u8), as int32."""
+    return wq.astype(np.int32) + (W_OFFSET if w_quant == "u8" else 0)
+
+
+def w_residual(w: np.ndarray, wq: np.ndarray, sw: np.ndarray, w_quant: str) -> np.ndarray:
+    """What the second INT8 term of W quantizes (two-term W, DESIGN.md §2c):
+    `fma(-f32(level), sW, W)` per group (w [..., G, K], wq [..., G, K], sw [..., G]),
+    level = Wq (s8) or Wq + 128 (u8), rounded once to f32 like `quantize_q`'s
+    residual: in float64 the product (8 x 24 bits) and the difference are exact
+    (|W| >= sW/2 wherever level != 0), then one rounding. A NaN scale gives NaN."""
+    with np.errstate(invalid="ignore"):
+        exact = (np.asarray(w, np.float64)
+                 - w_levels(wq, w_quant).astype(np.float64) * sw[..., None].astype(np.float64))
+    return exact.astype(F32)
+
+
+def quantize_w_terms(w_groups: np.ndarray, w_quant: str = "s8", w_terms: int = 1,
+                     amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """W groups (last axis) as `w_terms` INT8 terms [(Wq1, sW1), (Wq2, sW2)]: the first
+    by `w_quant` (against `amax`, default the group's own), the second always signed
+    (`quantize`) on `w_residual` over the same group: W ~ level1*sW1 + Wq2*sW2."""
+    if w_terms not in W_TERMS:
+        raise ValueError(f"w terms must be one of {W_TERMS}, got {w_terms!r}")
+    first = quantize_w(w_groups, w_quant, amax)
+    if w_terms == 1:
+        return [first]
+    return [first, quantize(w_residual(w_groups, *first, w_quant))]
+
+
+def int8_pv(w, v_blocks, groups, scale_groups=None, w_quant: str = "s8",
+            w_terms: int = 1) -> np.ndarray:
     """sum_g f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment model's groups.
 
     `scale_groups` (default `groups`) are the token sets the scales come from;
     `w_quant="u8"` adds the offset compensation over the group's own tokens.
+    `w_terms=2` adds the second (signed, residual) term's own sum over the same
+    groups: O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, each sum over
+    the groups in order from zero, then the two added (f32).
     """
     w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
     amax = None if scale_groups is None else np.abs(w[..., scale_groups]).max(axis=-1)
-    wq, sw = quantize_w(w_groups, w_quant, amax)
+    terms = quantize_w_terms(w_groups, w_quant, w_terms, amax)
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
     assert groups.shape[1] * 256 * 128 < 2**31, "int32 accumulator overflow"
-    if w_quant == "u8":                             # W_OFFSET * sum_k Vq, per (group, d)
-        offset = W_OFFSET * v_groups.sum(axis=-2, dtype=np.int32)        # [B,Hkv,N,G,D]
-    out = np.zeros(wq.shape[:4] + v_groups.shape[-1:], dtype=F32)          # [B,Hkv,R,N,D]
-    for g in range(groups.shape[0]):                # groups in order, like the IR
-        # The int32 sums of group g, exact. (An einsum: many small matmuls
-        # through a threaded BLAS can be many times slower.)
-        acc = np.einsum("bhrnk,bhnkd->bhrnd", np.ascontiguousarray(wq[..., g, :], dtype=np.int32),
-                        np.ascontiguousarray(v_groups[:, :, :, g], dtype=np.int32))
-        if w_quant == "u8":
-            acc = acc + offset[:, :, None, :, g]
-        out += acc.astype(F32) * sw[:, :, :, :, g, None]
-    return out
+    total = None
+    for term, (wq, sw) in enumerate(terms):
+        unsigned = term == 0 and w_quant == "u8"
+        if unsigned:                                # W_OFFSET * sum_k Vq, per (group, d)
+            offset = W_OFFSET * v_groups.sum(axis=-2, dtype=np.int32)    # [B,Hkv,N,G,D]
+        out = np.zeros(wq.shape[:4] + v_groups.shape[-1:], dtype=F32)      # [B,Hkv,R,N,D]
+        for g in range(groups.shape[0]):            # groups in order, like the IR
+            # The int32 sums of group g, exact. (An einsum: many small matmuls
+            # through a threaded BLAS can be many times slower.)
+            acc = np.einsum("bhrnk,bhnkd->bhrnd",
+                            np.ascontiguousarray(wq[..., g, :], dtype=np.int32),
+                            np.ascontiguousarray(v_groups[:, :, :, g], dtype=np.int32))
+            if unsigned:
+                acc = acc + offset[:, :, None, :, g]
+            out += acc.astype(F32) * sw[:, :, :, :, g, None]
+        total = out if total is None else (total + out).astype(F32)
+    return total
 
 
 def float_pv(w, v_blocks, pv: str) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 
 from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.reference.common import (F32, group_rows, quantization_inverse, quantize,
-                                       quantize_w, visible)
+                                       quantize_w, visible, w_residual)
 from int8attn.reference.fragment import blocks_for
 
 # Two f32 implementations of the contract (different exp, summation order)
@@ -22,9 +22,19 @@ def _groups(st, model, fragments: FragmentModel | None):
     return (fragments or fragment_model(model)).token_groups(st.w.shape[-1])
 
 
+def _last_term(w_groups, w_quant: str, w_terms: int):
+    """The values the last INT8 term of W quantizes, its levels per step and its scale:
+    W itself (one term), or the residual (two terms, signed: 127 levels)."""
+    if w_terms == 1:
+        return w_groups, 255 if w_quant == "u8" else 127, quantize_w(w_groups, w_quant)[1]
+    first = quantize_w(w_groups, w_quant)
+    residual = w_residual(w_groups, *first, w_quant)
+    return residual, 127, quantize(residual)[1]
+
+
 def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
                                model: str = "gfx936", fragments=None, w_quant: str = "s8",
-                               **block_sizes):
+                               w_terms: int = 1, **block_sizes):
     """Hard bound and standard deviation of INT8 PV minus f32 PV.
 
     They differ only by the W rounding term sum_n omega_n sum_i eW_i Vq_i with
@@ -33,13 +43,15 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
     in [-sW/2, sW/2]. A group whose max a is below QUANTIZE_MIN_ABSMAX is set to
     zero (|eW| <= a): that deterministic part is added to both. Shaped like q.
     sW is a/127 (w_quant s8) or a/255 (u8: the offset compensation is exact).
+    With two-term W the error is the second term's rounding of the residual
+    r = W - level1*sW1: the same, with sW = max|r|/127 and a = max|r| (the first
+    term's rounding is carried exactly into r).
     """
     st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
     groups = _groups(st, model, fragments)
-    w_groups = st.w[..., groups]
-    amax = np.abs(w_groups).max(axis=-1)
+    values, _, sw = _last_term(st.w[..., groups], w_quant, w_terms)   # sw: [B,Hkv,R,N,G]
+    amax = np.abs(values.astype(np.float64)).max(axis=-1)
     flushed = quantization_inverse(amax) == 0
-    _, sw = quantize_w(w_groups, w_quant)                              # [B,Hkv,R,N,G]
     v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)     # [B,Hkv,N,G,K,D]
     sw = np.where(flushed, 0, sw).astype(np.float64)
     worst = np.einsum("bhrng,bhngkd->bhrnd", sw / 2, np.abs(v_groups))
@@ -53,7 +65,7 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
 
 def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
                        model: str = "gfx936", fragments=None, w_quant: str = "s8",
-                       **block_sizes) -> np.ndarray:
+                       w_terms: int = 1, **block_sizes) -> np.ndarray:
     """Per output: how much W elements sitting on a rounding tie may move it.
 
     pv=int8: a tie that rounds the other way changes Wq by 1, so the output by
@@ -62,6 +74,12 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     tie elements (usually zero), shaped like q: the fragment-level comparison
     allows exactly that. `block_sizes` as for `blocks_for` (partition_tokens,
     tile_tokens, q_terms: the W values are those of that contract).
+
+    Two-term W: the same few-ulp differences of W, TIE_WINDOW first-term steps
+    sW1 wide, are TIE_WINDOW * sW1 / sW2 (~ 0.05) steps of the second term, whose
+    elements within that of a tie may move by sW2 each; a first-term tie flips
+    level1 by 1, which the residual absorbs: both sides' W~ stay within sW2/2 <=
+    sW1/254 of W, so such a group's elements may differ by sW1/254 each.
     """
     if pv == "f32":
         return np.zeros(q.shape)
@@ -79,7 +97,20 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     steps = w_groups * (quantization_inverse(amax) * F32(levels / 127))[..., None]
     ties = np.abs(steps - np.floor(steps) - 0.5) < TIE_WINDOW
     v_groups = np.abs(st.v_blocks[:, :, :, groups, :].astype(np.float64))
-    per_block = np.einsum("bhrngk,bhngkd->bhrnd", ties * (amax / levels)[..., None], v_groups)
+    step1 = (amax / levels).astype(np.float64)
+    if w_terms == 1:
+        moves = ties * step1[..., None]
+    else:
+        residual, _, sw2 = _last_term(w_groups, w_quant, w_terms)
+        amax2 = np.abs(residual).max(axis=-1)
+        steps2 = residual.astype(np.float64) * quantization_inverse(amax2)[..., None]
+        sw2 = sw2.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            window = np.where(sw2 > 0, TIE_WINDOW * step1 / sw2, 0)
+        ties2 = np.abs(steps2 - np.floor(steps2) - 0.5) < window[..., None]
+        flipped = ties.any(axis=-1, keepdims=True)
+        moves = ties2 * sw2[..., None] + flipped * (step1 / 254)[..., None]
+    per_block = np.einsum("bhrngk,bhngkd->bhrnd", moves, v_groups)
     return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
 
 

@@ -14,7 +14,7 @@ with p the pipeline's own weights (decode: P per partition; prefill: the
 unnormalized tile weights), omega its block factors, O_kdeq exact attention
 (unquantized q) on the dequantized K cache and the float V, and W~ the value
 the MMAC's sum really weights V by: Wq sW (w-quant s8) or (Wq + 128) sW
-(u8, the offset compensated). The terms follow the module's variant (q-terms,
+(u8, the offset compensated), plus Wq2 sW2 with two-term W. The terms follow the module's variant (q-terms,
 w-quant, scale groups). Each term is computed here from its definition, so
 their sum matching `total` checks the module.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn.fragments import fragment_model
-from int8attn.reference.common import F32, W_OFFSET, pad_tokens, quantize_w
+from int8attn.reference.common import F32, pad_tokens, quantize_w_terms, w_levels
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import blocks_for
 
@@ -41,10 +41,10 @@ def _blocks_of(x: np.ndarray, block_tokens: int) -> np.ndarray:
 def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: float,
                 output: np.ndarray, *, model: str = "gfx936", partition_tokens: int = 256,
                 tile_tokens: int = 64, scale_groups: str = "fragment", q_terms: int = 1,
-                w_quant: str = "s8") -> dict[str, np.ndarray]:
+                w_quant: str = "s8", w_terms: int = 1) -> dict[str, np.ndarray]:
     """The terms above (each shaped like q), plus `total` and `exact`.
 
-    `scale_groups`, `q_terms` and `w_quant` must be the module's ("contiguous"
+    `scale_groups`, `q_terms`, `w_quant` and `w_terms` must be the module's ("contiguous"
     to split the seed's bug).
     """
     st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens=partition_tokens,
@@ -64,9 +64,11 @@ def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: floa
     model = fragment_model(model)
     groups = model.token_groups(block_tokens)
     amax = np.abs(st.w[..., model.scale_groups(block_tokens, scale_groups)]).max(axis=-1)
-    wq, sw = quantize_w(st.w[..., groups], w_quant, amax)
-    levels = wq.astype(np.float64) + (W_OFFSET if w_quant == "u8" else 0)
-    e_w = levels * sw[..., None].astype(np.float64) - st.w[..., groups].astype(np.float64)
+    terms = quantize_w_terms(st.w[..., groups], w_quant, w_terms, amax)
+    e_w = -st.w[..., groups].astype(np.float64)
+    for term, (wq, sw) in enumerate(terms):
+        levels = w_levels(wq, w_quant if term == 0 else "s8").astype(np.float64)
+        e_w = e_w + levels * sw[..., None].astype(np.float64)
     v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)
     w_term = np.einsum("bhrn,bhrnd->bhrd", st.omega,
                        np.einsum("bhrngk,bhngkd->bhrnd", e_w, v_groups)).reshape(q.shape)

@@ -92,13 +92,14 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
                        model: str = "gfx936", partition_tokens: int = 256,
                        tile_tokens: int = 64, fragments: FragmentModel | None = None,
                        scale_groups: str = "fragment", q_terms: int = 1, w_quant: str = "s8",
-                       progress: Callable[[str], None] | None = None) -> np.ndarray:
+                       w_terms: int = 1, progress: Callable[[str], None] | None = None) -> np.ndarray:
     """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
 
     `fragments` overrides the named model (e.g. another V-load scheme);
     `scale_groups="contiguous"` reproduces the seed's bug like the compiler does;
     `q_terms=2` quantizes q in two INT8 terms, `w_quant="u8"` quantizes W unsigned
-    with the exact offset compensation (DESIGN.md §2c).
+    with the exact offset compensation, `w_terms=2` adds a second (signed) INT8 term
+    of W on its residual (DESIGN.md §2c).
     Works through the query rows in chunks (common.row_chunks), calling
     `progress` with a short line after each.
     """
@@ -112,14 +113,16 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
         scores = int8_scores(q, k, k_scale, softmax_scale, chunk, q_terms=q_terms)
         out[:, :, chunk] = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, model=model,
                                                block_tokens=block_tokens, fragments=fragments,
-                                               scale_groups=scale_groups, w_quant=w_quant)
+                                               scale_groups=scale_groups, w_quant=w_quant,
+                                               w_terms=w_terms)
     return out.reshape(q.shape)
 
 
 def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
                         model: str = "gfx936", block_tokens: int | None = None,
                         fragments: FragmentModel | None = None,
-                        scale_groups: str = "fragment", w_quant: str = "s8") -> np.ndarray:
+                        scale_groups: str = "fragment", w_quant: str = "s8",
+                        w_terms: int = 1) -> np.ndarray:
     """Softmax and PV of the contract on given scores [B,Hkv,R,S] (-inf = masked).
 
     Returns [B,Hkv,R,D]; `block_tokens` is the partition (decode, 256) or
@@ -137,7 +140,7 @@ def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
         scales = model.scale_groups(st.w.shape[-1], scale_groups)
         partial = int8_pv(st.w, st.v_blocks, groups,
                           None if scale_groups == "fragment" else scales,
-                          w_quant)                                          # [B,Hkv,R,N,D]
+                          w_quant, w_terms)                                 # [B,Hkv,R,N,D]
     else:
         partial = float_pv(st.w, st.v_blocks, pv)
     if mode == "decode":

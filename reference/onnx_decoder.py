@@ -237,7 +237,8 @@ def run_onnxruntime(model, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 
 def contract_attention(outputs: dict, layer: int, q_terms: int | None = None,
-                       w_quant: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+                       w_quant: str | None = None,
+                       w_terms: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the contract's attention of layer `layer`, its rounding-tie slack), from the
     q and caches among `outputs` (a run's outputs by name); the numerics default
     to the cpu pipeline's, which compiled models use."""
@@ -245,7 +246,8 @@ def contract_attention(outputs: dict, layer: int, q_terms: int | None = None,
     from int8attn.reference import fragment_attention, rounding_tie_slack
 
     numerics = dict(q_terms=PipelineOptions.q_terms if q_terms is None else q_terms,
-                    w_quant=PipelineOptions.w_quant if w_quant is None else w_quant)
+                    w_quant=PipelineOptions.w_quant if w_quant is None else w_quant,
+                    w_terms=PipelineOptions.w_terms if w_terms is None else w_terms)
 
     q = outputs[f"q_{layer}"]
     operands = [outputs[f"present_{n}_{layer}"] for n in ("k", "k_scale", "v", "v_scale")]

@@ -57,14 +57,15 @@ def seeded_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-# The seed's numerics (one-term Q, s8 W): what the reference functions default to and
-# the lane kernels implement; the cpu pipeline defaults to two-term Q and u8 W.
-SEED_NUMERICS = {"q_terms": 1, "w_quant": "s8"}
+# The seed's numerics (one-term Q, s8 W in one term): what the reference functions
+# default to and the lane kernels implement by default; the cpu pipeline's defaults
+# are PipelineOptions'.
+SEED_NUMERICS = {"q_terms": 1, "w_quant": "s8", "w_terms": 1}
 
 
 @lru_cache(maxsize=None)
 def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8", **numerics):
-    """`numerics` (q_terms, w_quant) default to the seed's contract (SEED_NUMERICS),
+    """`numerics` (q_terms, w_quant, w_terms) default to the seed's contract (SEED_NUMERICS),
     which the reference functions' defaults state; the files using these helpers test
     that path, test_numerics.py also the pipeline's defaults."""
     import int8attn

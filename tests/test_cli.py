@@ -87,7 +87,8 @@ def test_run_without_inputs_reports_accuracy_from_a_printed_seed(graph):
     assert errors(first) == errors(again) and len(errors(first)) == 2
     (exact_max, _), (fragment_max, _) = [(float(a), float(b)) for a, b in errors(first)]
     assert fragment_max <= 5e-5
-    assert 1e-5 < exact_max < 2e-2
+    # the cpu defaults (two-term Q, two-term u8 W) leave a few 1e-6 vs exact
+    assert 1e-7 < exact_max < 2e-2
     assert "cached module" in again
 
 

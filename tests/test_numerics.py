@@ -1,7 +1,8 @@
 """Compiled decode modules against both references.
 
-The seed's numerics (one-term Q, s8 W: conftest.SEED_NUMERICS, what the reference
-functions default to), and the pipeline's defaults (two-term Q, u8 W) on the
+The seed's numerics (one-term Q, s8 W in one term: conftest.SEED_NUMERICS, what the
+reference functions default to), and the pipeline's defaults (two-term Q, u8 W in
+two terms) on the
 issue-13 targets: Gaussian decode 4K/8K/16K, 32 query rows, INT8 PV vs f32 PV
 <= 7e-4 and vs exact <= 1e-3 max abs (tests/accuracy.py's tolerances as well).
 
@@ -26,7 +27,8 @@ from conftest import compiled_decode, decode_inputs
 from int8attn import reference as ref
 from int8attn.pipelines import PipelineOptions
 
-DEFAULTS = {"q_terms": PipelineOptions.q_terms, "w_quant": PipelineOptions.w_quant}
+DEFAULTS = {"q_terms": PipelineOptions.q_terms, "w_quant": PipelineOptions.w_quant,
+            "w_terms": PipelineOptions.w_terms}
 
 FRAGMENT_TOL = 5e-5
 SIGMAS = 6.0

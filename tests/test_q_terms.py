@@ -40,7 +40,7 @@ def _compiled(mode, pv, q_terms):
     source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
                              query_tokens=query_tokens)
     return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, q_terms=q_terms,
-                            w_quant="s8", cache=False)
+                            w_quant="s8", w_terms=1, cache=False)
 
 
 def _inputs(seed, mode, key_outliers):
@@ -64,7 +64,7 @@ def test_two_terms_match_the_fragment_reference(mode, key_outliers):
     args = _inputs(7 + key_outliers, mode, key_outliers)
     scale = SHAPES[mode][-1] ** -0.5
     errors = check_against_references(_compiled(mode, "int8", 2)(*args), args, scale,
-                                      q_terms=2, w_quant="s8")
+                                      q_terms=2, w_quant="s8", w_terms=1)
     print(f"{mode} q_terms=2: {errors}")
 
 
@@ -87,12 +87,13 @@ def test_paged_two_terms_match_the_fragment_reference():
     arrays = paged_batch(seeded_rng(5), LENGTHS[:6], q_heads, kv_heads, head_dim, block_size)
     scale = head_dim ** -0.5
     graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size), q_terms=2,
-                             w_quant="s8", cache=False)
+                             w_quant="s8", w_terms=1, cache=False)
     out = graph(*arrays)
     q, k, ks, v, vs, tables, lens = arrays
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *ref.sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, q_terms=2, w_quant="s8")
+        check_against_references(out[b:b + 1], dense, scale, q_terms=2, w_quant="s8",
+                                 w_terms=1)
     fragment = ref.fragment_paged_attention(*arrays, scale, q_terms=2)
     one_term = ref.fragment_paged_attention(*arrays, scale, q_terms=1)
     # The two contracts differ, so a module that ignored q_terms would be caught above.

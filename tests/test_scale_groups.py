@@ -49,15 +49,16 @@ def test_no_verify_measures_at_least_ten_times_the_error(decode_4k):
 
 
 @pytest.mark.parametrize("mode, query_tokens, tokens", [("decode", 1, 1000), ("prefill", 37, 300)])
-@pytest.mark.parametrize("scale_groups, q_terms, w_quant", [
-    ("fragment", 1, "s8"), ("contiguous", 1, "s8"), ("fragment", 2, "u8"), ("fragment", 1, "u8"),
-    ("fragment", 2, "s8")])
-def test_error_split_terms_add_up(mode, query_tokens, tokens, scale_groups, q_terms, w_quant):
+@pytest.mark.parametrize("scale_groups, q_terms, w_quant, w_terms", [
+    ("fragment", 1, "s8", 1), ("contiguous", 1, "s8", 1), ("fragment", 2, "u8", 1),
+    ("fragment", 1, "u8", 1), ("fragment", 2, "s8", 1), ("fragment", 2, "u8", 2)])
+def test_error_split_terms_add_up(mode, query_tokens, tokens, scale_groups, q_terms, w_quant,
+                                  w_terms):
     import int8attn
 
     source = attention_graph(1, 8, 2, tokens, 64, mode=mode, query_tokens=query_tokens)
     graph = int8attn.compile(source, scale_groups=scale_groups, verify=False, q_terms=q_terms,
-                             w_quant=w_quant)
+                             w_quant=w_quant, w_terms=w_terms)
     info = graph.entry()
     from int8attn.driver.graph import random_inputs
 
@@ -65,15 +66,18 @@ def test_error_split_terms_add_up(mode, query_tokens, tokens, scale_groups, q_te
     out = graph(*arrays)
     scale = info.attention.softmax_scale
     split = ref.error_split(*arrays, floats["k"], floats["v"], scale, out,
-                            scale_groups=scale_groups, q_terms=q_terms, w_quant=w_quant)
+                            scale_groups=scale_groups, q_terms=q_terms, w_quant=w_quant,
+                            w_terms=w_terms)
     residual = np.abs(split["total"] - sum(split[t] for t in ref.TERMS))
-    slack = ref.rounding_tie_slack(*arrays, scale, q_terms=q_terms, w_quant=w_quant) \
+    slack = ref.rounding_tie_slack(*arrays, scale, q_terms=q_terms, w_quant=w_quant,
+                                   w_terms=w_terms) \
         if scale_groups == "fragment" else 0
     assert (residual <= 5e-5 + slack).all(), residual.max()
     # every term is real: none is zero, the total is not one of them alone (two-term Q
-    # leaves ~1e-6 of INT8 Q error here)
+    # leaves ~1e-6 of INT8 Q error here, two-term W ~1e-6 of W rounding)
     for term in ref.TERMS:
-        floor = 1e-8 if (term, q_terms) == ("q_quantization", 2) else 1e-5
+        floor = 1e-8 if (term, q_terms) == ("q_quantization", 2) or \
+            (term, w_terms) == ("w_quantization", 2) else 1e-5
         assert np.abs(split[term]).max() > floor, term
     if scale_groups == "contiguous":
         assert np.abs(split["w_quantization"]).max() > 5 * np.abs(split["v_cache"]).max()

@@ -69,6 +69,9 @@ REFUSED = [
      "--partition-tokens 512 does not apply to --target gfx936: the decode kernels' partition "
      "is fixed by the fragment model: 4 waves of 64 tokens = 256"),
     (["--target", "cuda", "--tile-tokens", "128"], "--tile-tokens 128 does not apply"),
+    (["--target", "gfx942", "--w-terms", "2"],
+     "--w-terms 2 does not apply to --target gfx942: the lane kernels quantize W in one INT8 "
+     "term"),
     (["--target", "gfx936", "--emit", "vmfb"],
      "--target gfx936 has the stages graph, kernel; there is no 'vmfb' to emit"),
     (["--target", "cpu", "--emit", "kernel"], "there is no 'kernel' to emit"),
@@ -253,10 +256,12 @@ def test_numerics_defaults_follow_the_target():
     # cpu: the pipeline's defaults (two-term Q, u8 W); a kernel target: what its
     # kernels implement, so it compiles without flags.
     cpu = int8attn.compile(SMALL).options
-    assert (cpu.q_terms, cpu.w_quant) == (PipelineOptions.q_terms, PipelineOptions.w_quant)
+    assert (cpu.q_terms, cpu.w_quant, cpu.w_terms) == (
+        PipelineOptions.q_terms, PipelineOptions.w_quant, PipelineOptions.w_terms)
     for target in KERNEL_TARGETS:
         options = TARGETS[target].check(CompileOptions(target=target))
-        assert (options.q_terms, options.w_quant) == tuple(KERNEL_NUMERICS.values())
+        assert (options.q_terms, options.w_quant, options.w_terms) == \
+            tuple(KERNEL_NUMERICS.values())
     assert cli.main(["run", "--target", "gfx936", "--simulate", "--seed", "1",
                      str(REPO / "examples" / "decode.mlir")]) == 0
 

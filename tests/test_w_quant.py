@@ -40,7 +40,7 @@ def _compiled(mode, pv, w_quant):
     source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
                              query_tokens=query_tokens)
     return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, w_quant=w_quant,
-                            q_terms=1, cache=False)
+                            q_terms=1, w_terms=1, cache=False)
 
 
 def _inputs(seed, mode):
@@ -73,7 +73,7 @@ def test_unsigned_w_matches_the_fragment_reference(mode):
     args = _inputs(13, mode)
     scale = SHAPES[mode][-1] ** -0.5
     out = _compiled(mode, "int8", "u8")(*args)
-    errors = check_against_references(out, args, scale, q_terms=1, w_quant="u8")
+    errors = check_against_references(out, args, scale, q_terms=1, w_quant="u8", w_terms=1)
     print(f"{mode} w_quant=u8: {errors}")
     # The two contracts differ, so a module that ignored w_quant would fail above.
     signed = ref.fragment_attention(*args, scale, w_quant="s8")
@@ -96,12 +96,13 @@ def test_paged_unsigned_w_matches_the_fragment_reference():
     arrays = paged_batch(seeded_rng(6), LENGTHS[:6], q_heads, kv_heads, head_dim, block_size)
     scale = head_dim ** -0.5
     graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size), w_quant="u8",
-                             q_terms=1, cache=False)
+                             q_terms=1, w_terms=1, cache=False)
     out = graph(*arrays)
     q, k, ks, v, vs, tables, lens = arrays
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *ref.sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, q_terms=1, w_quant="u8")
+        check_against_references(out[b:b + 1], dense, scale, q_terms=1, w_quant="u8",
+                                 w_terms=1)
 
 
 def test_unsigned_w_keeps_nan_zero_and_tiny_rows_to_themselves():

@@ -1,6 +1,8 @@
 // RUN: int8attn-opt %s -p quantize-w-groups | filecheck %s
 // RUN: int8attn-opt %s -p "quantize-w-groups{fragment-model=gfx942}" | filecheck %s
 // RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8}" | filecheck %s --check-prefix=U8
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8 w-terms=2}" | filecheck %s --check-prefix=TWO
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-terms=2}" | filecheck %s --check-prefix=TWO-S8
 
 // One scale per (row, partition, MMAC group). The groups of a wave are the
 // gfx936 MMAC's real token sets with 16-byte V loads:
@@ -27,6 +29,54 @@
 // U8-SAME: : (tensor<1x2x2x256x16xi8>) -> tensor<1x2x2x8x16xi32>
 // U8: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[CS]])
 // U8: return %[[O]]
+// Two-term W: the first term as before (u8, with its column sums); the residual
+// W - (Wq + 128) * sW in W's token order, one generic over W's token digits
+// (wave, r, t, j) reading Wq and sW through views of their group (wave, t) and
+// slot (r, j) digits, no gather; a second, signed group_quantize of it over the
+// same groups, its own grouped_pv without column sums; the sum.
+// The loops run over W's token digits (wave, r, t, j); Wq is read at its group
+// (wave, t) and slot (r, j), sW at its group:
+// TWO-DAG: #[[WQMAP:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d2, d3, d4, d6, d5, d7)>
+// TWO-DAG: #[[SMAP:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d2, d3, d4, d6)>
+// TWO-LABEL: func.func @groups
+// TWO-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>)
+// TWO: %[[Q:.*]]:2 = "int8attn.group_quantize"(%[[W]])
+// TWO-SAME: w_quant = "u8"
+// TWO: %[[CS:.*]] = "int8attn.column_sums"(%[[V]])
+// TWO: %[[O1:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[CS]])
+// TWO-DAG: %[[WQ1:.*]] = tensor.expand_shape %[[Q]]#0 {{.*}} into tensor<1x2x4x2x8x4x8xi8>
+// TWO-DAG: %[[WQ:.*]] = tensor.expand_shape %[[WQ1]] {{.*}} into tensor<1x2x4x2x4x2x4x8xi8>
+// TWO-DAG: %[[WV:.*]] = tensor.expand_shape %[[W]] {{.*}} into tensor<1x2x4x2x4x4x2x8xf32>
+// TWO-DAG: %[[SV:.*]] = tensor.expand_shape %[[Q]]#1 {{.*}} into tensor<1x2x4x2x4x2xf32>
+// TWO: %[[RV:.*]] = linalg.generic {indexing_maps = [#{{.*}}, #[[WQMAP]], #[[SMAP]], #{{.*}}]{{.*}} ins(%[[WV]], %[[WQ]], %[[SV]] :
+// TWO-NOT: tensor.extract
+// TWO: %[[LEVEL:.*]] = arith.addi %{{.*}}, %c128_i32 : i32
+// TWO: %[[F:.*]] = arith.sitofp %[[LEVEL]] : i32 to f32
+// TWO: %[[NEG:.*]] = arith.negf %[[F]] : f32
+// TWO: math.fma %[[NEG]], %{{.*}}, %{{.*}} : f32
+// TWO: %[[R:.*]] = tensor.collapse_shape %[[RV]] {{.*}} into tensor<1x2x4x2x256xf32>
+// TWO: %[[Q2:.*]]:2 = "int8attn.group_quantize"(%[[R]])
+// TWO-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
+// TWO-NOT: w_quant
+// TWO-SAME: -> (tensor<1x2x4x2x8x32xi8>, tensor<1x2x4x2x8xf32>)
+// TWO: %[[O2:.*]] = "int8attn.grouped_pv"(%[[Q2]]#0, %[[Q2]]#1, %[[V]])
+// TWO-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
+// TWO-SAME: (tensor<1x2x4x2x8x32xi8>, tensor<1x2x4x2x8xf32>, tensor<1x2x2x256x16xi8>)
+// TWO: %[[O:.*]] = linalg.generic {{.*}} ins(%[[O1]], %[[O2]]
+// TWO: arith.addf
+// TWO: return %[[O]]
+
+// Two-term W over s8: the level is Wq itself (no +128), no column sums.
+// TWO-S8-LABEL: func.func @groups
+// TWO-S8-NOT: column_sums
+// TWO-S8: %[[Q:.*]]:2 = "int8attn.group_quantize"
+// TWO-S8: "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %{{[^,]*}})
+// TWO-S8: linalg.generic
+// TWO-S8: %[[LEVEL:.*]] = arith.extsi %{{.*}} : i8 to i32
+// TWO-S8-NEXT: %[[F:.*]] = arith.sitofp %[[LEVEL]] : i32 to f32
+// TWO-S8: "int8attn.group_quantize"
+// TWO-S8: "int8attn.grouped_pv"
+// TWO-S8: arith.addf
 func.func @groups(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32> {
   %o = "int8attn.folded_pv"(%w, %v) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32>
   return %o : tensor<1x2x4x2x16xf32>
