@@ -106,13 +106,17 @@ class _PartitionKernel:
         self.target = target
         self.waves = model.waves_per_partition
         self.threads = self.waves * self.instruction.wave_size
-        self.rows_out = output_rows(self.shape.rows, self.shape.head_dim, self.threads)
+        self.rows_out = self.tile_rows_out()
         # C registers that hold padding rows on every lane are never computed.
         self.dead = set(self.layout.dead_c_slots(self.rows_out))
         self.pv_dead = set(self.pv_layout.dead_c_slots(self.rows_out))
         # Unsigned W: where each live C element finds sum Vq (a ones row of A), or
         # None for one more MMAC with A all ones.
         self.column_sums = self.layout.column_sum_slots(self.rows_out) if self.unsigned else None
+
+    def tile_rows_out(self) -> int:
+        """Rows of a wave's MMA tile that hold query rows (the rest is padding)."""
+        return output_rows(self.shape.rows, self.shape.head_dim, self.threads)
 
     def argument_types(self):
         return self.access.argument_types(outputs=3)

@@ -51,11 +51,11 @@ class _PrefillKernel(_PartitionKernel):
         # No occupancy hint: the kernel carries o, m and l across the tile loop.
         super().__init__(access, model, target, pv, DecodeTuning(), q_terms, w_quant)
         self.q_tile_rows = ROWS * self.waves
-        self.rows_out = ROWS
+
+    def tile_rows_out(self) -> int:
         # Every row of a wave's tile is a query row (but in the last block), so no
         # C slot is dead and unsigned W takes its column sums from one more MMAC.
-        self.dead, self.pv_dead = set(), set()
-        self.column_sums = self.layout.column_sum_slots(ROWS) if self.unsigned else None
+        return ROWS
 
     @property
     def rows_per_workgroup(self) -> int:

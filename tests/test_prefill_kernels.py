@@ -1,7 +1,7 @@
 """The lane-level prefill kernel (gfx936, gfx942, cuda) in the simulator.
 
 Causal prefill with history: ragged S (not multiples of the 64-token tile),
-Sq = 1 / 37 / 64 / 65 / S, GQA 1 / 4 / 8, D 64 / 128, batch > 1. Every output
+Sq = 1 / 37 / 64 / 65 / S, GQA 1 / 4 / 8 / 20 / 32, D 64 / 128, batch > 1. Every output
 against both references with the target's own fragment model
 (tests/accuracy.py: vs the fragment-level reference 1.25e-5 x max|V| plus the
 exact rounding-tie slack; vs the exact reference the hard W-rounding and
@@ -39,6 +39,9 @@ SHAPES = {
     "sq65_gqa8_d64_b2": (2, 16, 2, 129, 65, 64),
     "sq_is_s_gqa1_d128": (1, 2, 2, 100, 100, 128),
     "sq_is_s_gqa8_d64": (1, 8, 1, 70, 70, 64),
+    # More query heads per KV head than an MMA tile has rows: packed rows span tiles.
+    "sq20_gqa32_d64": (1, 32, 1, 90, 20, 64),
+    "sq9_gqa20_d64": (1, 40, 2, 70, 9, 64),
 }
 
 

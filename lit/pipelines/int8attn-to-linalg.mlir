@@ -21,12 +21,15 @@
 // INT8-NOT: int8attn.
 // INT8: return
 
-// Unsigned W: Wq = u - 128 (a subtraction of 128 before the i8 truncation)
-// and the tiles' +128 * column sums, all lowered.
+// Unsigned W: Wq = u - 128 (a subtraction of 128 before the i8 truncation);
+// the in-place tiles sum u * Vq (u = Wq + 128 where Wq becomes f32), so no
+// column sums are left.
 // U8-LABEL: func.func @decode
 // U8-DAG: %[[C128:.*]] = arith.constant 128 : i32
+// U8-DAG: %[[F128:.*]] = arith.constant 1.280000e+02 : f32
 // U8: arith.subi %{{.*}}, %[[C128]] : i32
-// U8: arith.muli %{{.*}}, %[[C128]] : i32
+// U8: %[[W:.*]] = arith.sitofp %{{.*}} : i8 to f32
+// U8: arith.addf %[[W]], %[[F128]] : f32
 // U8-NOT: int8attn.
 // U8: return
 
