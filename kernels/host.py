@@ -45,6 +45,30 @@ def _real_rows(out: ir.Value, shape, rows_out: int, batch) -> ir.Value:
     return build.collapse(real, [[0], [1, 2], [3]])
 
 
+def _dense_cache_types(s, v_token_innermost: bool) -> list[ir.Type]:
+    """k, k_scale, v, v_scale of a dense graph: [B, Hkv, S, D] (v [B, Hkv, D, S]
+    with `v_token_innermost`) and [B, Hkv, S]."""
+    cache = d.tensor([s.batch, s.kv_heads, s.tokens, s.head_dim], "i8")
+    v_type = (d.tensor([s.batch, s.kv_heads, s.head_dim, s.tokens], "i8")
+              if v_token_innermost else cache)
+    scales = d.tensor([s.batch, s.kv_heads, s.tokens], "f32")
+    return [cache, scales, v_type, scales]
+
+
+def _padded_caches(k, k_scale, v, v_scale, padded: int, v_token_innermost: bool):
+    """The dense cache padded to `padded` tokens, V token-innermost ([.., D, S])."""
+    b, hkv, _, dim = d.shape_of(k)
+    k = build.pad_dim(k, 2, padded, build.zero("i8"))
+    k_scale = build.pad_dim(k_scale, 2, padded, build.zero("f32"))
+    v_scale = build.pad_dim(v_scale, 2, padded, build.zero("f32"))
+    if v_token_innermost:
+        return k, k_scale, build.pad_dim(v, 3, padded, build.zero("i8")), v_scale
+    v = build.pad_dim(v, 2, padded, build.zero("i8"))
+    v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
+                           permutation=[0, 1, 3, 2])
+    return k, k_scale, (v_t if isinstance(v_t, ir.Value) else v_t.result), v_scale
+
+
 def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
                         v_token_innermost: bool = False) -> None:
     """func.func @name(q, k, k_scale, v, v_scale) at the current insertion point.
@@ -55,11 +79,8 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
     access = kernels.access
     s = kernels.shape
     b, hkv, dim, padded = s.batch, s.kv_heads, s.head_dim, access.padded
-    cache = d.tensor([b, hkv, s.tokens, dim], "i8")
-    v_type = d.tensor([b, hkv, dim, s.tokens], "i8") if v_token_innermost else cache
-    scales = d.tensor([b, hkv, s.tokens], "f32")
 
-    @func.FuncOp.from_py_func(q_type, cache, scales, v_type, scales, name=name)
+    @func.FuncOp.from_py_func(q_type, *_dense_cache_types(s, v_token_innermost), name=name)
     def host(q, k, k_scale, v, v_scale):
         k, k_scale, v_t, v_scale = _padded_caches(k, k_scale, v, v_scale, padded,
                                                   v_token_innermost)
@@ -116,31 +137,14 @@ def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
         return tensor.CastOp(result_type, result).result if result.type != result_type else result
 
 
-def _padded_caches(k, k_scale, v, v_scale, padded: int, v_token_innermost: bool):
-    """The dense cache padded to `padded` tokens, V token-innermost ([.., D, S])."""
-    b, hkv, _, dim = d.shape_of(k)
-    k = build.pad_dim(k, 2, padded, build.zero("i8"))
-    k_scale = build.pad_dim(k_scale, 2, padded, build.zero("f32"))
-    v_scale = build.pad_dim(v_scale, 2, padded, build.zero("f32"))
-    if v_token_innermost:
-        return k, k_scale, build.pad_dim(v, 3, padded, build.zero("i8")), v_scale
-    v = build.pad_dim(v, 2, padded, build.zero("i8"))
-    v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
-                           permutation=[0, 1, 3, 2])
-    return k, k_scale, (v_t if isinstance(v_t, ir.Value) else v_t.result), v_scale
-
-
 def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.Type, *,
                                 v_token_innermost: bool = False) -> None:
     """func.func @name(q, k, k_scale, v, v_scale) of a causal prefill graph (v as
     [B, Hkv, D, S] with `v_token_innermost`)."""
     s, padded = kernels.shape, kernels.access.padded
     b, hkv, dim = s.batch, s.kv_heads, s.head_dim
-    cache = d.tensor([b, hkv, s.tokens, dim], "i8")
-    v_type = d.tensor([b, hkv, dim, s.tokens], "i8") if v_token_innermost else cache
-    scales = d.tensor([b, hkv, s.tokens], "f32")
 
-    @func.FuncOp.from_py_func(q_type, cache, scales, v_type, scales, name=name)
+    @func.FuncOp.from_py_func(q_type, *_dense_cache_types(s, v_token_innermost), name=name)
     def host(q, k, k_scale, v, v_scale):
         k, k_scale, v_t, v_scale = _padded_caches(k, k_scale, v, v_scale, padded,
                                                   v_token_innermost)
