@@ -87,8 +87,13 @@ def output_rows(rows: int, head_dim: int, threads: int) -> int:
     return next(r for r in range(rows, ROWS + 1) if r * head_dim % threads == 0)
 
 
-class _PartitionKernel:
-    """Builds the partition kernel body; one method per stage of the docstring."""
+class PartitionKernel:
+    """Builds the partition kernel body; one method per stage of the docstring.
+
+    Its per-wave stages (QK, W quantization, PV) serve the prefill kernel too
+    (kernels/prefill.py), which overrides the hooks: which query rows are staged
+    (`q_tile_rows`, `q_source`, `wave_q_row`), which tokens count (`token_live`)
+    and how many tile rows hold query rows (`tile_rows_out`)."""
 
     def __init__(self, access, model: FragmentModel, target: str, pv: str = "int8",
                  tuning: "DecodeTuning | None" = None, q_terms: int = 1, w_quant: str = "s8"):
@@ -770,7 +775,7 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
     """
     check_decode_shape(access.shape, model)
     tuning = tuning or DEFAULT_TUNING.get(target, DecodeTuning())
-    partition = _PartitionKernel(access, model, target, pv, tuning, q_terms, w_quant)
+    partition = PartitionKernel(access, model, target, pv, tuning, q_terms, w_quant)
     merge = _MergeKernel(access, model, partition.rows_out, partition.tuning)
     module = ir.Module.create()
     wave = model.instruction.wave_size

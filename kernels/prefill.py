@@ -34,7 +34,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math, memref, scf
 
 from int8attn.fragments import FragmentModel
-from int8attn.kernels.decode import ROWS, DecodeTuning, _PartitionKernel, check_head_dim
+from int8attn.kernels.decode import ROWS, DecodeTuning, PartitionKernel, check_head_dim
 from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import PrefillKV, PrefillShape
 from int8attn.kernels.lanes import Lanes, binding, workgroup_id
@@ -43,7 +43,7 @@ from int8attn.passes import quantize_contract as contract
 PREFILL_KERNEL = "prefill_attention"
 
 
-class _PrefillKernel(_PartitionKernel):
+class _PrefillKernel(PartitionKernel):
     """Builds the prefill kernel body on the decode kernel's per-wave stages."""
 
     def __init__(self, access: PrefillKV, model: FragmentModel, target: str, pv: str = "int8",
