@@ -7,7 +7,9 @@
            tensor<?x8x128x16xi8>, tensor<?x8x16xf32>, tensor<?x?xi32>, tensor<?xi32>)
         -> tensor<?x32x128xf32>
 
-q [B, Hq, D]; k_cache [NB, Hkv, BS, D] i8 (a token's D contiguous); v_cache
+q [B, Hq, D] (decode) or [B, Hq, Sq, D] (chunked prefill: each sequence's
+last Sq tokens are its queries, causal over the ones before, as dense
+prefill); k_cache [NB, Hkv, BS, D] i8 (a token's D contiguous); v_cache
 [NB, Hkv, D, BS] i8 (token-innermost); k_scale, v_scale [NB, Hkv, BS] f32;
 block_tables [B, MB] i32; context_lens [B] i32. B, NB and MB may be dynamic;
 Hq, Hkv, D and BS are static. Sequence b attends to its tokens 0 .. len_b - 1,
@@ -88,7 +90,7 @@ def _check_pool(c: _Check, k_cache, k_scale, v_cache, v_scale) -> list[int]:
 @_cext.register_operation(_Dialect)
 class PagedAttentionOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.paged_attention"
-    q = _operand(0, "queries f32/f16/bf16 [B,Hq,D]")
+    q = _operand(0, "queries f32/f16/bf16 [B,Hq,D] (decode) or [B,Hq,Sq,D] (chunked prefill)")
     k_cache, k_scale, v_cache, v_scale = _pool_operands(1)
     block_tables = _operand(5, "i32 [B,MB]: block of each sequence's BS-token slot")
     context_lens = _operand(6, "i32 [B]: tokens of each sequence")
@@ -114,7 +116,8 @@ class PagedAttentionOp(Int8AttnOp):
     def verify(self) -> bool:
         c = _Check(self)
         c.arity(7, 1)
-        qs = c.ranked(self.q, "q", 3, FLOAT_TYPES, dynamic=(0,))
+        rank = 4 if len(shape_of(self.q)) == 4 else 3
+        qs = c.ranked(self.q, "q", rank, FLOAT_TYPES, dynamic=(0,))
         blocks, kv_heads, block_size, head_dim = _check_pool(
             c, self.k_cache, self.k_scale, self.v_cache, self.v_scale)
         tables = c.ranked(self.block_tables, "block_tables", 2, ("i32",), dynamic=(0, 1))
@@ -122,7 +125,7 @@ class PagedAttentionOp(Int8AttnOp):
         c.that(_agree(tables[0], qs[0]) and _agree(lens[0], qs[0]),
                f"q, block_tables and context_lens disagree on the batch: {_dims([qs[0]])}, "
                f"{_dims([tables[0]])}, {_dims([lens[0]])}")
-        c.that(qs[2] == head_dim, f"q has head dim {qs[2]} but k_cache has head dim {head_dim}")
+        c.that(qs[-1] == head_dim, f"q has head dim {qs[-1]} but k_cache has head dim {head_dim}")
         c.that(qs[1] % kv_heads == 0,
                f"query heads ({qs[1]}) must be a multiple of KV heads ({kv_heads}) for GQA")
         _check_block_size(c, self, block_size)
@@ -131,7 +134,7 @@ class PagedAttentionOp(Int8AttnOp):
             c.fail("requires an f32 attribute 'softmax_scale' (e.g. softmax_scale = 0.088 : f32)")
         c.that(np.isfinite(self.softmax_scale) and self.softmax_scale > 0,
                f"attribute 'softmax_scale' must be positive and finite, got {self.softmax_scale}")
-        result = c.ranked(self.result, "result", 3, ("f32",), dynamic=(0,))
+        result = c.ranked(self.result, "result", rank, ("f32",), dynamic=(0,))
         c.that(_agree(result[0], qs[0]) and result[1:] == qs[1:],
                f"result has shape {_dims(result)}, expected {_dims(qs)}")
         return True

@@ -27,11 +27,13 @@ from int8attn.runtime.module import aligned_empty
 
 def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
                           batch="?", blocks="?", slots="?", softmax_scale: float | None = None,
-                          name: str = "paged") -> str:
+                          query_tokens: int | None = None, name: str = "paged") -> str:
     """MLIR text of a function returning one `int8attn.paged_attention` of its seven
-    arguments; B, NB and MB are dynamic ("?") unless given."""
+    arguments; B, NB and MB are dynamic ("?") unless given. With `query_tokens`,
+    q is [B, Hq, Sq, D]: chunked prefill of each sequence's last Sq tokens."""
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
-    q = f"{batch}x{q_heads}x{head_dim}xf32"
+    chunk = "" if query_tokens is None else f"{query_tokens}x"
+    q = f"{batch}x{q_heads}x{chunk}{head_dim}xf32"
     types = [q, *_cache_types(kv_heads, head_dim, block_size, blocks),
              f"{batch}x{slots}xi32", f"{batch}xi32"]
     return (f"func.func @{name}({_arguments(types)}) -> tensor<{q}> {{\n"

@@ -59,11 +59,15 @@ def check_paged_arguments(info, arrays) -> None:
                          f"(one row of each per sequence)")
     blocks, block_size = _pool(info, ops)
     capacity = tables.shape[1] * block_size
+    # A chunked prefill's queries are each sequence's last Sq tokens.
+    shortest = q.shape[2] if q.ndim == 4 else 1
     for b, length in enumerate(lens):
-        if not 1 <= length <= capacity:
+        if not shortest <= length <= capacity:
+            why = (f"its {shortest} new query tokens are the last of its tokens"
+                   if length < shortest else f"its block table has {tables.shape[1]} slots "
+                   f"of {block_size} tokens")
             raise InputError(f"{_label(info, 'context_lens')}: sequence {b} has length "
-                             f"{int(length)}, outside [1, {capacity}] (its block table has "
-                             f"{tables.shape[1]} slots of {block_size} tokens)")
+                             f"{int(length)}, outside [{shortest}, {capacity}] ({why})")
         used = -(-int(length) // block_size)
         ids = tables[b, :used]
         bad = np.flatnonzero((ids < 0) | (ids >= blocks))
@@ -99,11 +103,12 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
     edges = [1, block_size - 1, block_size, block_size + 1, 255, 256, 257, 1000]
     lengths = np.array([edges[i] if i < len(edges) and rng.random() < 0.7 else
                         rng.integers(1, longest + 1) for i in range(batch)])
-    lengths = np.clip(lengths, 1, longest)
+    query_tokens = spec["q"].shape[2] if len(spec["q"].shape) == 4 else 1
+    lengths = np.clip(lengths, query_tokens, max(longest, query_tokens))
     needed = -(-lengths // block_size)
     pool = spec["k_cache"].shape[0]
     while pool is not None and needed.sum() > pool:      # a static pool: shorten to fit
-        lengths = np.maximum(lengths // 2, 1)
+        lengths = np.maximum(lengths // 2, query_tokens)
         needed = -(-lengths // block_size)
     slots = slots or int(needed.max()) + 1
     pool = pool or int(needed.sum()) + 2
@@ -123,7 +128,7 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
     k_scale[~read[:, None, :].repeat(kv_heads, 1)] = np.nan
     v_scale[~read[:, None, :].repeat(kv_heads, 1)] = np.nan
     q_element = {"f32": np.float32, "f16": np.float16}.get(spec["q"].element, np.float32)
-    values = {"q": rng.standard_normal((batch, spec["q"].shape[1], head_dim)).astype(q_element),
+    values = {"q": rng.standard_normal((batch, *spec["q"].shape[1:])).astype(q_element),
               "k_cache": k, "k_scale": k_scale,
               "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale,
               "block_tables": tables, "context_lens": lengths.astype(np.int32)}

@@ -130,7 +130,8 @@ def make_kernel(c: Compilation) -> str:
 def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
     """The decode (dense or paged) or prefill kernels of the graph's attention."""
     from int8attn.kernels.decode import build_decode_kernels, dense_access, paged_access
-    from int8attn.kernels.kv_access import DenseShape, PagedShape, PrefillShape
+    from int8attn.kernels.kv_access import (DenseShape, PagedPrefillShape, PagedShape,
+                                            PrefillShape)
     from int8attn.kernels.prefill import build_prefill_kernels
 
     call, target = info.attention, options.target
@@ -139,7 +140,12 @@ def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
     q_heads, head_dim = q_shape[1], q_shape[-1]
     if call.mode == "paged":
         _, kv_heads, block_size, _ = info.arguments[call.argument("k_cache")].shape
-        access = paged_access(PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size,
+        rows = q_heads // kv_heads
+        if len(q_shape) == 4:           # chunked prefill over the pool
+            shape = PagedPrefillShape(kv_heads, rows, q_shape[2], head_dim, block_size,
+                                      call.softmax_scale)
+            return build_prefill_kernels(shape, model, target, options.pv, **numerics)
+        access = paged_access(PagedShape(kv_heads, rows, head_dim, block_size,
                                          call.softmax_scale), model)
         return build_decode_kernels(access, model, target, options.pv, **numerics)
     batch, kv_heads, tokens, _ = info.arguments[call.argument("k")].shape
@@ -155,6 +161,7 @@ def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
 
 def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
     from int8attn.kernels.host import (build_host_function, build_paged_host_function,
+                                       build_paged_prefill_host_function,
                                        build_prefill_host_function)
 
     def tensor_type(spec):
@@ -163,8 +170,10 @@ def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
 
     mode, q_type = info.attention.mode, tensor_type(info.arguments[0])
     if mode == "paged":
-        build_paged_host_function(kernels, info.name, [tensor_type(a) for a in info.arguments],
-                                  tensor_type(info.results[0]))
+        build = (build_paged_prefill_host_function if kernels.layout["kernel"] == "prefill"
+                 else build_paged_host_function)
+        build(kernels, info.name, [tensor_type(a) for a in info.arguments],
+              tensor_type(info.results[0]))
     elif mode == "prefill":
         build_prefill_host_function(kernels, info.name, q_type,
                                     v_token_innermost=c.options.v_token_innermost)

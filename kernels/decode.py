@@ -747,7 +747,8 @@ class DecodeKernels:
     @property
     def layout(self) -> dict:
         """What a host (the driver's, the simulator's) needs to call the kernels."""
-        return {"rows_out": self.rows_out, "partition_tokens": self.access.partition_tokens}
+        return {"kernel": "decode", "rows_out": self.rows_out,
+                "partition_tokens": self.access.partition_tokens}
 
 
 def check_decode_shape(shape, model: FragmentModel) -> None:

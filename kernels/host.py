@@ -6,6 +6,8 @@ Dense (`int8attn.attention`, decode):
     rows [0, G) -> [B, Hq, D]
 Prefill (`int8attn.attention`, prefill): K, scales, V padded to whole tiles, V
 transposed; flow.dispatch prefill[row blocks, Hkv, B] -> [B, Hq, Sq, D].
+Paged prefill (`int8attn.paged_attention`, q [B, Hq, Sq, D]): one dispatch
+prefill[row blocks, Hkv, B] on the pool as it is.
 Paged (`int8attn.paged_attention`): no copy of the pool; B, NB, MB come from
 the arguments' shapes and the partition count P = ceil(MB * BS / 256) is
 computed at run time, so one compiled module serves every batch.
@@ -153,3 +155,34 @@ def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.T
                           [d.tensor([b, s.q_heads, s.query_tokens, dim], "f32")],
                           [_f32(q), k, k_scale, v_t, v_scale])
         return out
+
+
+def build_paged_prefill_host_function(kernels: PrefillKernels, name: str, argument_types,
+                                      result_type: ir.Type) -> None:
+    """func.func @name(q [B, Hq, Sq, D], k_cache, k_scale, v_cache, v_scale, block_tables,
+    context_lens) of a chunked prefill over the block pool: one dispatch, the pool
+    as it is; any of B, NB, MB may be static or dynamic in the signature."""
+    s = kernels.shape
+    hkv, dim, bs = s.kv_heads, s.head_dim, s.block_size
+    q_shape = [DYN, s.q_heads, s.query_tokens, dim]
+    dynamic = [d.tensor(q_shape, "f32"), d.tensor([DYN, hkv, bs, dim], "i8"),
+               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, hkv, dim, bs], "i8"),
+               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, DYN], "i32"),
+               d.tensor([DYN], "i32")]
+
+    @func.FuncOp.from_py_func(*argument_types, name=name)
+    def host(*arguments):
+        q = _f32(arguments[0])
+        arguments = [tensor.CastOp(t, a).result if a.type != t else a
+                     for t, a in zip(dynamic, [q, *arguments[1:]])]
+        q, k, _, _, _, tables, _ = arguments
+        batch = tensor.DimOp(q, build.index(0)).result
+        blocks = tensor.DimOp(k, build.index(0)).result
+        width = tensor.DimOp(tables, build.index(1)).result
+        (out,) = dispatch(PREFILL_KERNEL,
+                          [build.index(kernels.row_blocks), build.index(hkv), batch],
+                          [d.tensor(q_shape, "f32")], arguments + [batch, blocks, width],
+                          argument_dims=[batch, blocks, blocks, blocks, blocks, batch, width,
+                                         batch],
+                          result_dims=[batch])
+        return tensor.CastOp(result_type, out).result if out.type != result_type else out

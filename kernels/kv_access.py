@@ -9,6 +9,10 @@ into memref indices and says which tokens are live:
   PrefillKV  the dense cache of a prefill graph, [B, Hkv, S_pad, D] K and
            [B, Hkv, D, S_pad] V (host-padded to whole tiles); the kernel moves
            `first` to each tile it visits, liveness is the causal mask.
+  PagedPrefillKV  a chunked prefill over the block pool: each sequence's last
+           Sq tokens are its queries; tokens through the block table as for
+           PagedKV (a token past the length reads the last used slot), the
+           history len_b - Sq and B, NB, MB are run-time values.
   PagedKV  the block pool [NB, Hkv, BS, D] / [NB, Hkv, D, BS] read through the
            block table (DESIGN.md §2b). The partition's block ids are read once
            into LDS; a token past the sequence's length reads its last used
@@ -62,6 +66,20 @@ class PrefillShape:
     tokens: int        # S: the cached tokens, the new ones last
     query_tokens: int  # Sq: the new tokens, causal over the history
     head_dim: int
+    softmax_scale: float
+
+    @property
+    def q_heads(self) -> int:
+        return self.kv_heads * self.rows
+
+
+@dataclass(frozen=True)
+class PagedPrefillShape:
+    kv_heads: int
+    rows: int          # query heads per KV head
+    query_tokens: int  # Sq: the new tokens, the last Sq of each sequence
+    head_dim: int
+    block_size: int
     softmax_scale: float
 
     @property
@@ -143,7 +161,60 @@ class PrefillKV(DenseKV):
         self.v = binding(args[3], kv + (d, self.padded), "i8", zero)
         self.v_scale = binding(args[4], kv + (self.padded,), "f32", zero)
         self.first = zero     # the kernel's tile loop moves it
+        self.batch, self.history = s.batch, s.tokens - s.query_tokens
         return args[self.inputs:]
+
+
+class PagedPrefillKV:
+    """A chunked prefill's K/V through the block table (the pool as PagedKV's)."""
+
+    def __init__(self, shape: PagedPrefillShape, tile_tokens: int, v_load_tokens: int):
+        if shape.block_size % v_load_tokens:
+            raise ValueError(f"block size {shape.block_size} must be a multiple of the "
+                             f"{v_load_tokens}-token V load")
+        self.shape = shape
+        self.partition_tokens = tile_tokens
+
+    inputs = 7                # q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens
+    index_operands = 3        # batch, pool blocks, table width
+
+    def argument_types(self, outputs: int) -> list[ir.Type]:
+        return _types(*["!stream.binding"] * self.inputs, *["index"] * self.index_operands,
+                      *["!stream.binding"] * outputs)
+
+    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
+        s, zero = self.shape, lanes.index(0)
+        self.lanes, (self.b, self.h) = lanes, where
+        self.batch, blocks, width = args[self.inputs:self.inputs + 3]
+        d, bs, pool = s.head_dim, s.block_size, (blocks, s.kv_heads)
+        self.q = binding(args[0], (self.batch, s.q_heads, s.query_tokens, d), "f32", zero)
+        self.k = binding(args[1], pool + (bs, d), "i8", zero)
+        self.k_scale = binding(args[2], pool + (bs,), "f32", zero)
+        self.v = binding(args[3], pool + (d, bs), "i8", zero)
+        self.v_scale = binding(args[4], pool + (bs,), "f32", zero)
+        self.tables = binding(args[5], (self.batch, width), "i32", zero)
+        lengths = binding(args[6], (self.batch,), "i32", zero)
+        length = arith.index_cast(ir.IndexType.get(), memref.load(lengths, [self.b]))
+        self.history = arith.subi(length, lanes.index(s.query_tokens))
+        self.last_slot = arith.divui(arith.subi(length, lanes.index(1)), lanes.index(bs))
+        self.first = zero     # the kernel's tile loop moves it
+        return args[self.inputs + self.index_operands:]
+
+    def _block(self, local: ir.Value):
+        """(block, offset) of tile token `local`; past the length, the last used slot."""
+        lanes, bs = self.lanes, self.lanes.index(self.shape.block_size)
+        token = arith.addi(self.first, local)
+        slot = arith.minui(arith.divui(token, bs), self.last_slot)
+        block = memref.load(self.tables, [self.b, slot])
+        return arith.index_cast(ir.IndexType.get(), block), arith.remui(token, bs)
+
+    def token_row(self, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, offset]
+
+    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, col, offset]
 
 
 class PagedKV:

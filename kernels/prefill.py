@@ -21,6 +21,9 @@ tokens, which is also the contract's prefill tile):
           o' = alpha o + sum_g sW acc_g
   O = o / l, stored for the real rows.
 
+Over the paged cache (chunked prefill: q [B, Hq, Sq, D], each sequence's last
+Sq tokens) the same kernel reads its tiles through the block table and takes
+the history len_b - Sq of its sequence at run time (kv_access.PagedPrefillKV).
 The BF16-PV twin differs only in PV, as for decode. The per-wave stages
 (QK, quantize, PV) are the decode kernel's (kernels/decode.py); only the
 rows, the causal mask and the loop are this file's.
@@ -36,7 +39,8 @@ from iree.compiler.dialects import arith, math, memref, scf
 from int8attn.fragments import FragmentModel
 from int8attn.kernels.decode import ROWS, DecodeTuning, PartitionKernel, check_head_dim
 from int8attn.kernels.executable import build_executable
-from int8attn.kernels.kv_access import PrefillKV, PrefillShape
+from int8attn.kernels.kv_access import (PagedPrefillKV, PagedPrefillShape, PrefillKV,
+                                        PrefillShape)
 from int8attn.kernels.lanes import Lanes, binding, workgroup_id
 from int8attn.passes import quantize_contract as contract
 
@@ -70,13 +74,13 @@ class _PrefillKernel(PartitionKernel):
         self.where, self.block = (b, h), block
         (out_arg,) = self.access.bind(lanes, args, (b, h))
         s = self.shape
-        out = binding(out_arg, (s.batch, s.q_heads, s.query_tokens, s.head_dim), "f32",
-                      lanes.index(0))
+        out = binding(out_arg, (self.access.batch, s.q_heads, s.query_tokens, s.head_dim),
+                      "f32", lanes.index(0))
         self.wave_token0 = lanes.index(0)        # every wave reads the whole tile
         self.q_fragments = self.quantize_q()
         a_steps = self.q_operands()
         row_classes = self._classes = self._live_classes(self.layout.element_rows())
-        self.history = s.tokens - s.query_tokens
+        self.history = self.access.history     # S - Sq: an int, or a sequence's own
         self.query_tokens = [self._query_token(self._row_map(members[0]))
                              for members in row_classes]
         o, l = self.tile_loop(a_steps, row_classes)
@@ -131,7 +135,9 @@ class _PrefillKernel(PartitionKernel):
         last_row = arith.minui(lanes.affine((self.block, self.q_tile_rows), self.q_tile_rows - 1),
                                lanes.index(s.query_tokens * s.rows - 1))
         token, _ = self._token_and_head(last_row)
-        seen = lanes.plus(token, self.history + 1)
+        last_key = (lanes.plus(token, self.history) if isinstance(self.history, int)
+                    else arith.addi(token, self.history))
+        seen = lanes.plus(last_key, 1)
         tile = self.model.wave_tokens
         return arith.divui(lanes.plus(seen, tile - 1), lanes.index(tile))
 
@@ -238,17 +244,17 @@ class PrefillKernels:
     """The prefill executable, and what the host must pass it."""
 
     module: ir.Operation
-    access: PrefillKV
+    access: PrefillKV | PagedPrefillKV
     rows_per_workgroup: int
 
     @property
-    def shape(self) -> PrefillShape:
+    def shape(self) -> PrefillShape | PagedPrefillShape:
         return self.access.shape
 
     @property
     def layout(self) -> dict:
         """What a host (the driver's, the simulator's) needs to call the kernel."""
-        return {"rows_per_workgroup": self.rows_per_workgroup,
+        return {"kernel": "prefill", "rows_per_workgroup": self.rows_per_workgroup,
                 "tile_tokens": self.access.partition_tokens}
 
     @property
@@ -257,19 +263,24 @@ class PrefillKernels:
         return -(-s.query_tokens * s.rows // self.rows_per_workgroup)
 
 
-def check_prefill_shape(shape: PrefillShape, model: FragmentModel) -> None:
+def check_prefill_shape(shape: PrefillShape | PagedPrefillShape, model: FragmentModel) -> None:
     check_head_dim(shape, model)
-    if shape.query_tokens > shape.tokens:
+    if isinstance(shape, PrefillShape) and shape.query_tokens > shape.tokens:
         raise ValueError(f"{shape.query_tokens} query tokens are more than the "
                          f"{shape.tokens} tokens of the sequence they end")
 
 
-def build_prefill_kernels(shape: PrefillShape, model: FragmentModel, target: str,
-                          pv: str = "int8", q_terms: int = 1,
+def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, model: FragmentModel,
+                          target: str, pv: str = "int8", q_terms: int = 1,
                           w_quant: str = "s8") -> PrefillKernels:
-    """A module holding the prefill stream.executable (needs an active context)."""
+    """A module holding the prefill stream.executable (needs an active context):
+    over a dense cache (PrefillShape), or a chunked prefill over the block pool
+    (PagedPrefillShape: B, NB, MB and each sequence's length at run time)."""
     check_prefill_shape(shape, model)
-    access = PrefillKV(shape, model.wave_tokens)
+    if isinstance(shape, PagedPrefillShape):
+        access = PagedPrefillKV(shape, model.wave_tokens, model.v_load.bytes_per_lane)
+    else:
+        access = PrefillKV(shape, model.wave_tokens)
     kernel = _PrefillKernel(access, model, target, pv, q_terms, w_quant)
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):

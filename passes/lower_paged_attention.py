@@ -17,6 +17,12 @@ Rewrites `int8attn.paged_attention` (B, NB, MB possibly dynamic) into
         L' = exp(M - M') L + w;  O' = exp(M - M') O + w O_p
       out[b] = O / L
 
+Chunked prefill (q [B, Hq, Sq, D]: each sequence's last Sq tokens) loops over
+the sequence's `tile-tokens`-token KV tiles instead, gathered the same way:
+scores with the causal mask of a sequence of len_b tokens (history len_b - Sq,
+`contract.causal_visible`), and the dense prefill's online-softmax step
+(`prefill_online_softmax.online_softmax_tile`) carrying (m, l, o); out = o / l.
+
 Each partition is the dense decode contract's (T = `partition-tokens` over the
 sequence's own length, the same `int8attn.pv` and so the same W groups), with
 static shapes inside the loops; one compiled module serves every B, NB, MB and
@@ -36,6 +42,7 @@ from int8attn.dialects import int8attn as d
 from int8attn.passes import builders as build
 from int8attn.passes.decode_split_kv import partition_softmax
 from int8attn.passes.int8_qk import group_query_rows, int8_scores, quantize_q, ungroup_query_rows
+from int8attn.passes.prefill_online_softmax import causal_mask, online_softmax_tile
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.reference.common import QTerms
 from int8attn.support.options import TypedOptions, option
@@ -134,50 +141,86 @@ def _merge(state, part):
     return m_new, l_new, o_new
 
 
-def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int, q_terms: int = 1):
+def _count(length: ir.Value, unit: int) -> ir.Value:
+    """ceil(length / unit)."""
+    return arith.divui(arith.addi(length, build.index(unit - 1)), build.index(unit))
+
+
+def _decode_sequence(op, seq: _Sequence, terms, state, partition_tokens: int):
+    """(L, O) of one sequence's decode: its partitions merged by a running LSE."""
+    partitions = scf.ForOp(build.index(0), _count(seq.length, partition_tokens),
+                           build.index(1), state)
+    with ir.InsertionPoint(partitions.body):
+        part = _partition(op, seq, terms, partitions.induction_variable, partition_tokens)
+        scf.YieldOp(list(_merge(list(partitions.inner_iter_args), part)))
+    return partitions.results[1], partitions.results[2]
+
+
+def _prefill_sequence(op, seq: _Sequence, terms, state, query_tokens: int, tile_tokens: int):
+    """(l, o) of one sequence's chunked prefill: its last `query_tokens` tokens
+    attend causally, tile by tile (the dense prefill contract's tiles)."""
+    history = arith.subi(seq.length, build.index(query_tokens))
+    tiles = scf.ForOp(build.index(0), _count(seq.length, tile_tokens), build.index(1), state)
+    with ir.InsertionPoint(tiles.body):
+        start = arith.muli(tiles.induction_variable, build.index(tile_tokens))
+        k = seq.gather(start, tile_tokens, "k")
+        k_scale = build.collapse(seq.gather(start, tile_tokens, "k_scale"), [[0], [1], [2, 3]])
+        scores = causal_mask(int8_scores(terms, k, k_scale, op.softmax_scale), query_tokens,
+                             history, start)
+        batch, kv_heads, rows, _ = d.shape_of(scores)
+        s_tile = build.expand(scores, [[0], [1], [2], [3, 4]],
+                              [batch, kv_heads, rows, 1, tile_tokens])
+        scf.YieldOp(list(online_softmax_tile(
+            s_tile, seq.gather(start, tile_tokens, "v"), seq.gather(start, tile_tokens, "v_scale"),
+            *tiles.inner_iter_args)))
+    return tiles.results[1], tiles.results[2]
+
+
+def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int, q_terms: int = 1,
+                tile_tokens: int = 64):
     q = op.q
-    q_heads, head_dim = d.shape_of(q)[1:]
+    q_shape = d.shape_of(q)
+    q_heads, head_dim = q_shape[1], q_shape[-1]
+    query_tokens = q_shape[2] if len(q_shape) == 4 else None
     kv_heads = d.shape_of(op.k_cache)[1]
-    rows = q_heads // kv_heads
+    rows = q_heads // kv_heads * (query_tokens or 1)
+    one = [1] + q_shape[1:]
     with rewriter.ip, op.location:
         batch = tensor.DimOp(q, build.index(0)).result
-        result = tensor.EmptyOp([batch, q_heads, head_dim], ir.F32Type.get()).result
+        result = tensor.EmptyOp([batch] + q_shape[1:], ir.F32Type.get()).result
         sequences = scf.ForOp(build.index(0), batch, build.index(1), [result])
         with ir.InsertionPoint(sequences.body):
             b, out = sequences.induction_variable, sequences.inner_iter_args[0]
             q_b = build.unit_slice(q, 0, b)
             if d.element_of(q) != "f32":
-                q_b = arith.extf(d.tensor([1, q_heads, head_dim], "f32"), q_b)
+                q_b = arith.extf(d.tensor(one, "f32"), q_b)
             terms = quantize_q(group_query_rows(q_b, kv_heads), q_terms)
-            length = _index_of(op.context_lens, [b])
-            seq = _Sequence(op, b, length)
-            parts = arith.divui(arith.addi(length, build.index(partition_tokens - 1)),
-                                build.index(partition_tokens))
+            seq = _Sequence(op, b, _index_of(op.context_lens, [b]))
             state = [build.full([1, kv_heads, rows], "f32", build.f32(float("-inf"))),
                      build.zeros([1, kv_heads, rows], "f32"),
                      build.zeros([1, kv_heads, rows, head_dim], "f32")]
-            partitions = scf.ForOp(build.index(0), parts, build.index(1), state)
-            with ir.InsertionPoint(partitions.body):
-                part = _partition(op, seq, terms, partitions.induction_variable,
-                                  partition_tokens)
-                scf.YieldOp(list(_merge(list(partitions.inner_iter_args), part)))
-            _, l_final, o_final = partitions.results
+            if query_tokens is None:
+                l_final, o_final = _decode_sequence(op, seq, terms, state, partition_tokens)
+            else:
+                l_final, o_final = _prefill_sequence(op, seq, terms, state, query_tokens,
+                                                     tile_tokens)
             o_b = build.generic([o_final, l_final], ["bhrd", "bhr"], "bhrd",
                                 build.empty([1, kv_heads, rows, head_dim], "f32"),
                                 lambda o_i, l_i, _: arith.divf(o_i, l_i))
-            scf.YieldOp([build.insert_unit_slice(ungroup_query_rows(o_b, [1, q_heads, head_dim]),
-                                                 out, 0, b)])
+            scf.YieldOp([build.insert_unit_slice(ungroup_query_rows(o_b, one), out, 0, b)])
     rewriter.replace_op(op, [sequences.results[0]])
 
 
 @dataclass(frozen=True)
 class LowerPagedAttention(TypedOptions):
-    """Lower paged decode to loops over sequences and partitions gathered through the block table."""
+    """Lower paged decode (and chunked prefill) to loops over sequences and their
+    partitions (tiles) gathered through the block table."""
 
     argument: ClassVar[str] = "lower-paged-attention"
     partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
     q_terms: QTerms = option(1, "INT8 terms of q, as int8-qk's")
+    tile_tokens: int = option(64, "tokens per KV tile of a chunked prefill", minimum=1)
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.PAGED_ATTENTION: lambda op, rw: lower_paged(
-            op, rw, self.partition_tokens, self.q_terms)})
+            op, rw, self.partition_tokens, self.q_terms, self.tile_tokens)})

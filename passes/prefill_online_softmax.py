@@ -32,13 +32,17 @@ from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 
 
-def _causal_mask(scores: ir.Value, query_tokens: int, tokens: int) -> ir.Value:
-    """-inf where a token lies after the row's own query position (or past S)."""
-    history = tokens - query_tokens
+def causal_mask(scores: ir.Value, query_tokens: int, history: int | ir.Value,
+                first: ir.Value | None = None) -> ir.Value:
+    """scores [B,Hkv,R,T] (rows head-major: query token r % Sq) with -inf where a
+    token lies after the row's own query position; token t of the scores is key
+    `first + t` (first: 0 unless given) of a sequence of `history` + Sq tokens."""
     neg_inf = build.f32(float("-inf"))
 
     def body(score, _):
         row, token = build.loop_index(2), build.loop_index(3)
+        if first is not None:
+            token = arith.addi(first, token)
         query_token = arith.remui(row, build.index(query_tokens))
         visible = contract.causal_visible(token, query_token, history, build.index)
         return arith.select(visible, score, neg_inf)
@@ -49,6 +53,38 @@ def _causal_mask(scores: ir.Value, query_tokens: int, tokens: int) -> ir.Value:
 
 def _is_neg_inf(x: ir.Value) -> ir.Value:
     return arith.cmpf(arith.CmpFPredicate.OEQ, x, build.f32(float("-inf")))
+
+
+def online_softmax_tile(s_tile, v_tile, vs_tile, m, l, o):
+    """One KV tile of the contract's online softmax: scores s_tile [B,Hkv,R,1,T]
+    (-inf where masked), v_tile [B,Hkv,1,T,D], vs_tile [B,Hkv,1,T]; the carried
+    (m, l [B,Hkv,R], o [B,Hkv,R,D]) -> (m', l', o') with the guarded alpha."""
+    state = d.shape_of(m)
+    head_dim = d.shape_of(o)[-1]
+    neg_inf = build.f32(float("-inf"))
+    m_tile = build.generic([s_tile], ["bhrnt"], "bhr", build.full(state, "f32", neg_inf),
+                           lambda s, acc: arith.maximumf(acc, s))
+    m_new = build.generic([m, m_tile], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
+                          lambda a, b, _: arith.maximumf(a, b))
+    alpha = build.generic(
+        [m, m_new], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
+        lambda old, new, _: arith.select(_is_neg_inf(new), build.f32(1.0),
+                                         math.exp(arith.subf(old, new))))
+    p = build.generic(
+        [s_tile, m_new], ["bhrnt", "bhr"], "bhrnt", build.empty(d.shape_of(s_tile), "f32"),
+        lambda s, new, _: arith.select(_is_neg_inf(new), build.f32(0.0),
+                                       math.exp(arith.subf(s, new))))
+    tile_out = d.pv(p, v_tile, vs_tile)
+    scaled_l = build.generic([l, alpha], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
+                             lambda l_i, a, _: arith.mulf(a, l_i))
+    l_new = build.generic([p], ["bhrnt"], "bhr", scaled_l,
+                          lambda p_i, acc: arith.addf(acc, p_i))
+    scaled_o = build.generic([o, alpha], ["bhrd", "bhr"], "bhrd",
+                             build.empty(state + [head_dim], "f32"),
+                             lambda o_i, a, _: arith.mulf(a, o_i))
+    o_new = build.generic([tile_out], ["bhrnd"], "bhrd", scaled_o,
+                          lambda x, acc: arith.addf(acc, x))
+    return m_new, l_new, o_new
 
 
 def online_softmax(op: d.SoftmaxPVOp, rewriter, tile_tokens: int):
@@ -64,7 +100,8 @@ def online_softmax(op: d.SoftmaxPVOp, rewriter, tile_tokens: int):
     with rewriter.ip, op.location:
         neg_inf, zero = build.f32(float("-inf")), build.f32(0.0)
         scores = build.pad_dim(scores, 3, padded, neg_inf)
-        scores = build.expand(_causal_mask(scores, query_tokens, tokens), [[0], [1], [2], [3, 4]],
+        scores = build.expand(causal_mask(scores, query_tokens, tokens - query_tokens),
+                              [[0], [1], [2], [3, 4]],
                               state + [tiles, tile_tokens])
         v = build.expand(build.pad_dim(v, 2, padded, build.zero("i8")), [[0], [1], [2, 3], [4]],
                          [batch, kv_heads, tiles, tile_tokens, head_dim])
@@ -79,28 +116,7 @@ def online_softmax(op: d.SoftmaxPVOp, rewriter, tile_tokens: int):
             s_tile = build.unit_slice(scores, 3, tile)
             v_tile = build.unit_slice(v, 2, tile)
             vs_tile = build.unit_slice(v_scale, 2, tile)
-            m_tile = build.generic([s_tile], ["bhrnt"], "bhr", build.full(state, "f32", neg_inf),
-                                   lambda s, acc: arith.maximumf(acc, s))
-            m_new = build.generic([m, m_tile], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
-                                  lambda a, b, _: arith.maximumf(a, b))
-            alpha = build.generic(
-                [m, m_new], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
-                lambda old, new, _: arith.select(_is_neg_inf(new), build.f32(1.0),
-                                                 math.exp(arith.subf(old, new))))
-            p = build.generic(
-                [s_tile, m_new], ["bhrnt", "bhr"], "bhrnt", build.empty(d.shape_of(s_tile), "f32"),
-                lambda s, new, _: arith.select(_is_neg_inf(new), build.f32(0.0),
-                                               math.exp(arith.subf(s, new))))
-            tile_out = d.pv(p, v_tile, vs_tile)
-            scaled_l = build.generic([l, alpha], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
-                                     lambda l_i, a, _: arith.mulf(a, l_i))
-            l_new = build.generic([p], ["bhrnt"], "bhr", scaled_l,
-                                  lambda p_i, acc: arith.addf(acc, p_i))
-            scaled_o = build.generic([o, alpha], ["bhrd", "bhr"], "bhrd",
-                                     build.empty(state + [head_dim], "f32"),
-                                     lambda o_i, a, _: arith.mulf(a, o_i))
-            o_new = build.generic([tile_out], ["bhrnd"], "bhrd", scaled_o,
-                                  lambda x, acc: arith.addf(acc, x))
+            m_new, l_new, o_new = online_softmax_tile(s_tile, v_tile, vs_tile, m, l, o)
             scf.YieldOp([m_new, l_new, o_new])
         _, l_final, o_final = loop.results
         out = build.generic([o_final, l_final], ["bhrd", "bhr"], "bhrd",

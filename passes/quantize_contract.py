@@ -153,12 +153,13 @@ def w_residual(w: ir.Value, wq: ir.Value, scale: ir.Value, unsigned: bool) -> ir
     return q_residual(w, w_level(wq, unsigned), scale)
 
 
-def causal_visible(token: ir.Value, query_token: ir.Value, history: int,
+def causal_visible(token: ir.Value, query_token: ir.Value, history: int | ir.Value,
                    index: Callable[[int], ir.Value]) -> ir.Value:
     """The causal prefill mask (DESIGN.md §2): key `token` (0..S-1) is visible to
     new query token `query_token` (0..Sq-1, the last Sq of S) iff
-    token <= history + query_token, history = S - Sq. `index` makes an index constant."""
-    position = arith.addi(query_token, index(history))
+    token <= history + query_token, history = S - Sq (an int, or an index value
+    for a paged sequence's own length). `index` makes an index constant."""
+    position = arith.addi(query_token, index(history) if isinstance(history, int) else history)
     return arith.cmpi(arith.CmpIPredicate.ule, token, position)
 
 

@@ -98,7 +98,7 @@ def to_algorithm(options: PipelineOptions) -> list:
     else:
         pv = [FloatPV(options.pv)]
     return [Int8QK(options.q_terms), LowerCacheWrite(),
-            LowerPagedAttention(options.partition_tokens, options.q_terms),
+            LowerPagedAttention(options.partition_tokens, options.q_terms, options.tile_tokens),
             DecodeSplitKV(options.partition_tokens),
             PrefillOnlineSoftmax(options.tile_tokens), FoldVScale(), *pv]
 

@@ -15,7 +15,7 @@ from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build
                                      dense_access, paged_access)
 from int8attn.kernels.kv_access import DenseShape, PagedShape
 from int8attn.reference.common import pad_tokens
-from int8attn.simulator.prefill import run_prefill_kernels
+from int8attn.simulator.prefill import run_paged_prefill_kernels, run_prefill_kernels
 from int8attn.simulator.run import run_executable
 from int8attn.support.ir import new_context
 
@@ -68,7 +68,10 @@ def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v
     return _real_rows(out, q_heads)
 
 
-RUNNERS = {"decode": run_dense_kernels, "paged": run_paged_kernels, "prefill": run_prefill_kernels}
+# (the graph's mode, the kernel the driver built for it) -> the host work around it.
+RUNNERS = {("decode", "decode"): run_dense_kernels, ("paged", "decode"): run_paged_kernels,
+           ("prefill", "prefill"): run_prefill_kernels,
+           ("paged", "prefill"): run_paged_prefill_kernels}
 
 
 def _build(access, target, fragments, pv, numerics):
@@ -116,7 +119,7 @@ def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_
 def simulate_kernel_ir(kernel_ir: str, layout: dict, arrays) -> np.ndarray:
     """The driver's `kernel` artifact (MLIR text) run in the simulator on the
     function's arguments (dense decode and prefill: q, k, k_scale, v, v_scale;
-    paged: the seven)."""
+    paged decode and chunked prefill: the seven)."""
     with new_context():
         module = ir.Operation.parse(kernel_ir)
-        return RUNNERS[layout["mode"]](module, layout, *arrays)
+        return RUNNERS[layout["mode"], layout["kernel"]](module, layout, *arrays)

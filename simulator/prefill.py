@@ -1,7 +1,8 @@
 """Prefill attention through the generated lane-level kernel, simulated.
 
-The host part is the IREE host function's work in numpy (K/V padded to whole
-tiles, V to the token-innermost layout); the kernel runs in the lane simulator.
+The host part is the IREE host function's work in numpy (dense: K/V padded to
+whole tiles, V to the token-innermost layout; paged: the pool as it is); the
+kernel runs in the lane simulator.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 from iree.compiler import ir
 
 from int8attn.fragments import FragmentModel, fragment_model
-from int8attn.kernels.kv_access import PrefillShape
+from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
 from int8attn.kernels.prefill import PREFILL_KERNEL, build_prefill_kernels
 from int8attn.reference.common import pad_tokens
 from int8attn.simulator.run import run_executable
@@ -46,3 +47,33 @@ def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
         model = fragments or fragment_model(target)
         built = build_prefill_kernels(shape, model, target, pv, **numerics)
         return run_prefill_kernels(built.module, built.layout, q, k, k_scale, v, v_scale)
+
+
+def run_paged_prefill_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v_cache,
+                              v_scale, block_tables, context_lens):
+    """A chunked prefill over the block pool: the kernel on the pool as it is."""
+    batch, q_heads, query_tokens, _ = q.shape
+    blocks, kv_heads = k_cache.shape[:2]
+    inputs = [np.asarray(q, np.float32), k_cache, k_scale, v_cache, v_scale,
+              np.asarray(block_tables, np.int32), np.asarray(context_lens, np.int32)]
+    out = np.zeros(q.shape, np.float32)
+    row_blocks = -(-query_tokens * (q_heads // kv_heads) // layout["rows_per_workgroup"])
+    run_executable(module, PREFILL_KERNEL, (row_blocks, kv_heads, batch),
+                   inputs + [batch, blocks, block_tables.shape[1], out])
+    return out
+
+
+def simulate_paged_prefill(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
+                           softmax_scale: float, *, target: str = "gfx936",
+                           fragments: FragmentModel | None = None, pv: str = "int8",
+                           **numerics) -> np.ndarray:
+    """Output [B, Hq, Sq, D] of the chunked-prefill kernel over the block pool."""
+    q_heads, query_tokens, head_dim = q.shape[1:]
+    kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    shape = PagedPrefillShape(kv_heads, q_heads // kv_heads, query_tokens, head_dim, block_size,
+                              float(np.float32(softmax_scale)))
+    with new_context(), ir.Location.unknown():
+        model = fragments or fragment_model(target)
+        built = build_prefill_kernels(shape, model, target, pv, **numerics)
+        return run_paged_prefill_kernels(built.module, built.layout, q, k_cache, k_scale,
+                                         v_cache, v_scale, block_tables, context_lens)
