@@ -31,9 +31,11 @@ def paged_graph(q_heads, kv_heads, head_dim, block_size, *, batch="?", blocks="?
                                  blocks=blocks, slots=slots, softmax_scale=scale)
 
 
-def paged_batch(rng, lengths, q_heads, kv_heads, head_dim, block_size, spare_blocks=3):
+def paged_batch(rng, lengths, q_heads, kv_heads, head_dim, block_size, spare_blocks=3,
+                query_tokens=None):
     """A pool with the sequences' blocks shuffled, garbage in unused table slots and
-    NaN scales in every pool slot no sequence reads."""
+    NaN scales in every pool slot no sequence reads; q [B, Hq, D], or [B, Hq, Sq, D]
+    with `query_tokens` (a chunked prefill)."""
     needed = [-(-n // block_size) for n in lengths]
     pool = sum(needed) + spare_blocks
     slots = max(needed) + 2
@@ -53,7 +55,8 @@ def paged_batch(rng, lengths, q_heads, kv_heads, head_dim, block_size, spare_blo
         read[tables[b, t // block_size], t % block_size] = True
     ks[np.broadcast_to(~read[:, None], ks.shape)] = np.nan
     vs[np.broadcast_to(~read[:, None], vs.shape)] = np.nan
-    q = rng.standard_normal((len(lengths), q_heads, head_dim)).astype(np.float32)
+    chunk = () if query_tokens is None else (query_tokens,)
+    q = rng.standard_normal((len(lengths), q_heads, *chunk, head_dim)).astype(np.float32)
     return [q, k, ks, np.ascontiguousarray(v.transpose(0, 1, 3, 2)), vs, tables,
             np.array(lengths, np.int32)]
 
