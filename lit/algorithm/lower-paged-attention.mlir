@@ -1,6 +1,6 @@
-// RUN: int8attn-opt %s -p lower-paged-attention | filecheck %s
-// RUN: int8attn-opt %s -p "lower-paged-attention{partition-tokens=64}" | filecheck %s --check-prefix=T64
-// RUN: int8attn-opt %s --pipeline int8attn-to-algorithm | filecheck %s --check-prefix=ALGO
+// RUN: int8attn-opt %s --split-input-file -p lower-paged-attention | filecheck %s --check-prefixes=CHECK,PREFILL
+// RUN: int8attn-opt %s --split-input-file -p "lower-paged-attention{partition-tokens=64}" | filecheck %s --check-prefix=T64
+// RUN: int8attn-opt %s --split-input-file --pipeline int8attn-to-algorithm | filecheck %s --check-prefix=ALGO
 
 // A loop over the (dynamic) batch; per sequence the query rows are quantized
 // once, then a loop over its own partitions gathers each partition's tokens
@@ -53,4 +53,35 @@
 func.func @paged(%q: tensor<?x8x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<?x2x16xf32>, %vc: tensor<?x2x64x16xi8>, %vs: tensor<?x2x16xf32>, %bt: tensor<?x?xi32>, %cl: tensor<?xi32>) -> tensor<?x8x64xf32> {
   %o = "int8attn.paged_attention"(%q, %kc, %ks, %vc, %vs, %bt, %cl) {block_size = 16 : i64, softmax_scale = 0.125 : f32} : (tensor<?x8x64xf32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x64xf32>
   return %o : tensor<?x8x64xf32>
+}
+
+// -----
+
+// Chunked prefill (q [B, Hq, Sq, D]): per sequence the Sq*G query rows (head-major)
+// are quantized once, then a loop over its own 64-token tiles gathers them through
+// the block table, masks causally with the sequence's history len - Sq
+// (contract.causal_visible: key <= history + row % Sq) and runs the dense
+// prefill's online-softmax step (int8attn.pv on the tile) carrying (m, l, o).
+// PREFILL-LABEL: func.func @chunk
+// PREFILL: scf.for %[[SEQ:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[ACC:.*]] = %{{.*}}) -> (tensor<?x8x37x64xf32>)
+// PREFILL:   "int8attn.quantize"(%{{.*}}) : (tensor<1x2x148x64xf32>) -> (tensor<1x2x148x64xi8>, tensor<1x2x148xf32>)
+// PREFILL:   %[[LEN:.*]] = arith.index_cast %{{.*}} : i32 to index
+// PREFILL:   %[[HISTORY:.*]] = arith.subi %[[LEN]], %c37 : index
+// PREFILL:   %[[TILES:.*]] = arith.divui %{{.*}}, %c64 : index
+// PREFILL:   scf.for %[[T:.*]] = %{{.*}} to %[[TILES]] step %{{.*}} iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (tensor<1x2x148xf32>, tensor<1x2x148xf32>, tensor<1x2x148x64xf32>)
+// PREFILL:     %[[START:.*]] = arith.muli %[[T]], %c64 : index
+// PREFILL:     linalg.generic {{.*}} outs(%{{.*}} : tensor<1x2x64x64xi8>)
+// PREFILL:       tensor.extract %{{.*}}[%[[SEQ]], %{{.*}}] : tensor<?x?xi32>
+// PREFILL:     linalg.generic {{.*}} ins(%{{.*}} : tensor<1x2x148x64xf32>) outs(%{{.*}} : tensor<1x2x148x64xf32>)
+// PREFILL:       %[[KEY:.*]] = arith.addi %[[START]], %{{.*}} : index
+// PREFILL:       %[[QTOKEN:.*]] = arith.remui %{{.*}}, %c37 : index
+// PREFILL:       %[[LAST:.*]] = arith.addi %[[QTOKEN]], %[[HISTORY]] : index
+// PREFILL:       arith.cmpi ule, %[[KEY]], %[[LAST]] : index
+// PREFILL:     "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x148x1x64xf32>, tensor<1x2x1x64x64xi8>, tensor<1x2x1x64xf32>) -> tensor<1x2x148x1x64xf32>
+// PREFILL:     scf.yield
+// PREFILL:   arith.divf
+// PREFILL:   tensor.insert_slice %{{.*}} into %[[ACC]][%[[SEQ]], 0, 0, 0] [1, 8, 37, 64] [1, 1, 1, 1]
+func.func @chunk(%q: tensor<?x8x37x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<?x2x16xf32>, %vc: tensor<?x2x64x16xi8>, %vs: tensor<?x2x16xf32>, %bt: tensor<?x?xi32>, %cl: tensor<?xi32>) -> tensor<?x8x37x64xf32> {
+  %o = "int8attn.paged_attention"(%q, %kc, %ks, %vc, %vs, %bt, %cl) {block_size = 16 : i64, softmax_scale = 0.125 : f32} : (tensor<?x8x37x64xf32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x37x64xf32>
+  return %o : tensor<?x8x37x64xf32>
 }

@@ -57,3 +57,12 @@ func.func @scale(%q: tensor<?x8x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<
   %o = "int8attn.paged_attention"(%q, %kc, %ks, %vc, %vs, %bt, %cl) {block_size = 16 : i64, softmax_scale = -1.0 : f32} : (tensor<?x8x64xf32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x64xf32>
   return %o : tensor<?x8x64xf32>
 }
+
+// -----
+
+// A chunked prefill (q [B, Hq, Sq, D]) returns [B, Hq, Sq, D].
+// CHECK: paged-attention-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.paged_attention' op result must have rank 4, got tensor<?x8x64xf32>
+func.func @chunk_result(%q: tensor<?x8x5x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<?x2x16xf32>, %vc: tensor<?x2x64x16xi8>, %vs: tensor<?x2x16xf32>, %bt: tensor<?x?xi32>, %cl: tensor<?xi32>) -> tensor<?x8x64xf32> {
+  %o = "int8attn.paged_attention"(%q, %kc, %ks, %vc, %vs, %bt, %cl) {block_size = 16 : i64, softmax_scale = 0.125 : f32} : (tensor<?x8x5x64xf32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x64xf32>
+  return %o : tensor<?x8x64xf32>
+}
