@@ -115,8 +115,8 @@ def make_kernel(c: Compilation) -> str:
         try:
             kernels = _build_kernels(info, model, c.options)
         except (ValueError, KeyError) as error:
-            raise DiagnosticError(attention.location, f"the {target} {mode} kernel: "
-                                  + str(error).strip("'")) from None
+            raise DiagnosticError(attention.location, f"the {target} {_kernel_name(info)} "
+                                  f"kernel: " + str(error).strip("'")) from None
         with ir.InsertionPoint(kernels.module.regions[0].blocks[0]):
             _build_host(c, info, kernels)
         run_passes(kernels.module, [UpstreamPass("canonicalize")])
@@ -125,6 +125,15 @@ def make_kernel(c: Compilation) -> str:
     if c.options.v_token_innermost:
         c.functions = describe_functions(c.module)
     return str(c.module)
+
+
+def _kernel_name(info: FunctionInfo) -> str:
+    """decode, prefill, paged decode or paged prefill (a chunked prefill's q is 4-D)."""
+    call = info.attention
+    if call.mode != "paged":
+        return call.mode
+    rank = len(info.arguments[call.argument("q")].shape)
+    return "paged prefill" if rank == 4 else "paged decode"
 
 
 def _build_kernels(info: FunctionInfo, model, options: CompileOptions):

@@ -191,7 +191,7 @@ def test_kernel_targets_compile_the_paged_op_and_refuse_cache_write(tmp_path, ca
     # A block the 16-byte V loads would straddle: located at the op, with the reason.
     path.write_text(paged_graph(4, 2, 32, 8))
     assert cli.main(["compile", str(path), "--target", "cuda", "-o", str(tmp_path / "k")]) == 1
-    assert (f"{path}:2:8: error: the cuda decode kernel: block size 8 must be a multiple "
+    assert (f"{path}:2:8: error: the cuda paged decode kernel: block size 8 must be a multiple "
             f"of the 16-token V load") in capsys.readouterr().err
     write = tmp_path / "write.mlir"
     example = Path(__file__).resolve().parent.parent / "examples" / "paged_decode.mlir"
