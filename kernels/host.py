@@ -99,6 +99,34 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
         return _real_rows(out, s, kernels.rows_out, b)
 
 
+class _PagedArguments:
+    """A paged function's seven arguments cast to the kernels' dynamic types
+    (q as f32), and the run-time sizes B, NB and MB read off them."""
+
+    def __init__(self, shape, arguments, q_dims):
+        hkv, dim, bs = shape.kv_heads, shape.head_dim, shape.block_size
+        dynamic = [d.tensor([DYN, *q_dims], "f32"), d.tensor([DYN, hkv, bs, dim], "i8"),
+                   d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, hkv, dim, bs], "i8"),
+                   d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, DYN], "i32"),
+                   d.tensor([DYN], "i32")]
+        self.values = [tensor.CastOp(t, a).result if a.type != t else a
+                       for t, a in zip(dynamic, [_f32(arguments[0]), *arguments[1:]])]
+        q, k, tables = self.values[0], self.values[1], self.values[5]
+        self.batch = tensor.DimOp(q, build.index(0)).result
+        self.blocks = tensor.DimOp(k, build.index(0)).result
+        self.width = tensor.DimOp(tables, build.index(1)).result
+
+    @property
+    def dims(self) -> list[ir.Value]:
+        """The dynamic dims of the seven tensors, in order (for flow.dispatch)."""
+        b, nb = self.batch, self.blocks
+        return [b, nb, nb, nb, nb, b, self.width, b]
+
+
+def _cast(value: ir.Value, result_type: ir.Type) -> ir.Value:
+    return tensor.CastOp(result_type, value).result if value.type != result_type else value
+
+
 def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
                               result_type: ir.Type) -> None:
     """func.func @name(q, k_cache, k_scale, v_cache, v_scale, block_tables,
@@ -106,20 +134,11 @@ def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
     or dynamic in the signature."""
     access, s = kernels.access, kernels.shape
     hkv, dim, bs = s.kv_heads, s.head_dim, s.block_size
-    dynamic = [d.tensor([DYN, s.q_heads, dim], "f32"), d.tensor([DYN, hkv, bs, dim], "i8"),
-               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, hkv, dim, bs], "i8"),
-               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, DYN], "i32"),
-               d.tensor([DYN], "i32")]
 
     @func.FuncOp.from_py_func(*argument_types, name=name)
     def host(*arguments):
-        q = _f32(arguments[0])
-        arguments = [tensor.CastOp(t, a).result if a.type != t else a
-                     for t, a in zip(dynamic, [q, *arguments[1:]])]
-        q, k, k_scale, v, v_scale, tables, lengths = arguments
-        batch = tensor.DimOp(q, build.index(0)).result
-        blocks = tensor.DimOp(k, build.index(0)).result
-        width = tensor.DimOp(tables, build.index(1)).result
+        args = _PagedArguments(s, arguments, [s.q_heads, dim])
+        batch, blocks, width = args.batch, args.blocks, args.width
         tokens = arith.muli(width, build.index(bs))
         parts = arith.divui(arith.addi(tokens, build.index(access.partition_tokens - 1)),
                             build.index(access.partition_tokens))
@@ -128,15 +147,13 @@ def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
             PARTITION_KERNEL, [parts, build.index(hkv), batch],
             [d.tensor(partial + [kernels.rows_out, dim], "f32"), d.tensor(partial + [ROWS], "f32"),
              d.tensor(partial + [ROWS], "f32")],
-            arguments + [batch, blocks, width, parts],
-            argument_dims=[batch, blocks, blocks, blocks, blocks, batch, width, batch],
+            args.values + [batch, blocks, width, parts], argument_dims=args.dims,
             result_dims=[batch, parts] * 3)
         (out,) = dispatch(MERGE_KERNEL, [build.index(hkv), batch],
                           [d.tensor([DYN, hkv, kernels.rows_out, dim], "f32")],
-                          [o_part, m_part, l_part, lengths, batch, parts],
+                          [o_part, m_part, l_part, args.values[6], batch, parts],
                           argument_dims=[batch, parts] * 3 + [batch], result_dims=[batch])
-        result = _real_rows(out, s, kernels.rows_out, batch)
-        return tensor.CastOp(result_type, result).result if result.type != result_type else result
+        return _cast(_real_rows(out, s, kernels.rows_out, batch), result_type)
 
 
 def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.Type, *,
@@ -163,26 +180,14 @@ def build_paged_prefill_host_function(kernels: PrefillKernels, name: str, argume
     context_lens) of a chunked prefill over the block pool: one dispatch, the pool
     as it is; any of B, NB, MB may be static or dynamic in the signature."""
     s = kernels.shape
-    hkv, dim, bs = s.kv_heads, s.head_dim, s.block_size
-    q_shape = [DYN, s.q_heads, s.query_tokens, dim]
-    dynamic = [d.tensor(q_shape, "f32"), d.tensor([DYN, hkv, bs, dim], "i8"),
-               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, hkv, dim, bs], "i8"),
-               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, DYN], "i32"),
-               d.tensor([DYN], "i32")]
+    q_dims = [s.q_heads, s.query_tokens, s.head_dim]
 
     @func.FuncOp.from_py_func(*argument_types, name=name)
     def host(*arguments):
-        q = _f32(arguments[0])
-        arguments = [tensor.CastOp(t, a).result if a.type != t else a
-                     for t, a in zip(dynamic, [q, *arguments[1:]])]
-        q, k, _, _, _, tables, _ = arguments
-        batch = tensor.DimOp(q, build.index(0)).result
-        blocks = tensor.DimOp(k, build.index(0)).result
-        width = tensor.DimOp(tables, build.index(1)).result
+        args = _PagedArguments(s, arguments, q_dims)
         (out,) = dispatch(PREFILL_KERNEL,
-                          [build.index(kernels.row_blocks), build.index(hkv), batch],
-                          [d.tensor(q_shape, "f32")], arguments + [batch, blocks, width],
-                          argument_dims=[batch, blocks, blocks, blocks, blocks, batch, width,
-                                         batch],
-                          result_dims=[batch])
-        return tensor.CastOp(result_type, out).result if out.type != result_type else out
+                          [build.index(kernels.row_blocks), build.index(s.kv_heads), args.batch],
+                          [d.tensor([DYN, *q_dims], "f32")],
+                          args.values + [args.batch, args.blocks, args.width],
+                          argument_dims=args.dims, result_dims=[args.batch])
+        return _cast(out, result_type)
