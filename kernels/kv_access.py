@@ -91,6 +91,15 @@ def _types(*names) -> list[ir.Type]:
     return [ir.Type.parse(n) for n in names]
 
 
+def _bind_kv(args, lead: tuple, tokens, head_dim: int, zero):
+    """k [*lead, tokens, D] i8, k_scale [*lead, tokens], v [*lead, D, tokens] i8
+    (token-innermost), v_scale [*lead, tokens] from arguments 1..4."""
+    return (binding(args[1], lead + (tokens, head_dim), "i8", zero),
+            binding(args[2], lead + (tokens,), "f32", zero),
+            binding(args[3], lead + (head_dim, tokens), "i8", zero),
+            binding(args[4], lead + (tokens,), "f32", zero))
+
+
 class DenseKV:
     """K/V of one dense batch, padded by the host to `padded` tokens."""
 
@@ -112,10 +121,7 @@ class DenseKV:
         self.lanes, (self.b, self.h, self.p) = lanes, where
         kv, d = (s.batch, s.kv_heads), s.head_dim
         self.q = binding(args[0], (s.batch, s.q_heads, d), "f32", zero)
-        self.k = binding(args[1], kv + (self.padded, d), "i8", zero)
-        self.k_scale = binding(args[2], kv + (self.padded,), "f32", zero)
-        self.v = binding(args[3], kv + (d, self.padded), "i8", zero)
-        self.v_scale = binding(args[4], kv + (self.padded,), "f32", zero)
+        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, kv, self.padded, d, zero)
         self.batch, self.partition_count = s.batch, self.partitions
         self.first = lanes.affine((self.p, self.partition_tokens))
         self.remaining = arith.subi(lanes.index(s.tokens), self.first)
@@ -156,10 +162,7 @@ class PrefillKV(DenseKV):
         self.lanes, (self.b, self.h) = lanes, where
         kv, d = (s.batch, s.kv_heads), s.head_dim
         self.q = binding(args[0], (s.batch, s.q_heads, s.query_tokens, d), "f32", zero)
-        self.k = binding(args[1], kv + (self.padded, d), "i8", zero)
-        self.k_scale = binding(args[2], kv + (self.padded,), "f32", zero)
-        self.v = binding(args[3], kv + (d, self.padded), "i8", zero)
-        self.v_scale = binding(args[4], kv + (self.padded,), "f32", zero)
+        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, kv, self.padded, d, zero)
         self.first = zero     # the kernel's tile loop moves it
         self.batch, self.history = s.batch, s.tokens - s.query_tokens
         return args[self.inputs:]
@@ -188,10 +191,7 @@ class PagedPrefillKV:
         self.batch, blocks, width = args[self.inputs:self.inputs + 3]
         d, bs, pool = s.head_dim, s.block_size, (blocks, s.kv_heads)
         self.q = binding(args[0], (self.batch, s.q_heads, s.query_tokens, d), "f32", zero)
-        self.k = binding(args[1], pool + (bs, d), "i8", zero)
-        self.k_scale = binding(args[2], pool + (bs,), "f32", zero)
-        self.v = binding(args[3], pool + (d, bs), "i8", zero)
-        self.v_scale = binding(args[4], pool + (bs,), "f32", zero)
+        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, pool, bs, d, zero)
         self.tables = binding(args[5], (self.batch, width), "i32", zero)
         lengths = binding(args[6], (self.batch,), "i32", zero)
         length = arith.index_cast(ir.IndexType.get(), memref.load(lengths, [self.b]))
@@ -243,10 +243,7 @@ class PagedKV:
         self.batch = batch
         d, bs, pool = s.head_dim, s.block_size, (blocks, s.kv_heads)
         self.q = binding(args[0], (batch, s.q_heads, d), "f32", zero)
-        self.k = binding(args[1], pool + (bs, d), "i8", zero)
-        self.k_scale = binding(args[2], pool + (bs,), "f32", zero)
-        self.v = binding(args[3], pool + (d, bs), "i8", zero)
-        self.v_scale = binding(args[4], pool + (bs,), "f32", zero)
+        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, pool, bs, d, zero)
         self.tables = binding(args[5], (batch, width), "i32", zero)
         self.lengths = binding(args[6], (batch,), "i32", zero)
         self.length = self._length(lanes, self.b)
