@@ -289,11 +289,16 @@ def main(argv=None) -> int:
         prepare(args.prepare, [int(c) for c in args.contexts.split(",")], args.batch,
                 args.q_heads, args.kv_heads, args.head_dim)
     if args.run:
-        rows = run(args.run, iterations=args.iterations)
-        print(markdown(rows))
-        if args.json:
-            args.json.write_text(json.dumps(rows, indent=2))
+        report(run(args.run, iterations=args.iterations), markdown, args.json)
     return 0
+
+
+def report(rows: list[dict], table, json_path: Path | None) -> None:
+    """A GPU runner's output: the Markdown table on stdout, the rows as JSON."""
+    print(table(rows))
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=2))
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

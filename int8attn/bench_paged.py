@@ -223,7 +223,6 @@ def main(argv=None) -> int:
     """Run modules prepared by `int8attn bench --mode paged --prepare-only DIR` (on a GPU
     machine without IREE's compiler)."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(prog="python -m int8attn.bench_paged")
     parser.add_argument("--run", required=True,
@@ -239,10 +238,7 @@ def main(argv=None) -> int:
     rows = run([Path(d) for d in args.run.split(",")], args.batch,
                [int(c) for c in args.contexts.split(",")], args.ragged_mean, seed=args.seed,
                iterations=args.iterations, pvs=args.pv.split(","))
-    print(markdown(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
-    sys.stdout.flush()
+    bench_cuda.report(rows, markdown, args.json)
     return 0
 
 

@@ -16,7 +16,6 @@ reference stays cheap at 16K), and INT8 vs BF16 PV over the whole output.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -198,10 +197,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rows = run(args.run, seed=args.seed, iterations=args.iterations)
-    print(markdown(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
-    sys.stdout.flush()
+    bench_cuda.report(rows, markdown, args.json)
     return 0
 
 

@@ -50,7 +50,7 @@ PREFILL_KERNEL = "prefill_attention"
 class _PrefillKernel(PartitionKernel):
     """Builds the prefill kernel body on the decode kernel's per-wave stages."""
 
-    def __init__(self, access: PrefillKV, model: FragmentModel, target: str, pv: str = "int8",
+    def __init__(self, access: PrefillKV | PagedPrefillKV, model: FragmentModel, target: str, pv: str = "int8",
                  q_terms: int = 1, w_quant: str = "s8"):
         # No occupancy hint: the kernel carries o, m and l across the tile loop.
         super().__init__(access, model, target, pv, DecodeTuning(), q_terms, w_quant)
@@ -102,24 +102,26 @@ class _PrefillKernel(PartitionKernel):
         return arith.cmpi(arith.CmpIPredicate.ult, packed,
                           self.lanes.index(s.query_tokens * s.rows))
 
+    def _clamped_token_and_head(self, packed):
+        """(token, head) of a packed row; a padding row past the last real one
+        takes the last one's (it reads real q and keys, and is never stored)."""
+        s = self.shape
+        last = self.lanes.index(s.query_tokens * s.rows - 1)
+        return self._token_and_head(arith.minui(packed, last))
+
     def q_source(self, row):
         lanes, s = self.lanes, self.shape
         b, h = self.where
         packed = lanes.affine((self.block, self.q_tile_rows), (row, 1))
-        last = lanes.index(s.query_tokens * s.rows - 1)
-        token, head = self._token_and_head(arith.minui(packed, last))
+        token, head = self._clamped_token_and_head(packed)
         return self._real(packed), [b, lanes.affine((h, s.rows), (head, 1)), token]
 
     def wave_q_row(self, row):
         return self.lanes.affine((self.lanes.wave, ROWS), (row, 1))
 
     def _query_token(self, row_map):
-        """Query token of the lane's row of `row_map` (a padding row past the last
-        real one takes the last one's token)."""
-        lanes, s = self.lanes, self.shape
-        packed = self._block_row(lanes.of_lane(row_map))
-        last = lanes.index(s.query_tokens * s.rows - 1)
-        token, _ = self._token_and_head(arith.minui(packed, last))
+        """Query token of the lane's row of `row_map`."""
+        token, _ = self._clamped_token_and_head(self._block_row(self.lanes.of_lane(row_map)))
         return token
 
     def token_live(self, element, local):
@@ -131,10 +133,9 @@ class _PrefillKernel(PartitionKernel):
     def tile_count(self):
         """Tiles up to the last key the block's last real row sees (history + its
         token: the causal rule of `contract.causal_visible`)."""
-        lanes, s = self.lanes, self.shape
-        last_row = arith.minui(lanes.affine((self.block, self.q_tile_rows), self.q_tile_rows - 1),
-                               lanes.index(s.query_tokens * s.rows - 1))
-        token, _ = self._token_and_head(last_row)
+        lanes = self.lanes
+        token, _ = self._clamped_token_and_head(
+            lanes.affine((self.block, self.q_tile_rows), self.q_tile_rows - 1))
         last_key = (lanes.plus(token, self.history) if isinstance(self.history, int)
                     else arith.addi(token, self.history))
         seen = lanes.plus(last_key, 1)

@@ -14,8 +14,8 @@ from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build_decode_kernels,
                                      dense_access, paged_access)
 from int8attn.kernels.kv_access import DenseShape, PagedShape
-from int8attn.reference.common import pad_tokens
-from int8attn.simulator.prefill import run_paged_prefill_kernels, run_prefill_kernels
+from int8attn.simulator.prefill import (dense_kernel_inputs, run_paged_prefill_kernels,
+                                        run_prefill_kernels)
 from int8attn.simulator.run import run_executable
 from int8attn.support.ir import new_context
 
@@ -38,10 +38,7 @@ def run_dense_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_sc
     unit = layout["partition_tokens"]
     partitions = -(-tokens // unit)
     padded = partitions * unit
-    inputs = [np.asarray(q, np.float32), np.ascontiguousarray(pad_tokens(k, 2, padded, 0)),
-              pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
-              np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
-              pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]
+    inputs = dense_kernel_inputs(q, k, k_scale, v, v_scale, padded)
     partials = _partials(batch, kv_heads, partitions, layout["rows_out"], head_dim)
     run_executable(module, PARTITION_KERNEL, (partitions, kv_heads, batch), inputs + partials)
     out = np.zeros((batch, kv_heads, layout["rows_out"], head_dim), np.float32)

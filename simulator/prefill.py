@@ -18,16 +18,21 @@ from int8attn.simulator.run import run_executable
 from int8attn.support.ir import new_context
 
 
+def dense_kernel_inputs(q, k, k_scale, v, v_scale, padded: int) -> list[np.ndarray]:
+    """A dense graph's host work: K, V and scales padded to `padded` tokens with
+    zeros, V transposed to the kernels' token-innermost [B, Hkv, D, S], q in f32."""
+    return [np.asarray(q, np.float32), np.ascontiguousarray(pad_tokens(k, 2, padded, 0)),
+            pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
+            np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
+            pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]
+
+
 def run_prefill_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale):
     """The prefill graph's host work in numpy, its kernel in the simulator."""
     batch, q_heads, query_tokens, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
     tile = layout["tile_tokens"]
-    padded = -(-tokens // tile) * tile
-    inputs = [np.asarray(q, np.float32), np.ascontiguousarray(pad_tokens(k, 2, padded, 0)),
-              pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
-              np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
-              pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]
+    inputs = dense_kernel_inputs(q, k, k_scale, v, v_scale, -(-tokens // tile) * tile)
     out = np.zeros(q.shape, np.float32)
     blocks = -(-query_tokens * (q_heads // kv_heads) // layout["rows_per_workgroup"])
     run_executable(module, PREFILL_KERNEL, (blocks, kv_heads, batch), inputs + [out])

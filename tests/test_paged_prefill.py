@@ -15,30 +15,20 @@ import numpy as np
 import pytest
 from iree.compiler import ir
 
-from accuracy import check_against_references
 from conftest import seeded_rng
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.driver.paged_decode import paged_attention_graph
 from int8attn.fragments import fragment_model
 from int8attn.kernels.kv_access import PagedPrefillShape
 from int8attn.kernels.prefill import build_prefill_kernels
-from int8attn.reference import sequence_cache
 from int8attn.runtime.module import InputError
 from int8attn.simulator.prefill import run_paged_prefill_kernels
 from int8attn.support.ir import new_context
-from test_paged import paged_batch
+from test_paged import check_every_sequence, paged_batch
 
 HEADS = (8, 2, 64)             # Hq, Hkv, D
 QUERY_TOKENS = 37
 BATCHES = ([37, 38, 63, 64, 65, 300], [37] * 2 + [129], [1000])
-
-
-def _check(out, arrays, scale, **numerics):
-    q, k, ks, v, vs, tables, lens = arrays
-    assert out.shape == q.shape
-    for b in range(q.shape[0]):
-        dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, **numerics)
 
 
 def test_the_cpu_pipeline_matches_both_references():
@@ -50,7 +40,7 @@ def test_the_cpu_pipeline_matches_both_references():
     rng = seeded_rng(401)
     for lengths in BATCHES:
         arrays = paged_batch(rng, lengths, *HEADS, 16, query_tokens=QUERY_TOKENS)
-        _check(graph(*arrays), arrays, scale)
+        check_every_sequence(graph(*arrays), arrays, scale)
         print(f"cpu, lengths {lengths}: every sequence within both references")
 
 
@@ -66,7 +56,7 @@ def test_one_kernel_module_serves_ragged_batches(target, block_size):
         for lengths in BATCHES:
             arrays = paged_batch(rng, lengths, *HEADS, block_size, query_tokens=QUERY_TOKENS)
             out = run_paged_prefill_kernels(built.module, built.layout, *arrays)
-            _check(out, arrays, np.float32(scale), model=target, **KERNEL_NUMERICS)
+            check_every_sequence(out, arrays, np.float32(scale), model=target, **KERNEL_NUMERICS)
 
 
 def test_the_driver_runs_the_kernel_on_the_pool():
@@ -77,7 +67,7 @@ def test_the_driver_runs_the_kernel_on_the_pool():
     assert graph.kernel_layout == {"function": "paged", "mode": "paged", "kernel": "prefill",
                                    "rows_per_workgroup": 64, "tile_tokens": 64}
     arrays = paged_batch(seeded_rng(403), [40, 200], *HEADS, 16, query_tokens=QUERY_TOKENS)
-    _check(graph(*arrays), arrays, np.float32(HEADS[2] ** -0.5), model="cuda",
+    check_every_sequence(graph(*arrays), arrays, np.float32(HEADS[2] ** -0.5), model="cuda",
            **KERNEL_NUMERICS)
 
 
