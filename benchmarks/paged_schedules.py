@@ -5,7 +5,7 @@
 
 Each folder holds the modules `int8attn bench --mode paged --prepare-only`
 writes, built with the cuda target's default schedule (kernels/decode.py
-DEFAULT_TUNING) changed in the named fields; `bench_paged --run` with several
+default_tuning) changed in the named fields; `bench_paged --run` with several
 folders times them on the same data, every output checked as in the bench.
 """
 
@@ -35,8 +35,9 @@ def main(argv=None) -> int:
         if name not in types:
             parser.error(f"DecodeTuning has no field {name!r}")
         changes[name] = value == "True" if types[name] == "bool" else int(value)
-    decode.DEFAULT_TUNING["cuda"] = replace(decode.DEFAULT_TUNING["cuda"], **changes)
-    print(f"{args.directory}: {decode.DEFAULT_TUNING['cuda']}", flush=True)
+    measured = decode.default_tuning
+    decode.default_tuning = lambda target, head_dim: replace(measured(target, head_dim), **changes)
+    print(f"{args.directory}: {decode.default_tuning('cuda', args.head_dim)}", flush=True)
     bench_paged.prepare(args.directory, args.q_heads, args.kv_heads, args.head_dim)
     return 0
 

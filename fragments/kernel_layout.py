@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from int8attn.fragments.instructions import MatrixInstruction
 from int8attn.fragments.model import FragmentModel
+
+# The widest vector load of every target (bytes per lane): K rows are read in
+# loads of this width.
+K_LOAD_BYTES = 16
 
 # ----------------------------------------------------------------------------
 # Lane maps: per-lane quantities of the lane-level kernels, as data
@@ -157,8 +162,15 @@ class DecodeKernelLayout:
     # which d each (K step, K slot) pair multiplies, as long as A and B agree:
     # d(step, k) = group(k) * steps * slots + step * slots + rank of k in its
     # group, where a group is the K rows one lane of B holds. Then every lane's
-    # K bytes for all steps are one contiguous run of the token's row (16-byte
-    # loads), and Q is read from LDS through the same map.
+    # K bytes for all steps are one contiguous run of the token's row, read in
+    # K_LOAD_BYTES-wide loads, and Q is read from LDS through the same map.
+    # (Interleaving the lane groups per load, so that each load instruction reads
+    # whole 32-byte sectors, measured the same on the H200: the second load of a
+    # run hits L1.)
+    def qk_b_width(self, head_dim: int) -> int:
+        """Bytes of each K load of a lane: the widest that divides its run."""
+        return math.gcd(K_LOAD_BYTES, head_dim // self.instruction.k * self.instruction.b.slots)
+
     def qk_head_dim_order(self, head_dim: int) -> np.ndarray:
         """int [steps, K]: the head-dim index multiplied at (step, k)."""
         inst = self.instruction
@@ -176,22 +188,29 @@ class DecodeKernelLayout:
             raise ValueError(f"B's lane groups do not tile the head dim {head_dim}")
         return order
 
-    def qk_b_chunk(self, head_dim: int) -> tuple[LaneMap, int]:
-        """(first head-dim index, bytes) of the run each lane of B reads per token."""
-        order = self.qk_head_dim_order(head_dim)
+    def qk_b_loads(self, head_dim: int) -> list[LaneMap]:
+        """The first head-dim index of each of a lane's K loads, in run order."""
+        width, order = self.qk_b_width(head_dim), self.qk_head_dim_order(head_dim)
         b = self.instruction.b
-        first = order[0, b.coords[:, :, 0]].min(axis=1)
-        return LaneMap.fit(first), order.shape[0] * b.slots
+        firsts = {}
+        for step in range(order.shape[0]):
+            for slot, p in enumerate(self.qk_b_slots(head_dim, step)):
+                if p % width == 0:
+                    firsts[p // width] = order[step, b.coords[:, slot, 0]]
+        return [LaneMap.fit(firsts[u]) for u in sorted(firsts)]
 
     def qk_b_slots(self, head_dim: int, step: int) -> list[int]:
-        """Byte offset in the lane's run of each B slot at `step` (slot order)."""
-        order = self.qk_head_dim_order(head_dim)
+        """Position in the lane's run (its loads, concatenated) of each B slot at
+        `step`, in slot order."""
         b = self.instruction.b
-        first = order[0, b.coords[:, :, 0]].min(axis=1)
-        offsets = order[step, b.coords[:, :, 0]] - first[:, None]
-        if not (offsets == offsets[:1]).all():
-            raise ValueError("B lanes disagree on the offsets of their slots")
-        return offsets[0].tolist()
+        ranks = []
+        for lane in range(b.lanes):
+            ks = sorted(set(b.coords[lane, :, 0].tolist()))
+            ranks.append([step * b.slots + ks.index(k) for k in b.coords[lane, :, 0].tolist()])
+        ranks = np.array(ranks)
+        if not (ranks == ranks[:1]).all():
+            raise ValueError("B lanes disagree on the positions of their slots")
+        return ranks[0].tolist()
 
     def qk_a_runs(self, head_dim: int, step: int) -> list[tuple[LaneMap, LaneMap, int]]:
         """(row, first head-dim index, length) of each A run at `step`, in register

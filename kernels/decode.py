@@ -26,7 +26,7 @@ access object's business (kernels/kv_access.py); the kernels are the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from iree.compiler import ir
@@ -79,6 +79,22 @@ DEFAULT_TUNING = {
     "gfx942": DecodeTuning(merge_splits=4),
     "gfx936": DecodeTuning(merge_splits=4),
 }
+
+# Workgroups per SM the cuda partition kernel asks for, by head dim: a lane's V
+# loads and output accumulators grow with D, so fewer workgroups fit without
+# spilling. (largest head dim, workgroups per SM), first match; measured on the
+# H200 (benchmarks/results-h200-paged-shapes.md); above the last row, its value.
+OCCUPANCY_BY_HEAD_DIM = {"cuda": ((64, 7), (128, 6), (256, 4))}
+
+
+def default_tuning(target: str, head_dim: int) -> DecodeTuning:
+    """The target's measured schedule for a head dim of `head_dim`."""
+    tuning = DEFAULT_TUNING.get(target, DecodeTuning())
+    table = OCCUPANCY_BY_HEAD_DIM.get(target)
+    if not table:
+        return tuning
+    fits = next((wps for bound, wps in table if head_dim <= bound), table[-1][1])
+    return replace(tuning, workgroups_per_sm=fits)
 
 
 def output_rows(rows: int, head_dim: int, threads: int) -> int:
@@ -266,15 +282,14 @@ class PartitionKernel:
     def qk(self, a_steps):
         """Scores {element: f32} of the lane's live C elements, -inf past the length.
 
-        K and Q are read in the layout's lane-contiguous head-dim order: each
-        lane loads its token's run of K bytes once (16-byte loads) and slices
-        every step's B operand out of it."""
+        K and Q are read in the layout's head-dim order: each lane loads its
+        token's K bytes once (the layout's loads, whole sectors per instruction)
+        and slices every step's B operand out of them."""
         lanes, inst, access, layout = self.lanes, self.instruction, self.access, self.layout
         d = self.shape.head_dim
         steps = range(d // inst.k)
-        chunk_start, chunk_bytes = layout.qk_b_chunk(d)
-        chunk_start = lanes.of_lane(chunk_start)
-        width = min(16, chunk_bytes)
+        k_loads = [lanes.of_lane(first) for first in layout.qk_b_loads(d)]
+        width = layout.qk_b_width(d)
         b_runs = [[layout.qk_b_slots(d, step)[first] for first, _ in inst.b.runs(axis=0)]
                   for step in steps]
         b_lengths = [length for _, length in inst.b.runs(axis=0)]
@@ -282,8 +297,7 @@ class PartitionKernel:
         scores, self.live, self.v_scales = {}, {}, {}
         for n in range(layout.blocks):
             k_row = access.token_row(lanes.affine((self.wave_token0, 1), (b_col, 1), n * inst.n))
-            loads = [load_vector(access.k, k_row + [lanes.plus(chunk_start, offset)], width, "i8")
-                     for offset in range(0, chunk_bytes, width)]
+            loads = [load_vector(access.k, k_row + [first], width, "i8") for first in k_loads]
             # The block's K and V scales, issued with its K bytes (not after the MMAs,
             # nor the V scales after the softmax's barriers).
             elements = [n * inst.c.slots + i for i in self._live_slots(self.dead)]
@@ -775,7 +789,7 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
     `q_terms` and `w_quant` are the contract's variants (DESIGN.md §2c).
     """
     check_decode_shape(access.shape, model)
-    tuning = tuning or DEFAULT_TUNING.get(target, DecodeTuning())
+    tuning = tuning or default_tuning(target, access.shape.head_dim)
     partition = PartitionKernel(access, model, target, pv, tuning, q_terms, w_quant)
     merge = _MergeKernel(access, model, partition.rows_out, partition.tuning)
     module = ir.Module.create()

@@ -83,24 +83,29 @@ def test_format_token_set(tokens, text):
 
 
 @pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
-@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 256])
 def test_qk_head_dim_order_gives_each_lane_one_contiguous_run(target, head_dim):
-    # The order is a bijection of the head dim, every lane of B reads one
-    # contiguous run of each token's K row over all steps, and A's runs name
-    # the same head-dim index as B for every (step, k).
+    # The order is a bijection of the head dim; every lane of B reads one
+    # contiguous run of each token's K row over all steps, in loads of `width`
+    # bytes that cover the run exactly (never past it: the last lane's run ends
+    # the row); the slots at every step name the bytes its loads hold, and A's
+    # runs name the same head-dim index as B for every (step, k).
     from int8attn.fragments import DecodeKernelLayout, fragment_model
 
     layout = DecodeKernelLayout(fragment_model(target))
     inst = layout.instruction
     order = layout.qk_head_dim_order(head_dim)
     assert sorted(order.ravel().tolist()) == list(range(head_dim))
-    start, length = layout.qk_b_chunk(head_dim)
+    width = layout.qk_b_width(head_dim)
     lanes = np.arange(inst.b.lanes)
+    firsts = np.stack([f(lanes) for f in layout.qk_b_loads(head_dim)], axis=1)
+    held = (firsts[:, :, None] + np.arange(width)).reshape(inst.b.lanes, -1)
+    run = head_dim // inst.k * inst.b.slots
+    assert held.shape[1] == run
+    assert (held == held[:, :1] + np.arange(run)).all()
     for step in range(order.shape[0]):
-        offsets = layout.qk_b_slots(head_dim, step)
-        dims = start(lanes)[:, None] + np.array(offsets)[None, :]
-        assert (dims == order[step, inst.b.coords[:, :, 0]]).all()
-        assert ((dims >= start(lanes)[:, None]) & (dims < start(lanes)[:, None] + length)).all()
+        positions = np.array(layout.qk_b_slots(head_dim, step))
+        assert (held[:, positions] == order[step, inst.b.coords[:, :, 0]]).all()
         a_dims = np.concatenate([d(np.arange(inst.a.lanes))[:, None] + np.arange(n)
                                  for _, d, n in layout.qk_a_runs(head_dim, step)], axis=1)
         assert (a_dims == order[step, inst.a.coords[:, :, 1]]).all()

@@ -38,6 +38,7 @@ def test_isa_tables_agree_with_the_fragment_model(target):
     (2, 4, 1, 1000, 128),    # batch 2, MQA, D=128
     (1, 16, 4, 257, 64),     # one token into the second partition
     (1, 4, 4, 40, 128),      # shorter than one wave, MHA
+    (1, 8, 2, 130, 96),      # D=96: a lane's K run of 24 bytes, read in 8-byte loads
 ])
 def test_simulated_kernels_match_the_fragment_reference(target, shape):
     args = decode_inputs(sum(shape), *shape)

@@ -105,6 +105,20 @@ def test_schedule_choices_do_not_change_a_bit(tuning):
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("head_dim, workgroups", [(32, 7), (64, 7), (96, 6), (128, 6),
+                                                 (256, 4), (512, 4)])
+def test_the_cuda_occupancy_hint_follows_the_head_dim(head_dim, workgroups):
+    # A lane's registers grow with D: the partition kernel asks the backend for
+    # the measured workgroups per SM of its head dim (kernels/decode.py), and only
+    # the partition kernel carries the hint.
+    model = fragment_model("cuda")
+    with new_context(), ir.Location.unknown():
+        shape = PagedShape(2, 4, head_dim, 16, 0.125)
+        text = str(build_decode_kernels(paged_access(shape, model), model, "cuda").module)
+    assert text.count("nvvm.minctasm") == 1
+    assert f"nvvm.minctasm = {workgroups} : i32" in text
+
+
 def test_the_driver_compiles_one_kernel_module_for_every_batch(counted_compiles):
     import int8attn
     from test_paged import check_every_sequence, paged_graph
