@@ -204,4 +204,4 @@ def test_bench_prepares_one_paged_module_per_pv(tmp_path):
     for pv in ("int8", "bf16"):
         assert (tmp_path / f"paged_{pv}.vmfb").stat().st_size > 0
         ptx = (tmp_path / f"paged_{pv}.ptx").read_text()
-        assert ".minnctapersm 6" in ptx and "mma.sync.aligned.m16n8k32" in ptx
+        assert ".minnctapersm 7" in ptx and "mma.sync.aligned.m16n8k32" in ptx   # D = 64
