@@ -53,6 +53,10 @@ class DecodeTuning:
 
     v_early: bool = False    # issue the V loads right after QK, before the softmax
     v_per_tile: bool = False  # load V for one 16-column tile just before its MMACs
+    # Copy the partition's V into LDS asynchronously before QK (cuda: cp.async), so
+    # that it streams in during QK and the softmax without holding registers; PV
+    # reads it from LDS.
+    v_async: bool = False
     # Ask the backend to fit this many workgroups per SM / CU (it caps the registers
     # per thread accordingly); 0 leaves the choice to it.
     workgroups_per_sm: int = 0
@@ -70,6 +74,9 @@ class DecodeTuning:
 
 # How a target's backend is told the workgroups per SM to fit (NVPTX: .minnctapersm).
 OCCUPANCY_ATTRIBUTE = {"cuda": "nvvm.minctasm"}
+
+# Targets with an asynchronous global -> LDS copy (`DecodeTuning.v_async`).
+ASYNC_COPY_TARGETS = ("cuda",)
 
 # The schedule each target's kernels get unless the caller chooses one: measured
 # on the H200 (benchmarks/results-h200-paged.md); the AMD targets take the
@@ -116,7 +123,10 @@ class PartitionKernel:
         self.access = access
         self.q_terms, self.unsigned = q_terms, w_quant == "u8"
         self.tuning = tuning or DecodeTuning()
-        self.v_loaded = None
+        if self.tuning.v_async and target not in ASYNC_COPY_TARGETS:
+            raise ValueError(f"--target {target} has no asynchronous copy into LDS for the "
+                             f"V stage (v_async; targets with one: {', '.join(ASYNC_COPY_TARGETS)})")
+        self.v_loaded = self.v_staged = None
         self.shape = access.shape
         self.model = model
         self.pv_kind = pv
@@ -166,6 +176,8 @@ class PartitionKernel:
         self.wave_token0 = lanes.affine((lanes.wave, self.model.wave_tokens))
         access.stage()                    # published by quantize_q's barrier
         self.q_fragments = self.quantize_q()
+        if self.tuning.v_async:
+            self.v_staged = self._stage_v(self.pv_layout)
         scores = self.qk(self.q_operands())
         if self.tuning.v_early:
             self.v_loaded = self._v_loads(self.pv_layout)
@@ -464,9 +476,14 @@ class PartitionKernel:
 
     def _v_tiles(self, layout):
         """(tile, the lane's V loads for its 16 head-dim columns), in tile order:
-        loaded earlier (`v_early`), all up front, or each just before its tile."""
+        loaded earlier (`v_early`), all up front, each just before its tile
+        (`v_per_tile`), or read back from LDS (`v_async`)."""
         tiles = range(self.shape.head_dim // layout.instruction.n)
-        if self.v_loaded is not None:
+        if self.v_staged is not None:
+            lds, group = self.v_staged
+            self.lanes.async_wait(group)
+            loaded = self._v_loads(layout, staged=lds)
+        elif self.v_loaded is not None:
             loaded = self.v_loaded
         elif not self.tuning.v_per_tile:
             loaded = self._v_loads(layout)
@@ -477,18 +494,40 @@ class PartitionKernel:
         for tile in tiles:
             yield tile, [row[tile] for row in loaded]
 
-    def _v_loads(self, layout, tiles=None):
-        """Each lane's V loads [load][tile], 16 bytes of consecutive tokens of one
-        head-dim column."""
-        lanes, inst, access = self.lanes, layout.instruction, self.access
+    def _v_pieces(self, layout, tiles=None):
+        """[load][tile]: (head-dim column, first token in the wave, first token in
+        the partition) of each of the lane's V loads, 16 bytes of consecutive
+        tokens of one head-dim column."""
+        lanes, inst = self.lanes, layout.instruction
         b_col = lanes.of_lane(layout.b_col())
         tiles = tiles if tiles is not None else range(self.shape.head_dim // inst.n)
-        width = self.model.v_load.bytes_per_lane
-        starts = [lanes.affine((self.wave_token0, 1), (lanes.of_lane(layout.v_load_start(u)), 1))
-                  for u in range(layout.v_loads())]
-        return [[load_vector(access.v, access.v_row(lanes.plus(b_col, tile * inst.n), start),
-                             width, "i8") for tile in tiles]
-                for start in starts]
+        pieces = []
+        for u in range(layout.v_loads()):
+            in_wave = lanes.of_lane(layout.v_load_start(u))
+            start = lanes.affine((self.wave_token0, 1), (in_wave, 1))
+            pieces.append([(lanes.plus(b_col, tile * inst.n), in_wave, start) for tile in tiles])
+        return pieces
+
+    def _v_loads(self, layout, tiles=None, staged=None):
+        """Each lane's V loads [load][tile], from the cache or from the LDS copy
+        `staged` [wave, head dim, wave token] (`_stage_v`)."""
+        lanes, width = self.lanes, self.model.v_load.bytes_per_lane
+        if staged is not None:
+            return [[load_vector(staged, [lanes.wave, col, in_wave], width, "i8")
+                     for col, in_wave, _ in row] for row in self._v_pieces(layout, tiles)]
+        return [[load_vector(self.access.v, self.access.v_row(col, start), width, "i8")
+                 for col, _, start in row] for row in self._v_pieces(layout, tiles)]
+
+    def _stage_v(self, layout):
+        """Start the async copies of the lane's V loads into LDS; (LDS, group).
+        Each lane reads back only what it copied, so the group's wait alone
+        orders the copies before the reads."""
+        lanes, width = self.lanes, self.model.v_load.bytes_per_lane
+        lds = lanes.shared([self.waves, self.shape.head_dim, self.model.wave_tokens], "i8")
+        copies = [lanes.async_copy(self.access.v, self.access.v_row(col, start), lds,
+                                   [lanes.wave, col, in_wave], width)
+                  for row in self._v_pieces(layout) for col, in_wave, start in row]
+        return lds, lanes.async_group(copies)
 
     def stage_bf16(self, w):
         """The BF16-PV baseline: W rounded to bf16 into LDS (no scales)."""

@@ -133,6 +133,34 @@ class Lanes:
         with self._head:
             return memref.AllocOp(memref_type(shape, element, workgroup=True), [], []).result
 
+    # asynchronous copies into LDS (cuda: cp.async) -----------------------------
+    # nvgpu has no Python module: generic form (DESIGN.md section 9).
+    ASYNC_TOKEN = "!nvgpu.device.async.token"
+
+    def async_copy(self, source: ir.Value, source_indices, target: ir.Value, target_indices,
+                   count: int) -> ir.Value:
+        """Start copying `count` elements from global memory into LDS, past L1;
+        the token joins a group (`async_group`) that `async_wait` completes."""
+        source_indices, target_indices = list(source_indices), list(target_indices)
+        segments = [1, len(target_indices), 1, len(source_indices), 0]
+        return ir.Operation.create(
+            "nvgpu.device_async_copy", results=[ir.Type.parse(self.ASYNC_TOKEN)],
+            operands=[target, *target_indices, source, *source_indices],
+            attributes={"dstElements": ir.IntegerAttr.get(index_type(), count),
+                        "bypassL1": ir.UnitAttr.get(),
+                        "operandSegmentSizes": ir.DenseI32ArrayAttr.get(segments)}).result
+
+    def async_group(self, copies) -> ir.Value:
+        return ir.Operation.create("nvgpu.device_async_create_group",
+                                   results=[ir.Type.parse(self.ASYNC_TOKEN)],
+                                   operands=list(copies)).result
+
+    def async_wait(self, group: ir.Value) -> None:
+        """Until the group's copies have landed (for the thread that issued them)."""
+        ir.Operation.create("nvgpu.device_async_wait", results=[], operands=[group],
+                            attributes={"numGroups": ir.IntegerAttr.get(
+                                ir.IntegerType.get_signless(32), 0)})
+
     # control flow ------------------------------------------------------------
     def when(self, condition: ir.Value):
         """`with lanes.when(c):` builds into an scf.if without results."""

@@ -96,6 +96,8 @@ class Machine:
         self.thread_id = np.tile(np.arange(threads), groups)
         self.values: dict = {}
         self.active: np.ndarray | None = None   # threads running the current region
+        self.pending_copies: list = []          # async copies not yet in a group
+        self.copy_groups: list = []             # groups not yet waited for, oldest first
 
     def run(self) -> None:
         """Bindings are buffer numbers, index arguments uniform scalars."""
@@ -224,6 +226,32 @@ class Machine:
     def op_vector_store(self, op, operands):
         count = ir.VectorType(op.operands[0].type).shape[0]
         operands[1].store(operands[0], operands[2:], self, count)
+
+    # asynchronous copies: they land at the wait that completes their group, so a
+    # read before it sees LDS's poison ------------------------------------------
+    def op_nvgpu_device_async_copy(self, op, operands):
+        count = ir.IntegerAttr(op.attributes["dstElements"]).value
+        target_rank = ir.MemRefType(op.operands[0].type).rank
+        target, target_indices = operands[0], operands[1:1 + target_rank]
+        source, source_indices = operands[1 + target_rank], operands[2 + target_rank:]
+        values = source.load(source_indices, self, count)
+        self.pending_copies.append((target, target_indices, values, self.active, count))
+        return np.zeros(1, np.int64)
+
+    def op_nvgpu_device_async_create_group(self, op, operands):
+        self.copy_groups.append(self.pending_copies)
+        self.pending_copies = []
+        return np.zeros(1, np.int64)
+
+    def op_nvgpu_device_async_wait(self, op, operands):
+        keep = ir.IntegerAttr(op.attributes["numGroups"]).value
+        landing = self.copy_groups[:len(self.copy_groups) - keep]
+        self.copy_groups = self.copy_groups[len(landing):]
+        active = self.active
+        for group in landing:
+            for target, indices, values, self.active, count in group:
+                target.store(values, indices, self, count)
+        self.active = active
 
     # arithmetic -------------------------------------------------------------
     def op_arith_constant(self, op, _):

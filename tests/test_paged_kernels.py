@@ -83,7 +83,8 @@ def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
         paged_access(shape, fragment_model("cuda"))
 
 
-@pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(merge_unroll=1),
+@pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(v_async=True),
+                                    dict(merge_unroll=1),
                                     dict(workgroups_per_sm=6), dict(merge_chunks=2),
                                     dict(merge_chunks=4, merge_unroll=3)])
 def test_schedule_choices_do_not_change_a_bit(tuning):
@@ -103,6 +104,40 @@ def test_schedule_choices_do_not_change_a_bit(tuning):
             layout["rows_out"] = built.rows_out
             outs.append(run_paged_kernels(built.module, layout, *arrays))
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_v_async_reads_v_only_after_the_wait(monkeypatch):
+    # The simulator lands async copies at the wait of their group: without the
+    # wait, PV reads LDS's poison and the output is wrong.
+    from int8attn.kernels.decode import DecodeTuning
+    from int8attn.kernels.lanes import Lanes
+
+    rng = seeded_rng(85)
+    arrays = paged_batch(rng, [300, 17], 8, 2, 64, 16)
+    shape = PagedShape(2, 4, 64, 16, 0.125)
+    model = fragment_model("cuda")
+    monkeypatch.setattr(Lanes, "async_wait", lambda self, group: None)
+    with new_context(), ir.Location.unknown():
+        built = build_decode_kernels(paged_access(shape, model), model, "cuda", "int8",
+                                     DecodeTuning(v_async=True))
+        layout = {"partition_tokens": model.partition_tokens, "rows_out": built.rows_out}
+        out = run_paged_kernels(built.module, layout, *arrays)
+    q, k, ks, v, vs, tables, lens = arrays
+    dense = (q[:1], *sequence_cache(k, ks, v, vs, tables, lens, 0))
+    from int8attn.reference import fragment_attention
+    expected = fragment_attention(*dense, 0.125, model="cuda")
+    assert not np.allclose(out[:1], expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942"])
+def test_v_async_is_refused_where_there_is_no_async_copy(target):
+    from int8attn.kernels.decode import DecodeTuning
+
+    model = fragment_model(target)
+    shape = PagedShape(2, 4, 64, 16, 0.125)
+    with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match="v_async"):
+        build_decode_kernels(paged_access(shape, model), model, target, "int8",
+                             DecodeTuning(v_async=True))
 
 
 @pytest.mark.parametrize("head_dim, workgroups", [(32, 7), (64, 7), (96, 6), (128, 6),
