@@ -90,7 +90,7 @@ DEFAULT_TUNING = {
 # Workgroups per SM the cuda partition kernel asks for, by head dim: a lane's V
 # loads and output accumulators grow with D, so fewer workgroups fit without
 # spilling. (largest head dim, workgroups per SM), first match; measured on the
-# H200 (benchmarks/results-h200-paged-shapes.md); above the last row, its value.
+# H200 (benchmarks/results-h200-paged.md); above the last row, its value.
 OCCUPANCY_BY_HEAD_DIM = {"cuda": ((64, 7), (128, 6), (256, 4))}
 
 
@@ -294,9 +294,9 @@ class PartitionKernel:
     def qk(self, a_steps):
         """Scores {element: f32} of the lane's live C elements, -inf past the length.
 
-        K and Q are read in the layout's head-dim order: each lane loads its
-        token's K bytes once (the layout's loads, whole sectors per instruction)
-        and slices every step's B operand out of them."""
+        K and Q are read in the layout's lane-contiguous head-dim order: each
+        lane loads its token's run of K bytes once (the layout's loads) and
+        slices every step's B operand out of it."""
         lanes, inst, access, layout = self.lanes, self.instruction, self.access, self.layout
         d = self.shape.head_dim
         steps = range(d // inst.k)

@@ -228,7 +228,9 @@ class Machine:
         operands[1].store(operands[0], operands[2:], self, count)
 
     # asynchronous copies: they land at the wait that completes their group, so a
-    # read before it sees LDS's poison ------------------------------------------
+    # read before it sees LDS's poison. (Hardware makes them visible to the issuing
+    # thread only; another thread's read also needs a barrier, which this model
+    # does not demand.) ---------------------------------------------------------
     def op_nvgpu_device_async_copy(self, op, operands):
         count = ir.IntegerAttr(op.attributes["dstElements"]).value
         target_rank = ir.MemRefType(op.operands[0].type).rank
