@@ -67,7 +67,7 @@ from math import prod
 from typing import ClassVar, Literal
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, tensor
+from iree.compiler.dialects import arith, linalg, tensor
 
 from int8attn.dialects import int8attn as d
 from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
@@ -175,6 +175,108 @@ def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
     return build.merge_dims(acc, 4, len(group))
 
 
+
+# The packed int8 contraction (`linalg.batch_mmt4d`): i16 operands, K0 = 2 K
+# slots per i32 lane (what x86's VNNI `vpdpwssd` and IREE's s16s16s32 mmt4d
+# ukernel take), N0 = 16 head-dim columns per vector.
+MMT4D_N0 = 16
+MMT4D_K0 = 2
+# i32 accumulates a group exactly while K * max|product| < 2^31.
+EXACT_I32_SUM = 1 << 31
+
+
+def mmt4d_axes(groups, head_dim: int) -> TokenAxes | None:
+    """The token axes to pack V by for the mmt4d contraction, or None.
+
+    Needs a digit permutation (`fragments.token_axes`) whose innermost K slot
+    axis holds an even number of tokens (the K0 pairs), and a head dim that is a
+    multiple of N0."""
+    if head_dim % MMT4D_N0 or groups.shape[1] * MAX_PRODUCT["u8"] >= EXACT_I32_SUM:
+        return None
+    try:
+        axes = token_axes(groups)
+    except NotADigitPermutation:
+        return None
+    if not axes.slot_order or axes.axes[axes.slot_order[-1]].size % MMT4D_K0:
+        return None
+    return axes
+
+
+def pack_v(v: ir.Value, axes: TokenAxes) -> ir.Value:
+    """V (i8 [b,h,n,T,D]) as the mmt4d RHS, i16 [B = b*h*n*G, D/N0, K/K0, N0, K0].
+
+    One copy of V: the token digits of `axes` put each group's tokens
+    contiguously in K slot order (the slot digits, outermost first, the innermost
+    one split into K1 and K0 halves), each K0 pair of tokens interleaved per
+    head-dim column, sign-extended to i16."""
+    b, h, n, _, head_dim = d.shape_of(v)
+    n_axes = len(axes.axes)
+    lo = axes.slot_order[-1]                 # stride 1 in K: its low bit is K0
+    token = _TOKEN_DIGIT[:n_axes]
+    view_shape, view_dims = [], ""
+    for i, axis in enumerate(axes.axes):
+        if i == lo:
+            view_shape += [axis.size // MMT4D_K0, MMT4D_K0]
+            view_dims += token[i] + "K"
+        else:
+            view_shape.append(axis.size)
+            view_dims += token[i]
+    view = build.split_dim(build.split_dim(v, 4, [head_dim // MMT4D_N0, MMT4D_N0]), 3, view_shape)
+    group = "".join(token[i] for i in axes.group_order)
+    slot = "".join(token[i] for i in axes.slot_order)
+    out_dims = "bhn" + group + "d" + slot + "DK"
+    sizes = dict(zip("bhn" + view_dims + "dD", [b, h, n, *view_shape,
+                                                  head_dim // MMT4D_N0, MMT4D_N0]))
+    packed = build.generic(
+        [view], ["bhn" + view_dims + "dD"], out_dims,
+        build.empty([sizes[c] for c in out_dims], "i16"),
+        lambda x, _: arith.extsi(ir.IntegerType.get_signless(16), x))
+    packed = build.merge_dims(packed, 4 + len(group), len(slot))         # K1
+    return build.merge_dims(packed, 0, 3 + len(group))                    # B
+
+
+def row_tile(rows: int) -> int:
+    """M0: the largest power of two up to 16 dividing the rows (the ukernel's tiles)."""
+    return next(m for m in (16, 8, 4, 2, 1) if rows % m == 0)
+
+
+def pack_w(wq: ir.Value, unsigned: bool) -> ir.Value:
+    """Wq (i8 [b,h,r,n,G,K]) as the mmt4d LHS, i16 [B = b*h*n*G, r/M0, K/K0, M0, K0];
+    unsigned W as u = Wq + 128 (in [0, 255], an i16)."""
+    b, h, r, n, g, k = d.shape_of(wq)
+    m0 = row_tile(r)
+    view = build.split_dim(build.split_dim(wq, 5, [k // MMT4D_K0, MMT4D_K0]), 2, [r // m0, m0])
+
+    def widen(w, _):
+        w = arith.extsi(ir.IntegerType.get_signless(16), w)
+        if unsigned:                          # u = Wq + 128: the tile sums u * Vq
+            w = arith.addi(w, arith.constant(ir.IntegerType.get_signless(16),
+                                             contract.W_OFFSET))
+        return w
+
+    packed = build.generic([view], ["bhmRngkK"], "bhngmkRK",
+                           build.empty([b, h, n, g, r // m0, k // MMT4D_K0, m0, MMT4D_K0],
+                                       "i16"), widen)
+    return build.merge_dims(packed, 0, 4)
+
+
+def contract_mmt4d(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
+                   unsigned: bool = False) -> ir.Value:
+    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] (int32) as
+    one `linalg.batch_mmt4d` over the groups; with `unsigned`, sum_k (Wq + 128) * v
+    (= sum Wq * v + 128 * column sums, bit for bit)."""
+    b, h, r, n, g, head_dim = result_shape
+    lhs, rhs = pack_w(wq, unsigned), pack_v(v, axes)
+    batch, m1, _, m0, _ = d.shape_of(lhs)
+    n1 = d.shape_of(rhs)[1]
+    init = build.zeros([batch, m1, n1, m0, MMT4D_N0], "i32")
+    tiles = linalg.batch_mmt4d(lhs, rhs, outs=[init], emit_generic=False)
+    tiles = build.split_dim(tiles, 0, [b, h, n, g])
+    acc = build.generic([tiles], ["bhngmdRD"], "bhmRngdD",
+                        build.empty([b, h, m1, m0, n, g, n1, MMT4D_N0], "i32"), lambda x, _: x)
+    return build.merge_dims(build.merge_dims(acc, 6, 2), 2, 2)
+
+
 def in_place_axes(groups, w: str = "s8") -> TokenAxes | None:
     """The token axes to read V in place by, or None (lower through the gather).
 
@@ -192,9 +294,14 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place"):
     wq, v, groups = op.wq, op.v, op.groups
     static = d.DYNAMIC not in d.shape_of(wq) + d.shape_of(v)
     w = "s8" if op.column_sums is None else "u8"
-    axes = in_place_axes(groups, w) if static and tokens == "in-place" else None
+    packed = mmt4d_axes(groups, d.shape_of(v)[-1]) \
+        if static and tokens == "in-place" else None
+    axes = packed or (in_place_axes(groups, w) if static and tokens == "in-place" else None)
     with rewriter.ip, op.location:
-        if axes is not None:
+        if packed is not None:
+            acc = contract_mmt4d(wq, v, packed, d.shape_of(op.result),
+                                 op.column_sums is not None)
+        elif axes is not None:
             acc = contract_in_place(wq, v, axes, d.shape_of(op.result), op.column_sums)
         else:
             v_groups = gather_tokens(v, 3, groups)
