@@ -6,6 +6,7 @@ of the int8 / bf16 / f32 PV modules, measured in one run.
                                                    # (one W term), and two-term W
     python benchmarks/cpu_decode.py --numerics --query-tokens 256 --contexts 2048   # prefill
     python benchmarks/cpu_decode.py --cpu-time     # one thread, CPU time of the calls
+    python benchmarks/cpu_decode.py --cpu-time --w-terms 2,1   # int8 with two and one W terms
 
 Shapes follow the issue: batch 1, 32 query heads, 8 KV heads, head dim 128.
 Run time is the median over `--iterations` calls with inputs already on the
@@ -46,7 +47,11 @@ def measure(tokens: int, args) -> list[dict]:
     source = attention_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim,
                              mode=mode, query_tokens=args.query_tokens or 1, name="decode")
     rows, runs = [], []
-    for pv, q_terms, w_quant, w_terms in (NUMERICS if args.numerics else MODULES):
+    modules = NUMERICS if args.numerics else MODULES
+    if args.w_terms and not args.numerics:
+        modules = tuple(("int8", None, None, int(t)) for t in args.w_terms.split(",")) + \
+            MODULES[1:]
+    for pv, q_terms, w_quant, w_terms in modules:
         print(f"  S={tokens} pv={pv} ...", file=sys.stderr, flush=True)
         options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant,
                                  w_terms=w_terms).resolved()
@@ -90,6 +95,9 @@ def main(argv=None) -> int:
                              "wall time on local-task")
     parser.add_argument("--numerics", action="store_true",
                         help="time the int8 module for every q-terms x w-quant instead")
+    parser.add_argument("--w-terms", default="",
+                        help="int8 modules with these W terms instead of the default one, "
+                             "e.g. 2,1 (the first is the ratios' base)")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     print(f"seed {args.seed}; B={args.batch} Hq={args.q_heads} Hkv={args.kv_heads} "

@@ -30,6 +30,25 @@ sum, bit for bit, in any summation order (the zeros add exactly nothing). On
 this CPU the f32 FMA path is the fastest exact one (the i32 multiply-add form
 of the same loop ran ~1.35x slower).
 
+With `contraction=mmt4d` the in-place tiles are instead one `linalg.batch_mmt4d`
+over the groups (batch B = b*h*n*G), i16 operands (int8 values and u = Wq + 128
+exact; the int32 sums are the same bit for bit, in any order):
+
+    Vp[B, D/16, K/2, 16, 2] = i16(v[b,h,n, token(g, k), d])   V packed once through the
+                                                              token digits: each group's
+                                                              tokens contiguous in K slot
+                                                              order, K0 = 2 tokens
+                                                              interleaved per column
+    Wp[B, r/M0, K/2, M0, 2] = i16(Wq[b,h,r,n,g,k])           (+ 128 for unsigned W)
+    acc = batch_mmt4d(Wp, Vp), transposed back to [b,h,r,n,g,d]
+
+which IREE's mmt4d ukernel runs on VNNI (`vpdpwssd`; the cpu target's
+`--iree-llvmcpu-enable-ukernels=mmt4d`). It needs D % 16 == 0 and an even
+innermost slot axis; otherwise the f32 form is used. It is not the default: the
+V pack (i16, 2x V's bytes) and the transpose of the tiles back to [r, g, d] (its
+own dispatch; IREE does not fuse it into the rescale) cost more than the VNNI
+contraction saves (benchmarks/results-cpu-decode.md).
+
 Any other table (not a digit permutation), or K too large for exact f32 sums,
 is lowered through a gather of V in fragment order and an i32 contraction:
 
@@ -80,6 +99,10 @@ from int8attn.support.options import TypedOptions, option
 # digits where the groups table allows it ("in-place"), or always through a
 # gather by the table ("gather", the reference form the tests compare with).
 TokenAccess = Literal["in-place", "gather"]
+# How the in-place tiles contract: f32 FMAs over a zero-spread Wq (the default:
+# the fastest measured on the CPU), or a packed i16 batch_mmt4d (issue 12's
+# VNNI lead; slower end to end so far, see benchmarks/results-cpu-decode.md).
+Contraction = Literal["f32", "mmt4d"]
 
 # f32 accumulates a group's sum exactly while K * max|product| <= 2^24: products
 # of two int8 values (|.| <= 128 * 128) up to K = 1024, of an unsigned W
@@ -290,12 +313,13 @@ def in_place_axes(groups, w: str = "s8") -> TokenAxes | None:
     return axes if axes.slot_order else None
 
 
-def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place"):
+def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place",
+                contraction: str = "f32"):
     wq, v, groups = op.wq, op.v, op.groups
     static = d.DYNAMIC not in d.shape_of(wq) + d.shape_of(v)
     w = "s8" if op.column_sums is None else "u8"
     packed = mmt4d_axes(groups, d.shape_of(v)[-1]) \
-        if static and tokens == "in-place" else None
+        if static and tokens == "in-place" and contraction == "mmt4d" else None
     axes = packed or (in_place_axes(groups, w) if static and tokens == "in-place" else None)
     with rewriter.ip, op.location:
         if packed is not None:
@@ -362,7 +386,12 @@ class LowerMMACTiles(TypedOptions):
         "in-place", "read V's tokens in place where the groups allow it, or always "
         "gather them through the groups table (the reference form)")
 
+    contraction: Contraction = option(
+        "f32", "the in-place tiles as one f32 contraction over each wave's tokens with "
+        "Wq zero-spread (f32), or as a linalg.batch_mmt4d of i16 operands over a packed "
+        "copy of V (mmt4d; IREE's mmt4d ukernel, VNNI on x86)")
+
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {
-            d.MMAC_TILES: lambda op, rw: lower_tiles(op, rw, self.tokens),
+            d.MMAC_TILES: lambda op, rw: lower_tiles(op, rw, self.tokens, self.contraction),
             d.COLUMN_SUMS: lambda op, rw: lower_column_sums(op, rw, self.tokens)})

@@ -1,5 +1,6 @@
 // RUN: int8attn-opt %s --split-input-file -p lower-mmac-tiles | filecheck %s
 // RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{tokens=gather}" | filecheck %s --check-prefix=GATHER
+// RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{contraction=mmt4d}" | filecheck %s --check-prefix=MMT4D
 
 // gfx936, one 64-token wave: token = 16*r + 8*t + j, MMAC t consumes K slot
 // 8*r + j. V is read in place (no gather, no copy): its 64 tokens are one
@@ -30,6 +31,35 @@
 // CHECK: %[[ACC:.*]] = linalg.generic {{.*}} ins(%[[SUMS]] : tensor<1x1x4x1x2x16xf32>) outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
 // CHECK:   arith.fptosi %{{.*}} : f32 to i32
 // CHECK: return %[[ACC]]
+// contraction=mmt4d: each group's int32 sum is one tile of a linalg.batch_mmt4d (i16
+// operands, the int8 values exact): V is packed once through a view of its
+// token digits (fragments.token_axes), each group's 32 tokens contiguous in K
+// slot order (r, j1) with K0 = j0 pairs interleaved per head-dim column (N0 =
+// 16); Wq is packed as [group, M1, K1, M0 rows, K0]; the [group, M1, N1, M0,
+// N0] sums come back as [r, g, d]. No gather, no f32.
+// MMT4D-DAG: #[[WQ_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d4, d6, d2, d3, d5, d7)>
+// MMT4D-DAG: #[[V_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7, d8) -> (d0, d1, d2, d5, d3, d6, d8, d4, d7)>
+// MMT4D-DAG: #[[TILES_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d4, d5, d2, d6, d3, d7)>
+// MMT4D-LABEL: func.func @wave
+// MMT4D-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
+// MMT4D-NOT: tensor.extract
+// MMT4D: %[[WQ_K0:.*]] = tensor.expand_shape %[[WQ]] {{\[\[}}0], [1], [2], [3], [4], [5, 6]] output_shape [1, 1, 4, 1, 2, 16, 2]
+// MMT4D: %[[WQ_M0:.*]] = tensor.expand_shape %[[WQ_K0]] {{\[\[}}0], [1], [2, 3], [4], [5], [6], [7]] output_shape [1, 1, 1, 4, 1, 2, 16, 2]
+// MMT4D: %[[W16:.*]] = linalg.generic {indexing_maps = [#[[WQ_READ]], #{{.*}}], {{.*}} ins(%[[WQ_M0]] : tensor<1x1x1x4x1x2x16x2xi8>) outs(%{{.*}} : tensor<1x1x1x2x1x16x4x2xi16>)
+// MMT4D:   arith.extsi %{{.*}} : i8 to i16
+// MMT4D: %[[LHS:.*]] = tensor.collapse_shape %[[W16]] {{\[\[}}0, 1, 2, 3], [4], [5], [6], [7]] : tensor<1x1x1x2x1x16x4x2xi16> into tensor<2x1x16x4x2xi16>
+// MMT4D: %[[V_D:.*]] = tensor.expand_shape %[[V]] {{\[\[}}0], [1], [2], [3], [4, 5]] output_shape [1, 1, 1, 64, 1, 16]
+// MMT4D: %[[V_DIGITS:.*]] = tensor.expand_shape %[[V_D]] {{\[\[}}0], [1], [2], [3, 4, 5, 6], [7], [8]] output_shape [1, 1, 1, 4, 2, 4, 2, 1, 16]
+// MMT4D: %[[V16:.*]] = linalg.generic {indexing_maps = [#[[V_READ]], #{{.*}}], {{.*}} ins(%[[V_DIGITS]] : tensor<1x1x1x4x2x4x2x1x16xi8>) outs(%{{.*}} : tensor<1x1x1x2x1x4x4x16x2xi16>)
+// MMT4D:   arith.extsi %{{.*}} : i8 to i16
+// MMT4D: %[[V_K1:.*]] = tensor.collapse_shape %[[V16]] {{\[\[}}0], [1], [2], [3], [4], [5, 6], [7], [8]]
+// MMT4D: %[[RHS:.*]] = tensor.collapse_shape %[[V_K1]] {{\[\[}}0, 1, 2, 3], [4], [5], [6], [7]] : tensor<1x1x1x2x1x16x16x2xi16> into tensor<2x1x16x16x2xi16>
+// MMT4D: %[[TILES:.*]] = linalg.batch_mmt4d ins(%[[LHS]], %[[RHS]] : tensor<2x1x16x4x2xi16>, tensor<2x1x16x16x2xi16>) outs(%{{.*}} : tensor<2x1x1x4x16xi32>)
+// MMT4D: %[[GROUPS:.*]] = tensor.expand_shape %[[TILES]] {{\[\[}}0, 1, 2, 3], [4], [5], [6], [7]] output_shape [1, 1, 1, 2, 1, 1, 4, 16]
+// MMT4D: %[[SUMS:.*]] = linalg.generic {indexing_maps = [#[[TILES_READ]], #{{.*}}], {{.*}} ins(%[[GROUPS]] : tensor<1x1x1x2x1x1x4x16xi32>) outs(%{{.*}} : tensor<1x1x1x4x1x2x1x16xi32>)
+// MMT4D: %[[SUMS_D:.*]] = tensor.collapse_shape %[[SUMS]]
+// MMT4D: %[[ACC:.*]] = tensor.collapse_shape %[[SUMS_D]] {{.*}} into tensor<1x1x4x1x2x16xi32>
+// MMT4D: return %[[ACC]]
 // GATHER-LABEL: func.func @wave
 // GATHER: tensor.extract
 // GATHER: arith.muli
@@ -63,6 +93,26 @@ func.func @wave(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>) -> ten
 // CHECK: %[[ACC:.*]] = linalg.generic {{.*}} ins(%[[SUMS]] : {{.*}}) outs(%{{.*}} : tensor<1x1x4x1x2x2x16xi32>)
 // CHECK: %[[G:.*]] = tensor.collapse_shape %[[ACC]] {{\[\[}}0], [1], [2], [3], [4, 5], [6]] : tensor<1x1x4x1x2x2x16xi32> into tensor<1x1x4x1x4x16xi32>
 // CHECK: return %[[G]]
+// contraction=mmt4d: V's token digits (wave, r, t, h, j1, j0) are packed into
+// [group (wave, t), N1, K1 (h, r, j1), N0, K0 (j0)]; the four groups are the
+// mmt4d's batch, their sums come back as [G = (wave, t), D].
+// MMT4D-DAG: #[[V_READ:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10) -> (d0, d1, d2, d3, d7, d4, d6, d8, d10, d5, d9)>
+// MMT4D-LABEL: func.func @two_waves
+// MMT4D-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x4x32xi8>, %[[V:.*]]: tensor<1x1x1x128x16xi8>)
+// MMT4D-NOT: tensor.extract
+// MMT4D: %[[W16:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x4x1x16x4x2xi16>)
+// MMT4D: %[[LHS:.*]] = tensor.collapse_shape %[[W16]] {{.*}} into tensor<4x1x16x4x2xi16>
+// MMT4D: %[[V_D:.*]] = tensor.expand_shape %[[V]] {{.*}} output_shape [1, 1, 1, 128, 1, 16]
+// MMT4D: %[[V_DIGITS:.*]] = tensor.expand_shape %[[V_D]] {{\[\[}}0], [1], [2], [3, 4, 5, 6, 7, 8], [9], [10]] output_shape [1, 1, 1, 2, 4, 2, 2, 2, 2, 1, 16]
+// MMT4D: %[[V16:.*]] = linalg.generic {indexing_maps = [#[[V_READ]], #{{.*}}], {{.*}} ins(%[[V_DIGITS]] : {{.*}}) outs(%{{.*}} : tensor<1x1x1x2x2x1x2x4x2x16x2xi16>)
+// MMT4D: %[[V_K1:.*]] = tensor.collapse_shape %[[V16]] {{.*}} into tensor<1x1x1x2x2x1x16x16x2xi16>
+// MMT4D: %[[RHS:.*]] = tensor.collapse_shape %[[V_K1]] {{.*}} into tensor<4x1x16x16x2xi16>
+// MMT4D: %[[TILES:.*]] = linalg.batch_mmt4d ins(%[[LHS]], %[[RHS]] : tensor<4x1x16x4x2xi16>, tensor<4x1x16x16x2xi16>) outs(%{{.*}} : tensor<4x1x1x4x16xi32>)
+// MMT4D: %[[GROUPS:.*]] = tensor.expand_shape %[[TILES]] {{.*}} output_shape [1, 1, 1, 4, 1, 1, 4, 16]
+// MMT4D: %[[SUMS:.*]] = linalg.generic {{.*}} ins(%[[GROUPS]] : {{.*}}) outs(%{{.*}} : tensor<1x1x1x4x1x4x1x16xi32>)
+// MMT4D: %[[SUMS_D:.*]] = tensor.collapse_shape %[[SUMS]]
+// MMT4D: %[[G:.*]] = tensor.collapse_shape %[[SUMS_D]] {{.*}} into tensor<1x1x4x1x4x16xi32>
+// MMT4D: return %[[G]]
 #groups = [array<i64: 0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4, 5, 6, 7, 20, 21, 22, 23, 36, 37, 38, 39, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 24, 25, 26, 27, 40, 41, 42, 43, 56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63>,
            array<i64: 64, 65, 66, 67, 80, 81, 82, 83, 96, 97, 98, 99, 112, 113, 114, 115, 68, 69, 70, 71, 84, 85, 86, 87, 100, 101, 102, 103, 116, 117, 118, 119>,
@@ -122,6 +172,23 @@ func.func @no_digit_permutation(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x6
 // CHECK:   arith.fptosi %{{.*}} : f32 to i32
 // CHECK-NOT: arith.muli
 // CHECK: return %[[ACC]]
+// contraction=mmt4d: u = Wq + 128 is added where Wq becomes i16 (exact in the
+// int32 sums); no column sums, no i32 multiply outside the mmt4d.
+// MMT4D-LABEL: func.func @unsigned_wave
+// MMT4D-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
+// MMT4D-DAG: %[[C128:.*]] = arith.constant 128 : i16
+// MMT4D-NOT: int8attn.column_sums
+// MMT4D: %[[W16:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x2x1x16x4x2xi16>)
+// MMT4D:   %[[W:.*]] = arith.extsi %{{.*}} : i8 to i16
+// MMT4D:   %[[U:.*]] = arith.addi %[[W]], %[[C128]] : i16
+// MMT4D:   linalg.yield %[[U]] : i16
+// MMT4D: %[[LHS:.*]] = tensor.collapse_shape %[[W16]]
+// MMT4D: %[[V16:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x2x1x4x4x16x2xi16>)
+// MMT4D-NOT: arith.addi
+// MMT4D: %[[TILES:.*]] = linalg.batch_mmt4d ins(%[[LHS]], %{{.*}} : tensor<2x1x16x4x2xi16>, tensor<2x1x16x16x2xi16>)
+// MMT4D-NOT: arith.muli
+// MMT4D: %[[ACC:.*]] = tensor.collapse_shape %{{.*}} into tensor<1x1x4x1x2x16xi32>
+// MMT4D: return %[[ACC]]
 // GATHER-LABEL: func.func @unsigned_wave
 // GATHER: %[[CS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x1x2x16xi32>)
 // GATHER: %[[ACC:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
@@ -150,6 +217,10 @@ func.func @unsigned_wave(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8
 // CHECK:   arith.addi %{{.*}}, %[[X]] : i32
 // CHECK: %[[ACC:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
 // CHECK: return %[[ACC]], %[[CS]]
+// MMT4D-LABEL: func.func @column_sums_kept
+// MMT4D: linalg.batch_mmt4d
+// MMT4D: %[[ACC:.*]] = tensor.collapse_shape {{.*}} into tensor<1x1x4x1x2x16xi32>
+// MMT4D: return %[[ACC]], %{{.*}}
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
 func.func @column_sums_kept(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>) -> (tensor<1x1x4x1x2x16xi32>, tensor<1x1x1x2x16xi32>) {
