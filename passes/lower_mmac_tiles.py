@@ -283,21 +283,119 @@ def pack_w(wq: ir.Value, unsigned: bool) -> ir.Value:
     return build.merge_dims(packed, 0, 4)
 
 
-def contract_mmt4d(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
-                   unsigned: bool = False) -> ir.Value:
-    """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] (int32) as
-    one `linalg.batch_mmt4d` over the groups; with `unsigned`, sum_k (Wq + 128) * v
-    (= sum Wq * v + 128 * column sums, bit for bit)."""
+def mmt4d_tiles(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
+                unsigned: bool = False) -> ir.Value:
+    """The group sums as one `linalg.batch_mmt4d`, in its tile layout
+    [b, h, n, g, r/M0, D/N0, M0, N0] (int32; a view of the mmt4d result):
+    tiles[b,h,n,g,R,E,m,e] = acc[b,h,R*M0+m,n,g,E*N0+e] with
+    acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d]; with
+    `unsigned`, sum_k (Wq + 128) * v (= sum Wq * v + 128 * column sums, bit for bit)."""
     b, h, r, n, g, head_dim = result_shape
     lhs, rhs = pack_w(wq, unsigned), pack_v(v, axes)
     batch, m1, _, m0, _ = d.shape_of(lhs)
     n1 = d.shape_of(rhs)[1]
     init = build.zeros([batch, m1, n1, m0, MMT4D_N0], "i32")
     tiles = linalg.batch_mmt4d(lhs, rhs, outs=[init], emit_generic=False)
-    tiles = build.split_dim(tiles, 0, [b, h, n, g])
+    return build.split_dim(tiles, 0, [b, h, n, g])
+
+
+def untile(tiles: ir.Value) -> ir.Value:
+    """The mmt4d tiles [b,h,n,g,R,E,m,e] as acc [b,h,r,n,g,d] (a transposed copy)."""
+    b, h, n, g, m1, n1, m0, n0 = d.shape_of(tiles)
     acc = build.generic([tiles], ["bhngmdRD"], "bhmRngdD",
-                        build.empty([b, h, m1, m0, n, g, n1, MMT4D_N0], "i32"), lambda x, _: x)
+                        build.empty([b, h, m1, m0, n, g, n1, n0], "i32"), lambda x, _: x)
     return build.merge_dims(build.merge_dims(acc, 6, 2), 2, 2)
+
+
+# acc's dims [b, h, r, n, g, d] in the tiles' order [b, h, n, g, R, E, m, e]:
+# (acc dim, 0 for the tile index / 1 for the position in the tile, or None).
+_TILE_DIMS = ((0, None), (1, None), (3, None), (4, None), (2, 0), (5, 0), (2, 1), (5, 1))
+
+
+def read_tiles(consumer: ir.Operation, operand: int, tiles: ir.Value) -> ir.Value | None:
+    """`consumer` (a linalg.generic reading acc [b,h,r,n,g,d] as input `operand`)
+    rebuilt to read the mmt4d `tiles` in their layout, or None where it cannot be.
+
+    The consumer's loops over r and d are split into (tile index, position in
+    the tile), like linalg's fusion of a reshape by expansion: every other
+    operand indexed by those loops is viewed with the same split dims
+    (tensor.expand_shape), the result merged back. No copy of the tiles is left
+    for IREE to materialise: the consumer's indexing map does the untiling."""
+    if consumer.name != "linalg.generic" or len(consumer.results) != 1:
+        return None
+    generic = consumer.opview
+    n_inputs = len(generic.inputs)
+    if operand >= n_inputs:
+        return None
+    maps = [ir.AffineMapAttr(m).value for m in generic.indexing_maps]
+    if any(any(not isinstance(e, ir.AffineDimExpr) for e in m.results) for m in maps):
+        return None
+    dims = [[e.position for e in m.results] for m in maps]
+    block = generic.regions[0].blocks[0]
+    if any(o.operation.name == "linalg.index" for o in block.operations):
+        return None
+    n_loops = maps[0].n_dims
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    if 2 * n_loops > len(letters):
+        return None
+    split_loops = {dims[operand][2]: 0, dims[operand][5]: 1}      # r, d
+    if len(split_loops) != 2:
+        return None
+    _, _, _, _, m1, n1, m0, n0 = d.shape_of(tiles)
+    halves = ([m1, m0], [n1, n0])
+    name = [letters[i] for i in range(n_loops)]
+    inner = {i: letters[n_loops + i] for i in split_loops}   # the position-in-tile loops
+    reduction = {name[i] for i, t in enumerate(generic.iterator_types)
+                 if str(t) == "#linalg.iterator_type<reduction>"}
+    out_dims_old = dims[-1]
+    if any((name[i] in reduction) == (i in out_dims_old) for i in range(n_loops)):
+        return None                           # build.generic infers the iterator types
+
+    def view(value: ir.Value, loops_of_dims) -> tuple[ir.Value, str]:
+        text = ""
+        for pos in reversed(range(len(loops_of_dims))):   # split from the back
+            loop = loops_of_dims[pos]
+            if loop in split_loops:
+                value = build.split_dim(value, pos, halves[split_loops[loop]])
+        for loop in loops_of_dims:
+            text += name[loop] + (inner[loop] if loop in split_loops else "")
+        return value, text
+
+    acc_loops = dims[operand]
+    tile_dims = "".join(name[acc_loops[a]] if half is None else
+                        (name[acc_loops[a]] if half == 0 else inner[acc_loops[a]])
+                        for a, half in _TILE_DIMS)
+    inputs, input_dims = [], []
+    for i, value in enumerate(generic.inputs):
+        if i == operand:
+            inputs.append(tiles)
+            input_dims.append(tile_dims)
+        else:
+            viewed, text = view(value, dims[i])
+            inputs.append(viewed)
+            input_dims.append(text)
+    init, out_dims = view(generic.outputs[0], out_dims_old)
+    loops = "".join(name[i] + (inner[i] if i in split_loops else "") for i in range(n_loops))
+
+    def body(*args):
+        mapped = {old: new for old, new in zip(block.arguments, args)}
+        for old_op in block.operations:
+            if old_op.operation.name == "linalg.yield":
+                return [mapped.get(x, x) for x in old_op.operands][0]
+            new_op = old_op.operation.clone()
+            for j, x in enumerate(old_op.operands):
+                if x in mapped:
+                    new_op.operands[j] = mapped[x]
+            for old_r, new_r in zip(old_op.results, new_op.results):
+                mapped[old_r] = new_r
+        raise ValueError("linalg.generic body without linalg.yield")
+
+    result = build.generic(inputs, input_dims, out_dims, init, body, loops=loops)
+    for pos in reversed(range(len(out_dims_old))):       # merge the split dims back
+        if out_dims_old[pos] in split_loops:
+            before = sum(loop in split_loops for loop in out_dims_old[:pos])
+            result = build.merge_dims(result, pos + before, 2)
+    return result
 
 
 def in_place_axes(groups, w: str = "s8") -> TokenAxes | None:
@@ -321,22 +419,34 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place",
     packed = mmt4d_axes(groups, d.shape_of(v)[-1]) \
         if static and tokens == "in-place" and contraction == "mmt4d" else None
     axes = packed or (in_place_axes(groups, w) if static and tokens == "in-place" else None)
-    with rewriter.ip, op.location:
-        if packed is not None:
-            acc = contract_mmt4d(wq, v, packed, d.shape_of(op.result),
-                                 op.column_sums is not None)
-        elif axes is not None:
-            acc = contract_in_place(wq, v, axes, d.shape_of(op.result), op.column_sums)
-        else:
-            v_groups = gather_tokens(v, 3, groups)
-            acc = build.generic([wq, v_groups], ["bhrngk", "bhngkd"], "bhrngd",
-                                build.zeros(d.shape_of(op.result), "i32"), _mac)
-        if op.column_sums is not None and axes is None:
-            acc = build.generic([acc, op.column_sums], ["bhrngd", "bhngd"], "bhrngd",
-                                build.empty(d.shape_of(op.result), "i32"),
-                                lambda a, cs, _: contract.unsigned_offset(a, cs))
     sums = op.column_sums
-    rewriter.replace_op(op, [acc])
+    if packed is not None:
+        with rewriter.ip, op.location:
+            tiles = mmt4d_tiles(wq, v, packed, d.shape_of(op.result), sums is not None)
+        for use in list(op.result.uses):     # consumers that read the tiles in place
+            consumer = use.owner
+            with ir.InsertionPoint(consumer), consumer.location:
+                direct = read_tiles(consumer, use.operand_number, tiles)
+            if direct is not None:
+                rewriter.replace_op(consumer, [direct])
+        if _unused(op.result):
+            rewriter.erase_op(op)
+        else:
+            with rewriter.ip, op.location:
+                rewriter.replace_op(op, [untile(tiles)])
+    else:
+        with rewriter.ip, op.location:
+            if axes is not None:
+                acc = contract_in_place(wq, v, axes, d.shape_of(op.result), sums)
+            else:
+                v_groups = gather_tokens(v, 3, groups)
+                acc = build.generic([wq, v_groups], ["bhrngk", "bhngkd"], "bhrngd",
+                                    build.zeros(d.shape_of(op.result), "i32"), _mac)
+            if sums is not None and axes is None:
+                acc = build.generic([acc, sums], ["bhrngd", "bhngd"], "bhrngd",
+                                    build.empty(d.shape_of(op.result), "i32"),
+                                    lambda a, cs, _: contract.unsigned_offset(a, cs))
+        rewriter.replace_op(op, [acc])
     if (sums is not None and axes is not None and isinstance(sums, ir.OpResult)
             and _unused(sums)):
         rewriter.erase_op(sums.owner)        # the in-place tile summed u * Vq itself
