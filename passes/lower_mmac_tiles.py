@@ -40,14 +40,19 @@ exact; the int32 sums are the same bit for bit, in any order):
                                                               order, K0 = 2 tokens
                                                               interleaved per column
     Wp[B, r/M0, K/2, M0, 2] = i16(Wq[b,h,r,n,g,k])           (+ 128 for unsigned W)
-    acc = batch_mmt4d(Wp, Vp), transposed back to [b,h,r,n,g,d]
+    tiles[b,h,n,g, r/M0, D/16, M0, 16] = batch_mmt4d(Wp, Vp)  (a view of its result)
 
 which IREE's mmt4d ukernel runs on VNNI (`vpdpwssd`; the cpu target's
-`--iree-llvmcpu-enable-ukernels=mmt4d`). It needs D % 16 == 0 and an even
-innermost slot axis; otherwise the f32 form is used. It is not the default: the
-V pack (i16, 2x V's bytes) and the transpose of the tiles back to [r, g, d] (its
-own dispatch; IREE does not fuse it into the rescale) cost more than the VNNI
-contraction saves (benchmarks/results-cpu-decode.md).
+`--iree-llvmcpu-enable-ukernels=mmt4d`). The sums are not copied back to
+[r, g, d]: each linalg.generic that reads them (the rescale
+sum_g f32(acc) * sW of pv-to-mmac) is rebuilt to read the tiles in their
+layout, its loops over r and d split into (tile, position in the tile) the way
+linalg fuses a reshape by expansion (`read_tiles`); only another reader gets
+a transposed copy (`untile`). It needs D % 16 == 0 and an even innermost slot
+axis; otherwise the f32 form is used. It is not the default: the V pack (i16,
+2x V's bytes, a copy per call) costs about what the VNNI contraction saves, and
+from 16K the module's transient buffers pass 32 MB, which glibc's malloc maps
+afresh on every call (benchmarks/results-cpu-decode.md).
 
 Any other table (not a digit permutation), or K too large for exact f32 sums,
 is lowered through a gather of V in fragment order and an i32 contraction:

@@ -228,3 +228,45 @@ func.func @column_sums_kept(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16
   %acc = "int8attn.mmac_tiles"(%wq, %v, %cs) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x2x16xi32>
   return %acc, %cs : tensor<1x1x4x1x2x16xi32>, tensor<1x1x1x2x16xi32>
 }
+
+// -----
+
+// The rescale of pv-to-mmac, sum_g f32(acc) * sW, reading the tile sums.
+// contraction=mmt4d: it reads the batch_mmt4d result in its tile layout
+// [b, h, n, g, M1, N1, M0, N0] itself: its loops over r and d are split into
+// (M1, M0) and (N1, N0) (sW and the output viewed alike), so no transposed copy
+// of the tiles back to [r, g, d] is left for IREE to materialise.
+// MMT4D-DAG: #[[TILES_IN:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d4, d7, d2, d5, d3, d6)>
+// MMT4D-DAG: #[[SW_IN:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d2, d3, d4, d7)>
+// MMT4D-DAG: #[[OUT_MAP:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d2, d3, d4, d5, d6)>
+// MMT4D-LABEL: func.func @rescale
+// MMT4D-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>, %[[SW:.*]]: tensor<1x1x4x1x2xf32>)
+// MMT4D: %[[TILES:.*]] = linalg.batch_mmt4d
+// MMT4D: %[[GROUPS:.*]] = tensor.expand_shape %[[TILES]] {{\[\[}}0, 1, 2, 3], [4], [5], [6], [7]] output_shape [1, 1, 1, 2, 1, 1, 4, 16]
+// MMT4D-NOT: linalg.generic
+// MMT4D: %[[SW_M:.*]] = tensor.expand_shape %[[SW]] {{\[\[}}0], [1], [2, 3], [4], [5]] output_shape [1, 1, 1, 4, 1, 2]
+// MMT4D: %[[OUT:.*]] = linalg.generic {indexing_maps = [#[[TILES_IN]], #[[SW_IN]], #[[OUT_MAP]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[GROUPS]], %[[SW_M]] : tensor<1x1x1x2x1x1x4x16xi32>, tensor<1x1x1x4x1x2xf32>) outs(%{{.*}} : tensor<1x1x1x4x1x1x16xf32>)
+// MMT4D:   arith.sitofp %{{.*}} : i32 to f32
+// MMT4D:   arith.mulf
+// MMT4D:   arith.addf
+// MMT4D: %[[OUT_D:.*]] = tensor.collapse_shape %[[OUT]] {{\[\[}}0], [1], [2], [3], [4], [5, 6]] : tensor<1x1x1x4x1x1x16xf32> into tensor<1x1x1x4x1x16xf32>
+// MMT4D: %[[RESULT:.*]] = tensor.collapse_shape %[[OUT_D]] {{\[\[}}0], [1], [2, 3], [4], [5]] : tensor<1x1x1x4x1x16xf32> into tensor<1x1x4x1x16xf32>
+// MMT4D: return %[[RESULT]]
+// CHECK-LABEL: func.func @rescale
+// CHECK: linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : tensor<1x1x4x1x2x16xi32>, tensor<1x1x4x1x2xf32>)
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @rescale(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>, %sw: tensor<1x1x4x1x2xf32>) -> tensor<1x1x4x1x16xf32> {
+  %acc = "int8attn.mmac_tiles"(%wq, %v) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<1x1x4x1x16xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%empty : tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32>
+  %out = linalg.generic {indexing_maps = [affine_map<(b, h, r, n, d, g) -> (b, h, r, n, g, d)>, affine_map<(b, h, r, n, d, g) -> (b, h, r, n, g)>, affine_map<(b, h, r, n, d, g) -> (b, h, r, n, d)>], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%acc, %sw : tensor<1x1x4x1x2x16xi32>, tensor<1x1x4x1x2xf32>) outs(%init : tensor<1x1x4x1x16xf32>) {
+  ^bb0(%a: i32, %s: f32, %o: f32):
+    %f = arith.sitofp %a : i32 to f32
+    %m = arith.mulf %f, %s : f32
+    %t = arith.addf %o, %m : f32
+    linalg.yield %t : f32
+  } -> tensor<1x1x4x1x16xf32>
+  return %out : tensor<1x1x4x1x16xf32>
+}
