@@ -43,8 +43,11 @@ exact; the int32 sums are the same bit for bit, in any order):
     tiles[b,h,n,g, r/M0, D/16, M0, 16] = batch_mmt4d(Wp, Vp)  (a view of its result)
 
 which IREE's mmt4d ukernel runs on VNNI (`vpdpwssd`; the cpu target's
-`--iree-llvmcpu-enable-ukernels=mmt4d`). The sums are not copied back to
-[r, g, d]: each linalg.generic that reads them (the rescale
+`--iree-llvmcpu-enable-ukernels=mmt4d`). The MMAC tiles of several W terms
+(w_terms=2) over the same V and groups share one batch_mmt4d: their Wq side
+by side in each row tile (M0 = T x rows), V packed and read once
+(`stacked_terms`). The sums are not copied back to [r, g, d]: each
+linalg.generic that reads them (the rescale
 sum_g f32(acc) * sW of pv-to-mmac) is rebuilt to read the tiles in their
 layout, its loops over r and d split into (tile, position in the tile) the way
 linalg fuses a reshape by expansion (`read_tiles`); only another reader gets
@@ -87,7 +90,10 @@ the tensor-level form.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cmp_to_key
 from math import prod
+
+import numpy as np
 from typing import ClassVar, Literal
 
 from iree.compiler import ir
@@ -209,6 +215,7 @@ def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
 # ukernel take), N0 = 16 head-dim columns per vector.
 MMT4D_N0 = 16
 MMT4D_K0 = 2
+MMT4D_M0_MAX = 16
 # i32 accumulates a group exactly while K * max|product| < 2^31.
 EXACT_I32_SUM = 1 << 31
 
@@ -263,45 +270,78 @@ def pack_v(v: ir.Value, axes: TokenAxes) -> ir.Value:
     return build.merge_dims(packed, 0, 3 + len(group))                    # B
 
 
-def row_tile(rows: int) -> int:
-    """M0: the largest power of two up to 16 dividing the rows (the ukernel's tiles)."""
-    return next(m for m in (16, 8, 4, 2, 1) if rows % m == 0)
+def row_tile(rows: int, most: int = 16) -> int:
+    """M0: the largest power of two up to `most` dividing the rows (the ukernel's
+    tiles go up to 16 rows)."""
+    return next(m for m in (16, 8, 4, 2, 1) if m <= most and rows % m == 0)
 
 
-def pack_w(wq: ir.Value, unsigned: bool) -> ir.Value:
-    """Wq (i8 [b,h,r,n,G,K]) as the mmt4d LHS, i16 [B = b*h*n*G, r/M0, K/K0, M0, K0];
-    unsigned W as u = Wq + 128 (in [0, 255], an i16)."""
-    b, h, r, n, g, k = d.shape_of(wq)
-    m0 = row_tile(r)
-    view = build.split_dim(build.split_dim(wq, 5, [k // MMT4D_K0, MMT4D_K0]), 2, [r // m0, m0])
+def pack_w(wqs: list[ir.Value], unsigned: list[bool], m0: int) -> ir.Value:
+    """The Wq of T terms (i8 [b,h,r,n,G,K] each) as one mmt4d LHS,
+    i16 [B = b*h*n*G, r/m0, K/K0, T*m0, K0]: the terms side by side in each row tile
+    (term t's row R*m0 + i is row t*m0 + i of tile R); an unsigned term's W as
+    u = Wq + 128 (in [0, 255], an i16). Several terms: each widened on its own,
+    stacked (tensor.concat along a new outer dim), then packed by one copy."""
+    b, h, r, n, g, k = d.shape_of(wqs[0])
+    i16 = ir.IntegerType.get_signless(16)
 
-    def widen(w, _):
-        w = arith.extsi(ir.IntegerType.get_signless(16), w)
-        if unsigned:                          # u = Wq + 128: the tile sums u * Vq
-            w = arith.addi(w, arith.constant(ir.IntegerType.get_signless(16),
-                                             contract.W_OFFSET))
-        return w
+    def widener(offset):
+        def widen(w, _):
+            w = arith.extsi(i16, w)
+            if offset:                        # u = Wq + 128: the tile sums u * Vq
+                w = arith.addi(w, arith.constant(i16, contract.W_OFFSET))
+            return w
+        return widen
 
-    packed = build.generic([view], ["bhmRngkK"], "bhngmkRK",
-                           build.empty([b, h, n, g, r // m0, k // MMT4D_K0, m0, MMT4D_K0],
-                                       "i16"), widen)
-    return build.merge_dims(packed, 0, 4)
+    def split(w):
+        return build.split_dim(build.split_dim(w, 5, [k // MMT4D_K0, MMT4D_K0]), 2,
+                               [r // m0, m0])
+
+    if len(wqs) == 1:
+        packed = build.generic([split(wqs[0])], ["bhmRngkK"], "bhngmkRK",
+                               build.empty([b, h, n, g, r // m0, k // MMT4D_K0, m0,
+                                            MMT4D_K0], "i16"), widener(unsigned[0]))
+        return build.merge_dims(packed, 0, 4)
+    terms = len(wqs)
+    wide = [build.merge_dims(build.generic([wq], ["bhrngk"], "bhrngk",
+                                           build.empty([b, h, r, n, g, k], "i16"),
+                                           widener(offset)), 0, 0)
+            for wq, offset in zip(wqs, unsigned)]
+    stacked = tensor.concat(build.tensor_type([terms, b, h, r, n, g, k], "i16"), 0, wide)
+    view = build.split_dim(build.split_dim(stacked, 6, [k // MMT4D_K0, MMT4D_K0]), 3,
+                           [r // m0, m0])
+    packed = build.generic([view], ["TbhmRngkK"], "bhngmkTRK",
+                           build.empty([b, h, n, g, r // m0, k // MMT4D_K0, terms, m0,
+                                        MMT4D_K0], "i16"), lambda w, _: w)
+    return build.merge_dims(build.merge_dims(packed, 6, 2), 0, 4)
 
 
-def mmt4d_tiles(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
-                unsigned: bool = False) -> ir.Value:
-    """The group sums as one `linalg.batch_mmt4d`, in its tile layout
-    [b, h, n, g, r/M0, D/N0, M0, N0] (int32; a view of the mmt4d result):
+def mmt4d_tiles(wqs: list[ir.Value], v: ir.Value, axes: TokenAxes, result_shape,
+                unsigned: list[bool]) -> list[ir.Value]:
+    """The group sums of each term (same V, same groups) as one `linalg.batch_mmt4d`,
+    each term's in the tile layout [b, h, n, g, r/M0, D/N0, M0, N0] (int32; a view
+    of the mmt4d result, or a slice of its row tiles where several terms share it):
     tiles[b,h,n,g,R,E,m,e] = acc[b,h,R*M0+m,n,g,E*N0+e] with
     acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d]; with
-    `unsigned`, sum_k (Wq + 128) * v (= sum Wq * v + 128 * column sums, bit for bit)."""
+    `unsigned[t]`, term t's sum_k (Wq + 128) * v (= sum Wq * v + 128 * column sums,
+    bit for bit)."""
     b, h, r, n, g, head_dim = result_shape
-    lhs, rhs = pack_w(wq, unsigned), pack_v(v, axes)
-    batch, m1, _, m0, _ = d.shape_of(lhs)
+    terms = len(wqs)
+    m0 = row_tile(r, MMT4D_M0_MAX // terms)
+    lhs, rhs = pack_w(wqs, unsigned, m0), pack_v(v, axes)
+    batch, m1, _, _, _ = d.shape_of(lhs)
     n1 = d.shape_of(rhs)[1]
-    init = build.zeros([batch, m1, n1, m0, MMT4D_N0], "i32")
+    init = build.zeros([batch, m1, n1, terms * m0, MMT4D_N0], "i32")
     tiles = linalg.batch_mmt4d(lhs, rhs, outs=[init], emit_generic=False)
-    return build.split_dim(tiles, 0, [b, h, n, g])
+    tiles = build.split_dim(tiles, 0, [b, h, n, g])
+    if terms == 1:
+        return [tiles]
+    tiles = build.split_dim(tiles, 6, [terms, m0])         # [b,h,n,g,R,E,T,m,e]
+    shape = d.shape_of(tiles)
+    sizes = shape[:6] + [1] + shape[7:]
+    return [build.split_dim(tensor.ExtractSliceOp(
+        build.tensor_type(sizes, "i32"), tiles, [], [], [],
+        [0] * 6 + [t] + [0] * 2, sizes, [1] * 9).result, 6, []) for t in range(terms)]
 
 
 def untile(tiles: ir.Value) -> ir.Value:
@@ -317,9 +357,11 @@ def untile(tiles: ir.Value) -> ir.Value:
 _TILE_DIMS = ((0, None), (1, None), (3, None), (4, None), (2, 0), (5, 0), (2, 1), (5, 1))
 
 
-def read_tiles(consumer: ir.Operation, operand: int, tiles: ir.Value) -> ir.Value | None:
+def read_tiles(consumer: ir.Operation, operand: int, tiles: ir.Value,
+               check_only: bool = False):
     """`consumer` (a linalg.generic reading acc [b,h,r,n,g,d] as input `operand`)
-    rebuilt to read the mmt4d `tiles` in their layout, or None where it cannot be.
+    rebuilt to read the mmt4d `tiles` in their layout, or None where it cannot be
+    (with `check_only`, True where it can, building nothing).
 
     The consumer's loops over r and d are split into (tile index, position in
     the tile), like linalg's fusion of a reshape by expansion: every other
@@ -346,7 +388,7 @@ def read_tiles(consumer: ir.Operation, operand: int, tiles: ir.Value) -> ir.Valu
     split_loops = {dims[operand][2]: 0, dims[operand][5]: 1}      # r, d
     if len(split_loops) != 2:
         return None
-    _, _, _, _, m1, n1, m0, n0 = d.shape_of(tiles)
+    _, _, _, _, m1, n1, m0, n0 = d.shape_of(tiles) if not check_only else (0,) * 8
     halves = ([m1, m0], [n1, n0])
     name = [letters[i] for i in range(n_loops)]
     inner = {i: letters[n_loops + i] for i in split_loops}   # the position-in-tile loops
@@ -355,6 +397,8 @@ def read_tiles(consumer: ir.Operation, operand: int, tiles: ir.Value) -> ir.Valu
     out_dims_old = dims[-1]
     if any((name[i] in reduction) == (i in out_dims_old) for i in range(n_loops)):
         return None                           # build.generic infers the iterator types
+    if check_only:
+        return True
 
     def view(value: ir.Value, loops_of_dims) -> tuple[ir.Value, str]:
         text = ""
@@ -426,19 +470,26 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place",
     axes = packed or (in_place_axes(groups, w) if static and tokens == "in-place" else None)
     sums = op.column_sums
     if packed is not None:
-        with rewriter.ip, op.location:
-            tiles = mmt4d_tiles(wq, v, packed, d.shape_of(op.result), sums is not None)
-        for use in list(op.result.uses):     # consumers that read the tiles in place
-            consumer = use.owner
-            with ir.InsertionPoint(consumer), consumer.location:
-                direct = read_tiles(consumer, use.operand_number, tiles)
-            if direct is not None:
-                rewriter.replace_op(consumer, [direct])
-        if _unused(op.result):
-            rewriter.erase_op(op)
-        else:
-            with rewriter.ip, op.location:
-                rewriter.replace_op(op, [untile(tiles)])
+        terms = stacked_terms(op) or [op]
+        last = terms[-1]
+        with ir.InsertionPoint(last.operation), op.location:
+            tiles = mmt4d_tiles([t.wq for t in terms], v, packed, d.shape_of(op.result),
+                                [t.column_sums is not None for t in terms])
+        all_sums = [t.column_sums for t in terms if t.column_sums is not None]
+        for term, term_tiles in zip(terms, tiles):
+            for use in list(term.result.uses):   # consumers that read the tiles in place
+                consumer = use.owner.operation
+                at = consumer if len(terms) == 1 or last.operation.is_before_in_block(
+                    consumer) else last.operation
+                with ir.InsertionPoint(at), consumer.location:
+                    direct = read_tiles(consumer, use.operand_number, term_tiles)
+                if direct is not None:
+                    rewriter.replace_op(consumer, [direct])
+            if _unused(term.result):
+                rewriter.erase_op(term)
+            else:                                # only where one term has its own tiles
+                with ir.InsertionPoint(last.operation), op.location:
+                    rewriter.replace_op(term, [untile(term_tiles)])
     else:
         with rewriter.ip, op.location:
             if axes is not None:
@@ -452,9 +503,49 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place",
                                     build.empty(d.shape_of(op.result), "i32"),
                                     lambda a, cs, _: contract.unsigned_offset(a, cs))
         rewriter.replace_op(op, [acc])
-    if (sums is not None and axes is not None and isinstance(sums, ir.OpResult)
-            and _unused(sums)):
-        rewriter.erase_op(sums.owner)        # the in-place tile summed u * Vq itself
+        all_sums = [sums] if sums is not None and axes is not None else []
+    for i, cs in enumerate(all_sums):        # the in-place tiles summed u * Vq themselves
+        if cs not in all_sums[:i] and isinstance(cs, ir.OpResult) and _unused(cs):
+            rewriter.erase_op(cs.owner)
+
+
+def stacked_terms(op: d.MMACTilesOp) -> list[d.MMACTilesOp] | None:
+    """The MMAC tiles (op among them, in block order) of the W terms that share op's
+    V and groups and can share one batch_mmt4d (their Wq side by side in each row
+    tile), or None.
+
+    The shared tiles are computed where the last of them is; each consumer of
+    their sums is rebuilt after that point (`read_tiles`), so every consumer must
+    be a generic `read_tiles` takes, and its users must come after that point."""
+    block = op.operation.block
+    terms = []
+    for use in op.v.uses:
+        other = use.owner.operation
+        if (other.name == d.MMAC_TILES and use.operand_number == 1
+                and other.block == block and other not in (t.operation for t in terms)):
+            other = other.opview
+            if (d.shape_of(other.wq) == d.shape_of(op.wq)
+                    and np.array_equal(other.groups, op.groups)):
+                terms.append(other)
+    count = len(terms)
+    if count < 2 or count & (count - 1) or count > MMT4D_M0_MAX:
+        return None
+    terms.sort(key=cmp_to_key(lambda a, b: -1 if a.operation.is_before_in_block(b.operation)
+                                else 1))
+    last = terms[-1].operation
+    for term in terms:
+        for use in term.result.uses:
+            consumer = use.owner.operation
+            if consumer.block != block or not read_tiles(consumer, use.operand_number,
+                                                         term.result, check_only=True):
+                return None
+            if not last.is_before_in_block(consumer):
+                for result in consumer.results:
+                    for later in result.uses:
+                        user = later.owner.operation
+                        if user.block != block or not last.is_before_in_block(user):
+                            return None
+    return terms
 
 
 def _unused(value: ir.Value) -> bool:

@@ -270,3 +270,73 @@ func.func @rescale(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>, %sw
   } -> tensor<1x1x4x1x16xf32>
   return %out : tensor<1x1x4x1x16xf32>
 }
+
+// -----
+
+// Two W terms over the same V and groups (w_terms=2; the first unsigned, with
+// column sums): contraction=mmt4d gives them one batch_mmt4d, their Wq side by
+// side in each row tile (M0 = 2 x 4 rows: each term widened, +128 for the
+// unsigned one, stacked, packed by one copy), V packed once; each rescale reads
+// its term's rows of the tiles (a slice of M0) in place, after the mmt4d.
+// MMT4D-LABEL: func.func @two_terms
+// MMT4D-SAME: (%[[WQ1:.*]]: tensor<1x1x4x1x2x32xi8>, %[[WQ2:.*]]: tensor<1x1x4x1x2x32xi8>, %[[V:.*]]: tensor<1x1x1x64x16xi8>, %[[SW1:.*]]: tensor<1x1x4x1x2xf32>, %[[SW2:.*]]: tensor<1x1x4x1x2xf32>)
+// MMT4D-DAG: %[[C128:.*]] = arith.constant 128 : i16
+// MMT4D-NOT: int8attn.column_sums
+// MMT4D: %[[U1:.*]] = linalg.generic {{.*}} ins(%[[WQ1]] : tensor<1x1x4x1x2x32xi8>) outs(%{{.*}} : tensor<1x1x4x1x2x32xi16>)
+// MMT4D:   arith.extsi
+// MMT4D:   arith.addi %{{.*}}, %[[C128]] : i16
+// MMT4D: %[[T1:.*]] = tensor.expand_shape %[[U1]]
+// MMT4D: %[[W2:.*]] = linalg.generic {{.*}} ins(%[[WQ2]] : tensor<1x1x4x1x2x32xi8>) outs(%{{.*}} : tensor<1x1x4x1x2x32xi16>)
+// MMT4D:   arith.extsi
+// MMT4D-NOT: arith.addi
+// MMT4D: %[[T2:.*]] = tensor.expand_shape %[[W2]]
+// MMT4D: %[[STACKED:.*]] = tensor.concat dim(0) %[[T1]], %[[T2]] : {{.*}} -> tensor<2x1x1x4x1x2x32xi16>
+// MMT4D: %[[LHS:.*]] = tensor.collapse_shape %{{.*}} into tensor<2x1x16x8x2xi16>
+// MMT4D: %[[TILES:.*]] = linalg.batch_mmt4d ins(%[[LHS]], %{{.*}} : tensor<2x1x16x8x2xi16>, tensor<2x1x16x16x2xi16>) outs(%{{.*}} : tensor<2x1x1x8x16xi32>)
+// MMT4D-NOT: linalg.batch_mmt4d
+// MMT4D: %[[TERMS:.*]] = tensor.expand_shape %{{.*}} output_shape [1, 1, 1, 2, 1, 1, 2, 4, 16]
+// MMT4D: %[[S1:.*]] = tensor.extract_slice %[[TERMS]][0, 0, 0, 0, 0, 0, 0, 0, 0] [1, 1, 1, 2, 1, 1, 1, 4, 16]
+// MMT4D: %[[TILES1:.*]] = tensor.collapse_shape %[[S1]]
+// MMT4D: %[[S2:.*]] = tensor.extract_slice %[[TERMS]][0, 0, 0, 0, 0, 0, 1, 0, 0] [1, 1, 1, 2, 1, 1, 1, 4, 16]
+// MMT4D: %[[TILES2:.*]] = tensor.collapse_shape %[[S2]]
+// MMT4D: %[[SW1_M:.*]] = tensor.expand_shape %[[SW1]]
+// MMT4D: %[[O1:.*]] = linalg.generic {{.*}} ins(%[[TILES1]], %[[SW1_M]] : tensor<1x1x1x2x1x1x4x16xi32>, tensor<1x1x1x4x1x2xf32>)
+// MMT4D: %[[SW2_M:.*]] = tensor.expand_shape %[[SW2]]
+// MMT4D: %[[O2:.*]] = linalg.generic {{.*}} ins(%[[TILES2]], %[[SW2_M]] : tensor<1x1x1x2x1x1x4x16xi32>, tensor<1x1x1x4x1x2xf32>)
+// MMT4D: linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : tensor<1x1x4x1x16xf32>, tensor<1x1x4x1x16xf32>)
+// CHECK-LABEL: func.func @two_terms
+// CHECK-NOT: int8attn.column_sums
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+#acc = affine_map<(b, h, r, n, d, g) -> (b, h, r, n, g, d)>
+#sw = affine_map<(b, h, r, n, d, g) -> (b, h, r, n, g)>
+#out = affine_map<(b, h, r, n, d, g) -> (b, h, r, n, d)>
+#id = affine_map<(b, h, r, n, d) -> (b, h, r, n, d)>
+func.func @two_terms(%wq1: tensor<1x1x4x1x2x32xi8>, %wq2: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>, %sw1: tensor<1x1x4x1x2xf32>, %sw2: tensor<1x1x4x1x2xf32>) -> tensor<1x1x4x1x16xf32> {
+  %cs = "int8attn.column_sums"(%v) {groups = #groups} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x2x16xi32>
+  %acc1 = "int8attn.mmac_tiles"(%wq1, %v, %cs) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x2x16xi32>
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<1x1x4x1x16xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%empty : tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32>
+  %o1 = linalg.generic {indexing_maps = [#acc, #sw, #out], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%acc1, %sw1 : tensor<1x1x4x1x2x16xi32>, tensor<1x1x4x1x2xf32>) outs(%init : tensor<1x1x4x1x16xf32>) {
+  ^bb0(%a: i32, %s: f32, %o: f32):
+    %f = arith.sitofp %a : i32 to f32
+    %m = arith.mulf %f, %s : f32
+    %t = arith.addf %o, %m : f32
+    linalg.yield %t : f32
+  } -> tensor<1x1x4x1x16xf32>
+  %acc2 = "int8attn.mmac_tiles"(%wq2, %v) {groups = #groups, fragment_model = "gfx936"} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x2x16xi32>
+  %o2 = linalg.generic {indexing_maps = [#acc, #sw, #out], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%acc2, %sw2 : tensor<1x1x4x1x2x16xi32>, tensor<1x1x4x1x2xf32>) outs(%init : tensor<1x1x4x1x16xf32>) {
+  ^bb0(%a: i32, %s: f32, %o: f32):
+    %f = arith.sitofp %a : i32 to f32
+    %m = arith.mulf %f, %s : f32
+    %t = arith.addf %o, %m : f32
+    linalg.yield %t : f32
+  } -> tensor<1x1x4x1x16xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel"]} ins(%o1, %o2 : tensor<1x1x4x1x16xf32>, tensor<1x1x4x1x16xf32>) outs(%empty : tensor<1x1x4x1x16xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %t = arith.addf %x, %y : f32
+    linalg.yield %t : f32
+  } -> tensor<1x1x4x1x16xf32>
+  return %sum : tensor<1x1x4x1x16xf32>
+}
