@@ -6,6 +6,9 @@ of the int8 / bf16 / f32 PV modules, measured in one run.
                                                    # (one W term), and two-term W
     python benchmarks/cpu_decode.py --numerics --query-tokens 256 --contexts 2048   # prefill
     python benchmarks/cpu_decode.py --cpu-time     # one thread, CPU time of the calls
+    python benchmarks/cpu_decode.py --cpu-time --w-terms 2,1   # int8 with two and one W terms
+    python benchmarks/cpu_decode.py --cpu-time --w-terms 2,1 --contractions mmt4d,f32
+                                   # ... each with these lower-mmac-tiles contractions
 
 Shapes follow the issue: batch 1, 32 query heads, 8 KV heads, head dim 128.
 Run time is the median over `--iterations` calls with inputs already on the
@@ -27,17 +30,32 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
+from functools import partial
 
 
 from int8attn.driver.compile import compile
 from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.options import CompileOptions
 from int8attn.runtime import LoadedModule
+from int8attn import pipelines
 
-# (pv, q_terms, w_quant, w_terms); None: the pipeline's default.
+# (pv, q_terms, w_quant, w_terms[, contraction]); None: the pipeline's default.
 MODULES = (("int8", None, None, None), ("bf16", None, None, None), ("f32", None, None, None))
 NUMERICS = tuple(("int8", t, w, 1) for t in (1, 2) for w in ("s8", "u8")) + \
     tuple(("int8", 2, w, 2) for w in ("s8", "u8"))
+
+
+@contextmanager
+def lower_mmac_tiles(contraction: str | None = None):
+    """The pipeline's lower-mmac-tiles with `contraction` (None: its default)."""
+    original = pipelines.LowerMMACTiles
+    if contraction is not None:
+        pipelines.LowerMMACTiles = partial(original, contraction=contraction)
+    try:
+        yield
+    finally:
+        pipelines.LowerMMACTiles = original
 
 
 def measure(tokens: int, args) -> list[dict]:
@@ -46,15 +64,25 @@ def measure(tokens: int, args) -> list[dict]:
     source = attention_graph(args.batch, args.q_heads, args.kv_heads, tokens, args.head_dim,
                              mode=mode, query_tokens=args.query_tokens or 1, name="decode")
     rows, runs = [], []
-    for pv, q_terms, w_quant, w_terms in (NUMERICS if args.numerics else MODULES):
-        print(f"  S={tokens} pv={pv} ...", file=sys.stderr, flush=True)
+    modules = NUMERICS if args.numerics else MODULES
+    if args.w_terms and not args.numerics:
+        modules = tuple(("int8", None, None, int(t)) for t in args.w_terms.split(",")) + \
+            MODULES[1:]
+    if args.contractions and not args.numerics:
+        modules = tuple((*m, c) for m in modules if m[0] == "int8"
+                        for c in args.contractions.split(",")) + \
+            tuple(m for m in modules if m[0] != "int8")
+    for pv, q_terms, w_quant, w_terms, *contraction in modules:
+        print(f"  S={tokens} pv={pv} {' '.join(contraction)}...", file=sys.stderr, flush=True)
         options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant,
                                  w_terms=w_terms).resolved()
-        compiled = compile(source, options, filename=f"decode_{tokens}.mlir")
+        with lower_mmac_tiles(*contraction):
+            compiled = compile(source, options, filename=f"decode_{tokens}.mlir")
         info, vmfb = compiled.functions["decode"], compiled.artifacts["vmfb"]
         passes = sum(compiled.timings[s] for s in ("graph", "algorithm", "linalg"))
         label = pv if pv != "int8" else \
-            f"int8 q{options.q_terms} {options.w_quant} w{options.w_terms}"
+            f"int8 q{options.q_terms} {options.w_quant} w{options.w_terms}" + \
+            "".join(f" {c}" for c in contraction)
         rows.append({"context": tokens, "pv": label, "passes_s": passes,
                      "iree_compile_s": compiled.timings["vmfb"], "times_s": []})
         driver = "local-sync" if args.cpu_time else "local-task"
@@ -90,6 +118,12 @@ def main(argv=None) -> int:
                              "wall time on local-task")
     parser.add_argument("--numerics", action="store_true",
                         help="time the int8 module for every q-terms x w-quant instead")
+    parser.add_argument("--w-terms", default="",
+                        help="int8 modules with these W terms instead of the default one, "
+                             "e.g. 2,1 (the first is the ratios' base)")
+    parser.add_argument("--contractions", default="",
+                        help="int8 modules with each of these lower-mmac-tiles contractions, "
+                             "e.g. mmt4d,f32 (the pass's default otherwise)")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     print(f"seed {args.seed}; B={args.batch} Hq={args.q_heads} Hkv={args.kv_heads} "

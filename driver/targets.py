@@ -133,7 +133,11 @@ TARGETS: dict[str, Target] = {
         "cpu", "the tensor-level pipeline compiled by IREE llvm-cpu (runs here)",
         (GRAPH, ALGORITHM, LINALG, VMFB), "vmfb", ("int8", "bf16", "f32"), "local-task", False,
         ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-         "--iree-llvmcpu-target-cpu=host"),
+         "--iree-llvmcpu-target-cpu=host",
+         # lower-mmac-tiles{contraction=mmt4d} emits each MMAC group's sum as a
+         # linalg.batch_mmt4d of i16 operands: IREE's mmt4d ukernel runs it on VNNI
+         # (vpdpwssd). No other op of the cpu pipeline is an mmt4d.
+         "--iree-llvmcpu-enable-ukernels=mmt4d"),
         refusals=_CPU_ONLY),
     "gfx936": Target(
         "gfx936", "lane-level decode and prefill kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "

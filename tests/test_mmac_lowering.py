@@ -41,10 +41,11 @@ GRAPHS = {
 }
 
 
-def lowered(algorithm: str, tokens: str) -> str:
+def lowered(algorithm: str, tokens: str, contraction: str = "f32") -> str:
     with new_context():
         module = parse_module(algorithm, "algorithm.mlir")
-        run_passes(module, [LowerMMACTiles(tokens=tokens), LowerQuantize(tokens=tokens),
+        run_passes(module, [LowerMMACTiles(tokens=tokens, contraction=contraction),
+                            LowerQuantize(tokens=tokens),
                             UpstreamPass("canonicalize"), UpstreamPass("cse")])
         return str(module)
 
@@ -59,6 +60,8 @@ def test_in_place_lowering_matches_gather_bitwise(graph, model, w_quant):
     (name, info), = compiled.functions.items()
     in_place = lowered(compiled.artifacts["algorithm"], "in-place")
     gather = lowered(compiled.artifacts["algorithm"], "gather")
+    mmt4d = lowered(compiled.artifacts["algorithm"], "in-place", "mmt4d")
+    assert "linalg.batch_mmt4d" in mmt4d
     assert not GATHER.search(in_place), "the in-place lowering still gathers tokens"
     assert GATHER.search(gather)
 
@@ -66,13 +69,14 @@ def test_in_place_lowering_matches_gather_bitwise(graph, model, w_quant):
     print(f"random inputs: driver.graph.random_inputs seed {seed}", file=sys.stderr)
     arrays = random_inputs(info, seed)
     outputs = []
-    for text in (in_place, gather):
+    for text in (in_place, gather, mmt4d):
         vmfb, _ = iree_compile(text, TARGETS["cpu"])
         module = LoadedModule(vmfb, {name: list(info.arguments)})
         outputs.append(module.call(name, *arrays)[0])
     assert np.isfinite(outputs[0]).all()
-    assert np.array_equal(outputs[0].view(np.uint32), outputs[1].view(np.uint32)), (
-        f"max difference {np.abs(outputs[0] - outputs[1]).max()} (seed {seed})")
+    for other in outputs[1:]:
+        assert np.array_equal(outputs[0].view(np.uint32), other.view(np.uint32)), (
+            f"max difference {np.abs(outputs[0] - other).max()} (seed {seed})")
 
 
 @pytest.mark.parametrize("model", MODELS)
