@@ -20,6 +20,12 @@ from iree.compiler.dialects import arith, linalg, tensor
 
 from int8attn.dialects.int8attn import DYNAMIC, shape_of, tensor as tensor_type
 
+# Loop names of a token index split into digits (single letters; b, h, r, n, d,
+# k are the tiles' own): a token digit of axis i, and the group digit of an inner
+# group axis i.
+TOKEN_DIGITS = "ACEFGIJLMOPQSTUVWXYZ"
+GROUP_DIGITS = "acefgijlmopqstuvwxyz"
+
 
 
 def f32(value: float) -> ir.Value:
@@ -195,3 +201,7 @@ def _reassociation(rank: int, dim: int, count: int) -> list[list[int]]:
     """Reassociation for a rank-`rank` side whose dim `dim` spans `count` dims of the other."""
     return ([[i] for i in range(dim)] + [list(range(dim, dim + count))]
             + [[i + count - 1] for i in range(dim + 1, rank)])
+
+
+def has_no_uses(value: ir.Value) -> bool:
+    return next(iter(value.uses), None) is None

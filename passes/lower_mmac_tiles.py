@@ -113,11 +113,9 @@ TokenAccess = Literal["in-place", "gather"]
 # VNNI lead; slower end to end so far, see benchmarks/results-cpu-decode.md).
 Contraction = Literal["f32", "mmt4d"]
 
-# f32 accumulates a group's sum exactly while K * max|product| <= 2^24: products
-# of two int8 values (|.| <= 128 * 128) up to K = 1024, of an unsigned W
-# u = Wq + 128 in [0, 255] with an int8 V (|.| <= 255 * 128) up to K = 514.
+# f32 accumulates a group's sum exactly while K * max|product| <= 2^24 (the
+# products' bound: contract.MAX_W_V_PRODUCT): up to K = 1024 for s8 W, 514 for u8.
 EXACT_F32_SUM = 1 << 24
-MAX_PRODUCT = {"s8": 128 * 128, "u8": 255 * 128}
 
 
 def gather_tokens(values: ir.Value, token_dim: int, groups) -> ir.Value:
@@ -141,12 +139,6 @@ def _mac(a, b, total):
     return arith.addi(total, arith.muli(build.to_i32(a), build.to_i32(b)))
 
 
-# Loop names of the token axes (single letters; b, h, r, n, d, k are taken):
-# a token digit of axis i, and the group digit of an inner group axis i.
-TOKEN_DIGITS = "ACEFGIJLMOPQSTUVWXYZ"
-GROUP_DIGITS = "acefgijlmopqstuvwxyz"
-
-
 def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
                       column_sums: ir.Value | None = None) -> ir.Value:
     """acc[b,h,r,n,g,d] = sum_k Wq[b,h,r,n,g,k] * v[b,h,n,token(g,k),d] on a view of v;
@@ -161,8 +153,8 @@ def contract_in_place(wq: ir.Value, v: ir.Value, axes: TokenAxes, result_shape,
     first = min(i for i, a in enumerate(axes.axes) if a.role == "slot")
     block = list(range(first, n_axes))
     inner = [i for i in block if axes.axes[i].role == "group"]
-    token = TOKEN_DIGITS[:n_axes]
-    digit = {i: (token[i] if i < first else GROUP_DIGITS[i]) for i in axes.group_order}
+    token = build.TOKEN_DIGITS[:n_axes]
+    digit = {i: (token[i] if i < first else build.GROUP_DIGITS[i]) for i in axes.group_order}
     outer = token[:first]
     inner_dims = "".join(digit[i] for i in inner)
     group = "".join(digit[i] for i in axes.group_order)
@@ -212,7 +204,7 @@ def in_place_axes(groups, w: str = "s8") -> TokenAxes | None:
     """The token axes to read V in place by, or None (lower through the gather).
 
     `w` is "u8" where the tile sums u * Vq (unsigned W, the +128 folded in)."""
-    if groups.shape[1] * MAX_PRODUCT[w] > EXACT_F32_SUM:
+    if groups.shape[1] * contract.MAX_W_V_PRODUCT[w] > EXACT_F32_SUM:
         return None
     try:
         axes = token_axes(groups)
@@ -247,18 +239,14 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place",
         rewriter.replace_op(op, [acc])
         all_sums = [sums] if sums is not None and axes is not None else []
     for i, cs in enumerate(all_sums):        # the in-place tiles summed u * Vq themselves
-        if cs not in all_sums[:i] and isinstance(cs, ir.OpResult) and unused(cs):
+        if cs not in all_sums[:i] and isinstance(cs, ir.OpResult) and build.has_no_uses(cs):
             rewriter.erase_op(cs.owner)
-
-
-def unused(value: ir.Value) -> bool:
-    return next(iter(value.uses), None) is None
 
 
 def sum_columns_in_place(v: ir.Value, axes: TokenAxes) -> ir.Value:
     """cs[b,h,n,g,d] = sum of v over group g's tokens, on a view of v's token digits."""
     b, h, n, _, head_dim = d.shape_of(v)
-    token = TOKEN_DIGITS[:len(axes.axes)]
+    token = build.TOKEN_DIGITS[:len(axes.axes)]
     group = "".join(token[i] for i in axes.group_order)
     sums = build.generic([build.split_dim(v, 3, axes.token_shape)], ["bhn" + token + "d"],
                          "bhn" + group + "d",

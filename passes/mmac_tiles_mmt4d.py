@@ -23,7 +23,6 @@ from iree.compiler.dialects import arith, linalg, tensor
 from int8attn.dialects import int8attn as d
 from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
 from int8attn.passes import builders as build
-from int8attn.passes import lower_mmac_tiles as tiles_pass
 from int8attn.passes import quantize_contract as contract
 
 
@@ -43,7 +42,7 @@ def token_axes_for(groups, head_dim: int) -> TokenAxes | None:
     Needs a digit permutation (`fragments.token_axes`) whose innermost K slot
     axis holds an even number of tokens (the K0 pairs), and a head dim that is a
     multiple of N0."""
-    if head_dim % MMT4D_N0 or groups.shape[1] * tiles_pass.MAX_PRODUCT["u8"] >= EXACT_I32_SUM:
+    if head_dim % MMT4D_N0 or groups.shape[1] * contract.MAX_W_V_PRODUCT["u8"] >= EXACT_I32_SUM:
         return None
     try:
         axes = token_axes(groups)
@@ -64,7 +63,7 @@ def pack_v(v: ir.Value, axes: TokenAxes) -> ir.Value:
     b, h, n, _, head_dim = d.shape_of(v)
     n_axes = len(axes.axes)
     lo = axes.slot_order[-1]                 # stride 1 in K: its low bit is K0
-    token = tiles_pass.TOKEN_DIGITS[:n_axes]
+    token = build.TOKEN_DIGITS[:n_axes]
     view_shape, view_dims = [], ""
     for i, axis in enumerate(axes.axes):
         if i == lo:
@@ -283,7 +282,7 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, packed: TokenAxes) -> list[ir.Value
                 direct = read_tiles(consumer, use.operand_number, term_tiles)
             if direct is not None:
                 rewriter.replace_op(consumer, [direct])
-        if tiles_pass.unused(term.result):
+        if build.has_no_uses(term.result):
             rewriter.erase_op(term)
         else:                                # only where one term has its own tiles
             with ir.InsertionPoint(last.operation), op.location:

@@ -49,6 +49,11 @@ from iree.compiler.dialects import arith, math
 
 from int8attn.reference.common import QUANTIZE_MIN_ABSMAX, W_OFFSET
 
+# The largest |product| of a W level and an int8 V value, per W kind: s8 levels
+# and V in [-128, 127]; unsigned u = Wq + W_OFFSET in [0, 255]. What bounds the
+# exact sums of a group in f32 (< 2^24) or i32 (< 2^31).
+MAX_W_V_PRODUCT = {"s8": 128 * 128, "u8": 255 * 128}
+
 QMAX = 127.0
 UMAX = 255.0
 # x + 1.5*2^23 - 1.5*2^23 is roundeven(x) for |x| <= 2^22 in f32's round-to-nearest-even
