@@ -168,7 +168,20 @@ class PrefillKV(DenseKV):
         return args[self.inputs:]
 
 
-class PagedPrefillKV:
+class _PagedRows:
+    """K/V/scale indices of a tile token through its block: `_block(local)` is
+    (block, offset in the block) of the access's own token numbering."""
+
+    def token_row(self, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, offset]
+
+    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, col, offset]
+
+
+class PagedPrefillKV(_PagedRows):
     """A chunked prefill's K/V through the block table (the pool as PagedKV's)."""
 
     def __init__(self, shape: PagedPrefillShape, tile_tokens: int, v_load_tokens: int):
@@ -202,22 +215,14 @@ class PagedPrefillKV:
 
     def _block(self, local: ir.Value):
         """(block, offset) of tile token `local`; past the length, the last used slot."""
-        lanes, bs = self.lanes, self.lanes.index(self.shape.block_size)
+        bs = self.lanes.index(self.shape.block_size)
         token = arith.addi(self.first, local)
         slot = arith.minui(arith.divui(token, bs), self.last_slot)
         block = memref.load(self.tables, [self.b, slot])
         return arith.index_cast(ir.IndexType.get(), block), arith.remui(token, bs)
 
-    def token_row(self, local: ir.Value) -> list[ir.Value]:
-        block, offset = self._block(local)
-        return [block, self.h, offset]
 
-    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
-        block, offset = self._block(local)
-        return [block, self.h, col, offset]
-
-
-class PagedKV:
+class PagedKV(_PagedRows):
     """K/V through a block table; shapes of the batch known only at run time."""
 
     def __init__(self, shape: PagedShape, partition_tokens: int, v_load_tokens: int):
@@ -277,14 +282,6 @@ class PagedKV:
         bs = self.lanes.index(self.shape.block_size)
         block = memref.load(self.block_ids, [arith.divui(local, bs)])
         return arith.index_cast(ir.IndexType.get(), block), arith.remui(local, bs)
-
-    def token_row(self, local: ir.Value) -> list[ir.Value]:
-        block, offset = self._block(local)
-        return [block, self.h, offset]
-
-    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
-        block, offset = self._block(local)
-        return [block, self.h, col, offset]
 
     # merge -------------------------------------------------------------------
     merge_inputs = 1          # context_lens
