@@ -15,6 +15,7 @@ from typing import Literal, get_args
 from int8attn.fragments import FragmentModelName
 from int8attn.pipelines import PipelineOptions
 from int8attn.reference.common import QTerms, WQuant, WTerms
+from int8attn.support.cpu_vectors import VectorISA
 from int8attn.support.options import check_fields, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
@@ -51,17 +52,27 @@ class CompileOptions(PipelineOptions):
         f"residual W - level*sW1; DESIGN.md §2c). Default: {PipelineOptions.w_terms} on cpu "
         f"(the pipeline's), {KERNEL_NUMERICS['w_terms']} on the kernel targets, which "
         "implement only 1")
+    target_cpu: str = option(
+        "host", "cpu only: the CPU IREE compiles for (--iree-llvmcpu-target-cpu): host (this "
+        "machine's), or an LLVM CPU name such as x86-64-v3 (AVX2), x86-64-v4 (AVX-512), "
+        "znver4, sapphirerapids; a module for another CPU can be compiled here but runs "
+        "only where that CPU's features are")
+    vector_isa: VectorISA | None = option(
+        None, "Python API only, contraction=mmt4d: derived from --target-cpu "
+        "(support/cpu_vectors.py); a value given must be that CPU's")
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")
 
     def pipeline_options(self) -> PipelineOptions:
         """The named pipeline's options, with the fragment model resolved."""
-        return PipelineOptions(self.pv, self.resolved_fragment_model(), self.scale_groups,
-                               self.verify, self.partition_tokens, self.tile_tokens,
-                               self.resolved_numerics("q_terms"),
-                               self.resolved_numerics("w_quant"),
-                               self.resolved_numerics("w_terms"))
+        return PipelineOptions(
+            pv=self.pv, fragment_model=self.resolved_fragment_model(),
+            scale_groups=self.scale_groups, verify=self.verify,
+            partition_tokens=self.partition_tokens, tile_tokens=self.tile_tokens,
+            q_terms=self.resolved_numerics("q_terms"), w_quant=self.resolved_numerics("w_quant"),
+            w_terms=self.resolved_numerics("w_terms"), contraction=self.contraction,
+            vector_isa=self.vector_isa or PipelineOptions.vector_isa)
 
     def resolved_fragment_model(self) -> str:
         if self.fragment_model is not None:

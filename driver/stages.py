@@ -17,11 +17,14 @@ import re
 import shlex
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from iree.compiler import ir
 from iree.compiler.tools import CompilerToolError, compile_str
 
 from int8attn.dialects.int8attn import ATTENTION, CACHE_WRITE, PAGED_ATTENTION, verify
+from int8attn.driver.cpu_target import HOST, split_mmt4d_tiles
+from int8attn.driver.cpu_target import resolve as resolve_cpu
 from int8attn.driver.graph import FunctionInfo, describe_functions
 from int8attn.driver.onnx_import import import_model
 from int8attn.driver.options import CompileOptions
@@ -215,29 +218,62 @@ def _kernel_entry(c: Compilation):
 
 def make_vmfb(c: Compilation) -> bytes:
     """IREE compiles the latest IR for the target's HAL device (and keeps its assembly)."""
-    vmfb, c.assembly = iree_compile(c.last_ir(), c.target, c.options.iree_flags)
+    vmfb, c.assembly = iree_compile(c.last_ir(), c.target, c.options.iree_flags,
+                                    c.options.target_cpu)
     return vmfb
 
 
-def iree_compile(source: str, target, extra_flags=()) -> tuple[bytes, str | None]:
-    """(vmfb, device assembly or None): `iree-compile` with the target row's flags."""
-    flags = list(target.iree_flags) + list(extra_flags)
+def iree_compile(source: str, target, extra_flags=(),
+                 target_cpu: str = HOST) -> tuple[bytes, str | None]:
+    """(vmfb, device assembly or None): `iree-compile` with the target row's flags
+    (and, for an llvm-cpu target, `target_cpu`'s)."""
+    cpu_flags = list(target.cpu(target_cpu).iree_flags()) if target.takes_target_cpu else []
+    flags = list(target.iree_flags) + cpu_flags + list(extra_flags)
+    # An mmt4d's tiles go to IREE's ukernel whole or not at all: check IREE's tiling.
+    check_mmt4d = bool(cpu_flags) and "mmt4d" in source
     with tempfile.TemporaryDirectory(prefix="int8attn-dump-") as dump:
         dumps = ([f"--iree-hal-dump-executable-intermediates-to={dump}",
                   f"--iree-hal-dump-executable-binaries-to={dump}"]
                  if target.assembly_glob else [])
+        if check_mmt4d:
+            dumps.append(f"--iree-hal-dump-executable-configurations-to={dump}")
         try:
             vmfb = compile_str(source, extra_args=flags + dumps)
         except CompilerToolError as error:
-            saved = save_for_repro({"input.mlir": source})
-            command = shlex.join(["iree-compile", str(saved / "input.mlir"), *flags,
-                                  "-o", str(saved / "out.vmfb")])
             raise StageError(f"IREE {target.name} compilation (iree-compile)",
-                             compiler_messages(str(error)), command) from None
+                             compiler_messages(str(error)),
+                             _reproducer(source, flags)) from None
+        if check_mmt4d:
+            _refuse_split_mmt4d_tiles(dump, target_cpu, source, flags)
         if not target.assembly_glob:
             return vmfb, None
         return vmfb, "\n".join(open(path).read() for path in
                                sorted(glob.glob(f"{dump}/{target.assembly_glob}")))
+
+
+def target_cpu_isa(target_cpu: str) -> str:
+    return resolve_cpu(target_cpu).vector_isa
+
+
+def _reproducer(source: str, flags: list[str]) -> str:
+    saved = save_for_repro({"input.mlir": source})
+    return shlex.join(["iree-compile", str(saved / "input.mlir"), *flags,
+                       "-o", str(saved / "out.vmfb")])
+
+
+def _refuse_split_mmt4d_tiles(dump: str, target_cpu: str, source: str, flags) -> None:
+    split = [f"{Path(path).name}: {what}"
+             for path in sorted(glob.glob(f"{dump}/configured_*.mlir"))
+             for what in split_mmt4d_tiles(Path(path).read_text())]
+    if split:
+        raise StageError(
+            "IREE llvm-cpu compilation (iree-compile)",
+            f"IREE splits the inner tile of a linalg mmt4d for --target-cpu {target_cpu} "
+            f"({'; '.join(split[:3])}), and its mmt4d ukernel would then sum the wrong "
+            f"elements; nothing was written. Lower the MMAC tiles for this CPU's register "
+            f"file (lower-mmac-tiles vector-isa={target_cpu_isa(target_cpu)}), or use "
+            f"contraction=f32", _reproducer(source, list(flags) + [
+                "--iree-hal-dump-executable-configurations-to=configured"]))
 
 
 def make_assembly(c: Compilation) -> str:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from int8attn.driver import stages
+from int8attn.driver.cpu_target import HOST, CPUTarget, UnknownTargetCPU
+from int8attn.driver.cpu_target import resolve as resolve_cpu
 from int8attn.driver.options import TARGET_NAMES, CompileOptions
 from int8attn.fragments import fragment_model
 from int8attn.support.options import kebab
@@ -74,6 +76,14 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
         "w_terms": (lambda o: o.w_terms not in (None, 1),
                     "the lane kernels quantize W in one INT8 term; two-term W (DESIGN.md "
                     "§2c) is --target cpu's so far"),
+        "target_cpu": (lambda o: o.target_cpu != HOST,
+                       "--target-cpu chooses the CPU IREE's llvm-cpu backend compiles "
+                       "--target cpu for"),
+        "contraction": (lambda o: o.contraction != "f32",
+                        "--contraction chooses how --target cpu's tensor-level pipeline "
+                        "lowers the MMAC tiles; the lane kernels run the matrix instruction"),
+        "vector_isa": (lambda o: o.vector_isa is not None,
+                       "vector_isa sizes --target cpu's mmt4d tiles"),
     }
 
 
@@ -90,6 +100,7 @@ class Target:
     assembly_glob: str | None = None
     refusals: Mapping[str, tuple[Callable[[CompileOptions], bool], str]] = \
         dataclasses.field(default_factory=dict)
+    takes_target_cpu: bool = False          # IREE llvm-cpu: --target-cpu is its CPU
 
     def stage_names(self) -> list[str]:
         return [s.name for s in self.stages]
@@ -116,7 +127,21 @@ class Target:
                 shown = "" if isinstance(value, bool) else f" {value}"
                 raise OptionRefused(f"{flag}{shown} does not apply to --target {self.name}: "
                                     f"{why}")
-        return options.resolved()
+        if not self.takes_target_cpu:
+            return options.resolved()
+        cpu = self.cpu(options.target_cpu)
+        if options.vector_isa not in (None, cpu.vector_isa):
+            raise OptionRefused(f"vector_isa {options.vector_isa} is not the register file of "
+                                f"--target-cpu {options.target_cpu} ({cpu.vector_isa}); it "
+                                f"is derived from --target-cpu, leave it out")
+        return dataclasses.replace(options.resolved(), vector_isa=cpu.vector_isa)
+
+    def cpu(self, name: str) -> CPUTarget:
+        """The CPU IREE compiles for, as IREE resolves `--target-cpu name`."""
+        try:
+            return resolve_cpu(name)
+        except UnknownTargetCPU as error:
+            raise OptionRefused(str(error)) from None
 
 
 _KERNEL_FLAGS = (
@@ -133,12 +158,11 @@ TARGETS: dict[str, Target] = {
         "cpu", "the tensor-level pipeline compiled by IREE llvm-cpu (runs here)",
         (GRAPH, ALGORITHM, LINALG, VMFB), "vmfb", ("int8", "bf16", "f32"), "local-task", False,
         ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-         "--iree-llvmcpu-target-cpu=host",
          # lower-mmac-tiles{contraction=mmt4d} emits each MMAC group's sum as a
          # linalg.batch_mmt4d of i16 operands: IREE's mmt4d ukernel runs it on VNNI
          # (vpdpwssd). No other op of the cpu pipeline is an mmt4d.
          "--iree-llvmcpu-enable-ukernels=mmt4d"),
-        refusals=_CPU_ONLY),
+        refusals=_CPU_ONLY, takes_target_cpu=True),
     "gfx936": Target(
         "gfx936", "lane-level decode and prefill kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
         "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",

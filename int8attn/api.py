@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from int8attn.driver.compile import compile as compile_stages
+from int8attn.driver.cpu_target import UnknownTargetCPU, check_runnable_here
 from int8attn.driver.graph import FunctionInfo, check_arguments
 from int8attn.driver.onnx_import import is_onnx, read_model
 from int8attn.driver.options import CompileOptions
@@ -88,7 +89,13 @@ class CompiledGraph:
                 self._executor = _Simulated(self.kernel_ir, self.kernel_layout)
             else:
                 signatures = {name: list(info.arguments) for name, info in self.functions.items()}
-                driver = TARGETS[self.options.target].runtime_driver
+                target = TARGETS[self.options.target]
+                if target.takes_target_cpu:
+                    try:
+                        check_runnable_here(target.cpu(self.options.target_cpu))
+                    except UnknownTargetCPU as error:
+                        raise OptionRefused(str(error)) from None
+                driver = target.runtime_driver
                 self._executor = LoadedModule(self.vmfb, signatures, driver=driver)
         return self._executor
 
@@ -155,7 +162,10 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
                             f"simulator with --simulate")
     until = "kernel" if simulate else "vmfb"
     store = None if simulate or save_stages else (ModuleCache() if cache is True else cache) or None
-    key = store.key(source, target.check(compile_options_)) if store else None
+    checked = target.check(compile_options_)
+    # `host` names a different CPU on another machine: key by what IREE resolved.
+    cpu = target.cpu(checked.target_cpu) if target.takes_target_cpu else None
+    key = store.key(source, (checked, cpu)) if store else None
     if store:
         hit = store.load(key)
         if hit is not None:

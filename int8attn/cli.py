@@ -34,8 +34,8 @@ from int8attn.support.options import OptionError, add_arguments, given
 
 # Flags of CompileOptions the CLI offers (v_token_innermost changes the
 # function's signature: a Python API / bench choice).
-CLI_OPTIONS = ("target", "pv", "fragment_model", "scale_groups", "verify", "partition_tokens",
-               "tile_tokens", "q_terms", "w_quant", "w_terms")
+CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "verify",
+               "partition_tokens", "tile_tokens", "q_terms", "w_quant", "w_terms", "contraction")
 
 
 class UserError(Exception):

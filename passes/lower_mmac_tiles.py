@@ -102,6 +102,7 @@ from int8attn.passes import builders as build
 from int8attn.passes import mmac_tiles_mmt4d as mmt4d
 from int8attn.passes import quantize_contract as contract
 from int8attn.passes.rewrite import apply_patterns
+from int8attn.support.cpu_vectors import REGISTER_FILES, VectorISA
 from int8attn.support.options import TypedOptions, option
 
 # How the lowerings reach the tokens of a group: through a view of the token
@@ -214,16 +215,17 @@ def in_place_axes(groups, w: str = "s8") -> TokenAxes | None:
 
 
 def lower_tiles(op: d.MMACTilesOp, rewriter, tokens: str = "in-place",
-                contraction: str = "f32"):
+                contraction: str = "f32", vector_isa: str = "sse"):
     wq, v, groups = op.wq, op.v, op.groups
     static = d.DYNAMIC not in d.shape_of(wq) + d.shape_of(v)
     w = "s8" if op.column_sums is None else "u8"
-    packed = mmt4d.token_axes_for(groups, d.shape_of(v)[-1]) \
+    tile = mmt4d.MMT4DTile.fitting(REGISTER_FILES[vector_isa], d.shape_of(v)[-1])
+    packed = mmt4d.token_axes_for(groups, d.shape_of(v)[-1], tile) \
         if static and tokens == "in-place" and contraction == "mmt4d" else None
     axes = packed or (in_place_axes(groups, w) if static and tokens == "in-place" else None)
     sums = op.column_sums
     if packed is not None:
-        all_sums = mmt4d.lower_tiles(op, rewriter, packed)
+        all_sums = mmt4d.lower_tiles(op, rewriter, packed, tile)
     else:
         with rewriter.ip, op.location:
             if axes is not None:
@@ -288,7 +290,15 @@ class LowerMMACTiles(TypedOptions):
         "Wq zero-spread (f32), or as a linalg.batch_mmt4d of i16 operands over a packed "
         "copy of V (mmt4d; IREE's mmt4d ukernel, VNNI on x86)")
 
+    vector_isa: VectorISA = option(
+        "sse", "contraction=mmt4d: the SIMD register file of the CPU the module is compiled "
+        "for (sse: 16 x 128 bits, every x86-64; avx: 16 x 256, AVX/AVX2; avx512: 32 x 512; "
+        "neon: 32 x 128, AArch64). The tiles are sized to fit it whole, as IREE splits any "
+        "larger one and its ukernel then sums the wrong elements; a smaller file than the "
+        "CPU's is correct, only slower")
+
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {
-            d.MMAC_TILES: lambda op, rw: lower_tiles(op, rw, self.tokens, self.contraction),
+            d.MMAC_TILES: lambda op, rw: lower_tiles(op, rw, self.tokens, self.contraction,
+                                                     self.vector_isa),
             d.COLUMN_SUMS: lambda op, rw: lower_column_sums(op, rw, self.tokens)})

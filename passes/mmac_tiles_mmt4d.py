@@ -14,6 +14,7 @@ benchmarks/results-cpu-decode.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cmp_to_key
 
 import numpy as np
@@ -24,25 +25,56 @@ from int8attn.dialects import int8attn as d
 from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
 from int8attn.passes import builders as build
 from int8attn.passes import quantize_contract as contract
+from int8attn.support.cpu_vectors import RegisterFile
 
 
 # The packed int8 contraction (`linalg.batch_mmt4d`): i16 operands, K0 = 2 K
 # slots per i32 lane (what x86's VNNI `vpdpwssd` and IREE's s16s16s32 mmt4d
-# ukernel take), N0 = 16 head-dim columns per vector.
-MMT4D_N0 = 16
+# ukernel take); N0 head-dim columns (one vector of i32) and up to M0_MAX rows
+# per tile, as many as the target's register file holds (`MMT4DTile.fitting`).
 MMT4D_K0 = 2
 MMT4D_M0_MAX = 16
 # i32 accumulates a group exactly while K * max|product| < 2^31.
 EXACT_I32_SUM = 1 << 31
 
 
-def token_axes_for(groups, head_dim: int) -> TokenAxes | None:
+@dataclass(frozen=True)
+class MMT4DTile:
+    """The inner tile of the batch_mmt4d: N0 head-dim columns, at most `max_rows` rows.
+
+    IREE caps each op's vector tiles to its target's SIMD register space
+    (`support.cpu_vectors`); a batch_mmt4d whose inner tile it splits reaches the
+    ukernel with the whole tile's strides and sums the wrong elements. Every tile
+    chosen here fits whole: i32 accumulators M0*N0 plus the i16 operand rows
+    (M0 + N0)*K0 within the register space, so IREE leaves it in one piece."""
+
+    n0: int
+    max_rows: int
+
+    @staticmethod
+    def fits(registers: RegisterFile, m0: int, n0: int) -> bool:
+        tile_bytes = 4 * m0 * n0 + 2 * MMT4D_K0 * (m0 + n0)
+        return tile_bytes <= registers.space_bytes
+
+    @classmethod
+    def fitting(cls, registers: RegisterFile, head_dim: int) -> "MMT4DTile | None":
+        """One vector of i32 columns (fewer where D needs it), the most rows that fit."""
+        n0 = registers.i32_lanes
+        while n0 > 1 and head_dim % n0:
+            n0 //= 2
+        rows = next((m for m in (16, 8, 4, 2, 1) if m <= MMT4D_M0_MAX
+                     and cls.fits(registers, m, n0)), None)
+        return cls(n0, rows) if rows else None
+
+
+def token_axes_for(groups, head_dim: int, tile: MMT4DTile | None) -> TokenAxes | None:
     """The token axes to pack V by for the mmt4d contraction, or None.
 
-    Needs a digit permutation (`fragments.token_axes`) whose innermost K slot
-    axis holds an even number of tokens (the K0 pairs), and a head dim that is a
-    multiple of N0."""
-    if head_dim % MMT4D_N0 or groups.shape[1] * contract.MAX_W_V_PRODUCT["u8"] >= EXACT_I32_SUM:
+    Needs a tile that fits the target's registers, a digit permutation
+    (`fragments.token_axes`) whose innermost K slot axis holds an even number of
+    tokens (the K0 pairs), and a head dim that is a multiple of N0."""
+    if (tile is None or head_dim % tile.n0
+            or groups.shape[1] * contract.MAX_W_V_PRODUCT["u8"] >= EXACT_I32_SUM):
         return None
     try:
         axes = token_axes(groups)
@@ -53,7 +85,7 @@ def token_axes_for(groups, head_dim: int) -> TokenAxes | None:
     return axes
 
 
-def pack_v(v: ir.Value, axes: TokenAxes) -> ir.Value:
+def pack_v(v: ir.Value, axes: TokenAxes, n0: int) -> ir.Value:
     """V (i8 [b,h,n,T,D]) as the mmt4d RHS, i16 [B = b*h*n*G, D/N0, K/K0, N0, K0].
 
     One copy of V: the token digits of `axes` put each group's tokens
@@ -72,12 +104,11 @@ def pack_v(v: ir.Value, axes: TokenAxes) -> ir.Value:
         else:
             view_shape.append(axis.size)
             view_dims += token[i]
-    view = build.split_dim(build.split_dim(v, 4, [head_dim // MMT4D_N0, MMT4D_N0]), 3, view_shape)
+    view = build.split_dim(build.split_dim(v, 4, [head_dim // n0, n0]), 3, view_shape)
     group = "".join(token[i] for i in axes.group_order)
     slot = "".join(token[i] for i in axes.slot_order)
     out_dims = "bhn" + group + "d" + slot + "DK"
-    sizes = dict(zip("bhn" + view_dims + "dD", [b, h, n, *view_shape,
-                                                  head_dim // MMT4D_N0, MMT4D_N0]))
+    sizes = dict(zip("bhn" + view_dims + "dD", [b, h, n, *view_shape, head_dim // n0, n0]))
     packed = build.generic(
         [view], ["bhn" + view_dims + "dD"], out_dims,
         build.empty([sizes[c] for c in out_dims], "i16"),
@@ -132,8 +163,8 @@ def pack_w(wqs: list[ir.Value], unsigned: list[bool], m0: int) -> ir.Value:
     return build.merge_dims(build.merge_dims(packed, 6, 2), 0, 4)
 
 
-def mmt4d_tiles(wqs: list[ir.Value], v: ir.Value, axes: TokenAxes, result_shape,
-                unsigned: list[bool]) -> list[ir.Value]:
+def mmt4d_tiles(wqs: list[ir.Value], v: ir.Value, axes: TokenAxes, tile: MMT4DTile,
+                result_shape, unsigned: list[bool]) -> list[ir.Value]:
     """The group sums of each term (same V, same groups) as one `linalg.batch_mmt4d`,
     each term's in the tile layout [b, h, n, g, r/M0, D/N0, M0, N0] (int32; a view
     of the mmt4d result, or a slice of its row tiles where several terms share it):
@@ -143,11 +174,11 @@ def mmt4d_tiles(wqs: list[ir.Value], v: ir.Value, axes: TokenAxes, result_shape,
     bit for bit)."""
     b, h, r, n, g, head_dim = result_shape
     terms = len(wqs)
-    m0 = row_tile(r, MMT4D_M0_MAX // terms)
-    lhs, rhs = pack_w(wqs, unsigned, m0), pack_v(v, axes)
+    m0 = row_tile(r, tile.max_rows // terms)
+    lhs, rhs = pack_w(wqs, unsigned, m0), pack_v(v, axes, tile.n0)
     batch, m1, _, _, _ = d.shape_of(lhs)
     n1 = d.shape_of(rhs)[1]
-    init = build.zeros([batch, m1, n1, terms * m0, MMT4D_N0], "i32")
+    init = build.zeros([batch, m1, n1, terms * m0, tile.n0], "i32")
     tiles = linalg.batch_mmt4d(lhs, rhs, outs=[init], emit_generic=False)
     tiles = build.split_dim(tiles, 0, [b, h, n, g])
     if terms == 1:
@@ -263,14 +294,15 @@ def read_tiles(consumer: ir.Operation, operand: int, tiles: ir.Value,
     return result
 
 
-def lower_tiles(op: d.MMACTilesOp, rewriter, packed: TokenAxes) -> list[ir.Value]:
+def lower_tiles(op: d.MMACTilesOp, rewriter, packed: TokenAxes,
+                tile: MMT4DTile) -> list[ir.Value]:
     """Rewrite op (and the W terms stacked with it) and its consumers; returns
     the column sums the tiles made unneeded (u * Vq is summed in place)."""
     v = op.v
-    terms = stacked_terms(op) or [op]
+    terms = stacked_terms(op, tile.max_rows) or [op]
     last = terms[-1]
     with ir.InsertionPoint(last.operation), op.location:
-        tiles = mmt4d_tiles([t.wq for t in terms], v, packed, d.shape_of(op.result),
+        tiles = mmt4d_tiles([t.wq for t in terms], v, packed, tile, d.shape_of(op.result),
                             [t.column_sums is not None for t in terms])
     all_sums = [t.column_sums for t in terms if t.column_sums is not None]
     for term, term_tiles in zip(terms, tiles):
@@ -290,10 +322,10 @@ def lower_tiles(op: d.MMACTilesOp, rewriter, packed: TokenAxes) -> list[ir.Value
     return all_sums
 
 
-def stacked_terms(op: d.MMACTilesOp) -> list[d.MMACTilesOp] | None:
+def stacked_terms(op: d.MMACTilesOp, max_rows: int) -> list[d.MMACTilesOp] | None:
     """The MMAC tiles (op among them, in block order) of the W terms that share op's
     V and groups and can share one batch_mmt4d (their Wq side by side in each row
-    tile), or None.
+    tile of at most `max_rows` rows), or None.
 
     The shared tiles are computed where the last of them is; each consumer of
     their sums is rebuilt after that point (`read_tiles`), so every consumer must
@@ -309,7 +341,7 @@ def stacked_terms(op: d.MMACTilesOp) -> list[d.MMACTilesOp] | None:
                     and np.array_equal(other.groups, op.groups)):
                 terms.append(other)
     count = len(terms)
-    if count < 2 or count & (count - 1) or count > MMT4D_M0_MAX:
+    if count < 2 or count & (count - 1) or count > max_rows:
         return None
     terms.sort(key=cmp_to_key(lambda a, b: -1 if a.operation.is_before_in_block(b.operation)
                                 else 1))

@@ -39,8 +39,10 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
                              LowerMMACTiles,
                              LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                              VerifyScaleGroups)
+from int8attn.passes.lower_mmac_tiles import Contraction
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
 from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant, WTerms
+from int8attn.support.cpu_vectors import VectorISA
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
@@ -72,6 +74,14 @@ class PipelineOptions(TypedOptions):
                              "signed term quantizes the f32 residual W - level*sW1 over the "
                              "same tokens: one more MMAC per group, ~250x less W rounding "
                              "error; DESIGN.md §2c)")
+
+    contraction: Contraction = option(
+        "f32", "pv=int8: how lower-mmac-tiles contracts the in-place MMAC tiles: f32 (FMAs "
+        "over a zero-spread Wq, exact) or mmt4d (a linalg.batch_mmt4d of i16 operands on "
+        "IREE's mmt4d ukernel, exact; its tiles sized by vector-isa)")
+    vector_isa: VectorISA = option(
+        "sse", "contraction=mmt4d: the SIMD register file of the CPU IREE compiles for (sse, "
+        "avx, avx512, neon; support/cpu_vectors.py); the driver derives it from --target-cpu")
 
     def __post_init__(self):
         super().__post_init__()
@@ -105,7 +115,8 @@ def to_algorithm(options: PipelineOptions) -> list:
 
 def algorithm_to_linalg(options: PipelineOptions) -> list:
     """The algorithm's int8attn ops -> linalg/arith/math, then cleanup."""
-    tiles = [LowerMMACTiles()] if options.pv == "int8" else []
+    tiles = [LowerMMACTiles(contraction=options.contraction, vector_isa=options.vector_isa)] \
+        if options.pv == "int8" else []
     return [*tiles, LowerQuantize(), UpstreamPass("canonicalize"), UpstreamPass("cse")]
 
 
