@@ -9,13 +9,16 @@ of the int8 / bf16 / f32 PV modules, measured in one run.
     python benchmarks/cpu_decode.py --cpu-time --w-terms 2,1   # int8 with two and one W terms
     python benchmarks/cpu_decode.py --cpu-time --w-terms 2,1 --contractions mmt4d,f32
                                    # ... each with these lower-mmac-tiles contractions
+    python benchmarks/cpu_decode.py --cpu-time --contractions mmt4d,f32 \
+        --target-cpus x86-64-v3,x86-64-v4  # ... compiled for each of these CPUs
 
 Shapes follow the issue: batch 1, 32 query heads, 8 KV heads, head dim 128.
 Run time is the median over `--iterations` calls with inputs already on the
 device, after warm-up; the three modules of a context take turns, in
 `--rounds` rounds, so that a change in the machine's load falls on all of them
 alike. Ratios are against the first module of the same context (int8 with the
-pipeline's defaults; with --numerics, the seed's one-term Q and s8 W).
+pipeline's defaults; with --numerics, the seed's one-term Q and s8 W) compiled
+for the same --target-cpu.
 
 `--cpu-time` runs the modules on IREE's inline `local-sync` driver (one thread,
 the calling one) and times each call by this process's CPU time: on a machine
@@ -30,32 +33,16 @@ import json
 import statistics
 import sys
 import time
-from contextlib import contextmanager
-from functools import partial
-
 
 from int8attn.driver.compile import compile
 from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.options import CompileOptions
 from int8attn.runtime import LoadedModule
-from int8attn import pipelines
 
 # (pv, q_terms, w_quant, w_terms[, contraction]); None: the pipeline's default.
 MODULES = (("int8", None, None, None), ("bf16", None, None, None), ("f32", None, None, None))
 NUMERICS = tuple(("int8", t, w, 1) for t in (1, 2) for w in ("s8", "u8")) + \
     tuple(("int8", 2, w, 2) for w in ("s8", "u8"))
-
-
-@contextmanager
-def lower_mmac_tiles(contraction: str | None = None):
-    """The pipeline's lower-mmac-tiles with `contraction` (None: its default)."""
-    original = pipelines.LowerMMACTiles
-    if contraction is not None:
-        pipelines.LowerMMACTiles = partial(original, contraction=contraction)
-    try:
-        yield
-    finally:
-        pipelines.LowerMMACTiles = original
 
 
 def measure(tokens: int, args) -> list[dict]:
@@ -72,18 +59,23 @@ def measure(tokens: int, args) -> list[dict]:
         modules = tuple((*m, c) for m in modules if m[0] == "int8"
                         for c in args.contractions.split(",")) + \
             tuple(m for m in modules if m[0] != "int8")
-    for pv, q_terms, w_quant, w_terms, *contraction in modules:
-        print(f"  S={tokens} pv={pv} {' '.join(contraction)}...", file=sys.stderr, flush=True)
-        options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant,
-                                 w_terms=w_terms).resolved()
-        with lower_mmac_tiles(*contraction):
-            compiled = compile(source, options, filename=f"decode_{tokens}.mlir")
+    cpus = args.target_cpus.split(",") if args.target_cpus else ["host"]
+    modules = tuple((*m, cpu) for cpu in cpus for m in modules)
+    for pv, q_terms, w_quant, w_terms, *contraction, target_cpu in modules:
+        print(f"  S={tokens} pv={pv} {' '.join(contraction)} {target_cpu}...", file=sys.stderr,
+              flush=True)
+        options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant, w_terms=w_terms,
+                                 target_cpu=target_cpu,
+                                 **({"contraction": contraction[0]} if contraction else {}))
+        compiled = compile(source, options, filename=f"decode_{tokens}.mlir")
         info, vmfb = compiled.functions["decode"], compiled.artifacts["vmfb"]
         passes = sum(compiled.timings[s] for s in ("graph", "algorithm", "linalg"))
+        resolved = options.resolved()
         label = pv if pv != "int8" else \
-            f"int8 q{options.q_terms} {options.w_quant} w{options.w_terms}" + \
+            f"int8 q{resolved.q_terms} {resolved.w_quant} w{resolved.w_terms}" + \
             "".join(f" {c}" for c in contraction)
-        rows.append({"context": tokens, "pv": label, "passes_s": passes,
+        label += f" ({target_cpu})" if args.target_cpus else ""
+        rows.append({"context": tokens, "target_cpu": target_cpu, "pv": label, "passes_s": passes,
                      "iree_compile_s": compiled.timings["vmfb"], "times_s": []})
         driver = "local-sync" if args.cpu_time else "local-task"
         runs.append((LoadedModule(vmfb, {"decode": list(info.arguments)}, driver),
@@ -124,6 +116,9 @@ def main(argv=None) -> int:
     parser.add_argument("--contractions", default="",
                         help="int8 modules with each of these lower-mmac-tiles contractions, "
                              "e.g. mmt4d,f32 (the pass's default otherwise)")
+    parser.add_argument("--target-cpus", default="",
+                        help="compile every module for each of these --target-cpu values, "
+                             "e.g. x86-64-v3,x86-64-v4 (default: host)")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     print(f"seed {args.seed}; B={args.batch} Hq={args.q_heads} Hkv={args.kv_heads} "
@@ -136,7 +131,8 @@ def main(argv=None) -> int:
           "| run / first run |")
     print("|--:|:--|--:|--:|--:|--:|--:|")
     for row in rows:
-        base = next(r for r in rows if r["context"] == row["context"])
+        base = next(r for r in rows if (r["context"], r["target_cpu"]) ==
+                    (row["context"], row["target_cpu"]))
         print(f"| {row['context']} | {row['pv']} | {row['passes_s']:.3f} | "
               f"{row['iree_compile_s']:.2f} | {row['run_s'] * 1e3:.2f} | "
               f"{row['run_min_s'] * 1e3:.2f} | {row['run_s'] / base['run_s']:.2f} |")

@@ -97,3 +97,27 @@ def decode_inputs(seed, batch, q_heads, kv_heads, tokens, head_dim):
     k, k_scale = quantize_cache(rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32))
     v, v_scale = quantize_cache(rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32))
     return q, k, k_scale, v, v_scale
+
+
+# The x86-64 levels the cpu-target tests compile for beside `host`, with the
+# register file IREE sizes vector tiles by on each (support/cpu_vectors.py).
+# A level this machine cannot execute is compiled but not run (skipped).
+X86_LEVELS = {"x86-64": "sse", "x86-64-v3": "avx", "x86-64-v4": "avx512"}
+
+
+def runnable_here(target_cpu: str) -> bool:
+    """Whether this machine can execute code compiled for `target_cpu`."""
+    from int8attn.driver.cpu_target import UnknownTargetCPU, check_runnable_here, resolve
+
+    if not resolve("host").triple.startswith("x86_64") and target_cpu != "host":
+        return False
+    try:
+        check_runnable_here(resolve(target_cpu))
+    except UnknownTargetCPU:
+        return False
+    return True
+
+
+def require_runnable(target_cpu: str) -> None:
+    if not runnable_here(target_cpu):
+        pytest.skip(f"this machine cannot execute --target-cpu {target_cpu} code")
