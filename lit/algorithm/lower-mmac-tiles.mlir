@@ -1,6 +1,8 @@
 // RUN: int8attn-opt %s --split-input-file -p lower-mmac-tiles | filecheck %s
 // RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{tokens=gather}" | filecheck %s --check-prefix=GATHER
-// RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{contraction=mmt4d}" | filecheck %s --check-prefix=MMT4D
+// RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{contraction=mmt4d vector-isa=avx512}" | filecheck %s --check-prefix=MMT4D
+// RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{contraction=mmt4d vector-isa=avx}" | filecheck %s --check-prefix=AVX
+// RUN: int8attn-opt %s --split-input-file -p "lower-mmac-tiles{contraction=mmt4d}" | filecheck %s --check-prefix=SSE
 
 // gfx936, one 64-token wave: token = 16*r + 8*t + j, MMAC t consumes K slot
 // 8*r + j. V is read in place (no gather, no copy): its 64 tokens are one
@@ -304,6 +306,17 @@ func.func @rescale(%wq: tensor<1x1x4x1x2x32xi8>, %v: tensor<1x1x1x64x16xi8>, %sw
 // MMT4D: %[[SW2_M:.*]] = tensor.expand_shape %[[SW2]]
 // MMT4D: %[[O2:.*]] = linalg.generic {{.*}} ins(%[[TILES2]], %[[SW2_M]] : tensor<1x1x1x2x1x1x4x16xi32>, tensor<1x1x1x4x1x2xf32>)
 // MMT4D: linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : tensor<1x1x4x1x16xf32>, tensor<1x1x4x1x16xf32>)
+// The tiles fit the register file IREE caps vector tiles by (IREE cuts a larger
+// one, and its ukernel then sums the wrong elements): AVX/AVX2, 16 x 256 bits,
+// holds 8 rows x 8 i32 columns, so the two terms still share 8-row tiles, two
+// column tiles per 16-wide head dim; SSE (the default, safe on any x86-64),
+// 16 x 128 bits, holds 8 x 4.
+// AVX-LABEL: func.func @two_terms
+// AVX: %[[TILES:.*]] = linalg.batch_mmt4d ins(%{{.*}}, %{{.*}} : tensor<2x1x16x8x2xi16>, tensor<2x2x16x8x2xi16>) outs(%{{.*}} : tensor<2x1x2x8x8xi32>)
+// AVX-NOT: linalg.batch_mmt4d
+// SSE-LABEL: func.func @two_terms
+// SSE: %[[TILES:.*]] = linalg.batch_mmt4d ins(%{{.*}}, %{{.*}} : tensor<2x1x16x8x2xi16>, tensor<2x4x16x4x2xi16>) outs(%{{.*}} : tensor<2x1x4x8x4xi32>)
+// SSE-NOT: linalg.batch_mmt4d
 // CHECK-LABEL: func.func @two_terms
 // CHECK-NOT: int8attn.column_sums
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
