@@ -13,11 +13,16 @@ what an AVX2 one would compute. Inputs: numpy default_rng, printed seed.
 
 from __future__ import annotations
 
+import sys
+
 import iree.runtime as rt
 import numpy as np
 import pytest
 
+import int8attn
+from accuracy import check_against_references
 from conftest import X86_LEVELS, require_runnable, seeded_rng
+from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.cpu_target import UnknownTargetCPU, check_runnable_here, resolve
 from int8attn.driver.stages import iree_compile
 from int8attn.driver.targets import TARGETS, OptionRefused
@@ -93,3 +98,27 @@ def test_cpu_without_this_machines_features_is_refused_at_run():
         pytest.skip("this machine has every feature of the CPUs tried")
     with pytest.raises(UnknownTargetCPU, match="cannot run here"):
         check_runnable_here(resolve(missing))
+
+
+# The pipeline's default numerics end to end on each level, with both
+# contractions: against the exact f32 reference and the fragment-level one
+# (tests/accuracy.py states the tolerances and where they come from).
+NUMERICS_CASES = [("decode", (1, 8, 2, 700, 1, 64)), ("prefill", (1, 4, 1, 200, 70, 64))]
+
+
+@pytest.mark.parametrize("contraction", ["f32", "mmt4d"])
+@pytest.mark.parametrize("target_cpu", ["x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("mode, shape", NUMERICS_CASES, ids=[m for m, _ in NUMERICS_CASES])
+def test_each_level_meets_both_references(mode, shape, target_cpu, contraction):
+    require_runnable(target_cpu)
+    batch, q_heads, kv_heads, tokens, query_tokens, head_dim = shape
+    source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
+                             query_tokens=query_tokens)
+    compiled = int8attn.compile(source, filename=f"{mode}.mlir", cache=False,
+                                target_cpu=target_cpu, contraction=contraction)
+    assert compiled.options.vector_isa == X86_LEVELS[target_cpu]
+    seed = 7100 + 10 * NUMERICS_CASES.index((mode, shape)) + sorted(X86_LEVELS).index(target_cpu)
+    print(f"random inputs: driver.graph.random_inputs seed {seed}", file=sys.stderr)
+    args = random_inputs(next(iter(compiled.functions.values())), seed)
+    out = compiled.run(args)[0]
+    check_against_references(out, args, 1 / head_dim ** 0.5)
