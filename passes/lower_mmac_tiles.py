@@ -34,16 +34,20 @@ With `contraction=mmt4d` (passes/mmac_tiles_mmt4d.py) the in-place tiles are one
 `linalg.batch_mmt4d` over the groups (batch B = b*h*n*G), i16 operands (int8 values and u = Wq + 128
 exact; the int32 sums are the same bit for bit, in any order):
 
-    Vp[B, D/16, K/2, 16, 2] = i16(v[b,h,n, token(g, k), d])   V packed once through the
+    Vp[B, D/N0, K/2, N0, 2] = i16(v[b,h,n, token(g, k), d])  V packed once through the
                                                               token digits: each group's
                                                               tokens contiguous in K slot
                                                               order, K0 = 2 tokens
                                                               interleaved per column
     Wp[B, r/M0, K/2, M0, 2] = i16(Wq[b,h,r,n,g,k])           (+ 128 for unsigned W)
-    tiles[b,h,n,g, r/M0, D/16, M0, 16] = batch_mmt4d(Wp, Vp)  (a view of its result)
+    tiles[b,h,n,g, r/M0, D/N0, M0, N0] = batch_mmt4d(Wp, Vp)  (a view of its result)
 
 which IREE's mmt4d ukernel runs on VNNI (`vpdpwssd`; the cpu target's
-`--iree-llvmcpu-enable-ukernels=mmt4d`). The MMAC tiles of several W terms
+`--iree-llvmcpu-enable-ukernels=mmt4d`). The (M0, N0) tile fits the register
+file of the CPU it is compiled for (`vector-isa`; N0 one vector of i32, M0 up
+to 16 rows): IREE caps vector tiles to that register space, and an mmt4d
+tile it cuts reaches the ukernel with the whole tile's strides and sums the
+wrong elements (the AVX2 failure of issue 21; `support/cpu_vectors.py`). The MMAC tiles of several W terms
 (w_terms=2) over the same V and groups share one batch_mmt4d: their Wq side
 by side in each row tile (M0 = T x rows), V packed and read once
 (`stacked_terms`). The sums are not copied back to [r, g, d]: each

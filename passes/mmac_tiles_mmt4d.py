@@ -6,6 +6,7 @@ V is packed once through the token digits of the groups table
 (`fragments.token_axes`), so that each group's K slots are contiguous, in
 pairs per head-dim column; Wq is packed in row tiles; W terms that share V and
 groups share one batch_mmt4d (their Wq side by side in each row tile). The
+tiles are sized to fit the target's SIMD register file whole (`MMT4DTile`). The
 consumers of the group sums read the result in its tile layout (`read_tiles`),
 so no untiled copy is made. Bit for bit the same int32 sums as the other forms
 (tests/test_mmac_lowering.py); measured against them in
