@@ -21,12 +21,14 @@ import pytest
 
 import int8attn
 from accuracy import check_against_references
-from conftest import X86_LEVELS, require_runnable, seeded_rng
+from conftest import REPO, X86_LEVELS, require_runnable, seeded_rng
+from int8attn import cli
 from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.cpu_target import UnknownTargetCPU, check_runnable_here, resolve
 from int8attn.driver.stages import iree_compile
 from int8attn.driver.targets import TARGETS, OptionRefused
 from int8attn.passes.mmac_tiles_mmt4d import MMT4D_K0, MMT4DTile, row_tile
+from int8attn.runtime import ModuleCache
 from int8attn.support.cpu_vectors import REGISTER_FILES
 from int8attn.support.diagnostics import StageError
 
@@ -122,3 +124,35 @@ def test_each_level_meets_both_references(mode, shape, target_cpu, contraction):
     args = random_inputs(next(iter(compiled.functions.values())), seed)
     out = compiled.run(args)[0]
     check_against_references(out, args, 1 / head_dim ** 0.5)
+
+
+def test_module_cache_keys_by_target_cpu(tmp_path):
+    cache = ModuleCache(tmp_path)
+    source = attention_graph(1, 4, 1, 64, 32, mode="decode")
+    v3 = int8attn.compile(source, cache=cache, target_cpu="x86-64-v3")
+    v4 = int8attn.compile(source, cache=cache, target_cpu="x86-64-v4")
+    assert not v3.cache_hit and not v4.cache_hit and v3.vmfb != v4.vmfb
+    assert int8attn.compile(source, cache=cache, target_cpu="x86-64-v3").cache_hit
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["--target-cpu", "x86-64-v9"], 2, "not a CPU that IREE's LLVM knows"),
+    (["--target-cpu", "x86-64 -v3"], 2, "is not a CPU name"),
+    (["--target", "cuda", "--target-cpu", "x86-64-v3"], 2,
+     "--target-cpu x86-64-v3 does not apply to --target cuda"),
+    (["--target", "gfx942", "--contraction", "mmt4d"], 2,
+     "--contraction mmt4d does not apply to --target gfx942"),
+])
+def test_cli_refuses_a_target_cpu_that_does_not_apply(argv, status, message, tmp_path, capsys):
+    out = tmp_path / "out.vmfb"
+    assert cli.main(["compile", str(REPO / "examples" / "decode.mlir"), "-o", str(out),
+                     *argv]) == status
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_compiles_for_another_level(tmp_path, capsys):
+    out = tmp_path / "decode.vmfb"
+    assert cli.main(["compile", str(REPO / "examples" / "decode.mlir"), "-o", str(out),
+                     "--target-cpu", "x86-64-v3", "--contraction", "mmt4d"]) == 0
+    assert out.stat().st_size > 0
