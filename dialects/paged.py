@@ -34,8 +34,9 @@ goes to slot s = slot_mapping[i], block s // BS, offset s % BS, each KV head's
 row quantized with the contract's `quantize` (Kq, sK at k_cache[block, h,
 offset, :], k_scale[block, h, offset]; Vq token-innermost at v_cache[block, h,
 :, offset]). A negative slot skips its token (vLLM's padding, `slot_mapping[i]
-= -1`). T and NB may be dynamic. Slots past the pool and two tokens writing one
-slot are refused by the driver before the call (`driver.paged_inputs`);
+= -1`). T and NB may be dynamic. Slots past the pool, two tokens writing one
+slot and non-finite rows written are refused by the driver before the call
+(`driver.paged_inputs`);
 `lower-cache-write` updates the caller's cache buffers in place.
 """
 

@@ -176,18 +176,24 @@ CACHE_WRITE_OPERANDS = ("k_new", "v_new", "slot_mapping", "k_cache", "k_scale", 
                         "v_scale", "k_bias")
 
 
-def check_arguments(info: FunctionInfo, arrays) -> list[np.ndarray]:
+def check_arguments(info: FunctionInfo, arrays, *, scales: bool = True) -> list[np.ndarray]:
     """The input checks every target runs before a call (the CPU runtime, CUDA and
     the lane simulator alike): count, dtype and shape per argument, then the
-    cache-scale rule. Returns the arrays as contiguous numpy arrays."""
+    cache-scale rule (paged: `scales=False` leaves it out, for a caller that
+    writes the tokens it reads after this check). Returns the arrays as
+    contiguous numpy arrays."""
     call = info.attention
     names = dict(zip(call.argument_of, call.operands)) if call is not None else \
         dict(enumerate(info.argument_names))
+    if call is not None and call.mode in ("paged", "cache_write"):
+        from int8attn.driver.paged_inputs import check_value_layout
+
+        check_value_layout(info, list(arrays))
     arrays = check_signature(info.name, list(info.arguments), list(arrays), names)
     if call is not None and call.mode == "paged":
         from int8attn.driver.paged_inputs import check_paged_arguments
 
-        check_paged_arguments(info, arrays)
+        check_paged_arguments(info, arrays, scales=scales)
     elif call is not None and call.mode == "cache_write":
         from int8attn.driver.paged_inputs import check_cache_write_arguments
 

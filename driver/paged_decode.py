@@ -20,9 +20,11 @@ serves every step.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
-from int8attn.runtime.module import aligned_empty
+from int8attn.runtime.module import InputError, aligned_empty
 
 
 def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
@@ -87,13 +89,20 @@ class PoolExhausted(RuntimeError):
     """No free block is left for a sequence that needs one."""
 
 
+class UnknownSequence(InputError):
+    """A sequence id the cache does not hold: never added, or released."""
+
+
 class PagedCache:
     """A pool of `blocks` blocks of `block_size` tokens, its free list and block tables.
 
     The arrays start as garbage (random int8, NaN scales): a call that read a slot
     no token was written to would be refused (NaN scale) or wrong, never silently
     right. Blocks come from a shuffled free list, so a sequence's blocks are
-    scattered over the pool as in a long-running server.
+    scattered over the pool as in a long-running server. Sequence ids are never
+    reused. A refused call changes nothing (`transaction`); a block is held by one
+    sequence (the cache does not share prefixes, though `paged_attention` reads a
+    block listed in two tables as readily as any other).
     """
 
     def __init__(self, blocks: int, kv_heads: int, block_size: int, head_dim: int, *,
@@ -111,46 +120,87 @@ class PagedCache:
         self.free = [int(b) for b in rng.permutation(blocks)]
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
+        self.next_sequence = 0
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(k_cache, k_scale, v_cache, v_scale), the operand order of both ops."""
         return self.k_cache, self.k_scale, self.v_cache, self.v_scale
 
+    def check_sequences(self, sequences) -> list[int]:
+        """`sequences` as a list, each one held by the cache and named once."""
+        sequences = list(sequences)
+        for s in sequences:
+            if s not in self.tables:
+                why = ("released" if isinstance(s, (int, np.integer)) and 0 <= s <
+                       self.next_sequence else "never added")
+                raise UnknownSequence(f"sequence {s!r} is not in the cache ({why}); it holds "
+                                      f"sequences {sorted(self.tables)}: use an id that "
+                                      f"prefill or add_sequence returned")
+        repeated = sorted({s for s in sequences if sequences.count(s) > 1})
+        if repeated:
+            raise InputError(f"sequence {repeated[0]} appears {sequences.count(repeated[0])} "
+                             f"times in one batch; a step gives each sequence one token: "
+                             f"name it once")
+        return sequences
+
+    def check_room(self, counts: dict[int, int]) -> None:
+        """Free blocks enough for `counts[s]` more tokens of each sequence s, together."""
+        needed = {s: -(-(self.lengths[s] + n) // self.block_size) - len(self.tables[s])
+                  for s, n in counts.items()}
+        if sum(needed.values()) > len(self.free):
+            short = {s: n for s, n in needed.items() if n}
+            raise PoolExhausted(f"sequences {sorted(short)} need {sum(needed.values())} more "
+                                f"blocks; {len(self.free)} are free: release a finished "
+                                f"sequence or give the cache more blocks")
+
+    @contextmanager
+    def transaction(self):
+        """The bookkeeping (tables, lengths, free list, ids) as it was if the body raises."""
+        saved = ({s: list(t) for s, t in self.tables.items()}, dict(self.lengths),
+                 list(self.free), self.next_sequence)
+        try:
+            yield
+        except BaseException:
+            self.tables, self.lengths, self.free, self.next_sequence = saved
+            raise
+
     def add_sequence(self) -> int:
-        sequence = len(self.tables)
+        sequence = self.next_sequence
+        self.next_sequence += 1
         self.tables[sequence], self.lengths[sequence] = [], 0
         return sequence
 
     def append(self, sequence: int, count: int) -> np.ndarray:
         """Slots (block * BS + offset) of `count` more tokens of `sequence`; its length
         grows by `count`, blocks come from the free list as it crosses block edges."""
+        self.check_sequences([sequence])
+        self.check_room({sequence: count})
         start = self.lengths[sequence]
-        tokens = np.arange(start, start + count)
         table = self.tables[sequence]
         needed = -(-(start + count) // self.block_size) - len(table)
-        if needed > len(self.free):
-            raise PoolExhausted(f"sequence {sequence} needs {needed} more blocks; "
-                                f"{len(self.free)} are free")
         table += [self.free.pop() for _ in range(needed)]
         self.lengths[sequence] = start + count
-        return self.slots(sequence, tokens)
+        return self.slots(sequence, np.arange(start, start + count))
 
     def slots(self, sequence: int, tokens) -> np.ndarray:
         """i32 slots of token positions `tokens` of `sequence` (blocks already held)."""
+        self.check_sequences([sequence])
         tokens = np.asarray(tokens, np.int64)
         blocks = np.array(self.tables[sequence], np.int64)[tokens // self.block_size]
         return (blocks * self.block_size + tokens % self.block_size).astype(np.int32)
 
     def release(self, sequence: int) -> None:
         """Return a finished sequence's blocks to the free list."""
+        self.check_sequences([sequence])
         self.free += self.tables.pop(sequence)
         del self.lengths[sequence]
 
     def batch(self, sequences) -> tuple[np.ndarray, np.ndarray]:
         """(block_tables [B, MB] i32, context_lens [B] i32) of `sequences`; table slots
-        past a sequence's blocks hold -1 (never read)."""
-        slots = max(len(self.tables[s]) for s in sequences)
+        past a sequence's blocks hold -1 (never read). No sequences: [0, 0] and [0]."""
+        sequences = self.check_sequences(sequences)
+        slots = max((len(self.tables[s]) for s in sequences), default=0)
         tables = np.full((len(sequences), slots), -1, np.int32)
         for row, s in enumerate(sequences):
             tables[row, :len(self.tables[s])] = self.tables[s]
@@ -162,6 +212,13 @@ class PagedDecoder:
 
     `k_bias` [Hkv, D] (for a graph built with `k_bias=True`) is subtracted from every
     key written, a conditioned K cache (reference/key_bias.py; exact for attention).
+
+    Atomic: a `prefill` or `step` that raises leaves the cache as it was (no
+    sequence added, no length grown, no block taken, nothing written), so a retry
+    after fixing the input gives what the first call would have. Every input is
+    checked before the first write; the bookkeeping is restored on any failure,
+    including one in the runtime after the write (the token it wrote then lies
+    past its sequence's length, never read, and the retry writes the same slot).
     """
 
     def __init__(self, graph, cache: PagedCache, *, write: str = "write",
@@ -172,21 +229,35 @@ class PagedDecoder:
         self.last_batch: tuple[np.ndarray, np.ndarray] | None = None
 
     def write(self, k_new, v_new, slot_mapping) -> None:
-        """`@write`: the tokens' quantized rows stored at their slots, in the cache arrays."""
+        """`@write`: the tokens' quantized rows stored at their slots, in the cache arrays
+        (checked first: a refused write stores nothing)."""
         self.graph(k_new, v_new, slot_mapping, *self.cache.arrays, *self.k_bias,
                    function=self.write_function)
 
     def prefill(self, k, v) -> int:
         """A new sequence holding the tokens k, v [L, Hkv, D]; returns its id."""
-        sequence = self.cache.add_sequence()
-        self.write(k, v, self.cache.append(sequence, len(k)))
+        tokens = len(k) if np.ndim(k) else 0
+        with self.cache.transaction():
+            sequence = self.cache.add_sequence()
+            self.write(k, v, self.cache.append(sequence, tokens))
         return sequence
 
     def step(self, q, k_new, v_new, sequences) -> np.ndarray:
         """One decode step: sequence sequences[b] gets token (k_new[b], v_new[b]), its
-        length grows by one, and it attends with q[b] over all its tokens."""
-        slots = np.concatenate([self.cache.append(s, 1) for s in sequences])
-        self.write(k_new, v_new, slots)
-        self.last_batch = self.cache.batch(sequences)
-        return self.graph(q, *self.cache.arrays, *self.last_batch,
-                          function=self.attend_function)
+        length grows by one, and it attends with q[b] over all its tokens. No
+        sequences: nothing is written and the result is q's empty [0, Hq, D]."""
+        from int8attn.driver.graph import check_arguments
+
+        sequences = self.cache.check_sequences(sequences)
+        self.cache.check_room({s: 1 for s in sequences})
+        with self.cache.transaction():
+            slots = np.concatenate([np.zeros(0, np.int32),
+                                    *(self.cache.append(s, 1) for s in sequences)])
+            batch = self.cache.batch(sequences)
+            # @attend's inputs but the scales of the new tokens, before anything is written.
+            check_arguments(self.graph.entry(self.attend_function),
+                            [q, *self.cache.arrays, *batch], scales=False)
+            self.write(k_new, v_new, slots)
+            out = self.graph(q, *self.cache.arrays, *batch, function=self.attend_function)
+        self.last_batch = batch
+        return out

@@ -4,15 +4,18 @@ every call, and random inputs.
 What the verifier cannot see is checked here, before the call, and named by
 argument, sequence and slot: the batch of q, block_tables and context_lens
 agree, the pool's block count agrees across the caches, every length is in
-[1, MB·BS], every table slot a sequence uses holds a block of the pool, and
-the scales of every token a call reads are finite and >= 0. Table slots and
+[1, MB·BS] ([Sq, MB·BS] for a chunked prefill), every table slot a sequence
+uses holds a block of the pool, and the scales of every token a call reads are
+finite and >= 0. A batch of no sequences is legal: it reads nothing and its result
+is empty. A token-major value cache is named as such. Table slots and
 pool entries past a sequence's length are never read, so they are not checked.
 
 cache_write: k_new, v_new and slot_mapping agree on the number of new tokens T,
 the caches on NB, every slot is in [0, NB·BS) or negative (vLLM's padding: the
 token is skipped), and no two tokens write one slot (which one the cache would
-hold is ambiguous); a k_bias operand holds only finite values. A refused call writes
-nothing.
+hold is ambiguous); a k_bias operand holds only finite values, and so does every
+row written (k_new minus k_bias, v_new; a skipped token's row may hold anything).
+A refused call writes nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ def read_tokens(block_tables, context_lens, block_size: int):
     """(block, offset) of every token the call reads, all sequences together."""
     slots = [sequence_slots(block_tables, context_lens, b, block_size)
              for b in range(len(context_lens))]
-    return np.concatenate([s[0] for s in slots]), np.concatenate([s[1] for s in slots])
+    none = np.zeros(0, np.int64)                 # an empty batch reads no token
+    return (np.concatenate([none, *(s[0] for s in slots)]),
+            np.concatenate([none, *(s[1] for s in slots)]))
 
 
 def _pool(info, ops) -> tuple[int, int]:
@@ -50,7 +55,9 @@ def _pool(info, ops) -> tuple[int, int]:
     return pool["k_cache"], ops["k_cache"].shape[2]
 
 
-def check_paged_arguments(info, arrays) -> None:
+def check_paged_arguments(info, arrays, *, scales: bool = True) -> None:
+    """Batch, pool, lengths and block ids; with `scales`, the scales of every token
+    read (a caller that writes those tokens first checks the rest before writing)."""
     ops = _operands(info, arrays)
     q, tables, lens = ops["q"], ops["block_tables"], ops["context_lens"]
     if not q.shape[0] == tables.shape[0] == lens.shape[0]:
@@ -63,11 +70,9 @@ def check_paged_arguments(info, arrays) -> None:
     shortest = q.shape[2] if q.ndim == 4 else 1
     for b, length in enumerate(lens):
         if not shortest <= length <= capacity:
-            why = (f"its {shortest} new query tokens are the last of its tokens"
-                   if length < shortest else f"its block table has {tables.shape[1]} slots "
-                   f"of {block_size} tokens")
             raise InputError(f"{_label(info, 'context_lens')}: sequence {b} has length "
-                             f"{int(length)}, outside [{shortest}, {capacity}] ({why})")
+                             f"{int(length)}, outside [{shortest}, {capacity}] "
+                             f"({_length_hint(int(length), shortest, tables.shape[1], block_size)})")
         used = -(-int(length) // block_size)
         ids = tables[b, :used]
         bad = np.flatnonzero((ids < 0) | (ids >= blocks))
@@ -76,7 +81,24 @@ def check_paged_arguments(info, arrays) -> None:
             raise InputError(f"{_label(info, 'block_tables')}: sequence {b}, slot {slot} "
                              f"(tokens {slot * block_size}..{min((slot + 1) * block_size, int(length)) - 1}) "
                              f"holds block {int(ids[slot])}, not a block of the pool [0, {blocks})")
-    block, offset = read_tokens(tables, lens, block_size)
+    if scales:
+        _check_read_scales(info, ops, *read_tokens(tables, lens, block_size))
+
+
+def _length_hint(length: int, shortest: int, slots: int, block_size: int) -> str:
+    """Why a sequence's length is refused, and what to do about it."""
+    if length > slots * block_size or shortest > slots * block_size:
+        return (f"its block table has {slots} slots of {block_size} tokens: give it a wider "
+                f"table or a shorter length")
+    if shortest > 1:
+        return (f"its {shortest} new query tokens are the last of its tokens: write them to "
+                f"the cache first (cache_write)")
+    return ("a decoding sequence attends to at least the token it just wrote: write it "
+            "first, or leave the sequence out of the batch")
+
+
+def _check_read_scales(info, ops, block, offset) -> None:
+    """The scales of every token a call reads are finite and >= 0."""
     for name in ("k_scale", "v_scale"):
         scales = ops[name][block, :, offset]              # [tokens read, Hkv]
         for problem, bad in (("NaN", np.isnan(scales)), ("Inf", np.isinf(scales)),
@@ -87,6 +109,23 @@ def check_paged_arguments(info, arrays) -> None:
                                  f"[{int(block[token])}, {head}, {int(offset[token])}], a slot "
                                  f"a sequence reads; cache scales are max|row|/127 of each token "
                                  f"and must be finite and >= 0")
+
+
+def check_value_layout(info, arrays) -> None:
+    """A token-major value cache ([NB, Hkv, BS, D], the dense layout) where the op takes
+    vLLM's token-innermost one ([NB, Hkv, D, BS]) is named as such, before the shape
+    check's plainer message."""
+    if info.attention is None or len(arrays) != len(info.arguments):
+        return
+    index = info.attention.argument("v_cache")
+    _, kv_heads, head_dim, block_size = info.arguments[index].shape
+    shape = np.shape(arrays[index])
+    if head_dim != block_size and len(shape) == 4 and shape[1:] == (kv_heads, block_size,
+                                                                      head_dim):
+        raise InputError(f"{_label(info, 'v_cache')} has shape {list(shape)}, the token-major "
+                         f"layout [NB, Hkv, BS, D]; the paged value cache is token-innermost "
+                         f"[NB, Hkv, D, BS] = [?, {kv_heads}, {head_dim}, {block_size}] (vLLM's "
+                         f"value cache): pass numpy.ascontiguousarray(v.transpose(0, 1, 3, 2))")
 
 
 def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
@@ -140,18 +179,18 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
 
 def check_cache_write_arguments(info, arrays) -> None:
     ops = _operands(info, arrays)
-    if "k_bias" in ops:
-        bad = np.argwhere(~np.isfinite(ops["k_bias"]))
-        if bad.size:
-            raise InputError(f"{_label(info, 'k_bias')}: holds a non-finite value at "
-                             f"{[int(i) for i in bad[0]]}; the key channel bias is "
-                             f"subtracted from every new key and must be finite")
     tokens = {name: ops[name].shape[0] for name in ("k_new", "v_new", "slot_mapping")}
     if len(set(tokens.values())) != 1:
         raise InputError(f"@{info.name}: k_new has {tokens['k_new']} new tokens, v_new "
                          f"{tokens['v_new']} and slot_mapping {tokens['slot_mapping']}; they "
                          f"must agree (one row of each per new token)")
     blocks, block_size = _pool(info, ops)
+    if "k_bias" in ops:
+        bad = np.argwhere(~np.isfinite(ops["k_bias"]))
+        if bad.size:
+            raise InputError(f"{_label(info, 'k_bias')}: holds a non-finite value at "
+                             f"{[int(i) for i in bad[0]]}; the key channel bias is "
+                             f"subtracted from every new key and must be finite")
     slots = ops["slot_mapping"].astype(np.int64)
     bad = np.flatnonzero(slots >= blocks * block_size)
     if bad.size:
@@ -169,6 +208,30 @@ def check_cache_write_arguments(info, arrays) -> None:
         raise InputError(f"{_label(info, 'slot_mapping')}: tokens {first} and {second} both "
                          f"write slot {slot} (block {slot // block_size}, offset "
                          f"{slot % block_size}); which one the cache would hold is ambiguous")
+    _check_new_rows(info, ops, slots)
+
+
+def _check_new_rows(info, ops, slots) -> None:
+    """Every row written (slot >= 0) is finite as it is quantized (k_new minus k_bias): a
+    non-finite row would store a NaN or Inf scale that every later attention over its
+    slot refuses. Skipped tokens (vLLM's padding) may hold anything."""
+    for name in ("k_new", "v_new"):
+        rows = ops[name].astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if name == "k_new" and "k_bias" in ops:
+                rows = rows - ops["k_bias"]
+            bad = np.argwhere(~np.isfinite(rows) & (slots >= 0)[:, None, None])
+        if bad.size:
+            token, head, channel = (int(i) for i in bad[0])
+            value = float(ops[name][token, head, channel])
+            what = ("NaN" if np.isnan(value) else f"{value:g}".replace("inf", "Inf")
+                    + ("" if np.isinf(value) else ", which overflows f32 once k_bias is "
+                       "subtracted"))
+            raise InputError(f"{_label(info, name)}: token {token} (slot {int(slots[token])}), "
+                             f"KV head {head}, channel {channel} holds {what}; a new row must "
+                             f"be finite (its scale max|row|/127 would not be, and every "
+                             f"attention reading the slot would refuse it): fix the row, or "
+                             f"give the token slot -1 to skip it")
 
 
 def random_cache_write_inputs(info, seed: int) -> list[np.ndarray]:

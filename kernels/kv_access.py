@@ -181,13 +181,18 @@ class _PagedRows:
         return [block, self.h, col, offset]
 
 
+def _block_size_hint(v_load_tokens: int) -> str:
+    return (f"; use a pool of {v_load_tokens}- or {2 * v_load_tokens}-token blocks, or "
+            f"--target cpu, which takes any block size")
+
+
 class PagedPrefillKV(_PagedRows):
     """A chunked prefill's K/V through the block table (the pool as PagedKV's)."""
 
     def __init__(self, shape: PagedPrefillShape, tile_tokens: int, v_load_tokens: int):
         if shape.block_size % v_load_tokens:
             raise ValueError(f"block size {shape.block_size} must be a multiple of the "
-                             f"{v_load_tokens}-token V load")
+                             f"{v_load_tokens}-token V load{_block_size_hint(v_load_tokens)}")
         self.shape = shape
         self.partition_tokens = tile_tokens
 
@@ -229,7 +234,8 @@ class PagedKV(_PagedRows):
         if shape.block_size % v_load_tokens or partition_tokens % shape.block_size:
             raise ValueError(f"block size {shape.block_size} must be a multiple of the "
                              f"{v_load_tokens}-token V load and divide the "
-                             f"{partition_tokens}-token partition")
+                             f"{partition_tokens}-token partition"
+                             f"{_block_size_hint(v_load_tokens)}")
         self.shape = shape
         self.partition_tokens = partition_tokens
         self.blocks_per_partition = partition_tokens // shape.block_size

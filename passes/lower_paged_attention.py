@@ -187,7 +187,9 @@ def lower_paged(op: d.PagedAttentionOp, rewriter, partition_tokens: int, q_terms
     one = [1] + q_shape[1:]
     with rewriter.ip, op.location:
         batch = tensor.DimOp(q, build.index(0)).result
-        result = tensor.EmptyOp([batch] + q_shape[1:], ir.F32Type.get()).result
+        # A static batch stays static: the result has the op's own type.
+        size = batch if q_shape[0] == d.DYNAMIC else q_shape[0]
+        result = tensor.EmptyOp([size] + q_shape[1:], ir.F32Type.get()).result
         sequences = scf.ForOp(build.index(0), batch, build.index(1), [result])
         with ir.InsertionPoint(sequences.body):
             b, out = sequences.induction_variable, sequences.inner_iter_args[0]

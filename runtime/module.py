@@ -74,7 +74,8 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
                              f"which the runner cannot pass from numpy")
         if array.dtype != dtype:
             raise InputError(f"{label(i)} of @{function} must be {np.dtype(dtype)} for "
-                             f"{spec.describe()}, got {array.dtype}")
+                             f"{spec.describe()}, got {array.dtype} (convert it: "
+                             f"array.astype(numpy.{np.dtype(dtype)}))")
         if not spec.accepts(array.shape):
             expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
             raise InputError(f"{label(i)} of @{function} must have shape {expected} "

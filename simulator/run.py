@@ -44,4 +44,7 @@ def run_executable(module: ir.Operation, name: str, workload, arguments: list) -
     info = str(kernel.attributes["translation_info"])
     threads = int(re.search(r"workgroup_size = \[(\d+)", info).group(1))
     wave = int(re.search(r"subgroup_size = (\d+)", info).group(1))
-    Machine(kernel, arguments, _grid(executable, workload), threads, wave).run()
+    grid = _grid(executable, workload)
+    if 0 in grid:          # no workgroup (an empty batch): the dispatch does nothing
+        return
+    Machine(kernel, arguments, grid, threads, wave).run()

@@ -85,3 +85,17 @@ func.func @chunk(%q: tensor<?x8x37x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tens
   %o = "int8attn.paged_attention"(%q, %kc, %ks, %vc, %vs, %bt, %cl) {block_size = 16 : i64, softmax_scale = 0.125 : f32} : (tensor<?x8x37x64xf32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x37x64xf32>
   return %o : tensor<?x8x37x64xf32>
 }
+
+// -----
+
+// A static batch stays static: the loop runs to the constant B and the result
+// keeps the op's type (tensor<3x...>), so the function's return type matches.
+// CHECK-LABEL: func.func @static
+// CHECK-DAG: %[[C3:.*]] = arith.constant 3 : index
+// CHECK: %[[INIT:.*]] = tensor.empty() : tensor<3x4x32xf32>
+// CHECK: %[[OUT:.*]] = scf.for %{{.*}} = %{{.*}} to %[[C3]] step %{{.*}} iter_args(%{{.*}} = %[[INIT]]) -> (tensor<3x4x32xf32>)
+// CHECK: return %[[OUT]] : tensor<3x4x32xf32>
+func.func @static(%q: tensor<3x4x32xf32>, %kc: tensor<12x2x16x32xi8>, %ks: tensor<12x2x16xf32>, %vc: tensor<12x2x32x16xi8>, %vs: tensor<12x2x16xf32>, %bt: tensor<3x4xi32>, %cl: tensor<3xi32>) -> tensor<3x4x32xf32> {
+  %o = "int8attn.paged_attention"(%q, %kc, %ks, %vc, %vs, %bt, %cl) {block_size = 16 : i64, softmax_scale = 0.176776695 : f32} : (tensor<3x4x32xf32>, tensor<12x2x16x32xi8>, tensor<12x2x16xf32>, tensor<12x2x32x16xi8>, tensor<12x2x16xf32>, tensor<3x4xi32>, tensor<3xi32>) -> tensor<3x4x32xf32>
+  return %o : tensor<3x4x32xf32>
+}
