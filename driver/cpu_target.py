@@ -11,6 +11,7 @@ CPU), is refused.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -54,9 +55,24 @@ class CPUTarget:
         return (f"--iree-llvmcpu-target-cpu={self.name}",)
 
 
-@lru_cache(maxsize=None)
+# What `host` stands for when set: an LLVM CPU name. Runs everything that
+# compiles for this machine (the test suite, `int8attn run`) as on that CPU,
+# e.g. INT8ATTN_HOST_CPU=x86-64-v3 on an AVX-512 machine computes what an
+# AVX2-only one would. `int8attn run` still refuses a CPU this machine cannot
+# execute.
+HOST_CPU_VARIABLE = "INT8ATTN_HOST_CPU"
+
+
 def resolve(name: str = HOST) -> CPUTarget:
-    """Ask IREE what `--iree-llvmcpu-target-cpu=name` compiles for."""
+    """Ask IREE what `--iree-llvmcpu-target-cpu=name` compiles for (`host`: this
+    machine's CPU, or $INT8ATTN_HOST_CPU where set)."""
+    if name == HOST and os.environ.get(HOST_CPU_VARIABLE):
+        name = os.environ[HOST_CPU_VARIABLE]
+    return _resolve(name)
+
+
+@lru_cache(maxsize=None)
+def _resolve(name: str) -> CPUTarget:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
         raise UnknownTargetCPU(f"--target-cpu '{name}' is not a CPU name; give 'host' or an "
                                f"LLVM CPU name such as x86-64-v3 or znver4")
@@ -86,12 +102,13 @@ def check_runnable_here(target: CPUTarget) -> None:
     die of an illegal instruction, not fail with a message)."""
     if target.name == HOST:
         return
-    missing = target.missing_on(resolve(HOST))
+    here = _resolve(HOST)
+    missing = target.missing_on(here)
     if missing:
         raise UnknownTargetCPU(
             f"--target-cpu {target.name} code may use {', '.join(missing[:6])}"
             f"{' ...' if len(missing) > 6 else ''}, which this machine's CPU "
-            f"({resolve(HOST).cpu}) lacks: it cannot run here. Compile it "
+            f"({here.cpu}) lacks: it cannot run here. Compile it "
             f"(int8attn compile) and run it on such a CPU, or give a --target-cpu this "
             f"machine has (host)")
 
