@@ -39,7 +39,8 @@ class CPUTarget:
     name: str                      # as given (`host`, an LLVM CPU name)
     cpu: str                       # as IREE resolved it (`host` -> e.g. `rocketlake`)
     triple: str
-    features: frozenset[str]       # enabled features, `+avx2` ...
+    features: tuple[str, ...]      # enabled features, `+avx2` ..., sorted (a stable repr:
+                                   # the module cache keys by it)
 
     @property
     def vector_isa(self) -> VectorISA:
@@ -93,7 +94,7 @@ def _resolve(name: str) -> CPUTarget:
         raise RuntimeError("IREE's executable target for the CPU probe has no cpu, "
                            "cpu_features or target_triple: the IREE version is not the "
                            "one this project was checked with (3.13)")
-    enabled = frozenset(f for f in features.group(1).split(",") if f.startswith("+"))
+    enabled = tuple(sorted({f for f in features.group(1).split(",") if f.startswith("+")}))
     return CPUTarget(name, cpu.group(1), triple.group(1), enabled)
 
 
