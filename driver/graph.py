@@ -205,16 +205,22 @@ def check_arguments(info: FunctionInfo, arrays, *, scales: bool = True) -> list[
 
 def check_cache_scales(info: FunctionInfo, arrays, read=None) -> None:
     """k_scale and v_scale must be finite and >= 0 (README: non-finite inputs);
-    `read` (operand -> bool mask) limits the check to the entries a call reads."""
+    `read` (operand -> bool mask) limits the check to the entries a call reads.
+    An imported ONNX model has no attention of its arguments: the arguments its
+    raised attentions read as cache scales (`scale_arguments`) are checked whole."""
     if info.attention is None:
-        return
-    for name, index in zip(info.attention.operands, info.attention.argument_of):
-        scales = np.asarray(arrays[index])
-        if not name.endswith("scale") or scales.dtype.kind != "f":
+        scales = [(info.argument_name(i), i) for i in info.scale_arguments]
+    else:
+        scales = [(name, index) for name, index in zip(info.attention.operands,
+                                                       info.attention.argument_of)
+                  if name.endswith("scale")]
+    for name, index in scales:
+        values = np.asarray(arrays[index])
+        if values.dtype.kind != "f":
             continue
-        mask = np.ones(scales.shape, bool) if read is None else read[name]
-        for problem, bad in (("NaN", np.isnan(scales)), ("Inf", np.isinf(scales)),
-                             ("a negative value", scales < 0)):
+        mask = np.ones(values.shape, bool) if read is None else read[name]
+        for problem, bad in (("NaN", np.isnan(values)), ("Inf", np.isinf(values)),
+                             ("a negative value", values < 0)):
             bad = bad & mask
             if bad.any():
                 where = [int(i) for i in np.argwhere(bad)[0]]

@@ -13,6 +13,11 @@ added for the driver:
   (`int8attn.input_names`, `int8attn.output_names`), so `--inputs` and
   `--output` use them.
 
+A model saved with external data (`onnx.save(..., save_as_external_data=True)`)
+is read by `read_model(path)` with its tensors loaded from the files beside
+it (relative to the model's folder, wherever the command runs), so the bytes
+the driver compiles, caches and hands to onnxruntime hold every weight.
+
 Needs the `onnx` extra (`pip install -e '.[onnx]'`).
 """
 
@@ -59,7 +64,15 @@ def import_model(data: bytes, filename: str) -> ir.Operation:
         raise ModelError(f"{filename} is not an ONNX model (protobuf: {error}); export it "
                          "with onnx.save or torch.onnx.export") from None
     if not model.graph.node:
-        raise ModelError(f"{filename} holds no ONNX graph (no nodes)")
+        raise ModelError(f"{filename} holds no ONNX graph (no nodes; an empty or truncated "
+                         f"file?); export it again with onnx.save or torch.onnx.export")
+    external = _external_tensors(model)
+    if external:
+        raise ModelError(f"{filename} keeps tensor '{external[0].name}' in the external data "
+                         f"file '{_location(external[0])}', which the model's bytes do not "
+                         f"carry; compile the model's file (int8attn.compile_file(path), "
+                         f"int8attn compile|run PATH), which reads the data from the model's "
+                         f"folder")
     try:
         onnx.checker.check_model(model)
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -112,11 +125,64 @@ def _name_signature(module: ir.Operation, inputs: list[str], outputs: list[str])
 
 
 def read_model(path: str | Path) -> bytes:
+    """The model's bytes, with any external data loaded into them (a model saved
+    with `save_as_external_data` keeps its tensors in files beside it)."""
     try:
-        return Path(path).read_bytes()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise ModelError(f"ONNX model '{path}' does not exist") from None
     except IsADirectoryError:
         raise ModelError(f"ONNX model '{path}' is a directory") from None
     except OSError as error:
         raise ModelError(f"cannot read ONNX model '{path}': {error.strerror}") from None
+    return _load_external_data(data, Path(path))
+
+
+def _external_tensors(model) -> list:
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return [t for t in _get_all_tensors(model) if uses_external_data(t)]
+
+
+def _location(tensor) -> str:
+    from onnx.external_data_helper import ExternalDataInfo
+
+    return ExternalDataInfo(tensor).location
+
+
+def _load_external_data(data: bytes, path: Path) -> bytes:
+    """`data` with every external tensor's bytes read from the file it names,
+    relative to the model's folder (not the working directory)."""
+    onnx = _onnx()
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:  # not a model: import_model says so
+        return data
+    external = _external_tensors(model)
+    if not external:
+        return data
+    folder = path.parent
+    for tensor in external:
+        location = _location(tensor)
+        where = folder / location
+        if not where.is_file():
+            raise ModelError(f"ONNX model '{path}' keeps tensor '{tensor.name}' in the external "
+                             f"data file '{location}', but '{where}' "
+                             f"{'is not a file' if where.exists() else 'does not exist'}; "
+                             f"put the data file beside the model (external data is read "
+                             f"relative to the model's folder)")
+        try:
+            load_external_data_for_tensor(tensor, str(folder))
+        except (OSError, ValueError, onnx.checker.ValidationError) as error:
+            raise ModelError(f"ONNX model '{path}': cannot read tensor '{tensor.name}' from "
+                             f"its external data file '{where}': {error}; save the model and its data "
+                             f"again (onnx.save)") from None
+    try:
+        return model.SerializeToString()
+    except ValueError:  # protobuf's 2 GiB limit on one message
+        raise ModelError(f"ONNX model '{path}' with its external data is over protobuf's 2 "
+                         f"GiB limit on one model, which IREE's importer reads whole; "
+                         f"models that large are not supported") from None

@@ -23,8 +23,16 @@ import numpy as np
 VARIANTS = {"int8": ("int8", True), "bf16": ("bf16", True), "int8_transpose_v": ("int8", False)}
 
 
+MANIFEST = "manifest.json"   # what `prepare` wrote: the shapes, for `run`
+
+
 def _name(variant: str, tokens: int) -> str:
     return f"{variant}_{tokens}.vmfb"
+
+
+def module_files(meta: dict) -> list[str]:
+    """The modules `prepare` wrote for the manifest `meta`."""
+    return [_name(variant, int(tokens)) for tokens in meta["contexts"] for variant in VARIANTS]
 
 
 def prepare(directory: Path, contexts, batch: int, q_heads: int, kv_heads: int,
@@ -44,7 +52,7 @@ def prepare(directory: Path, contexts, batch: int, q_heads: int, kv_heads: int,
             print(f"prepared {variant} S={tokens}: {len(vmfb)} bytes, "
                   f"{ptx.count('mma.sync.aligned.m16n8k32')} int8 and "
                   f"{ptx.count('mma.sync.aligned.m16n8k16')} bf16 mma.sync in the PTX", flush=True)
-    (directory / "manifest.json").write_text(json.dumps(dict(
+    (directory / MANIFEST).write_text(json.dumps(dict(
         contexts=list(contexts), batch=batch, q_heads=q_heads, kv_heads=kv_heads,
         head_dim=head_dim)))
 
@@ -180,7 +188,7 @@ def run(directory: Path, warmup: int = 5, iterations: int = 50, seed: int = 0) -
 
     from int8attn.reference import fragment_attention, rounding_tie_slack
 
-    meta = json.loads((directory / "manifest.json").read_text())
+    meta = json.loads((directory / MANIFEST).read_text())
     config = rt.Config("cuda")
     rows = []
     for tokens in meta["contexts"]:

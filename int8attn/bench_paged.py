@@ -23,6 +23,12 @@ from int8attn.bench_cuda import _events, _time_iree, copy_ceiling
 
 PV = ("int8", "bf16")
 BLOCK_SIZE = 16
+MANIFEST = "paged.json"   # what `prepare` wrote: the shapes and numerics, for `run`
+
+
+def module_files(meta: dict) -> list[str]:
+    """The modules `prepare` wrote (one per PV precision, whatever the manifest)."""
+    return [f"paged_{pv}.vmfb" for pv in PV]
 
 
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
@@ -42,7 +48,7 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
         (directory / f"paged_{pv}.vmfb").write_bytes(compiled.artifacts["vmfb"])
         (directory / f"paged_{pv}.ptx").write_text(compiled.artifacts["ptx"])
         print(f"prepared paged {pv}: one module for every batch", flush=True)
-    (directory / "paged.json").write_text(json.dumps(dict(
+    (directory / MANIFEST).write_text(json.dumps(dict(
         q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
         **numerics)))
 
@@ -143,7 +149,7 @@ def run(directory, batch: int, contexts, mean: int, seed: int = 0, warmup: int =
 
     directories = [Path(d) for d in directory] if isinstance(directory, (list, tuple)) \
         else [Path(directory)]
-    metas = [json.loads((d / "paged.json").read_text()) for d in directories]
+    metas = [json.loads((d / MANIFEST).read_text()) for d in directories]
     if any(m != metas[0] for m in metas):
         raise ValueError("the folders hold modules of different shapes or numerics")
     meta = metas[0]

@@ -25,6 +25,7 @@ from int8attn.bench_cuda import _events, _time_iree
 
 PV = ("int8", "bf16")
 CHECK_TOKENS = 64
+MANIFEST = "prefill.json"   # what `prepare` wrote: the cases and shapes, for `run`
 
 
 def cases(contexts, history: int, new_tokens: int) -> list[tuple[str, int, int]]:
@@ -37,6 +38,12 @@ def cases(contexts, history: int, new_tokens: int) -> list[tuple[str, int, int]]
 
 def _module_name(pv: str, tokens: int, query_tokens: int) -> str:
     return f"prefill_{pv}_{tokens}_{query_tokens}.vmfb"
+
+
+def module_files(meta: dict) -> list[str]:
+    """The modules `prepare` wrote for the manifest `meta`."""
+    return [_module_name(pv, int(tokens), int(query_tokens))
+            for _, tokens, query_tokens in meta["cases"] for pv in PV]
 
 
 def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int,
@@ -55,7 +62,7 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
             (directory / _module_name(pv, tokens, query_tokens)).write_bytes(
                 compiled.artifacts["vmfb"])
             print(f"prepared prefill {pv} {name}", flush=True)
-    (directory / "prefill.json").write_text(json.dumps(dict(
+    (directory / MANIFEST).write_text(json.dumps(dict(
         cases=all_cases, batch=batch, q_heads=q_heads, kv_heads=kv_heads,
         head_dim=head_dim)))
 
@@ -133,7 +140,7 @@ def sdpa_seconds(arrays, warmup, iterations):
 def run(directory: Path, seed: int = 0, warmup: int = 3, iterations: int = 20) -> list[dict]:
     import iree.runtime as rt
 
-    meta = json.loads((directory / "prefill.json").read_text())
+    meta = json.loads((directory / MANIFEST).read_text())
     config = rt.Config("cuda")
     scale = float(np.float32(meta["head_dim"] ** -0.5))
     rows = []

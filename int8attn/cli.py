@@ -113,28 +113,28 @@ def build_parser() -> argparse.ArgumentParser:
                                 "prefill: causal Sq = S at each --context and a history case "
                                 "(--history cached + --new-tokens new tokens), TFLOP/s on the "
                                 "causal work")
-    bench_cmd.add_argument("--history", type=int, default=None, metavar="TOKENS",
+    bench_cmd.add_argument("--history", type=_count, default=None, metavar="TOKENS",
                            help="--mode prefill: cached tokens of the history case "
                                 "(default 8192)")
-    bench_cmd.add_argument("--new-tokens", type=int, default=None, metavar="TOKENS",
+    bench_cmd.add_argument("--new-tokens", type=_count, default=None, metavar="TOKENS",
                            help="--mode prefill: new tokens of the history case (default 512; "
                                 "0 leaves the case out)")
-    bench_cmd.add_argument("--ragged-mean", type=int, default=8192, metavar="TOKENS",
+    bench_cmd.add_argument("--ragged-mean", type=_positive, default=None, metavar="TOKENS",
                            help="--mode paged: mean length of the ragged batch (default 8192)")
     bench_cmd.add_argument("--seed", type=_seed, default=0,
                            help="--mode paged: seed of the lengths, tables and data")
-    bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default="seed",
+    bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default=None,
                            help="--mode paged: the kernels' q-terms / w-quant: the seed's (1, s8; "
                                 "the kernel targets' default) or the cpu pipeline's defaults "
                                 "(its q-terms and w-quant; the kernels have one W term)")
-    bench_cmd.add_argument("--context", default="4096,8192,16384",
+    bench_cmd.add_argument("--context", type=_contexts, default=(4096, 8192, 16384),
                            help="comma-separated context lengths (default 4096,8192,16384)")
-    bench_cmd.add_argument("--batch", type=int, default=None,
+    bench_cmd.add_argument("--batch", type=_positive, default=None,
                            help="batch size (default 16 for decode and paged, 1 for prefill)")
-    bench_cmd.add_argument("--q-heads", type=int, default=32)
-    bench_cmd.add_argument("--kv-heads", type=int, default=8)
-    bench_cmd.add_argument("--head-dim", type=int, default=128)
-    bench_cmd.add_argument("--iterations", type=int, default=50)
+    bench_cmd.add_argument("--q-heads", type=_positive, default=32)
+    bench_cmd.add_argument("--kv-heads", type=_positive, default=8)
+    bench_cmd.add_argument("--head-dim", type=_positive, default=128)
+    bench_cmd.add_argument("--iterations", type=_positive, default=50)
     bench_cmd.add_argument("--prepare-only", metavar="DIR",
                            help="only compile the modules into DIR (for a GPU machine "
                                 "without IREE's compiler)")
@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="run modules compiled earlier with --prepare-only")
     bench_cmd.add_argument("--out", default="bench-cuda", metavar="PREFIX",
                            help="writes PREFIX.md, PREFIX.json and PREFIX.png")
+    bench_cmd.set_defaults(misuse=bench_cmd.error)   # a usage message and exit status 2
     return parser
 
 
@@ -153,6 +154,43 @@ def _seed(text: str) -> int:
     if not 0 <= value < 2 ** 63:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**63, got {value}")
     return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+
+
+def _positive(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    """`--context 4096,8192`: positive token counts, comma-separated."""
+    items = text.split(",")
+    for item in items:
+        if not item.strip():
+            raise argparse.ArgumentTypeError(
+                f"'{text}' has an empty item; give token counts separated by single commas, "
+                f"e.g. 4096,8192")
+        if not item.strip().isdigit() or int(item) < 1:
+            where = f"'{item}' in '{text}'" if len(items) > 1 else f"'{item}'"
+            raise argparse.ArgumentTypeError(
+                f"{where} is not a positive token count; give whole numbers of tokens "
+                f"separated by commas, e.g. 4096,8192 (no suffixes such as 4k)")
+    return tuple(int(item) for item in items)
 
 
 def _options(args) -> dict:
@@ -407,61 +445,150 @@ def cmd_run(args) -> int:
 
 
 PREFILL_HISTORY, PREFILL_NEW_TOKENS = 8192, 512
+RAGGED_MEAN = 8192
+# Flags that only one --mode reads (the others would ignore them).
+MODE_FLAGS = {"--history": ("history", "prefill"), "--new-tokens": ("new_tokens", "prefill"),
+              "--ragged-mean": ("ragged_mean", "paged"), "--numerics": ("numerics", "paged")}
+
+
+def _bench_modules(mode: str):
+    from int8attn import bench_cuda, bench_paged, bench_prefill
+
+    return {"paged": bench_paged, "prefill": bench_prefill}.get(mode, bench_cuda)
+
+
+def _check_bench_shape(args, misuse) -> None:
+    """The kernels' limits on the shape flags, before anything is compiled."""
+    from int8attn.fragments import FRAGMENT_MODELS
+    from int8attn.kernels.decode import ROWS
+
+    if args.q_heads % args.kv_heads:
+        misuse(f"--q-heads {args.q_heads} is not a multiple of --kv-heads {args.kv_heads} "
+               f"(each KV head serves the same number of query heads)")
+    rows = args.q_heads // args.kv_heads
+    if args.mode != "prefill" and rows > ROWS:
+        misuse(f"--q-heads {args.q_heads} over --kv-heads {args.kv_heads} is {rows} query heads "
+               f"per KV head; the decode kernels' MMAC tile holds {ROWS} (raise --kv-heads)")
+    k = FRAGMENT_MODELS["cuda"].instruction.k
+    if args.head_dim % k:
+        misuse(f"--head-dim {args.head_dim} is not a multiple of {k}, the K of the cuda "
+               f"kernels' int8 mma.sync (e.g. 64 or 128)")
+
+
+def _check_prepared(directory: Path, mode: str) -> None:
+    """`--from DIR` must hold what `--prepare-only DIR --mode MODE` writes."""
+    import json
+
+    modules = _bench_modules(mode)
+    if not directory.exists():
+        raise UserError(f"--from folder '{directory}' does not exist; prepare it with "
+                        f"int8attn bench --mode {mode} --prepare-only {directory}")
+    if not directory.is_dir():
+        raise UserError(f"--from '{directory}' is not a folder; give the folder that "
+                        f"--prepare-only wrote")
+    manifest = directory / modules.MANIFEST
+    if not manifest.is_file():
+        other = [m for m in ("decode", "paged", "prefill")
+                 if m != mode and (directory / _bench_modules(m).MANIFEST).is_file()]
+        hint = (f"it holds --mode {other[0]} modules (add --mode {other[0]})" if other else
+                f"prepare it with int8attn bench --mode {mode} --prepare-only {directory}")
+        raise UserError(f"--from folder '{directory}' has no {modules.MANIFEST}, so no "
+                        f"--mode {mode} modules; {hint}")
+    try:
+        meta = json.loads(manifest.read_text())
+        files = modules.module_files(meta)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"--from folder '{directory}': {manifest.name} is damaged ({error}); "
+                        f"prepare the folder again with --prepare-only") from None
+    missing = [name for name in files if not (directory / name).is_file()]
+    if missing:
+        raise UserError(f"--from folder '{directory}' lacks {', '.join(missing)} that its "
+                        f"{manifest.name} lists; prepare the folder again with --prepare-only")
+
+
+def _check_prepare_folder(directory: Path) -> None:
+    """`--prepare-only DIR`: a folder (made if missing) that can be written."""
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--prepare-only '{directory}' is a file, not a folder; give a folder "
+                        f"to write the modules to (it is made if missing)")
+    existing = directory
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"--prepare-only '{directory}': '{existing}' is a file, so the folder "
+                        f"cannot be made; give another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--prepare-only '{directory}': '{existing}' is not writable; give a "
+                        f"folder you can write to")
 
 
 def cmd_bench(args) -> int:
     import json
     import tempfile
 
-    from int8attn import bench_cuda, bench_paged, bench_prefill
-
-    contexts = [int(c) for c in args.context.split(",")]
-    mode = args.mode
+    misuse = args.misuse
+    contexts, mode = list(args.context), args.mode
     paged, prefill = mode == "paged", mode == "prefill"
-    for flag, value in (("--history", args.history), ("--new-tokens", args.new_tokens)):
-        if value is not None and not prefill:
-            raise UserError(f"{flag} applies to --mode prefill, not --mode {mode}")
+    # Every check first: none needs a GPU, and a mistake must not cost a compilation.
+    for flag, (name, wanted) in MODE_FLAGS.items():
+        if getattr(args, name) is not None and mode != wanted:
+            misuse(f"{flag} applies to --mode {wanted}, not --mode {mode}")
+    if args.from_dir and args.prepare_only:
+        misuse("--prepare-only compiles the modules and --from runs compiled ones; give one")
     batch = args.batch if args.batch is not None else (1 if prefill else 16)
     history = PREFILL_HISTORY if args.history is None else args.history
     new_tokens = PREFILL_NEW_TOKENS if args.new_tokens is None else args.new_tokens
+    ragged_mean = RAGGED_MEAN if args.ragged_mean is None else args.ragged_mean
     if args.from_dir:
         directory = Path(args.from_dir)
+        _check_prepared(directory, mode)
     else:
+        _check_bench_shape(args, misuse)
+        if args.prepare_only:
+            _check_prepare_folder(Path(args.prepare_only))
+    outputs = [] if args.prepare_only else \
+        [f"{args.out}.{ext}" for ext in ("md", "json") + (() if paged or prefill else ("png",))]
+    for output in outputs:
+        try:
+            check_output_path(output)
+        except OutputError as error:
+            raise OutputError(f"--out {args.out}: {error}") from None
+    modules = _bench_modules(mode)
+    if not args.from_dir:
         directory = Path(args.prepare_only or tempfile.mkdtemp(prefix="int8attn-bench-"))
         if paged:
             from int8attn.pipelines import PipelineOptions
 
-            numerics = ({} if args.numerics == "seed" else
+            numerics = ({} if args.numerics in (None, "seed") else
                         dict(q_terms=PipelineOptions.q_terms, w_quant=PipelineOptions.w_quant))
-            bench_paged.prepare(directory, args.q_heads, args.kv_heads, args.head_dim,
-                                **numerics)
+            modules.prepare(directory, args.q_heads, args.kv_heads, args.head_dim, **numerics)
         elif prefill:
-            bench_prefill.prepare(directory, contexts, history, new_tokens, batch,
-                                  args.q_heads, args.kv_heads, args.head_dim)
+            modules.prepare(directory, contexts, history, new_tokens, batch,
+                            args.q_heads, args.kv_heads, args.head_dim)
         else:
-            bench_cuda.prepare(directory, contexts, batch, args.q_heads, args.kv_heads,
-                               args.head_dim)
+            modules.prepare(directory, contexts, batch, args.q_heads, args.kv_heads,
+                            args.head_dim)
         if args.prepare_only:
             return 0
     try:
         if paged:
-            rows = bench_paged.run(directory, batch, contexts, args.ragged_mean,
-                                   seed=args.seed, iterations=args.iterations)
+            rows = modules.run(directory, batch, contexts, ragged_mean,
+                               seed=args.seed, iterations=args.iterations)
         elif prefill:
-            rows = bench_prefill.run(directory, seed=args.seed, iterations=args.iterations)
+            rows = modules.run(directory, seed=args.seed, iterations=args.iterations)
         else:
-            rows = bench_cuda.run(directory, iterations=args.iterations)
+            rows = modules.run(directory, iterations=args.iterations)
     except RuntimeError as error:
         raise UserError(f"cannot run on CUDA here ({error}); compile with --prepare-only "
                         f"and run with --from on a machine with an NVIDIA GPU") from None
-    table = {"paged": bench_paged, "prefill": bench_prefill}.get(mode, bench_cuda).markdown(rows)
+    table = modules.markdown(rows)
     print(table)
     write_atomic(f"{args.out}.md", table + "\n")
     write_atomic(f"{args.out}.json", json.dumps(rows, indent=2))
     if paged or prefill:
         return 0
     try:
-        bench_cuda.plot(rows, Path(f"{args.out}.png"))
+        modules.plot(rows, Path(f"{args.out}.png"))
     except ImportError:
         print("note: no PNG written: install matplotlib (pip install 'int8attn[bench]')",
               file=sys.stderr)

@@ -6,7 +6,7 @@ import numpy as np
 
 from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.reference.common import (F32, group_rows, quantization_inverse, quantize,
-                                       quantize_w, visible, w_residual)
+                                       quantize_q, quantize_w, visible, w_residual)
 from int8attn.reference.fragment import blocks_for
 
 # Two f32 implementations of the contract (different exp, summation order)
@@ -131,18 +131,40 @@ def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float,
     return bound.reshape(q.shape), sigma.reshape(q.shape)
 
 
-def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float) -> np.ndarray:
+def _q_error(rows, q_terms: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query row: (the step sQ whose rounding is q's error, the largest |eQ_d|).
+
+    One term: eQ = q - Qq1*s1, |eQ| <= s1/2. Two terms (DESIGN.md §2c): the first
+    term's rounding is carried into the residual r = q - Qq1*s1, so eQ = r - Qq2*s2,
+    |eQ| <= s2/2, plus the f32 rounding of r (<= 2^-24 |r| <= 2^-25 s1). A row that
+    quantizes to zero (absmax below QUANTIZE_MIN_ABSMAX) is off by its absmax.
+    """
+    rows = np.asarray(rows, dtype=F32)
+    terms = quantize_q(rows, q_terms)
+    values = rows if q_terms == 1 else rows.astype(np.float64) - \
+        terms[0][0].astype(np.float64) * terms[0][1].astype(np.float64)[..., None]
+    amax = np.abs(values).max(axis=-1).astype(np.float64)
+    step = terms[-1][1].astype(np.float64)
+    largest = np.where((quantization_inverse(amax) == 0) & np.isfinite(amax), amax, step / 2)
+    if q_terms == 2:
+        largest = largest + terms[0][1].astype(np.float64) * 2.0 ** -25
+    return step, largest
+
+
+def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
+                                q_terms: int = 1) -> np.ndarray:
     """Standard deviation of the INT8-QK error in the output, shaped like q.
 
     Quantizing a query row perturbs each score by d_i = scale * sum_d eQ_d K_id
     with eQ uniform in [-sQ/2, sQ/2], so sd(d_i) = scale * sQ * |K_i| / sqrt(12).
     To first order the output moves by sum_i P_i d_i (V_i - O), whose standard
     deviation this returns (exact softmax P and output O on the dequantized cache).
+    `q_terms=2`: sQ is the second term's step s2 (`_q_error`).
     """
     k_deq = k.astype(np.float64) * k_scale[..., None]
     v_deq = v.astype(np.float64) * v_scale[..., None]
     rows = group_rows(np.asarray(q, dtype=np.float64), k.shape[1])
-    _, sq = quantize(rows.astype(F32))
+    sq, _ = _q_error(rows, q_terms)
     scale = float(F32(softmax_scale))
     scores = np.einsum("bhrd,bhsd->bhrs", rows, k_deq) * scale
     scores = np.where(visible(q.shape, k.shape[1], k.shape[2]), scores, -np.inf)
@@ -159,25 +181,29 @@ def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float)
     return np.sqrt(np.maximum(variance, 0)).reshape(q.shape)
 
 
-def qk_quantization_error_bound(q, k, k_scale, v, v_scale, softmax_scale: float):
+def qk_quantization_error_bound(q, k, k_scale, v, v_scale, softmax_scale: float, *,
+                                q_terms: int = 1):
     """Hard bounds on the INT8-QK error in the output, shaped like q.
 
-    Each score moves by |d_i| <= delta_i = scale * sK_i * (sQ/2) * sum_d |Kq_id|
-    (plus f32 rounding of the score). With delta the row's largest, every
+    Each score moves by |d_i| <= delta_i = scale * sK_i * max|eQ| * sum_d |Kq_id|
+    (plus f32 rounding of the score), max|eQ| = sQ/2 for one term (`_q_error`
+    for two). With delta the row's largest, every
     softmax weight changes by a factor within e^(+-2 delta), so the output moves
     by at most (e^(2 delta) - 1) * h, h the half range of the visible V_d.
     Returns (that bound, the part of it beyond the first-order term of
     `qk_quantization_error_scale`: (2 delta^2 e^(2 delta) + e^(2 delta) - 1 - 2 delta) * h).
+    The score error grows with softmax_scale, and exponentially so in the bound:
+    the softmax turns a score error d into a relative weight error e^d - 1.
     """
     k64 = k.astype(np.float64)
     v_deq = v.astype(np.float64) * v_scale[..., None]
     rows = group_rows(np.asarray(q, dtype=F32), k.shape[1])
-    _, sq = quantize(rows)
+    _, largest = _q_error(rows, q_terms)
     scale = float(F32(softmax_scale))
     k_deq = k64 * k_scale[..., None]
     scores = np.abs(np.einsum("bhrd,bhsd->bhrs", rows.astype(np.float64), k_deq)) * scale
     per_token = scale * k_scale.astype(np.float64)[:, :, None, :] * \
-        (sq.astype(np.float64)[..., None] / 2) * np.abs(k64).sum(axis=-1)[:, :, None, :]
+        largest[..., None] * np.abs(k64).sum(axis=-1)[:, :, None, :]
     per_token = per_token * (1 + 1e-5) + 1e-6 * scores
     seen = visible(q.shape, k.shape[1], k.shape[2])                 # [R or 1, S]
     delta = np.where(seen, per_token, 0).max(axis=-1)[..., None]     # [B,Hkv,R,1]

@@ -12,6 +12,12 @@ class OutputError(ValueError):
 
 
 def check_output_path(output: str | Path, inputs=()) -> Path:
+    text = os.fspath(output)
+    if text.endswith(tuple(filter(None, (os.sep, os.altsep)))) and not Path(text).is_dir():
+        # Path() drops the trailing '/': the user asked for a folder, not a file of that name.
+        raise OutputError(f"output '{text}' ends in '{text[-1]}', so it names a folder, and "
+                          f"there is no such folder; give a file path (an existing folder "
+                          f"followed by a file name)")
     output = Path(output)
     for source in inputs:
         if source and output.exists() and Path(source).exists() and \
@@ -19,16 +25,31 @@ def check_output_path(output: str | Path, inputs=()) -> Path:
             raise OutputError(f"output '{output}' is the input file '{source}'; "
                               f"choose another output path")
     if output.is_dir():
-        raise OutputError(f"output '{output}' is a directory; give a file path")
+        raise OutputError(f"output '{text}' is a directory; give a file path (a file name "
+                          f"inside it, or another path)")
     if not output.parent.resolve().is_dir():
-        raise OutputError(f"output directory '{output.parent}' does not exist")
+        raise OutputError(f"output directory '{output.parent}' does not exist; create it or "
+                          f"give another path")
     # Refused now, before the work: a run that fails only at the end loses it.
-    if not os.access(output.parent.resolve(), os.W_OK | os.X_OK):
+    if not os.access(output.parent.resolve(), os.W_OK | os.X_OK) or \
+            not _can_create_in(output.parent.resolve()):
         raise OutputError(f"cannot write '{output}': its directory '{output.parent}' is not "
-                          f"writable")
+                          f"writable; give a path in a folder you can write to")
     if output.exists() and not os.access(output, os.W_OK):
         raise OutputError(f"cannot write '{output}': the file exists and is read-only")
     return output
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder` (what write_atomic does), tried: access()
+    says yes to root for any folder, also those that refuse new files (/proc, /sys)."""
+    try:
+        handle, temp = tempfile.mkstemp(dir=folder, prefix=".int8attn-probe-")
+    except OSError:
+        return False
+    os.close(handle)
+    os.unlink(temp)
+    return True
 
 
 def _umask() -> int:

@@ -218,7 +218,8 @@ def test_bench_refuses_prefill_flags_in_other_modes(tmp_path):
     from test_cli import run
 
     proc = run("int8attn", "bench", "--mode", "decode", "--history", "100", "--prepare-only",
-               tmp_path, check_rc=1)
+               tmp_path, check_rc=2)   # misuse: a usage message (tests/test_cli_bad_inputs.py)
+    assert "usage: int8attn bench" in proc.stderr
     assert "--history applies to --mode prefill, not --mode decode" in proc.stderr
 
 
