@@ -121,3 +121,32 @@ def runnable_here(target_cpu: str) -> bool:
 def require_runnable(target_cpu: str) -> None:
     if not runnable_here(target_cpu):
         pytest.skip(f"this machine cannot execute --target-cpu {target_cpu} code")
+
+
+# The slow tier: files whose tests compile and run full-size modules on IREE or
+# through the lane simulator (numerics at 4K-16K tokens, every lowering form and
+# CPU level, the kernel targets, the fuzzer's compiled cases), and the slowest
+# tests of the other files. `pytest -m "not slow"` runs the rest: the error paths
+# of every surface, the IR tests (lit), the references, the fragment model, the
+# CPU-level rule and the CLIs' everyday paths.
+SLOW_FILES = {
+    "test_mmac_lowering.py", "test_fuzz.py", "test_numerics.py", "test_prefill.py",
+    "test_scale_groups.py", "test_w_terms.py", "test_q_terms.py", "test_w_quant.py",
+    "test_edge_cases.py", "test_onnx_import.py", "test_onnx_cli.py", "test_kernels.py",
+    "test_prefill_kernels.py", "test_paged_kernels.py", "test_targets.py", "test_cuda.py",
+    "test_paged.py", "test_paged_prefill.py", "test_paged_decode_loop.py",
+    "test_stage_errors.py", "test_key_bias.py",
+}
+SLOW_TESTS = {
+    "test_cpu_levels.py::test_each_level_meets_both_references",
+    "test_cli.py::test_inputs_that_are_not_an_npz_of_arrays",
+    "test_cli.py::test_several_public_functions_need_function",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        file = item.path.name
+        test = f"{file}::{item.originalname}"
+        if file in SLOW_FILES or test in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
