@@ -35,6 +35,7 @@ from iree.compiler.dialects import arith, math, memref, scf, vector
 from int8attn.fragments import (DecodeKernelLayout, FragmentModel, bf16_pv_model,
                                 element_classes, thread_distribution, thread_groups,
                                 thread_runs, xor_reduction_offsets)
+from int8attn.kernels.abi import PAGED_INPUTS, Buffer, KernelABI
 from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import DenseKV, PagedKV
 from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
@@ -792,6 +793,7 @@ class DecodeKernels:
     module: ir.Operation
     access: DenseKV | PagedKV
     rows_out: int             # query rows of the partial and merged outputs
+    abi: tuple[KernelABI, ...] = ()   # the paged kernels' calling convention
 
     @property
     def shape(self):
@@ -801,7 +803,8 @@ class DecodeKernels:
     def layout(self) -> dict:
         """What a host (the driver's, the simulator's) needs to call the kernels."""
         return {"kernel": "decode", "rows_out": self.rows_out,
-                "partition_tokens": self.access.partition_tokens}
+                "partition_tokens": self.access.partition_tokens,
+                "abi": [a.to_json() for a in self.abi]}
 
 
 def check_decode_shape(shape, model: FragmentModel) -> None:
@@ -838,7 +841,27 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
                          partition.threads, wave, partition.tuning.kernel_attributes(target))
         build_executable(MERGE_KERNEL, merge.argument_types(), 2, merge.build,
                          merge.threads, wave, leading=[merge.chunks])
-    return DecodeKernels(module.operation, access, partition.rows_out)
+    abi = (paged_decode_abi(access.shape, partition.rows_out, partition.threads, merge)
+           if isinstance(access, PagedKV) else ())
+    return DecodeKernels(module.operation, access, partition.rows_out, abi)
+
+
+def paged_decode_abi(shape, rows_out: int, threads: int, merge) -> tuple[KernelABI, ...]:
+    """The paged decode's two kernels: partitions [P, Hkv, B], then the merge of
+    each (sequence, KV head) over its `chunks` column chunks."""
+    hkv, d = shape.kv_heads, shape.head_dim
+    partials = ("B", hkv, "P")
+    partition = KernelABI(
+        PARTITION_KERNEL, PAGED_INPUTS,
+        (Buffer("o_part", partials + (rows_out, d), "f32"),
+         Buffer("m_part", partials + (ROWS,), "f32"),
+         Buffer("l_part", partials + (ROWS,), "f32")),
+        ("B", "NB", "MB", "P"), ("P", hkv, "B"), threads)
+    merged = KernelABI(
+        MERGE_KERNEL, ("o_part", "m_part", "l_part", "context_lens"),
+        (Buffer("out", ("B", hkv, rows_out, d), "f32"),),
+        ("B", "P"), (merge.chunks, hkv, "B"), merge.threads, leading=1)
+    return partition, merged
 
 
 def dense_access(shape, model: FragmentModel) -> DenseKV:

@@ -23,6 +23,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, func, linalg, tensor
 
 from int8attn.dialects import int8attn as d
+from int8attn.kernels.abi import PAGED_INPUTS, KernelABI
 from int8attn.kernels.decode import MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeKernels
 from int8attn.kernels.executable import dispatch
 from int8attn.kernels.prefill import PREFILL_KERNEL, PrefillKernels
@@ -127,33 +128,46 @@ def _cast(value: ir.Value, result_type: ir.Type) -> ir.Value:
     return tensor.CastOp(result_type, value).result if value.type != result_type else value
 
 
+def _abi_dispatch(abi: KernelABI, sizes: dict[str, ir.Value], values: dict[str, ir.Value],
+                  argument_dims: list[ir.Value]) -> list[ir.Value]:
+    """flow.dispatch of one kernel as its ABI declares it: the inputs by name, the
+    index push constants, the grid, and one result per output buffer."""
+    size = lambda n: sizes[n] if isinstance(n, str) else build.index(n)
+    results = [d.tensor([n if isinstance(n, int) else DYN for n in b.shape], b.element)
+               for b in abi.outputs]
+    result_dims = [sizes[n] for b in abi.outputs for n in b.shape if isinstance(n, str)]
+    return dispatch(abi.kernel, [size(g) for g in abi.workload], results,
+                    [values[n] for n in abi.inputs] + [sizes[c] for c in abi.constants],
+                    argument_dims=argument_dims, result_dims=result_dims)
+
+
+def _paged_sizes(args: "_PagedArguments", shape, partition_tokens: int) -> dict:
+    """B, NB, MB as read off the arguments, and P = ceil(MB * BS / partition tokens)."""
+    tokens = arith.muli(args.width, build.index(shape.block_size))
+    parts = arith.divui(arith.addi(tokens, build.index(partition_tokens - 1)),
+                        build.index(partition_tokens))
+    return {"B": args.batch, "NB": args.blocks, "MB": args.width, "P": parts}
+
+
 def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
                               result_type: ir.Type) -> None:
     """func.func @name(q, k_cache, k_scale, v_cache, v_scale, block_tables,
     context_lens) at the current insertion point; any of B, NB, MB may be static
-    or dynamic in the signature."""
-    access, s = kernels.access, kernels.shape
-    hkv, dim, bs = s.kv_heads, s.head_dim, s.block_size
+    or dynamic in the signature. The two dispatches follow `kernels.abi`."""
+    s = kernels.shape
+    partition, merge = kernels.abi
 
     @func.FuncOp.from_py_func(*argument_types, name=name)
     def host(*arguments):
-        args = _PagedArguments(s, arguments, [s.q_heads, dim])
-        batch, blocks, width = args.batch, args.blocks, args.width
-        tokens = arith.muli(width, build.index(bs))
-        parts = arith.divui(arith.addi(tokens, build.index(access.partition_tokens - 1)),
-                            build.index(access.partition_tokens))
-        partial = [DYN, hkv, DYN]
-        o_part, m_part, l_part = dispatch(
-            PARTITION_KERNEL, [parts, build.index(hkv), batch],
-            [d.tensor(partial + [kernels.rows_out, dim], "f32"), d.tensor(partial + [ROWS], "f32"),
-             d.tensor(partial + [ROWS], "f32")],
-            args.values + [batch, blocks, width, parts], argument_dims=args.dims,
-            result_dims=[batch, parts] * 3)
-        (out,) = dispatch(MERGE_KERNEL, [build.index(hkv), batch],
-                          [d.tensor([DYN, hkv, kernels.rows_out, dim], "f32")],
-                          [o_part, m_part, l_part, args.values[6], batch, parts],
-                          argument_dims=[batch, parts] * 3 + [batch], result_dims=[batch])
-        return _cast(_real_rows(out, s, kernels.rows_out, batch), result_type)
+        args = _PagedArguments(s, arguments, [s.q_heads, s.head_dim])
+        sizes = _paged_sizes(args, s, kernels.access.partition_tokens)
+        values = dict(zip(PAGED_INPUTS, args.values))
+        values.update(zip((b.name for b in partition.outputs),
+                          _abi_dispatch(partition, sizes, values, args.dims)))
+        partial_dims = [sizes[n] for b in partition.outputs for n in b.shape
+                        if isinstance(n, str)]
+        (out,) = _abi_dispatch(merge, sizes, values, partial_dims + [args.batch])
+        return _cast(_real_rows(out, s, kernels.rows_out, args.batch), result_type)
 
 
 def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.Type, *,
@@ -177,17 +191,14 @@ def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.T
 def build_paged_prefill_host_function(kernels: PrefillKernels, name: str, argument_types,
                                       result_type: ir.Type) -> None:
     """func.func @name(q [B, Hq, Sq, D], k_cache, k_scale, v_cache, v_scale, block_tables,
-    context_lens) of a chunked prefill over the block pool: one dispatch, the pool
-    as it is; any of B, NB, MB may be static or dynamic in the signature."""
+    context_lens) of a chunked prefill over the block pool: one dispatch (`kernels.abi`),
+    the pool as it is; any of B, NB, MB may be static or dynamic in the signature."""
     s = kernels.shape
-    q_dims = [s.q_heads, s.query_tokens, s.head_dim]
+    (prefill,) = kernels.abi
 
     @func.FuncOp.from_py_func(*argument_types, name=name)
     def host(*arguments):
-        args = _PagedArguments(s, arguments, q_dims)
-        (out,) = dispatch(PREFILL_KERNEL,
-                          [build.index(kernels.row_blocks), build.index(s.kv_heads), args.batch],
-                          [d.tensor([DYN, *q_dims], "f32")],
-                          args.values + [args.batch, args.blocks, args.width],
-                          argument_dims=args.dims, result_dims=[args.batch])
+        args = _PagedArguments(s, arguments, [s.q_heads, s.query_tokens, s.head_dim])
+        sizes = {"B": args.batch, "NB": args.blocks, "MB": args.width}
+        (out,) = _abi_dispatch(prefill, sizes, dict(zip(PAGED_INPUTS, args.values)), args.dims)
         return _cast(out, result_type)

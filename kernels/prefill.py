@@ -38,6 +38,7 @@ from iree.compiler.dialects import arith, math, memref, scf
 
 from int8attn.fragments import FragmentModel
 from int8attn.kernels.decode import ROWS, DecodeTuning, PartitionKernel, check_head_dim
+from int8attn.kernels.abi import PAGED_INPUTS, Buffer, KernelABI
 from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import (PagedPrefillKV, PagedPrefillShape, PrefillKV,
                                         PrefillShape)
@@ -247,6 +248,7 @@ class PrefillKernels:
     module: ir.Operation
     access: PrefillKV | PagedPrefillKV
     rows_per_workgroup: int
+    threads: int = 0
 
     @property
     def shape(self) -> PrefillShape | PagedPrefillShape:
@@ -256,7 +258,18 @@ class PrefillKernels:
     def layout(self) -> dict:
         """What a host (the driver's, the simulator's) needs to call the kernel."""
         return {"kernel": "prefill", "rows_per_workgroup": self.rows_per_workgroup,
-                "tile_tokens": self.access.partition_tokens}
+                "tile_tokens": self.access.partition_tokens,
+                "abi": [a.to_json() for a in self.abi]}
+
+    @property
+    def abi(self) -> tuple[KernelABI, ...]:
+        """The chunked prefill over the pool: one kernel [row blocks, Hkv, B]."""
+        if not isinstance(self.access, PagedPrefillKV):
+            return ()
+        s = self.shape
+        out = Buffer("out", ("B", s.q_heads, s.query_tokens, s.head_dim), "f32")
+        return (KernelABI(PREFILL_KERNEL, PAGED_INPUTS, (out,), ("B", "NB", "MB"),
+                          (self.row_blocks, s.kv_heads, "B"), self.threads),)
 
     @property
     def row_blocks(self) -> int:
@@ -287,4 +300,4 @@ def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, model: Fragme
     with ir.InsertionPoint(module.body):
         build_executable(PREFILL_KERNEL, kernel.argument_types(), 3, kernel.build,
                          kernel.threads, model.instruction.wave_size)
-    return PrefillKernels(module.operation, access, kernel.rows_per_workgroup)
+    return PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
