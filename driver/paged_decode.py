@@ -44,25 +44,33 @@ def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size
             f"  return %o : tensor<{q}>\n}}\n")
 
 
-def paged_decode_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
-                       softmax_scale: float | None = None, new_element: str = "f32",
-                       k_bias: bool = False) -> str:
-    """MLIR text of two public functions on one cache: @write (cache_write of T new
-    tokens; with `k_bias`, a last argument [Hkv, D] f32 subtracted from the new keys
-    before quantizing, reference/key_bias.py) and @attend (paged_attention of a batch)."""
+def cache_write_graph(kv_heads: int, head_dim: int, block_size: int, *,
+                      new_element: str = "f32", k_bias: bool = False,
+                      name: str = "write") -> str:
+    """MLIR text of one public function @name returning `int8attn.cache_write` of its
+    arguments: T new tokens stored at their slots (with `k_bias`, a last argument
+    [Hkv, D] f32 subtracted from the new keys before quantizing, reference/key_bias.py)."""
     kv = f"?x{kv_heads}x{head_dim}x{new_element}"
     caches = _cache_types(kv_heads, head_dim, block_size)
     bias = [f"{kv_heads}x{head_dim}xf32"] if k_bias else []
     write_types = [kv, kv, "?xi32", *caches, *bias]
-    return (
-        f"// Paged decode: @write stores new tokens in the cache, @attend attends a batch.\n"
-        f"func.func @write({_arguments(write_types)}) -> ({_types(caches)}) {{\n"
-        f"  %c:4 = \"int8attn.cache_write\"({_names(len(write_types))}) "
-        f"{{block_size = {block_size} : i64}}"
-        f" : ({_types(write_types)}) -> ({_types(caches)})\n"
-        f"  return %c#0, %c#1, %c#2, %c#3 : {_types(caches)}\n}}\n"
-        + paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
-                                softmax_scale=softmax_scale, name="attend"))
+    return (f"func.func @{name}({_arguments(write_types)}) -> ({_types(caches)}) {{\n"
+            f"  %c:4 = \"int8attn.cache_write\"({_names(len(write_types))}) "
+            f"{{block_size = {block_size} : i64}}"
+            f" : ({_types(write_types)}) -> ({_types(caches)})\n"
+            f"  return %c#0, %c#1, %c#2, %c#3 : {_types(caches)}\n}}\n")
+
+
+def paged_decode_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
+                       softmax_scale: float | None = None, new_element: str = "f32",
+                       k_bias: bool = False) -> str:
+    """MLIR text of two public functions on one cache: @write (`cache_write_graph`)
+    and @attend (paged_attention of a batch)."""
+    return ("// Paged decode: @write stores new tokens in the cache, @attend attends a batch.\n"
+            + cache_write_graph(kv_heads, head_dim, block_size, new_element=new_element,
+                                k_bias=k_bias)
+            + paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
+                                    softmax_scale=softmax_scale, name="attend"))
 
 
 def _cache_types(kv_heads, head_dim, block_size, blocks="?") -> list[str]:

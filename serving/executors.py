@@ -1,0 +1,92 @@
+"""Run one compiled paged function on torch tensors: on a CUDA stream or on the CPU.
+
+`CudaExecutor` launches a `KernelPackage`'s kernels directly on torch's current
+stream through the driver API (serving/cuda_driver.py): nothing is copied, the
+caches are read (and, for cache_write, written) in place, partial buffers come
+from torch's caching allocator on that stream, and nothing waits on the host.
+The launch sequence is the package's ABI list in order; each kernel's buffers
+are found by name among the call's tensors and the earlier kernels' outputs.
+
+`HostExecutor` runs a graph compiled for the cpu target through IREE's CPU
+runtime on zero-copy numpy views of CPU tensors (the caches by reference where
+they are 64-byte aligned, as `CompiledGraph.run` documents).
+"""
+
+from __future__ import annotations
+
+from int8attn.driver.signature import FunctionInfo
+from int8attn.kernels.abi import paged_sizes
+from int8attn.serving.cuda_driver import Launch, PtxModule
+from int8attn.serving.kernel_package import KernelPackage
+from int8attn.serving.tensors import torch_dtypes, torch_module
+
+
+class CudaExecutor:
+    """A kernel package, loaded lazily on each device it is called on."""
+
+    device_type = "cuda"
+
+    def __init__(self, package: KernelPackage):
+        self.package = package
+        self.info = FunctionInfo.from_json(package.signature)
+        self._loaded: dict[int, tuple[PtxModule, list[Launch]]] = {}
+
+    def _launches(self, device: int) -> list[Launch]:
+        if device not in self._loaded:
+            module = PtxModule(self.package.ptx, device)
+            launches = [Launch(module.kernel(k.abi.kernel, k.abi.threads, k.shared_bytes),
+                               len(k.abi.inputs) + len(k.abi.outputs), len(k.abi.constants))
+                        for k in self.package.kernels]
+            self._loaded[device] = (module, launches)
+        return self._loaded[device][1]
+
+    def sizes(self, tensors: dict) -> dict[str, int]:
+        """The run-time sizes the ABI names, read off the tensors' shapes."""
+        layout = self.package.layout
+        if "k_new" in tensors:
+            return {"T": tensors["k_new"].shape[0], "NB": tensors["k_cache"].shape[0]}
+        batch, width = tensors["block_tables"].shape
+        block_size = tensors["k_cache"].shape[2]
+        tokens = layout.get("partition_tokens", layout.get("tile_tokens", 1))
+        return paged_sizes(batch, tensors["k_cache"].shape[0], width, block_size, tokens)
+
+    def run(self, tensors: dict, provided: dict | None = None) -> dict:
+        """Launch every kernel in order on the current stream of the tensors' device;
+        `provided` maps output buffer names to caller-owned tensors (e.g. `out`).
+        Returns every buffer the kernels wrote, by name."""
+        torch = torch_module()
+        dtypes = torch_dtypes()
+        device = next(iter(tensors.values())).device
+        launches = self._launches(device.index)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        sizes = self.sizes(tensors)
+        buffers = dict(tensors)
+        for kernel, launch in zip(self.package.kernels, launches):
+            abi = kernel.abi
+            for buffer in abi.outputs:
+                if buffer.name in (provided or {}):
+                    buffers[buffer.name] = provided[buffer.name]
+                elif buffer.name not in buffers:
+                    buffers[buffer.name] = torch.empty(buffer.dims(sizes),
+                                                       dtype=dtypes[buffer.element],
+                                                       device=device)
+            names = list(abi.inputs) + [b.name for b in abi.outputs]
+            launch(abi.grid_of(sizes), [buffers[n].data_ptr() for n in names],
+                   abi.constant_values(sizes), stream)
+        return buffers
+
+
+class HostExecutor:
+    """A graph compiled for the cpu target, called on CPU tensors without copies."""
+
+    device_type = "cpu"
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.info = graph.entry()
+
+    def run_positional(self, tensors: list):
+        torch = torch_module()
+        arrays = [t.detach().numpy() for t in tensors]
+        results = self.graph.run(arrays)
+        return [torch.from_numpy(r) for r in results]

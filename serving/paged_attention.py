@@ -1,0 +1,225 @@
+"""Paged INT8 attention for a serving program: torch tensors in and out, no copies.
+
+    attn = PagedAttention(q_heads=32, kv_heads=8, head_dim=128, block_size=16)  # cuda
+    attn.write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale)
+    out = attn(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens)
+
+The pool (vLLM's layout, docs/design.md §2b) stays where the caller keeps it: on
+cuda the kernels IREE compiled read and write it in place, launched on torch's
+current stream (serving/executors.py), so a call is ordered after the work
+already queued there, its result is ready for the next op on that stream, and
+no call waits on the host unless `validate=True` asks it to. On the cpu target
+the same calls run through IREE's CPU runtime on the CPU tensors' memory.
+
+Input checks. Shapes, dtypes, contiguity and device are always checked, from the
+tensors' metadata. The value rules (lengths in range, block ids of used table
+slots inside the pool, the scales of every token read finite and >= 0; for
+cache_write, slots inside the pool, no slot twice, finite rows) are checked on
+the device when `validate=True` (the default; on the cpu target the runtime
+checks every call whatever `validate` says): a handful of small reductions and
+one host sync on their verdict; only when it fails are the small arrays copied
+to the host, where the numpy checks every executor shares name the argument,
+sequence and slot. `validate=False` skips the value checks (no sync: what a
+decode loop under CUDA graphs wants); the inputs are then trusted, as a kernel
+library trusts them.
+
+Compiled kernels come from `int8attn.compile` (cached by content and options),
+or from a folder `save` wrote (`PagedAttention.load`), so a GPU server without
+the IREE compiler runs what another machine compiled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from int8attn.driver.paged_decode import cache_write_graph, paged_attention_graph
+from int8attn.runtime.module import InputError
+from int8attn.serving.executors import CudaExecutor, HostExecutor
+from int8attn.serving.kernel_package import KernelPackage
+from int8attn.serving.tensors import aligned, check_tensors, torch_module
+
+DECODE, WRITE = "decode", "write"
+SETTINGS = "paged_attention.json"
+
+
+class PagedAttention:
+    """One model's paged attention and cache write, compiled for `target`
+    ('cuda' or 'cpu'); `options` are CompileOptions fields (numerics, pv)."""
+
+    def __init__(self, q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
+                 softmax_scale: float | None = None, target: str = "cuda", **options):
+        if target not in ("cuda", "cpu"):
+            raise InputError(f"PagedAttention runs on target 'cuda' or 'cpu', not {target!r}")
+        if q_heads % kv_heads:
+            raise InputError(f"{q_heads} query heads do not group over {kv_heads} KV heads")
+        self.q_heads, self.kv_heads, self.head_dim = q_heads, kv_heads, head_dim
+        self.block_size, self.target, self.options = block_size, target, dict(options)
+        self.softmax_scale = (float(np.float32(head_dim ** -0.5)) if softmax_scale is None
+                              else float(softmax_scale))
+        self._executors: dict = {}
+
+    # compiled kernels ------------------------------------------------------
+    def _source(self, kind) -> str:
+        if kind == WRITE:
+            return cache_write_graph(self.kv_heads, self.head_dim, self.block_size)
+        query_tokens = None if kind == DECODE else kind[1]
+        return paged_attention_graph(self.q_heads, self.kv_heads, self.head_dim,
+                                     self.block_size, softmax_scale=self.softmax_scale,
+                                     query_tokens=query_tokens)
+
+    def executor(self, kind):
+        """The executor of `kind`: DECODE, WRITE or ("prefill", Sq), compiled on first use."""
+        if kind not in self._executors:
+            import int8attn
+
+            graph = int8attn.compile(self._source(kind), target=self.target,
+                                     filename=f"{_kind_name(kind)}.mlir", **self.options)
+            self._executors[kind] = (CudaExecutor(KernelPackage.from_graph(graph))
+                                     if self.target == "cuda" else HostExecutor(graph))
+        return self._executors[kind]
+
+    def save(self, folder: str | Path, query_tokens=()) -> Path:
+        """Compile the decode, the cache write and a chunked prefill per Sq in
+        `query_tokens` for cuda, and save their packages under `folder`."""
+        if self.target != "cuda":
+            raise InputError("only cuda kernels are saved as packages (the cpu target "
+                             "compiles where it runs)")
+        folder = Path(folder)
+        kinds = [DECODE, WRITE] + [("prefill", int(n)) for n in query_tokens]
+        for kind in kinds:
+            self.executor(kind).package.save(folder / _kind_name(kind))
+        settings = {"q_heads": self.q_heads, "kv_heads": self.kv_heads,
+                    "head_dim": self.head_dim, "block_size": self.block_size,
+                    "softmax_scale": self.softmax_scale, "options": self.options,
+                    "kinds": [_kind_name(k) for k in kinds]}
+        (folder / SETTINGS).write_text(json.dumps(settings, indent=1))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "PagedAttention":
+        """The cuda kernels `save` wrote: no compiler needed."""
+        folder = Path(folder)
+        try:
+            settings = json.loads((folder / SETTINGS).read_text())
+        except (OSError, ValueError) as error:
+            raise InputError(f"{folder} holds no saved PagedAttention ({SETTINGS}): {error}") \
+                from None
+        attn = cls(settings["q_heads"], settings["kv_heads"], settings["head_dim"],
+                   settings["block_size"], softmax_scale=settings["softmax_scale"],
+                   target="cuda", **settings["options"])
+        for name in settings["kinds"]:
+            attn._executors[_kind_of(name)] = CudaExecutor(KernelPackage.load(folder / name))
+        return attn
+
+    # calls -----------------------------------------------------------------
+    def __call__(self, q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, *,
+                 out=None, validate: bool = True):
+        """Attention of each sequence over its own cached tokens: q [B, Hq, D] (decode)
+        or [B, Hq, Sq, D] (chunked prefill of each sequence's last Sq tokens). The
+        result is f32 in q's shape, in `out` when given (caller-owned, contiguous)."""
+        torch = torch_module()
+        kind = DECODE if getattr(q, "dim", lambda: 0)() != 4 else ("prefill", q.shape[2])
+        executor = self.executor(kind)
+        info = executor.info
+        names = info.attention.operands
+        tensors = check_tensors(info.name, info.arguments, names,
+                                [q, k_cache, k_scale, v_cache, v_scale, block_tables,
+                                 context_lens], executor.device_type,
+                                accepted_q=("f32", "f16", "bf16"))
+        tensors[0] = tensors[0].float()
+        if out is not None:
+            out = self._check_out(out, tensors[0])
+        if executor.device_type == "cpu":     # the CPU runtime checks every call itself
+            (result,) = executor.run_positional(tensors)
+            if out is None:
+                return result
+            out.copy_(result)
+            return out
+        if validate:
+            _validate(info, tensors)
+        aligned(zip(names, tensors))
+        if tensors[0].shape[0] == 0:
+            return out if out is not None else torch.empty(tensors[0].shape, device=q.device)
+        return self._launch_attention(executor, dict(zip(names, tensors)), out)
+
+    def _launch_attention(self, executor: CudaExecutor, tensors: dict, out):
+        torch = torch_module()
+        q = tensors["q"]
+        (buffer,) = executor.package.kernels[-1].abi.outputs
+        direct = out if out is not None else torch.empty(q.shape, dtype=torch.float32,
+                                                         device=q.device)
+        # The merged rows are [B, Hkv, rows_out, D]; with rows_out = Hq / Hkv that is
+        # q's own layout, so the kernel writes the caller's tensor directly.
+        rows_out = executor.package.layout.get("rows_out", self.q_heads // self.kv_heads)
+        if q.dim() == 4 or rows_out * self.kv_heads == self.q_heads:
+            executor.run(tensors, {buffer.name: direct})
+            return direct
+        written = executor.run(tensors)[buffer.name]
+        group = self.q_heads // self.kv_heads
+        direct.copy_(written[:, :, :group].reshape(direct.shape))
+        return direct
+
+    def _check_out(self, out, q):
+        torch = torch_module()
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or \
+                tuple(out.shape) != tuple(q.shape) or not out.is_contiguous() or \
+                out.device != q.device:
+            raise InputError(f"out must be a contiguous float32 tensor of q's shape "
+                             f"{list(q.shape)} on {q.device}, got "
+                             f"{_describe(out)}")
+        return out
+
+    def write(self, k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale, *,
+              validate: bool = True) -> None:
+        """Quantize T new tokens per row (docs/design.md §2) and store them in place at
+        `slot_mapping` (block * BS + offset; a negative slot skips the token)."""
+        executor = self.executor(WRITE)
+        info = executor.info
+        names = info.attention.operands
+        tensors = check_tensors(info.name, info.arguments, names,
+                                [k_new, v_new, slot_mapping, k_cache, k_scale, v_cache,
+                                 v_scale], executor.device_type)
+        if executor.device_type == "cpu":     # the CPU runtime checks every call itself
+            results = executor.run_positional(tensors)
+            for target, result in zip(tensors[3:], results):
+                if result.data_ptr() != target.data_ptr():
+                    target.copy_(result)
+            return
+        if validate:
+            _validate(info, tensors)
+        aligned(zip(names, tensors))
+        if tensors[0].shape[0]:
+            executor.run(dict(zip(names, tensors)))
+
+
+def _describe(value) -> str:
+    shape = list(getattr(value, "shape", []))
+    return f"{type(value).__name__} {getattr(value, 'dtype', '')} {shape}"
+
+
+def _kind_name(kind) -> str:
+    return kind if isinstance(kind, str) else f"prefill_{kind[1]}"
+
+
+def _kind_of(name: str):
+    return ("prefill", int(name.split("_")[1])) if name.startswith("prefill_") else name
+
+
+def _validate(info, tensors) -> None:
+    """The value rules (module docstring): the verdict on the device, the message from
+    the numpy checks every executor shares."""
+    from int8attn.driver.paged_inputs import check_cache_write_arguments, check_paged_arguments
+    from int8attn.serving.device_checks import host_arrays, passes_value_rules
+
+    if passes_value_rules(info, tensors):
+        return
+    arrays = host_arrays(info, tensors)
+    if info.attention.mode == "cache_write":
+        check_cache_write_arguments(info, arrays)
+    else:
+        check_paged_arguments(info, arrays)
+    raise InputError(f"@{info.name}: the device-side input check failed but the host check "
+                     f"found nothing to name; please report this with the inputs")

@@ -1,0 +1,87 @@
+"""Torch tensors at the serving boundary: metadata checks without touching the data.
+
+Every call checks, from the tensors' metadata alone (no copy, no device sync):
+that each argument is a torch tensor (anything with `__dlpack__`, an IREE device
+array or a CuPy array, is taken through `torch.from_dlpack` without a copy), its
+dtype and shape against the compiled function's signature, that it is
+contiguous, and that all of them live on one device of the kind the module runs
+on. The messages name the argument as the numpy path does.
+"""
+
+from __future__ import annotations
+
+from int8attn.runtime.module import InputError
+
+
+def torch_module():
+    try:
+        import torch
+    except ImportError:
+        raise InputError("the torch serving path needs PyTorch: pip install 'int8attn[torch]'") \
+            from None
+    return torch
+
+
+def torch_dtypes() -> dict:
+    torch = torch_module()
+    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+            "i8": torch.int8, "i32": torch.int32, "i64": torch.int64}
+
+
+def as_tensor(value, label: str):
+    """A torch tensor for `value` (DLPack producers converted without a copy)."""
+    torch = torch_module()
+    if isinstance(value, torch.Tensor):
+        return value
+    if hasattr(value, "__dlpack__"):
+        return torch.from_dlpack(value)
+    raise InputError(f"{label} must be a torch tensor (or a DLPack producer), got "
+                     f"{type(value).__name__}")
+
+
+def check_tensors(function: str, specs, names, tensors, device_type: str,
+                  accepted_q=("f32",)) -> list:
+    """Tensors matching the signature `specs` (TensorSpec per argument), all
+    contiguous and on one `device_type` device; q (argument 0) may also be any of
+    `accepted_q` element types (converted by the caller)."""
+    dtypes = torch_dtypes()
+    label = lambda i: f"argument {i} ({names[i]}, arg{i}) of @{function}"
+    if len(tensors) != len(specs):
+        raise InputError(f"@{function} takes {len(specs)} arguments "
+                         f"({', '.join(names)}), got {len(tensors)}")
+    checked, device = [], None
+    for i, (value, spec) in enumerate(zip(tensors, specs)):
+        t = as_tensor(value, label(i))
+        allowed = {spec.element} | (set(accepted_q) if i == 0 else set())
+        if t.dtype not in {dtypes[e] for e in allowed if e in dtypes}:
+            want = " or ".join(str(dtypes[e]) for e in sorted(allowed) if e in dtypes)
+            raise InputError(f"{label(i)} must be {want} for {spec.describe()}, got {t.dtype} "
+                             f"(convert it: tensor.to({dtypes[spec.element]}))")
+        if not spec.accepts(tuple(t.shape)):
+            expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
+            raise InputError(f"{label(i)} must have shape {expected} for {spec.describe()}, "
+                             f"got {list(t.shape)}")
+        if not t.is_contiguous():
+            raise InputError(f"{label(i)} is not contiguous (strides {list(t.stride())}); the "
+                             f"kernels read it in place: pass tensor.contiguous() (a copy) or "
+                             f"keep the cache contiguous")
+        if t.device.type != device_type:
+            raise InputError(f"{label(i)} is on {t.device}, but this module runs on "
+                             f"{device_type}: move it (tensor.to('{device_type}')) or compile "
+                             f"for {'cpu' if device_type == 'cuda' else 'cuda'}")
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise InputError(f"{label(i)} is on {t.device} and argument 0 on {device}: every "
+                             f"tensor of a call must be on one device")
+        checked.append(t)
+    return checked
+
+
+def aligned(tensors, alignment: int = 16) -> None:
+    """The kernels load 16-byte vectors from each binding's base."""
+    for name, t in tensors:
+        if t.numel() and t.data_ptr() % alignment:
+            raise InputError(f"{name} starts at an address that is not {alignment}-byte "
+                             f"aligned (a view into another tensor?); the kernels load "
+                             f"{alignment}-byte vectors: pass tensor.clone()")
