@@ -29,7 +29,7 @@ scale groups of K tokens each.
 | mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v[, column_sums] {groups, fragment_model} -> i32 [B,Hkv,R,N,G,D] |
 | column_sums     | v i8 [B,Hkv,N,T,D] {groups} -> i32 [B,Hkv,N,G,D]: sum of v over each group's tokens |
 
-Unsigned W (`group_quantize {w_quant = "u8"}`, DESIGN.md §2c): per group
+Unsigned W (`group_quantize {w_quant = "u8"}`, docs/design.md §2c): per group
 `a = max|W|` (= max W, W >= 0), `u = clamp(rne(W*(255/a)), 0, 255)`, Wq = u - 128
 (s8), sW = a/255; its consumer (`grouped_pv`, `mmac_tiles`) then takes the
 `column_sums` of v over the same groups as a last operand and accumulates

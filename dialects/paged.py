@@ -1,4 +1,4 @@
-"""The paged INT8 KV cache (DESIGN.md §2b): `int8attn.paged_attention` and `int8attn.cache_write`.
+"""The paged INT8 KV cache (docs/design.md §2b): `int8attn.paged_attention` and `int8attn.cache_write`.
 
     %o = "int8attn.paged_attention"(%q, %k_cache, %k_scale, %v_cache, %v_scale,
                                     %block_tables, %context_lens)
@@ -26,7 +26,7 @@ and block ids) the driver checks before every call (`driver.graph`).
 
 An optional last operand `k_bias` f32 [Hkv, D] is subtracted from every new
 key of KV head h before it is quantized (a conditioned K cache, exact for
-attention: `reference/key_bias.py`, DESIGN.md §2c).
+attention: `reference/key_bias.py`, docs/design.md §2c).
 
 k_new, v_new [T, Hkv, D] f32 (f16/bf16 accepted, quantized in f32); slot_mapping
 [T] i32; the caches as above; the results are the four caches updated: token i

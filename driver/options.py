@@ -41,15 +41,15 @@ class CompileOptions(PipelineOptions):
         (), "Python API only: extra iree-compile flags appended to the target's own")
     q_terms: QTerms | None = option(
         None, "INT8 terms of q: 1, or 2 (a second term quantizes the f32 residual q - Qq1*s1; "
-        f"DESIGN.md §2c). Default: {PipelineOptions.q_terms} on cpu (the pipeline's), "
+        f"docs/design.md §2c). Default: {PipelineOptions.q_terms} on cpu (the pipeline's), "
         f"{KERNEL_NUMERICS['q_terms']} on the kernel targets")
     w_quant: WQuant | None = option(
         None, "W per MMAC group: s8, or u8 (255 levels as u - 128, offset compensated by 128 * "
-        f"sum Vq; DESIGN.md §2c). Default: {PipelineOptions.w_quant} on cpu (the pipeline's), "
+        f"sum Vq; docs/design.md §2c). Default: {PipelineOptions.w_quant} on cpu (the pipeline's), "
         f"{KERNEL_NUMERICS['w_quant']} on the kernel targets")
     w_terms: WTerms | None = option(
         None, "INT8 terms of W per MMAC group: 1, or 2 (a second, signed term quantizes the f32 "
-        f"residual W - level*sW1; DESIGN.md §2c). Default: {PipelineOptions.w_terms} on cpu "
+        f"residual W - level*sW1; docs/design.md §2c). Default: {PipelineOptions.w_terms} on cpu "
         f"(the pipeline's), {KERNEL_NUMERICS['w_terms']} on the kernel targets, which "
         "implement only 1")
     target_cpu: str = option(

@@ -6,7 +6,7 @@
     a = decoder.prefill(k_prompt, v_prompt)           # [L, Hkv, D] each: a new sequence
     out = decoder.step(q, k_new, v_new, [a, b])       # one token per sequence, then attend
 
-`PagedCache` holds the pool (vLLM's layout, DESIGN.md §2b) in numpy arrays the
+`PagedCache` holds the pool (vLLM's layout, docs/design.md §2b) in numpy arrays the
 runtime updates in place (64-byte aligned, so `@write` -- `int8attn.cache_write`
 lowered by `lower-cache-write` -- stores the new tokens straight into them and
 `@attend` reads them, neither copying the pool), a shuffled free list its

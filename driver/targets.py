@@ -74,8 +74,8 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                         f"{model.wave_tokens} tokens (its W groups are the wave's MMAC "
                         f"token sets)"),
         "w_terms": (lambda o: o.w_terms not in (None, 1),
-                    "the lane kernels quantize W in one INT8 term; two-term W (DESIGN.md "
-                    "§2c) is --target cpu's so far"),
+                    "the lane kernels quantize W in one INT8 term; two-term W "
+                    "(docs/design.md §2c) is --target cpu's so far"),
         "target_cpu": (lambda o: o.target_cpu != HOST,
                        "--target-cpu chooses the CPU IREE's llvm-cpu backend compiles "
                        "--target cpu for"),

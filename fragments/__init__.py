@@ -7,7 +7,7 @@ tensor-level lowering, the verifier and the numpy fragment-level reference --
 reads it from a `FragmentModel` here.
 
 Each operand layout is a table `coords[lane, slot] = (row, col)` written from
-the ISA lane tables (DESIGN.md section 3). A `VLoadScheme` says which token
+the ISA lane tables (docs/design.md §3). A `VLoadScheme` says which token
 each byte of a lane's V registers holds. Composing the B layout with the load
 scheme gives, for every MMAC of a wave, the token behind each of its K slots.
 """

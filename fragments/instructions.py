@@ -84,7 +84,7 @@ class MatrixInstruction:
 
 def _wave64_16x16x32(name: str, intrinsic: str,
                      c_element: Callable[[int, int], tuple[int, int]]) -> MatrixInstruction:
-    # A and B are shared by gfx936 MMAC and gfx942 MFMA 16x16x32 (DESIGN.md s3).
+    # A and B are shared by gfx936 MMAC and gfx942 MFMA 16x16x32 (docs/design.md §3).
     return MatrixInstruction(
         name=name, intrinsic=intrinsic, m=16, n=16, k=32, wave_size=64,
         a=OperandLayout.from_table("A", 64, 8, lambda l, j: (l % 16, 8 * (l // 16) + j)),

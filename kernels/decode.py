@@ -828,7 +828,7 @@ def build_decode_kernels(access: DenseKV | PagedKV, model: FragmentModel, target
     """A module holding both stream.executables (needs an active context/location).
 
     `pv="bf16"` builds the BF16-PV baseline: everything identical but PV.
-    `q_terms` and `w_quant` are the contract's variants (DESIGN.md §2c).
+    `q_terms` and `w_quant` are the contract's variants (docs/design.md §2c).
     """
     check_decode_shape(access.shape, model)
     tuning = tuning or default_tuning(target, access.shape.head_dim)

@@ -14,7 +14,7 @@ into memref indices and says which tokens are live:
            PagedKV (a token past the length reads the last used slot), the
            history len_b - Sq and B, NB, MB are run-time values.
   PagedKV  the block pool [NB, Hkv, BS, D] / [NB, Hkv, D, BS] read through the
-           block table (DESIGN.md §2b). The partition's block ids are read once
+           block table (docs/design.md §2b). The partition's block ids are read once
            into LDS; a token past the sequence's length reads its last used
            block (so an unused table slot is never read, whatever it holds)
            and is masked; a workgroup past the sequence's last partition does

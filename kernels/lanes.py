@@ -134,7 +134,7 @@ class Lanes:
             return memref.AllocOp(memref_type(shape, element, workgroup=True), [], []).result
 
     # asynchronous copies into LDS (cuda: cp.async) -----------------------------
-    # nvgpu has no Python module: generic form (DESIGN.md section 9).
+    # nvgpu has no Python module: generic form (docs/design.md §9).
     ASYNC_TOKEN = "!nvgpu.device.async.token"
 
     def async_copy(self, source: ir.Value, source_indices, target: ir.Value, target_indices,
@@ -215,7 +215,7 @@ def mma(instruction: MatrixInstruction, target: str, a: ir.Value, b: ir.Value,
     acc_element = ir.VectorType(c.type).element_type
     acc_type = ir.VectorType.get(list(instruction.c_vector), acc_element)
     if target == "cuda":
-        # nvgpu has no Python module: generic form (DESIGN.md section 9).
+        # nvgpu has no Python module: generic form (docs/design.md §9).
         shape = ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d)
                                   for d in (instruction.m, instruction.n, instruction.k)])
         # mma.sync takes the bf16 and int8 fragments alike in the generic form

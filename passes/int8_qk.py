@@ -7,7 +7,7 @@ Rewrites `int8attn.attention` into
     scores  = f32(acc) * sq * k_scale * softmax_scale
     o       = int8attn.softmax_pv(scores, v, v_scale)
 
-With `q-terms=2` (DESIGN.md §2c) q is quantized in two INT8 terms, the second
+With `q-terms=2` (docs/design.md §2c) q is quantized in two INT8 terms, the second
 quantizing the f32 residual, and each term has its own int32 dot:
 
     qq1, s1 = int8attn.quantize(q);  qq2, s2 = int8attn.quantize(q - f32(qq1) * s1)

@@ -70,7 +70,7 @@ is lowered through a gather of V in fragment order and an i32 contraction:
 Either way the `groups` table the scales were computed over is the one that
 pairs each K slot of W with its token of V.
 
-Unsigned W (DESIGN.md §2c): a tile with column sums computes
+Unsigned W (docs/design.md §2c): a tile with column sums computes
 acc = sum Wq*Vq + 128 * cs = sum u*Vq (u = Wq + 128, quantize_contract.unsigned_offset).
 In place, the tile sums u * Vq directly: u (in [0, 255]) is what the zero-spread
 W holds, every partial sum stays below K * 255 * 128 < 2^24 (K <= 514), so the

@@ -54,7 +54,7 @@ def _index_of(tensor_value: ir.Value, indices) -> ir.Value:
 
 
 class _Sequence:
-    """Addresses of sequence `b`'s tokens in the block pool (DESIGN.md §2b)."""
+    """Addresses of sequence `b`'s tokens in the block pool (docs/design.md §2b)."""
 
     def __init__(self, op: d.PagedAttentionOp, b: ir.Value, length: ir.Value):
         self.op, self.b, self.length = op, b, length

@@ -1,4 +1,4 @@
-"""The quantization contract (DESIGN.md section 2) as scalar f32 IR, one definition.
+"""The quantization contract (docs/design.md §2) as scalar f32 IR, one definition.
 
     a   = max_j |x_j|                       absmax_step / absmax_merge (NaN propagates)
     s   = a == inf ? NaN : a / 127          quantize_scale   (a NaN gives NaN / 127 = NaN)
@@ -9,7 +9,7 @@
 A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
 NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
 
-Unsigned W (w-quant=u8, DESIGN.md §2c), for W >= 0 (a = max|W| = max W):
+Unsigned W (w-quant=u8, docs/design.md §2c), for W >= 0 (a = max|W| = max W):
 
     s   = a == inf ? NaN : a / 255                      quantize_scale(..., unsigned=True)
     inv = (a >= 2^-118 and a < inf) ? 255 / a : 0       quantize_inverse(..., unsigned=True)
@@ -19,7 +19,7 @@ Unsigned W (w-quant=u8, DESIGN.md §2c), for W >= 0 (a = max|W| = max W):
 
 so a skipped group (u = 0) contributes exactly 0 and the MMAC stays s8 x s8.
 
-Two-term W (w-terms=2, DESIGN.md §2c): a second, signed INT8 term of each group
+Two-term W (w-terms=2, docs/design.md §2c): a second, signed INT8 term of each group
 quantizes what the first left over, with the signed rule above:
 
     r   = fma(-f32(level), sW1, W)     level = Wq (s8) or Wq + 128 (u8)   w_residual
@@ -160,7 +160,7 @@ def w_residual(w: ir.Value, wq: ir.Value, scale: ir.Value, unsigned: bool) -> ir
 
 def causal_visible(token: ir.Value, query_token: ir.Value, history: int | ir.Value,
                    index: Callable[[int], ir.Value]) -> ir.Value:
-    """The causal prefill mask (DESIGN.md §2): key `token` (0..S-1) is visible to
+    """The causal prefill mask (docs/design.md §2): key `token` (0..S-1) is visible to
     new query token `query_token` (0..Sq-1, the last Sq of S) iff
     token <= history + query_token, history = S - Sq (an int, or an index value
     for a paged sequence's own length). `index` makes an index constant."""

@@ -10,7 +10,7 @@ the tokens (in K-slot order) that one MMAC consumes. There is one scale per
 (query row, block, group); on gfx936 with 16-byte V loads the groups of a wave
 are {0-7,16-23,32-39,48-55} and {8-15,24-31,40-47,56-63}.
 
-Option `w-quant=u8` (DESIGN.md §2c) quantizes W unsigned (W >= 0): 255
+Option `w-quant=u8` (docs/design.md §2c) quantizes W unsigned (W >= 0): 255
 levels per group, Wq = u - 128 as s8, sW = a/255, and the offset compensated
 exactly by the column sums of V over the same groups:
 
@@ -18,7 +18,7 @@ exactly by the column sums of V over the same groups:
     cs     = int8attn.column_sums(v) {groups}              sum_k Vq, int32
     O      = int8attn.grouped_pv(Wq, sW, v, cs) {groups}   sum_g f32(acc + 128 cs) sW
 
-Option `w-terms=2` (DESIGN.md §2c, two-term W) adds a second, signed INT8 term
+Option `w-terms=2` (docs/design.md §2c, two-term W) adds a second, signed INT8 term
 per group on the f32 residual of the first, read back in token order, and its
 own MMAC tiles over the same groups:
 

@@ -66,14 +66,14 @@ class PipelineOptions(TypedOptions):
     tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
     q_terms: QTerms = option(2, "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
                              "quantizes the f32 residual q - Qq1*s1: one more int8 QK dot, "
-                             "~250x less Q quantization error; DESIGN.md §2c)")
+                             "~250x less Q quantization error; docs/design.md §2c)")
     w_quant: WQuant = option("u8", "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
                              "u8 (255 levels as u - 128, offset compensated exactly by 128 * "
-                             "the group's sum of Vq; half the W rounding error; DESIGN.md §2c)")
+                             "the group's sum of Vq; half the W rounding error; docs/design.md §2c)")
     w_terms: WTerms = option(2, "INT8 terms of W per MMAC group (pv=int8): 1, or 2 (a second, "
                              "signed term quantizes the f32 residual W - level*sW1 over the "
                              "same tokens: one more MMAC per group, ~250x less W rounding "
-                             "error; DESIGN.md §2c)")
+                             "error; docs/design.md §2c)")
 
     contraction: Contraction = option(
         "f32", "pv=int8: how lower-mmac-tiles contracts the in-place MMAC tiles: f32 (FMAs "

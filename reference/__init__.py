@@ -1,4 +1,4 @@
-"""Numpy references for int8attn's numerics contract (DESIGN.md section 2).
+"""Numpy references for int8attn's numerics contract (docs/design.md §2).
 
 `exact_attention` is the accuracy yardstick: float64 attention on the
 dequantized cache with unquantized Q (causal for prefill), returned as f32.

@@ -9,16 +9,16 @@ import numpy as np
 # How PV is computed: the INT8 instruction, or the bf16 / f32 baselines.
 PVKind = Literal["int8", "bf16", "f32"]
 PV_MODES = get_args(PVKind)
-# How many INT8 terms q is quantized into (DESIGN.md §2c, two-term Q).
+# How many INT8 terms q is quantized into (docs/design.md §2c, two-term Q).
 QTerms = Literal[1, 2]
 Q_TERMS = get_args(QTerms)
-# How W is quantized per MMAC group (DESIGN.md §2c): symmetric s8 (127 levels
+# How W is quantized per MMAC group (docs/design.md §2c): symmetric s8 (127 levels
 # for W >= 0), or unsigned u8 stored as s8 `u - W_OFFSET` with the offset
 # compensated exactly in the int32 accumulator by W_OFFSET * sum Vq.
 WQuant = Literal["s8", "u8"]
 W_QUANTS = get_args(WQuant)
 W_OFFSET = 128
-# How many INT8 terms W is quantized into per MMAC group (DESIGN.md §2c,
+# How many INT8 terms W is quantized into per MMAC group (docs/design.md §2c,
 # two-term W): the first as w_quant says, the second (signed) on its f32 residual.
 WTerms = Literal[1, 2]
 W_TERMS = get_args(WTerms)
@@ -84,7 +84,7 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-    """q rows as `terms` INT8 terms [(Qq1, s1), ...] (DESIGN.md §2c).
+    """q rows as `terms` INT8 terms [(Qq1, s1), ...] (docs/design.md §2c).
 
     `Qq1, s1 = quantize(x)`; with two terms, `Qq2, s2 = quantize(x - Qq1*s1)`,
     the f32 residual quantized by the same rule (a NaN/Inf row's NaN scale makes
@@ -195,7 +195,7 @@ def w_levels(wq: np.ndarray, w_quant: str) -> np.ndarray:
 
 
 def w_residual(w: np.ndarray, wq: np.ndarray, sw: np.ndarray, w_quant: str) -> np.ndarray:
-    """What the second INT8 term of W quantizes (two-term W, DESIGN.md §2c):
+    """What the second INT8 term of W quantizes (two-term W, docs/design.md §2c):
     `fma(-f32(level), sW, W)` per group (w [..., G, K], wq [..., G, K], sw [..., G]),
     level = Wq (s8) or Wq + 128 (u8), rounded once to f32 like `quantize_q`'s
     residual: in float64 the product (8 x 24 bits) and the difference are exact

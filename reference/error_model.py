@@ -134,7 +134,7 @@ def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float,
 def _q_error(rows, q_terms: int) -> tuple[np.ndarray, np.ndarray]:
     """Per query row: (the step sQ whose rounding is q's error, the largest |eQ_d|).
 
-    One term: eQ = q - Qq1*s1, |eQ| <= s1/2. Two terms (DESIGN.md §2c): the first
+    One term: eQ = q - Qq1*s1, |eQ| <= s1/2. Two terms (docs/design.md §2c): the first
     term's rounding is carried into the residual r = q - Qq1*s1, so eQ = r - Qq2*s2,
     |eQ| <= s2/2, plus the f32 rounding of r (<= 2^-24 |r| <= 2^-25 s1). A row that
     quantizes to zero (absmax below QUANTIZE_MIN_ABSMAX) is off by its absmax.

@@ -1,4 +1,4 @@
-"""Where the INT8 error comes from: the split of DESIGN.md section 1.
+"""Where the INT8 error comes from: the split of docs/design.md §1.
 
 Against exact attention on the float cache (unquantized q, K, V), the
 pipeline's output O_int8 = sum_n omega_n sum_t Wq_t sW_t Vq_t differs by

@@ -99,7 +99,7 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     `scale_groups="contiguous"` reproduces the seed's bug like the compiler does;
     `q_terms=2` quantizes q in two INT8 terms, `w_quant="u8"` quantizes W unsigned
     with the exact offset compensation, `w_terms=2` adds a second (signed) INT8 term
-    of W on its residual (DESIGN.md §2c).
+    of W on its residual (docs/design.md §2c).
     Works through the query rows in chunks (common.row_chunks), calling
     `progress` with a short line after each.
     """

@@ -1,4 +1,4 @@
-"""Conditioned K cache (DESIGN.md §2c): a per-KV-head channel bias subtracted
+"""Conditioned K cache (docs/design.md §2c): a per-KV-head channel bias subtracted
 from every key before it is quantized.
 
     k_cache, k_scale = quantize(k - bias[h])        bias: f32 [Hkv, D]

@@ -1,4 +1,4 @@
-"""References for decode over the paged cache (DESIGN.md §2b), sequence by sequence.
+"""References for decode over the paged cache (docs/design.md §2b), sequence by sequence.
 
 Sequence b attends to its tokens 0 .. len_b - 1 exactly as a dense decode
 over those tokens: its K and V are gathered through its block table (token t
@@ -21,7 +21,7 @@ from int8attn.reference.fragment import fragment_attention
 
 
 def sequence_slots(block_tables, context_lens, b: int, block_size: int):
-    """(block, offset) of each of sequence b's tokens 0 .. len_b - 1 (DESIGN.md §2b)."""
+    """(block, offset) of each of sequence b's tokens 0 .. len_b - 1 (docs/design.md §2b)."""
     tokens = np.arange(int(context_lens[b]))
     return np.asarray(block_tables[b])[tokens // block_size], tokens % block_size
 

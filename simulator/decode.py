@@ -85,7 +85,7 @@ def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: 
     `fragments` overrides the model the kernels are generated from (the
     simulator's instruction semantics stay the real ones of `target`);
     `pv="bf16"` runs the BF16-PV baseline kernel (targets with a bf16 MMA);
-    `numerics` are q_terms / w_quant (DESIGN.md §2c; default the seed's).
+    `numerics` are q_terms / w_quant (docs/design.md §2c; default the seed's).
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]

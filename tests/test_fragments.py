@@ -21,7 +21,7 @@ def test_8_byte_v_loads_give_contiguous_sets():
 
 
 def test_k_slot_order_follows_the_b_layout():
-    # K slot 8r + j of MMAC t is token 16r + 8t + j (DESIGN.md section 4).
+    # K slot 8r + j of MMAC t is token 16r + 8t + j (docs/design.md §4).
     groups = fragment_model("gfx936").wave_token_groups
     assert groups[0, :10].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 16, 17]
     assert groups[1, 8:12].tolist() == [24, 25, 26, 27]
@@ -51,7 +51,7 @@ def test_a_load_scheme_that_misses_tokens_is_rejected():
 
 
 def test_operand_tables_match_the_isa_lane_tables():
-    # Spot checks written from DESIGN.md section 3, lane by lane.
+    # Spot checks written from docs/design.md §3, lane by lane.
     a, b, c = GFX936_MMAC.a, GFX936_MMAC.b, GFX936_MMAC.c
     assert a.element(17, 3) == (1, 11)           # A[l%16][8*(l/16)+j]
     assert b.element(50, 7) == (31, 2)           # B[8*(l/16)+j][l%16]

@@ -1,4 +1,4 @@
-"""Conditioned K cache (DESIGN.md §2c, reference/key_bias.py): a per-KV-head channel
+"""Conditioned K cache (docs/design.md §2c, reference/key_bias.py): a per-KV-head channel
 bias subtracted from the keys before they are quantized.
 
 - Exact for attention: exact attention (float64) on k - b equals it on k, decode and

@@ -5,9 +5,14 @@ repository root, every subpackage a top-level folder; `int8attn/` holds only
 the entry points (API, CLIs) and what only they use. Module-level imports
 between int8attn modules form no cycle (imports inside functions are the
 deliberate way for an entry point to load something lazily).
+
+Section references lead into the repository: every section sign in the code,
+README, tests, lit files and benchmark notes is part of a reference
+`docs/design.md <sign><number>` whose section is a heading of docs/design.md.
 """
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -107,3 +112,92 @@ def test_the_cycle_check_can_fail(tmp_path):
     assert find_cycle(graph) == ["int8attn.a", "int8attn.b", "int8attn.c", "int8attn.a"]
     graph["int8attn.c"] = set()
     assert find_cycle(graph) is None
+
+
+# ----------------------------------------------------------------------------
+# Section references point into docs/design.md
+# ----------------------------------------------------------------------------
+
+SECTION_SIGN = "\u00a7"
+DESIGN = REPO / "docs" / "design.md"
+DESIGN_REFERENCE = re.compile(r"docs/design\.md \u00a7(\d+[a-z]?)(?![\w])")
+DESIGN_HEADING = re.compile(r"^#{2,6} \u00a7(\d+[a-z]?)(?![\w])", re.MULTILINE)
+CITING_SUFFIXES = (".py", ".md", ".mlir", ".cfg", ".toml", ".txt")
+# The design brief's file name: the brief lives outside the repository, so no file
+# may cite it (spelled in two pieces so that this file does not cite it either).
+BRIEF = "DESIGN" + ".md"
+
+
+def design_sections(text: str) -> list[str]:
+    """The section numbers of docs/design.md's headings (`## <sign>2b Title`), in order."""
+    return DESIGN_HEADING.findall(text)
+
+
+def dangling_references(text: str, sections, name: str) -> list[str]:
+    """`name:line: ...` for each section sign that is not a reference
+    `docs/design.md <sign>N` to one of `sections`, and for each mention of the
+    brief outside the repository (`BRIEF`). Headings of the design document
+    itself are not references."""
+    cited = {m.start(1) - 1: m.group(1) for m in DESIGN_REFERENCE.finditer(text)}
+    headings = {m.start(1) - 1 for m in DESIGN_HEADING.finditer(text)}
+    problems = []
+
+    def line(position):
+        return text.count("\n", 0, position) + 1
+
+    for match in re.finditer(SECTION_SIGN, text):
+        at = match.start()
+        if at in headings:
+            continue
+        if at not in cited:
+            snippet = text[max(0, at - 20):at + 4].replace("\n", " ")
+            problems.append(f"{name}:{line(at)}: a section sign that names no "
+                            f"docs/design.md section: ...{snippet}...")
+        elif cited[at] not in sections:
+            problems.append(f"{name}:{line(at)}: docs/design.md has no section "
+                            f"{SECTION_SIGN}{cited[at]}")
+    for match in re.finditer(re.escape(BRIEF), text):
+        problems.append(f"{name}:{line(match.start())}: {BRIEF} is not in the repository; "
+                        f"cite docs/design.md")
+    return problems
+
+
+def _citing_files() -> list[Path]:
+    """Code, README, tests, lit files, benchmark notes: every text file of the
+    repository's own folders (not hidden ones, build outputs or caches)."""
+    def skipped(path: Path) -> bool:
+        return any(part.startswith(".") or part in ("__pycache__", "build")
+                   or part.endswith(".egg-info") for part in path.relative_to(REPO).parts)
+
+    return sorted(p for p in REPO.rglob("*")
+                  if p.is_file() and p.suffix in CITING_SUFFIXES and not skipped(p))
+
+
+def test_every_section_reference_points_into_the_design_document():
+    design = DESIGN.read_text()
+    sections = design_sections(design)
+    assert len(sections) == len(set(sections)), f"duplicate section headings: {sections}"
+    assert {"2", "2b", "2c"} <= set(sections)      # the contract, the paged cache, the variants
+    files = _citing_files()
+    assert DESIGN in files and (REPO / "README.md") in files
+    problems, references = [], 0
+    for path in files:
+        text = path.read_text(errors="replace")
+        problems += dangling_references(text, sections, str(path.relative_to(REPO)))
+        if path != DESIGN:
+            references += len(DESIGN_REFERENCE.findall(text))
+    assert references > 50          # the walk sees the code, the README and the tests
+    assert not problems, "\n".join(problems)
+
+
+def test_the_reference_check_can_fail():
+    sign = SECTION_SIGN
+    sections = design_sections(f"# title\n\n## {sign}2 Contract\n\n## {sign}2b Paged\n")
+    assert sections == ["2", "2b"]
+    good = f"see docs/design.md {sign}2b and docs/design.md {sign}2.\n"
+    assert dangling_references(good, sections, "f.py") == []
+    text = (f"a (docs/design.md {sign}2c)\nb {sign}2\nc {BRIEF}\n"
+            f"d docs/design.md {sign}2bx\n")
+    problems = dangling_references(text, sections, "f.py")
+    assert [p.split(":")[1] for p in problems] == ["1", "2", "4", "3"], problems
+    assert "no section" in problems[0] and "names no" in problems[1]

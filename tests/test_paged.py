@@ -1,4 +1,4 @@
-"""Decode over the paged INT8 cache on the IREE CPU runtime (DESIGN.md §2b).
+"""Decode over the paged INT8 cache on the IREE CPU runtime (docs/design.md §2b).
 
 One module per graph serves every batch: ragged lengths across block and
 partition edges, shuffled block tables, unused table slots holding garbage and

@@ -1,4 +1,4 @@
-"""Two-term INT8 Q (`q_terms=2`, DESIGN.md §2c) on the tensor-level (cpu) pipeline.
+"""Two-term INT8 Q (`q_terms=2`, docs/design.md §2c) on the tensor-level (cpu) pipeline.
 
 - Compiled decode, prefill and paged decode with q_terms=2 match the fragment-level
   reference with q_terms=2 (tests/accuracy.py: FRAGMENT_TOL * max|V| plus the

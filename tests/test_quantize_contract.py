@@ -1,4 +1,4 @@
-"""One quantization contract (DESIGN.md section 2) in every compiler consumer.
+"""One quantization contract (docs/design.md §2) in every compiler consumer.
 
 passes/quantize_contract.py builds the scalar ops that lower-quantize and the
 lane-level decode kernels share. These tests run them in the lane simulator

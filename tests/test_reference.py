@@ -1,4 +1,4 @@
-"""The numpy references implement the contract of DESIGN.md section 2."""
+"""The numpy references implement the contract of docs/design.md §2."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Unsigned W (`w_quant="u8"`, DESIGN.md §2c) on the tensor-level (cpu) pipeline.
+"""Unsigned W (`w_quant="u8"`, docs/design.md §2c) on the tensor-level (cpu) pipeline.
 
 - The quantize rule: u = clamp(rne(W*255/a), 0, 255) stored as u - 128, sW = a/255;
   a group's largest W is exact, a zero W is u = 0, a skipped group (tiny, zero) gives

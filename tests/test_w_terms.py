@@ -1,4 +1,4 @@
-"""Two-term W (`w_terms=2`, DESIGN.md §2c) on the tensor-level (cpu) pipeline.
+"""Two-term W (`w_terms=2`, docs/design.md §2c) on the tensor-level (cpu) pipeline.
 
 - The rule: the first term as w_quant says; r = fma(-level, sW1, W) (level = Wq, or
   Wq + 128 for u8); Wq2, sW2 = quantize(r) over the same group, so |W~ - W| <= sW2/2

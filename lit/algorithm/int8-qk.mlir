@@ -21,7 +21,7 @@
 // CHECK: %[[O:.*]] = "int8attn.softmax_pv"(%[[SCORES]], %[[V]], %[[VS]]) {mode = "decode"} : (tensor<1x2x4x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x2x4x64xf32>
 // CHECK: %[[R:.*]] = tensor.collapse_shape %[[O]] {{\[\[}}0], [1, 2], [3]] : tensor<1x2x4x64xf32> into tensor<1x8x64xf32>
 // CHECK: return %[[R]]
-// Two-term q (DESIGN.md §2c): the second quantize is of the f32 residual
+// Two-term q (docs/design.md §2c): the second quantize is of the f32 residual
 // q - f32(qq1)*s1, rounded once (math.fma(-qq1, s1, q)); one int32 dot per term; scores
 // (f32(acc1)*s1 + f32(acc2)*s2)*sK*scale.
 // TWO-LABEL: func.func @decode
