@@ -172,6 +172,7 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
             vmfb, meta = hit
             functions = {f["name"]: FunctionInfo.from_json(f) for f in meta["functions"]}
             return CompiledGraph(functions, target.check(compile_options_), vmfb=vmfb,
+                                 kernel_layout=meta.get("kernel_layout"),
                                  cache_hit=True, remarks=tuple(meta.get("remarks", ())))
     compiled = compile_stages(source, compile_options_, filename=filename, until=until,
                               save_stages=save_stages, progress=progress)
@@ -183,9 +184,10 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
     if store:
         store.store(key, compiled.last,
                     {"functions": [f.to_json() for f in compiled.functions.values()],
-                     "remarks": list(compiled.remarks)})
+                     "remarks": list(compiled.remarks),
+                     "kernel_layout": compiled.kernel_layout})
     return CompiledGraph(compiled.functions, compiled.options, vmfb=compiled.last,
-                         artifacts=compiled.artifacts, timings=compiled.timings,
+                         kernel_layout=compiled.kernel_layout, artifacts=compiled.artifacts, timings=compiled.timings,
                          remarks=compiled.remarks)
 
 

@@ -1,7 +1,7 @@
 """A compiled graph's GPU kernels as a package a launcher can run without IREE.
 
 `KernelPackage.from_graph` takes a graph compiled for `--target cuda`: the PTX
-IREE produced, each kernel's `KernelABI` (kernels/abi.py) and, from the
+IREE produced (read back from the vmfb, so a module cache hit serves too), each kernel's `KernelABI` (kernels/abi.py) and, from the
 executable IREE embedded in the vmfb, each entry point's workgroup size and
 dynamic shared memory (IREE's LLVMGPU backend packs a kernel's LDS buffers into
 one dynamic allocation and records its size there, nowhere else). The package
@@ -10,7 +10,7 @@ IREE compiler (a GPU server) runs what this one compiled.
 
 The executable is a FlatBuffer ('CDA1') behind IREE's 64-byte header; of it we
 read `exports[i].{kernel_name, block_dims, block_shared_memory_size,
-constant_count}` (iree/schemas/cuda_executable_def.fbs). The reader checks what
+constant_count}` and `modules[0].ptx_image` (iree/schemas/cuda_executable_def.fbs). The reader checks what
 it reads against the ABI (workgroup size, push-constant words), so a schema
 change is an error, not a wrong launch.
 """
@@ -58,7 +58,7 @@ class KernelPackage:
             raise PackageError("the graph's kernels declare no launch ABI: the serving path "
                                "runs paged_attention (decode or chunked prefill) and "
                                "cache_write graphs")
-        exports = read_exports(graph.vmfb)
+        exports, ptx = read_executable(graph.vmfb)
         kernels = []
         for abi in abis:
             if abi.kernel not in exports:
@@ -72,7 +72,7 @@ class KernelPackage:
                     f"{len(abi.constants)} index constants (2 words each)")
             kernels.append(PackagedKernel(abi, shared))
         function = graph.kernel_layout["function"]
-        return cls(function, tuple(kernels), graph.artifacts["ptx"], dict(graph.kernel_layout),
+        return cls(function, tuple(kernels), ptx, dict(graph.kernel_layout),
                    graph.functions[function].to_json())
 
     def save(self, folder: str | Path) -> Path:
@@ -101,8 +101,9 @@ class KernelPackage:
                                f"written by KernelPackage.save): {error}") from None
 
 
-def read_exports(vmfb: bytes) -> dict[str, tuple[int, int, int]]:
-    """kernel name -> (workgroup size x, dynamic shared bytes, push-constant words)."""
+def read_executable(vmfb: bytes) -> tuple[dict[str, tuple[int, int, int]], str]:
+    """(kernel name -> (workgroup size x, dynamic shared bytes, push-constant words),
+    the PTX module IREE embedded)."""
     with zipfile.ZipFile(BytesIO(vmfb)) as archive:
         names = [n for n in archive.namelist() if n.endswith("_fb.fb") or "cuda" in n]
         if not names:
@@ -111,7 +112,8 @@ def read_exports(vmfb: bytes) -> dict[str, tuple[int, int, int]]:
     if data[:4] != b"CDA1" or data[EXECUTABLE_HEADER + 4:EXECUTABLE_HEADER + 8] != b"CDA1":
         raise PackageError("the vmfb's CUDA executable is not the format this reader knows "
                            "(IREE 3.13's 'CDA1' FlatBuffer)")
-    return _Flat(data[EXECUTABLE_HEADER:]).exports()
+    flat = _Flat(data[EXECUTABLE_HEADER:])
+    return flat.exports(), flat.ptx()
 
 
 class _Flat:
@@ -131,6 +133,21 @@ class _Flat:
         offset = struct.unpack_from("<H", self.buf, vtable + 4 + 2 * index)[0]
         return table + offset if offset else None
 
+    def string(self, at: int) -> str:
+        start = self.deref(at)
+        return self.buf[start + 4:start + 4 + self.u32(start)].decode()
+
+    def ptx(self) -> str:
+        """modules[0].ptx_image: the one PTX module of a linked executable."""
+        modules = self.deref(self.field(self.deref(0), 1))
+        if self.u32(modules) != 1:
+            raise PackageError(f"the CUDA executable holds {self.u32(modules)} PTX modules; "
+                               f"a package takes one")
+        text = self.string(self.field(self.deref(modules + 4), 0))
+        if ".entry" not in text:
+            raise PackageError("the CUDA executable's module is not PTX text")
+        return text
+
     def deref(self, at: int) -> int:
         return at + self.u32(at)
 
@@ -140,8 +157,7 @@ class _Flat:
         out = {}
         for i in range(self.u32(vector)):
             export = self.deref(vector + 4 + 4 * i)
-            name_at = self.deref(self.field(export, 1))
-            name = self.buf[name_at + 4:name_at + 4 + self.u32(name_at)].decode()
+            name = self.string(self.field(export, 1))
             dims = self.field(export, 2)
             shared, words = self.field(export, 3), self.field(export, 4)
             out[name] = (self.u32(dims) if dims else 1, self.u32(shared) if shared else 0,

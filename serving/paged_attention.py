@@ -81,17 +81,23 @@ class PagedAttention:
                                      if self.target == "cuda" else HostExecutor(graph))
         return self._executors[kind]
 
-    def save(self, folder: str | Path, query_tokens=()) -> Path:
-        """Compile the decode, the cache write and a chunked prefill per Sq in
-        `query_tokens` for cuda, and save their packages under `folder`."""
+    def save(self, folder: str | Path, query_tokens=(), write: bool = True) -> Path:
+        """Compile the decode, the cache write (unless `write=False`) and a chunked
+        prefill per Sq in `query_tokens` for cuda, and save their packages under
+        `folder`."""
         if self.target != "cuda":
             raise InputError("only cuda kernels are saved as packages (the cpu target "
                              "compiles where it runs)")
         folder = Path(folder)
-        kinds = [DECODE, WRITE] + [("prefill", int(n)) for n in query_tokens]
+        kinds = [DECODE] + [WRITE] * write + [("prefill", int(n)) for n in query_tokens]
         for kind in kinds:
             self.executor(kind).package.save(folder / _kind_name(kind))
-        settings = {"q_heads": self.q_heads, "kv_heads": self.kv_heads,
+        from int8attn.driver.options import CompileOptions
+
+        resolved = CompileOptions(target="cuda", **self.options)
+        settings = {"numerics": {n: resolved.resolved_numerics(n)
+                                 for n in ("q_terms", "w_quant")},
+                    "q_heads": self.q_heads, "kv_heads": self.kv_heads,
                     "head_dim": self.head_dim, "block_size": self.block_size,
                     "softmax_scale": self.softmax_scale, "options": self.options,
                     "kinds": [_kind_name(k) for k in kinds]}
@@ -110,6 +116,7 @@ class PagedAttention:
         attn = cls(settings["q_heads"], settings["kv_heads"], settings["head_dim"],
                    settings["block_size"], softmax_scale=settings["softmax_scale"],
                    target="cuda", **settings["options"])
+        attn.numerics = settings.get("numerics", {})
         for name in settings["kinds"]:
             attn._executors[_kind_of(name)] = CudaExecutor(KernelPackage.load(folder / name))
         return attn

@@ -1,0 +1,263 @@
+"""The serving path on a GPU: correctness, stream order, no copies, host overhead.
+
+    python benchmarks/serving_cuda.py prepare DIR          # here: compile the packages
+    python benchmarks/serving_cuda.py run DIR --out OUT    # on the GPU machine
+
+`run` (torch CUDA tensors, the kernels launched on torch's current stream):
+1. every sequence of a ragged batch against the fragment-level reference
+   (5e-5 + the tie slack) and the exact reference, the pool seeded with garbage;
+2. stream order: on a side stream, a ~50 ms GPU sleep, then an op writing q,
+   the call, an op reading the result, no synchronize in between: right. The
+   control launches the same kernels on the default stream instead and must
+   read the stale q (proves the test can fail);
+3. no copy of the pool: data pointers unchanged, and the torch profiler sees no
+   host<->device memcpy during 20 calls with validate=False;
+4. host overhead: wall time per call over 1000 back-to-back calls (B = 1, 16K;
+   B = 16, 4K), the host time to enqueue them, the kernels' device time; a
+   32-layer B = 1, 16K step eager and replayed from a CUDA graph.
+With the cache_write package present (`prepare --write`): the write checked on
+the GPU against the reference bitwise, its time at 64 and 65,536 blocks, and
+the step timings include it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HQ, HKV, D, BS = 32, 8, 128, 16
+SEED = 0
+
+
+def prepare(folder: Path, write: bool) -> None:
+    from int8attn.serving import PagedAttention
+
+    PagedAttention(HQ, HKV, D, BS, target="cuda").save(folder, write=write)
+    print(f"prepared {folder} (write={write})")
+
+
+def random_pool(torch, rng, blocks, lengths, dev, garbage=True):
+    """A pool with the sequences' blocks scattered, garbage elsewhere (NaN scales)."""
+    needed = [-(-n // BS) for n in lengths]
+    order = rng.permutation(blocks)[:sum(needed)]
+    tables = np.full((len(lengths), max(needed)), -1, np.int32)
+    start = 0
+    for b, n in enumerate(needed):
+        tables[b, :n] = order[start:start + n]
+        start += n
+    k = torch.randint(-127, 128, (blocks, HKV, BS, D), dtype=torch.int8, device=dev)
+    v = torch.randint(-127, 128, (blocks, HKV, D, BS), dtype=torch.int8, device=dev)
+    ks = torch.rand(blocks, HKV, BS, device=dev) / 127 + 0.5 / 127
+    vs = torch.rand(blocks, HKV, BS, device=dev) / 127 + 0.5 / 127
+    if garbage:
+        unused = torch.ones(blocks, dtype=torch.bool, device=dev)
+        unused[torch.from_numpy(order.astype(np.int64)).to(dev)] = False
+        ks[unused] = float("nan")
+        vs[unused] = float("nan")
+    return [k, ks, v, vs, torch.from_numpy(tables).to(dev),
+            torch.tensor(lengths, dtype=torch.int32, device=dev)]
+
+
+def check_against_references(attn, torch, out, q, pool, numerics) -> dict:
+    from int8attn.reference import (exact_attention, fragment_attention, rounding_tie_slack,
+                                    sequence_cache)
+
+    arrays = [t.cpu().numpy() for t in [q, *pool]]
+    q_h, k, ks, v, vs, tables, lengths = arrays
+    got = out.cpu().numpy()
+    worst_fragment, worst_exact, ok = 0.0, 0.0, True
+    for b in range(q_h.shape[0]):
+        dense = (q_h[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lengths, b))
+        expected = fragment_attention(*dense, attn.softmax_scale, model="cuda", pv="int8",
+                                      **numerics)
+        slack = rounding_tie_slack(*dense, attn.softmax_scale, model="cuda", pv="int8",
+                                   **numerics)
+        err = np.abs(got[b:b + 1] - expected)
+        ok &= bool((err <= 5e-5 + slack).all())
+        worst_fragment = max(worst_fragment, float(err.max()))
+        worst_exact = max(worst_exact, float(np.abs(
+            got[b:b + 1] - exact_attention(*dense, attn.softmax_scale)).max()))
+    return {"fragment_max_abs": worst_fragment, "exact_max_abs": worst_exact,
+            "within_fragment_tolerance": ok}
+
+
+def stream_order(attn, torch, q, pool, dev) -> dict:
+    """Side stream: sleep, write q, call, read the result; and the control."""
+    from int8attn.serving.executors import CudaExecutor
+
+    expected = attn(q, *pool, validate=False)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream(device=dev)
+    q_late = torch.zeros_like(q)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)          # ~50 ms of GPU time before q is written
+        q_late.copy_(q)
+        read = attn(q_late, *pool, validate=False) * 2.0
+    side.synchronize()
+    ordered = bool(torch.equal(read, expected * 2.0))
+    # Control: the same kernels on the default stream while the side stream sleeps.
+    q_late.zero_()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        q_late.copy_(q)
+    stale = attn(q_late, *pool, validate=False)   # default stream: q not written yet
+    torch.cuda.synchronize()
+    control_differs = not bool(torch.equal(stale, expected))
+    return {"ordered_on_side_stream": ordered, "control_reads_stale_q": control_differs}
+
+
+def no_copies(attn, torch, q, pool) -> dict:
+    before = [t.data_ptr() for t in pool]
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            attn(q, *pool, validate=False)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    memcpy = [n for n in names if "memcpy" in n.lower() and "dtod" not in n.lower()]
+    kernels = [n for n in names if n.startswith("decode_")]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof_v:
+        attn(q, *pool, validate=True)
+        torch.cuda.synchronize()
+    validated = [e.name for e in prof_v.events() if "memcpy" in e.name.lower()]
+    return {"pool_pointers_unchanged": before == [t.data_ptr() for t in pool],
+            "host_device_memcpy_events_20_calls": len(memcpy),
+            "kernel_events_20_calls": len(kernels),
+            "memcpy_events_one_validated_call": len(validated)}
+
+
+def host_overhead(attn, torch, q, pool, calls=1000) -> dict:
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for _ in range(20):
+        attn(q, *pool, out=out, validate=False)
+    torch.cuda.synchronize()
+    start_event, end_event = torch.cuda.Event(True), torch.cuda.Event(True)
+    start = time.perf_counter()
+    start_event.record()
+    for _ in range(calls):
+        attn(q, *pool, out=out, validate=False)
+    enqueued = time.perf_counter() - start
+    end_event.record()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    # The kernels alone: the same calls replayed from a CUDA graph.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            attn(q, *pool, out=out, validate=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+    e0.record()
+    for _ in range(20):
+        graph.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    device_us = e0.elapsed_time(e1) * 1e3 / 200
+    return {"calls": calls, "wall_us_per_call": wall / calls * 1e6,
+            "host_enqueue_us_per_call": enqueued / calls * 1e6,
+            "event_us_per_call": start_event.elapsed_time(end_event) * 1e3 / calls,
+            "graph_replayed_us_per_call": device_us}
+
+
+def layer_step(attn, torch, rng, dev, layers=32, length=16384) -> dict:
+    pools = [random_pool(torch, rng, -(-length // BS), [length], dev, garbage=False)
+             for _ in range(layers)]
+    qs = [torch.randn(1, HQ, D, device=dev) for _ in range(layers)]
+    outs = [torch.empty(1, HQ, D, device=dev) for _ in range(layers)]
+
+    def step():
+        for q, pool, out in zip(qs, pools, outs):
+            attn(q, *pool, out=out, validate=False)
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    steps = 50
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    eager = (time.perf_counter() - start) / steps
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        graph.replay()
+    torch.cuda.synchronize()
+    replayed = (time.perf_counter() - start) / steps
+    return {"layers": layers, "length": length, "eager_us_per_step": eager * 1e6,
+            "graph_us_per_step": replayed * 1e6, "eager_over_graph": eager / replayed}
+
+
+def run(folder: Path, out_dir: Path | None) -> dict:
+    import torch
+
+    from int8attn.serving import PagedAttention
+
+    print(f"random inputs: seed {SEED}", flush=True)
+    rng = np.random.default_rng(SEED)
+    torch.manual_seed(SEED)
+    dev = torch.device("cuda")
+    attn = PagedAttention.load(folder)
+    numerics = attn.numerics
+    results = {"device": torch.cuda.get_device_name(), "numerics": numerics}
+    lengths = [1, 15, 16, 17, 255, 256, 257, 1000, 4096, 4097, 8191, 3, 640, 2048, 100, 9999]
+    pool = random_pool(torch, rng, 4000, lengths, dev)
+    q = torch.randn(len(lengths), HQ, D, device=dev)
+    out = attn(q, *pool)                                     # validate=True
+    torch.cuda.synchronize()
+    results["ragged"] = check_against_references(attn, torch, out, q, pool, numerics)
+    print("ragged", results["ragged"], flush=True)
+    bad_lens = pool[5].clone()
+    bad_lens[3] = 10**6
+    try:
+        attn(q, *pool[:5], bad_lens)
+        results["bad_length_refused"] = False
+    except ValueError as error:
+        results["bad_length_refused"] = str(error)[:200]
+    results["stream"] = stream_order(attn, torch, q, pool, dev)
+    print("stream", results["stream"], flush=True)
+    results["copies"] = no_copies(attn, torch, q, pool)
+    print("copies", results["copies"], flush=True)
+    overhead = {}
+    for name, batch, length in (("B=1 16K", 1, 16384), ("B=16 4K", 16, 4096)):
+        p = random_pool(torch, rng, batch * length // BS, [length] * batch, dev, garbage=False)
+        qq = torch.randn(batch, HQ, D, device=dev)
+        overhead[name] = host_overhead(attn, torch, qq, p)
+        print(name, overhead[name], flush=True)
+    results["overhead"] = overhead
+    results["step_32_layers"] = layer_step(attn, torch, rng, dev)
+    print("step", results["step_32_layers"], flush=True)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "serving.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("prepare", "run"))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--write", action="store_true", help="prepare: the cache_write kernel too")
+    args = parser.parse_args(argv)
+    if args.mode == "prepare":
+        prepare(args.folder, args.write)
+    else:
+        run(args.folder, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
