@@ -30,6 +30,7 @@ class CudaExecutor:
         self.package = package
         self.info = FunctionInfo.from_json(package.signature)
         self._loaded: dict[int, tuple[PtxModule, list[Launch]]] = {}
+        self._plans: dict[tuple, list] = {}
 
     def _launches(self, device: int) -> list[Launch]:
         if device not in self._loaded:
@@ -50,30 +51,46 @@ class CudaExecutor:
         tokens = layout.get("partition_tokens", layout.get("tile_tokens", 1))
         return paged_sizes(batch, tensors["k_cache"].shape[0], width, block_size, tokens)
 
+    def plan(self, sizes: dict[str, int]) -> list:
+        """Per kernel: (grid, constants, [(output name, dims, dtype)], binding names),
+        evaluated once per distinct set of sizes."""
+        key = tuple(sorted(sizes.items()))
+        if key not in self._plans:
+            dtypes = torch_dtypes()
+            self._plans[key] = [
+                (k.abi.grid_of(sizes), k.abi.constant_values(sizes),
+                 [(b.name, b.dims(sizes), dtypes[b.element]) for b in k.abi.outputs],
+                 list(k.abi.inputs) + [b.name for b in k.abi.outputs])
+                for k in self.package.kernels]
+        return self._plans[key]
+
     def run(self, tensors: dict, provided: dict | None = None) -> dict:
         """Launch every kernel in order on the current stream of the tensors' device;
         `provided` maps output buffer names to caller-owned tensors (e.g. `out`).
         Returns every buffer the kernels wrote, by name."""
         torch = torch_module()
-        dtypes = torch_dtypes()
         device = next(iter(tensors.values())).device
         launches = self._launches(device.index)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        sizes = self.sizes(tensors)
+        stream = current_stream(torch, device)
         buffers = dict(tensors)
-        for kernel, launch in zip(self.package.kernels, launches):
-            abi = kernel.abi
-            for buffer in abi.outputs:
-                if buffer.name in (provided or {}):
-                    buffers[buffer.name] = provided[buffer.name]
-                elif buffer.name not in buffers:
-                    buffers[buffer.name] = torch.empty(buffer.dims(sizes),
-                                                       dtype=dtypes[buffer.element],
-                                                       device=device)
-            names = list(abi.inputs) + [b.name for b in abi.outputs]
-            launch(abi.grid_of(sizes), [buffers[n].data_ptr() for n in names],
-                   abi.constant_values(sizes), stream)
+        if provided:
+            buffers.update(provided)
+        for (grid, constants, outputs, names), launch in zip(self.plan(self.sizes(tensors)),
+                                                              launches):
+            for name, dims, dtype in outputs:
+                if name not in buffers:
+                    buffers[name] = torch.empty(dims, dtype=dtype, device=device)
+            launch(grid, [buffers[n].data_ptr() for n in names], constants, stream)
         return buffers
+
+
+def current_stream(torch, device) -> int:
+    """The raw handle of torch's current stream on `device` (the cheap accessor where
+    this torch build has it)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class HostExecutor:

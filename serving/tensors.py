@@ -22,10 +22,15 @@ def torch_module():
     return torch
 
 
+_DTYPES: dict = {}
+
+
 def torch_dtypes() -> dict:
-    torch = torch_module()
-    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-            "i8": torch.int8, "i32": torch.int32, "i64": torch.int64}
+    if not _DTYPES:
+        torch = torch_module()
+        _DTYPES.update({"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                        "i8": torch.int8, "i32": torch.int32, "i64": torch.int64})
+    return _DTYPES
 
 
 def as_tensor(value, label: str):
@@ -65,14 +70,15 @@ def check_tensors(function: str, specs, names, tensors, device_type: str,
             raise InputError(f"{label(i)} is not contiguous (strides {list(t.stride())}); the "
                              f"kernels read it in place: pass tensor.contiguous() (a copy) or "
                              f"keep the cache contiguous")
-        if t.device.type != device_type:
-            raise InputError(f"{label(i)} is on {t.device}, but this module runs on "
+        where = t.device
+        if where.type != device_type:
+            raise InputError(f"{label(i)} is on {where}, but this module runs on "
                              f"{device_type}: move it (tensor.to('{device_type}')) or compile "
                              f"for {'cpu' if device_type == 'cuda' else 'cuda'}")
         if device is None:
-            device = t.device
-        elif t.device != device:
-            raise InputError(f"{label(i)} is on {t.device} and argument 0 on {device}: every "
+            device = where
+        elif where != device:
+            raise InputError(f"{label(i)} is on {where} and argument 0 on {device}: every "
                              f"tensor of a call must be on one device")
         checked.append(t)
     return checked
