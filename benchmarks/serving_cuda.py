@@ -133,16 +133,31 @@ def no_copies(attn, torch, q, pool) -> dict:
             "memcpy_events_one_validated_call": len(validated)}
 
 
-def host_overhead(attn, torch, q, pool, calls=1000) -> dict:
+def decode_step(attn, torch, q, pool, out, new=None):
+    """One layer's decode step: with `new` = (k_new, v_new, slots), the write first."""
+    if new is not None:
+        attn.write(*new, *pool[:4], validate=False)
+    attn(q, *pool, out=out, validate=False)
+
+
+def new_tokens(torch, rng, pool, batch):
+    """One new token per sequence, written to a free slot at the end of the pool."""
+    blocks = pool[0].shape[0]
+    slots = torch.from_numpy(rng.permutation(blocks * BS)[:batch].astype(np.int32)).cuda()
+    return (torch.randn(batch, HKV, D, device="cuda"), torch.randn(batch, HKV, D, device="cuda"),
+            slots)
+
+
+def host_overhead(attn, torch, q, pool, calls=1000, new=None) -> dict:
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for _ in range(20):
-        attn(q, *pool, out=out, validate=False)
+        decode_step(attn, torch, q, pool, out, new)
     torch.cuda.synchronize()
     start_event, end_event = torch.cuda.Event(True), torch.cuda.Event(True)
     start = time.perf_counter()
     start_event.record()
     for _ in range(calls):
-        attn(q, *pool, out=out, validate=False)
+        decode_step(attn, torch, q, pool, out, new)
     enqueued = time.perf_counter() - start
     end_event.record()
     torch.cuda.synchronize()
@@ -151,31 +166,36 @@ def host_overhead(attn, torch, q, pool, calls=1000) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(10):
-            attn(q, *pool, out=out, validate=False)
+            decode_step(attn, torch, q, pool, out, new)
     graph.replay()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
     e0.record()
+    start = time.perf_counter()
     for _ in range(20):
         graph.replay()
+    replay_host = time.perf_counter() - start
     e1.record()
     torch.cuda.synchronize()
     device_us = e0.elapsed_time(e1) * 1e3 / 200
-    return {"calls": calls, "wall_us_per_call": wall / calls * 1e6,
+    return {"calls": calls, "with_write": new is not None,
+            "wall_us_per_call": wall / calls * 1e6,
             "host_enqueue_us_per_call": enqueued / calls * 1e6,
             "event_us_per_call": start_event.elapsed_time(end_event) * 1e3 / calls,
-            "graph_replayed_us_per_call": device_us}
+            "graph_replayed_us_per_call": device_us,
+            "graph_replay_host_us_per_call": replay_host / 200 * 1e6}
 
 
-def layer_step(attn, torch, rng, dev, layers=32, length=16384) -> dict:
-    pools = [random_pool(torch, rng, -(-length // BS), [length], dev, garbage=False)
+def layer_step(attn, torch, rng, dev, layers=32, length=16384, write=False) -> dict:
+    pools = [random_pool(torch, rng, -(-length // BS) + 1, [length], dev, garbage=False)
              for _ in range(layers)]
     qs = [torch.randn(1, HQ, D, device=dev) for _ in range(layers)]
     outs = [torch.empty(1, HQ, D, device=dev) for _ in range(layers)]
+    news = [new_tokens(torch, rng, pool, 1) if write else None for pool in pools]
 
     def step():
-        for q, pool, out in zip(qs, pools, outs):
-            attn(q, *pool, out=out, validate=False)
+        for q, pool, out, new in zip(qs, pools, outs, news):
+            decode_step(attn, torch, q, pool, out, new)
 
     for _ in range(5):
         step()
@@ -196,8 +216,59 @@ def layer_step(attn, torch, rng, dev, layers=32, length=16384) -> dict:
         graph.replay()
     torch.cuda.synchronize()
     replayed = (time.perf_counter() - start) / steps
-    return {"layers": layers, "length": length, "eager_us_per_step": eager * 1e6,
+    e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+    e0.record()
+    for _ in range(steps):
+        graph.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    return {"layers": layers, "length": length, "with_write": write,
+            "graph_event_us_per_step": e0.elapsed_time(e1) * 1e3 / steps,
+            "eager_us_per_step": eager * 1e6,
             "graph_us_per_step": replayed * 1e6, "eager_over_graph": eager / replayed}
+
+
+def write_checks(attn, torch, rng, dev) -> dict:
+    """cache_write on the GPU against the reference bit for bit, and its time at 64
+    and 65,536 blocks (16 new tokens: it must not grow with the pool)."""
+    from int8attn.reference import paged_cache_write
+
+    pool = random_pool(torch, rng, 64, [64 * BS], dev)[:4]
+    slots = rng.permutation(64 * BS)[:300].astype(np.int32)
+    slots[::7] = -1
+    k_new = torch.randn(300, HKV, D, device=dev) * 3
+    v_new = torch.randn(300, HKV, D, device=dev)
+    expected = paged_cache_write(k_new.cpu().numpy(), v_new.cpu().numpy(), slots,
+                                 *[t.cpu().numpy() for t in pool])
+    attn.write(k_new, v_new, torch.from_numpy(slots).to(dev), *pool)
+    exact = all(np.array_equal(a.cpu().numpy(), e, equal_nan=True)
+                for a, e in zip(pool, expected))
+    times = {}
+    for blocks in (64, 65536):
+        big = random_pool(torch, rng, blocks, [BS], dev, garbage=False)[:4]
+        new = new_tokens(torch, rng, big, 16)
+        for _ in range(10):
+            attn.write(*new, *big, validate=False)
+        e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+        e0.record()
+        for _ in range(200):
+            attn.write(*new, *big, validate=False)
+        e1.record()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(20):
+                attn.write(*new, *big, validate=False)
+        graph.replay()
+        e2, e3 = torch.cuda.Event(True), torch.cuda.Event(True)
+        e2.record()
+        for _ in range(10):
+            graph.replay()
+        e3.record()
+        torch.cuda.synchronize()
+        times[blocks] = {"eager_us": e0.elapsed_time(e1) * 1e3 / 200,
+                         "graph_us": e2.elapsed_time(e3) * 1e3 / 200}
+    return {"bitwise_equal_to_reference": exact, "us_16_tokens_by_pool_blocks": times}
 
 
 def run(folder: Path, out_dir: Path | None) -> dict:
@@ -230,15 +301,27 @@ def run(folder: Path, out_dir: Path | None) -> dict:
     print("stream", results["stream"], flush=True)
     results["copies"] = no_copies(attn, torch, q, pool)
     print("copies", results["copies"], flush=True)
+    write = "write" in attn._executors
+    if write:
+        results["write"] = write_checks(attn, torch, rng, dev)
+        print("write", results["write"], flush=True)
     overhead = {}
     for name, batch, length in (("B=1 16K", 1, 16384), ("B=16 4K", 16, 4096)):
-        p = random_pool(torch, rng, batch * length // BS, [length] * batch, dev, garbage=False)
+        p = random_pool(torch, rng, batch * length // BS + 1, [length] * batch, dev,
+                        garbage=False)
         qq = torch.randn(batch, HQ, D, device=dev)
         overhead[name] = host_overhead(attn, torch, qq, p)
         print(name, overhead[name], flush=True)
+        if write:
+            overhead[name + " write+attend"] = host_overhead(
+                attn, torch, qq, p, new=new_tokens(torch, rng, p, batch))
+            print(name, "write+attend", overhead[name + " write+attend"], flush=True)
     results["overhead"] = overhead
     results["step_32_layers"] = layer_step(attn, torch, rng, dev)
     print("step", results["step_32_layers"], flush=True)
+    if write:
+        results["step_32_layers_write"] = layer_step(attn, torch, rng, dev, write=True)
+        print("step+write", results["step_32_layers_write"], flush=True)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "serving.json").write_text(json.dumps(results, indent=1))
