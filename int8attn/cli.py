@@ -28,7 +28,7 @@ from int8attn.driver.onnx_import import ModelError, is_onnx, read_model
 from int8attn.driver.options import CompileOptions
 from int8attn.driver.targets import STAGE_NAMES, TARGETS, OptionRefused, describe
 from int8attn.runtime.module import InputError
-from int8attn.support.diagnostics import DiagnosticError, StageError
+from int8attn.support.diagnostics import DiagnosticError, StageError, UsageError
 from int8attn.support.files import OutputError, check_output_path, write_atomic
 from int8attn.support.options import OptionError, add_arguments, given
 
@@ -40,10 +40,6 @@ CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "
 
 class UserError(Exception):
     """A problem with the user's files or inputs: printed as `error: ...`, exit 1."""
-
-
-class UsageError(Exception):
-    """An option the chosen target does not offer: printed as `error: ...`, exit 2."""
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from int8attn.driver.graph import error_stats
 from int8attn.reference import TERMS, error_split
+from int8attn.support.diagnostics import UsageError
 
 _LABELS = {
     "total": "total (INT8 module - exact)",
@@ -28,8 +29,6 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
 
     call = info.attention
     if call.mode in ("paged", "cache_write"):
-        from int8attn.cli import UsageError
-
         raise UsageError(f"--report splits the error of the dense int8attn.attention op; "
                          f"@{info.name} is {call.mode} (drop --report)")
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)

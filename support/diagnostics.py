@@ -65,3 +65,7 @@ def save_for_repro(files: dict) -> Path:
         else:
             (directory / name).write_text(content)
     return directory
+
+
+class UsageError(Exception):
+    """An option the chosen target does not offer: printed as `error: ...`, exit 2."""
