@@ -131,8 +131,11 @@ def make_kernel(c: Compilation) -> str:
 
 
 def _kernel_name(info: FunctionInfo) -> str:
-    """decode, prefill, paged decode or paged prefill (a chunked prefill's q is 4-D)."""
+    """decode, prefill, paged decode, paged prefill (a chunked prefill's q is 4-D) or
+    cache-write."""
     call = info.attention
+    if call.mode == "cache_write":
+        return "cache-write"
     if call.mode != "paged":
         return call.mode
     rank = len(info.arguments[call.argument("q")].shape)
@@ -147,6 +150,11 @@ def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
     from int8attn.kernels.prefill import build_prefill_kernels
 
     call, target = info.attention, options.target
+    if call.mode == "cache_write":
+        from int8attn.kernels.cache_write import CacheWriteShape, build_cache_write_kernels
+
+        _, kv_heads, block_size, head_dim = info.arguments[call.argument("k_cache")].shape
+        return build_cache_write_kernels(CacheWriteShape(kv_heads, head_dim, block_size), model)
     numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
     q_shape = info.arguments[call.argument("q")].shape
     q_heads, head_dim = q_shape[1], q_shape[-1]
@@ -181,7 +189,13 @@ def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
         return ir.Type.parse(f"tensor<{dims}x{spec.element}>")
 
     mode, q_type = info.attention.mode, tensor_type(info.arguments[0])
-    if mode == "paged":
+    if mode == "cache_write":
+        from int8attn.kernels.host import build_cache_write_host_function
+
+        build_cache_write_host_function(kernels, info.name,
+                                        [tensor_type(a) for a in info.arguments],
+                                        [tensor_type(r) for r in info.results])
+    elif mode == "paged":
         build = (build_paged_prefill_host_function if kernels.layout["kernel"] == "prefill"
                  else build_paged_host_function)
         build(kernels, info.name, [tensor_type(a) for a in info.arguments],
@@ -198,16 +212,16 @@ def _kernel_entry(c: Compilation):
     infos = {n: i for n, i in c.functions.items() if i.attention is not None}
     if len(infos) != 1 or len(c.functions) != 1:
         raise DiagnosticError(c.module.location, f"--target {c.options.target} compiles one "
-                              f"public function that returns an int8attn.attention or "
-                              f"int8attn.paged_attention of its arguments; this graph has "
+                              f"public function that returns an int8attn.attention, paged_attention or "
+                              f"cache_write of its arguments; this graph has "
                               f"{len(c.functions)} public function(s), {len(infos)} of them such")
     info = next(iter(infos.values()))
     attention = next(op for op in walk(c.module)
                      if op.name in (ATTENTION, PAGED_ATTENTION, CACHE_WRITE))
-    if info.attention.mode == "cache_write":
-        raise DiagnosticError(attention.location, f"the {c.options.target} kernels cover "
-                              f"attention (decode, paged decode, prefill); {attention.name} "
-                              f"compiles with --target cpu for now")
+    if info.attention.mode == "cache_write" and len(info.attention.operands) > 7:
+        raise DiagnosticError(attention.location, f"the {c.options.target} cache-write "
+                              f"kernel takes no k_bias yet; subtract the bias from k_new "
+                              f"before the call, or compile with --target cpu")
     order = tuple(range(len(info.attention.operands)))
     if info.attention.argument_of != order:
         raise DiagnosticError(attention.location, "the kernel host function expects the "

@@ -39,7 +39,8 @@ class _Simulated:
     def call(self, function: str, *arrays) -> list[np.ndarray]:
         from int8attn.simulator import simulate_kernel_ir
 
-        return [simulate_kernel_ir(self.kernel_ir, self.layout, arrays)]
+        results = simulate_kernel_ir(self.kernel_ir, self.layout, arrays)
+        return list(results) if isinstance(results, tuple) else [results]
 
 
 class CompiledGraph:

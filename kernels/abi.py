@@ -43,12 +43,13 @@ class KernelABI:
     grid: tuple[Size, Size, Size]        # workgroup counts (x, y, z)
     threads: int                         # workgroup size (x)
     writes_inputs: tuple[str, ...] = ()  # inputs the kernel updates in place
-    leading: int = 0                     # grid counts the export fixes itself (no workload)
+    leading: int = 0                     # grid counts the export fixes itself (no workload),
+    trailing: int = 0                    # before and after the workload's
 
     @property
     def workload(self) -> tuple[Size, ...]:
         """The grid counts a dispatch passes (the export returns the rest itself)."""
-        return self.grid[self.leading:]
+        return self.grid[self.leading:len(self.grid) - self.trailing]
 
     def grid_of(self, sizes: dict[str, int]) -> tuple[int, int, int]:
         x, y, z = (evaluate(g, sizes) for g in self.grid)
@@ -63,7 +64,7 @@ class KernelABI:
                             for b in self.outputs],
                 "constants": list(self.constants), "grid": list(self.grid),
                 "threads": self.threads, "writes_inputs": list(self.writes_inputs),
-                "leading": self.leading}
+                "leading": self.leading, "trailing": self.trailing}
 
     @classmethod
     def from_json(cls, data: dict) -> "KernelABI":
@@ -71,7 +72,8 @@ class KernelABI:
                    tuple(Buffer(b["name"], tuple(b["shape"]), b["element"])
                          for b in data["outputs"]),
                    tuple(data["constants"]), tuple(data["grid"]), int(data["threads"]),
-                   tuple(data.get("writes_inputs", ())), int(data.get("leading", 0)))
+                   tuple(data.get("writes_inputs", ())), int(data.get("leading", 0)),
+                   int(data.get("trailing", 0)))
 
 
 def evaluate(size: Size, sizes: dict[str, int]) -> int:

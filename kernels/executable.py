@@ -58,10 +58,16 @@ def build_executable(name: str, argument_types: Sequence[ir.Type], workload_rank
 
 def dispatch(executable: str, workload: Sequence[ir.Value], results: Sequence[ir.Type],
              arguments: Sequence[ir.Value], argument_dims: Sequence[ir.Value] = (),
-             result_dims: Sequence[ir.Value] = ()) -> list[ir.Value]:
+             result_dims: Sequence[ir.Value] = (),
+             tied: Sequence[int] | None = None) -> list[ir.Value]:
     """flow.dispatch @executable::@executable[workload](arguments) -> results; the
-    dims list every dynamic dimension of the tensor arguments / results in order."""
+    dims list every dynamic dimension of the tensor arguments / results in order;
+    `tied[i]` is the argument result i updates in place (-1: a new tensor)."""
     entry = ir.Attribute.parse(f"[@{executable}::@{executable}]")
+    attributes = {}
+    if tied is not None:
+        attributes["tied_operands"] = ir.Attribute.parse(
+            "[" + ", ".join(f"{i} : index" for i in tied) + "]")
     op = flow.DispatchOp(list(results), list(workload), entry, list(arguments),
-                         list(argument_dims), list(result_dims))
+                         list(argument_dims), list(result_dims), **attributes)
     return list(op.results)

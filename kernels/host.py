@@ -129,16 +129,23 @@ def _cast(value: ir.Value, result_type: ir.Type) -> ir.Value:
 
 
 def _abi_dispatch(abi: KernelABI, sizes: dict[str, ir.Value], values: dict[str, ir.Value],
-                  argument_dims: list[ir.Value]) -> list[ir.Value]:
+                  argument_dims: list[ir.Value],
+                  written_dims: list[ir.Value] = ()) -> list[ir.Value]:
     """flow.dispatch of one kernel as its ABI declares it: the inputs by name, the
-    index push constants, the grid, and one result per output buffer."""
+    index push constants, the grid, one result per output buffer, then one result
+    tied to each input the kernel updates in place (`written_dims`: their dynamic
+    dims, in order)."""
     size = lambda n: sizes[n] if isinstance(n, str) else build.index(n)
     results = [d.tensor([n if isinstance(n, int) else DYN for n in b.shape], b.element)
-               for b in abi.outputs]
+               for b in abi.outputs] + [values[n].type for n in abi.writes_inputs]
     result_dims = [sizes[n] for b in abi.outputs for n in b.shape if isinstance(n, str)]
+    tied = None
+    if abi.writes_inputs:
+        tied = [-1] * len(abi.outputs) + [abi.inputs.index(n) for n in abi.writes_inputs]
     return dispatch(abi.kernel, [size(g) for g in abi.workload], results,
                     [values[n] for n in abi.inputs] + [sizes[c] for c in abi.constants],
-                    argument_dims=argument_dims, result_dims=result_dims)
+                    argument_dims=argument_dims, result_dims=result_dims + list(written_dims),
+                    tied=tied)
 
 
 def _paged_sizes(args: "_PagedArguments", shape, partition_tokens: int) -> dict:
@@ -202,3 +209,28 @@ def build_paged_prefill_host_function(kernels: PrefillKernels, name: str, argume
         sizes = {"B": args.batch, "NB": args.blocks, "MB": args.width}
         (out,) = _abi_dispatch(prefill, sizes, dict(zip(PAGED_INPUTS, args.values)), args.dims)
         return _cast(out, result_type)
+
+
+def build_cache_write_host_function(kernels, name: str, argument_types,
+                                    result_types) -> None:
+    """func.func @name(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale)
+    -> the four caches, updated in place by one dispatch (`kernels.abi`); T and NB
+    static or dynamic in the signature."""
+    from int8attn.kernels.cache_write import INPUTS
+
+    (write,) = kernels.abi
+    s = kernels.shape
+    hkv, dim, bs = s.kv_heads, s.head_dim, s.block_size
+    dynamic = [d.tensor([DYN, hkv, dim], "f32"), d.tensor([DYN, hkv, dim], "f32"),
+               d.tensor([DYN], "i32"), d.tensor([DYN, hkv, bs, dim], "i8"),
+               d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, hkv, dim, bs], "i8"),
+               d.tensor([DYN, hkv, bs], "f32")]
+
+    @func.FuncOp.from_py_func(*argument_types, name=name)
+    def host(*arguments):
+        values = [_cast(a, t) for a, t in zip(arguments, dynamic)]
+        tokens = tensor.DimOp(values[0], build.index(0)).result
+        blocks = tensor.DimOp(values[3], build.index(0)).result
+        caches = _abi_dispatch(write, {"T": tokens, "NB": blocks}, dict(zip(INPUTS, values)),
+                               [tokens, tokens, tokens] + [blocks] * 4, [blocks] * 4)
+        return tuple(_cast(c, t) for c, t in zip(caches, result_types))

@@ -87,6 +87,17 @@ class PagedPrefillShape:
         return self.kv_heads * self.rows
 
 
+def pool_slot(lanes: Lanes, slot: ir.Value, blocks: ir.Value, block_size: int):
+    """(block, offset, inside) of a pool slot (i32, block * BS + offset): the one place
+    the slot number of `cache_write`'s slot_mapping is split; `inside` is false for a
+    negative slot (skipped) or one past the pool's NB * BS slots."""
+    index = arith.index_cast(ir.IndexType.get(), slot)
+    bs = lanes.index(block_size)
+    nonnegative = arith.cmpi(arith.CmpIPredicate.sge, index, lanes.index(0))
+    below = arith.cmpi(arith.CmpIPredicate.slt, index, arith.muli(blocks, bs))
+    return arith.divui(index, bs), arith.remui(index, bs), arith.andi(nonnegative, below)
+
+
 def _types(*names) -> list[ir.Type]:
     return [ir.Type.parse(n) for n in names]
 

@@ -65,10 +65,22 @@ def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v
     return _real_rows(out, q_heads)
 
 
+def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slot_mapping,
+                           k_cache, k_scale, v_cache, v_scale):
+    """The cache-write kernel over [T, Hkv] on copies of the caches; returns them."""
+    tokens, kv_heads = np.shape(k_new)[:2]
+    caches = [np.array(c, copy=True) for c in (k_cache, k_scale, v_cache, v_scale)]
+    run_executable(module, "cache_write", (tokens, kv_heads),
+                   [np.asarray(k_new, np.float32), np.asarray(v_new, np.float32),
+                    np.asarray(slot_mapping, np.int32), *caches, tokens, caches[0].shape[0]])
+    return tuple(caches)
+
+
 # (the graph's mode, the kernel the driver built for it) -> the host work around it.
 RUNNERS = {("decode", "decode"): run_dense_kernels, ("paged", "decode"): run_paged_kernels,
            ("prefill", "prefill"): run_prefill_kernels,
-           ("paged", "prefill"): run_paged_prefill_kernels}
+           ("paged", "prefill"): run_paged_prefill_kernels,
+           ("cache_write", "cache_write"): run_cache_write_kernel}
 
 
 def _build(access, target, fragments, pv, numerics):
