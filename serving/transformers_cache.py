@@ -99,10 +99,14 @@ class PagedInt8Cache(cache_utils.Cache):
     PagedAttention of the model's heads and head dim). `chunk` is the chunked-prefill
     query length (its kernel must exist: `save(..., query_tokens=(chunk,))`); None
     sends every prompt token through the decode kernel. `validate` is passed to
-    every kernel call (PagedAttention's value checks: one host sync each)."""
+    every kernel call (PagedAttention's value checks: one host sync each). `write`:
+    "kernel" (`PagedAttention.write`), "torch" (`torch_cache_write`, the same
+    quantize in torch ops, bit for bit) or "auto": the kernel on the cpu target or
+    when the PagedAttention holds a write package, else torch (a cuda PagedAttention
+    loaded from packages saved without the write)."""
 
     def __init__(self, config, attention, blocks: int, *, device="cpu", chunk: int | None = 64,
-                 validate: bool = True, seed: int = 0):
+                 validate: bool = True, write: str = "auto", seed: int = 0):
         layers, q_heads, kv_heads, head_dim = model_shape(config)
         ours = (attention.q_heads, attention.kv_heads, attention.head_dim)
         if ours != (q_heads, kv_heads, head_dim):
@@ -111,7 +115,12 @@ class PagedInt8Cache(cache_utils.Cache):
                              f"paged_attention_for(model.config)")
         if chunk is not None and chunk < 2:
             raise InputError(f"chunk must be at least 2 query tokens (or None), got {chunk}")
-        self.attention, self.chunk, self.validate = attention, chunk, validate
+        if write == "auto":
+            write = ("kernel" if attention.target == "cpu" or "write" in attention._executors
+                     else "torch")
+        if write not in ("kernel", "torch"):
+            raise InputError(f"write must be 'kernel', 'torch' or 'auto', got {write!r}")
+        self.attention, self.chunk, self.validate, self.writer = attention, chunk, validate, write
         self.block_size, self.blocks = attention.block_size, blocks
         self.device = torch.device(device)
         super().__init__(layers=[PagedLayer(self, blocks, kv_heads, self.block_size, head_dim,
@@ -194,7 +203,14 @@ class PagedInt8Cache(cache_utils.Cache):
         B, H, S, D = key_states.shape
         new_k = key_states.transpose(1, 2).reshape(B * S, H, D).float().contiguous()
         new_v = value_states.transpose(1, 2).reshape(B * S, H, D).float().contiguous()
-        self.attention.write(new_k, new_v, step.slots, *layer.pool, validate=self.validate)
+        if self.writer == "kernel":
+            self.attention.write(new_k, new_v, step.slots, *layer.pool, validate=self.validate)
+        else:
+            new_k, new_v = new_k[step.real], new_v[step.real]
+            if self.validate and not (new_k.isfinite().all() and new_v.isfinite().all()):
+                raise InputError(f"layer {layer_idx}: a new key or value row holds NaN or "
+                                 f"Inf; a cached row must be finite")
+            torch_cache_write(new_k, new_v, step.blocks, step.offsets, *layer.pool)
         layer.written = self.step_id
         return key_states, value_states
 
@@ -233,7 +249,11 @@ class _Step:
                          for j in range(owned_from, e)]
                 chunks.append((b, S - n + e, start + e))
                 owned_from = e
-        self.slots = _to(slots.reshape(-1).astype(np.int32), device)
+        slots = slots.reshape(-1)
+        self.slots = _to(slots.astype(np.int32), device)
+        real = np.nonzero(slots >= 0)[0]
+        self.real, self.blocks, self.offsets = (_to(a, device) for a in
+                                                (real, slots[real] // BS, slots[real] % BS))
         self.decode = self._rows(decode, device)
         self.chunks = self._rows(chunks, device)
         if chunks:
@@ -278,6 +298,29 @@ class _Step:
             kept_b, kept_s, flat = self.keep
             out[kept_b, kept_s] = rows.transpose(1, 2).reshape(-1, Hq, D)[flat]
         return out
+
+
+def torch_cache_write(k_new, v_new, blocks, offsets, k_cache, k_scale, v_cache, v_scale):
+    """`cache_write` in torch ops: token i's rows quantized per KV head by the contract's
+    rule (docs/design.md §2: s = a/127, q = clamp(rne(x * (127/a))); a tiny or zero row
+    q = 0, its subnormal scale flushed to 0 as the kernels do) and stored at
+    (blocks[i], offsets[i]), in place: bit for bit what the kernel writes
+    (tests/test_transformers_attention.py). The cache's fallback where no cache_write
+    package was compiled. Rows must be finite (the cache checks when validating)."""
+    for new, cache, scale, v_layout in ((k_new, k_cache, k_scale, False),
+                                        (v_new, v_cache, v_scale, True)):
+        amax = new.abs().amax(-1)                               # NaN-propagating
+        ok = (amax >= 2.0 ** -118) & (amax < float("inf"))
+        inverse = torch.where(ok, 127 / torch.where(ok, amax, 1), 0)
+        levels = torch.round(new * inverse[..., None]).clamp(-127, 127)
+        q = torch.where(ok[..., None], levels, 0).to(torch.int8)
+        s = torch.where(amax == float("inf"), float("nan"), amax / 127)
+        s = torch.where(s < torch.finfo(torch.float32).tiny, 0, s)   # as the kernels flush
+        if v_layout:
+            cache[blocks, :, :, offsets] = q
+        else:
+            cache[blocks, :, offsets] = q
+        scale[blocks, :, offsets] = s
 
 
 def _to(array, device):
