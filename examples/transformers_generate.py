@@ -109,7 +109,9 @@ def generate(model, ids, mask, new_tokens, cache=None):
     from transformers import StoppingCriteriaList
 
     timer = StepTimes(ids.device)
-    extra = {} if cache is None else {"past_key_values": cache}
+    from int8attn.serving.transformers_attention import cache_keyword
+
+    extra = {} if cache is None else {cache_keyword(model): cache}
     if ids.device.type == "cuda":
         torch.cuda.synchronize(ids.device)
     start = time.perf_counter()
@@ -132,17 +134,19 @@ def teacher_forced(model, ids, mask, tokens):
     """The baseline's logits on `tokens`' prefixes: the forwards generate would make."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    from int8attn.serving.transformers_attention import cache_keyword
+
+    key, cache = cache_keyword(model), DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = []
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    **{key: cache}, use_cache=True, logits_to_keep=1)
         logits.append(out.logits[:, -1])
         for step in range(tokens.shape[1] - 1):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
             out = model(input_ids=tokens[:, step:step + 1], attention_mask=mask,
-                        position_ids=mask.sum(-1, keepdim=True) - 1, past_key_values=cache,
+                        position_ids=mask.sum(-1, keepdim=True) - 1, **{key: cache},
                         use_cache=True)
             logits.append(out.logits[:, -1])
     return torch.stack(logits, 1).float()
@@ -263,7 +267,9 @@ def markdown(r) -> str:
         f"Llama ({m['layers']} layers, hidden {m['hidden']}, {m['heads']} query heads over "
         f"{m['kv_heads']} KV heads, head dim {m['head_dim']}, random weights, seed "
         f"{r['seed']}), {r['dtype']}, on {r['device']}; prompts {r['prompts']} (left-padded), "
-        f"{r['new_tokens']} greedy steps; int8attn prefill chunk {r['chunk']}.",
+        f"{r['new_tokens']} greedy steps; int8attn prefill chunk {r['chunk']}, cache write "
+        f"{'kernel' if r['cache_write'] == 'kernel' else 'in torch ops (no write kernel)'}, "
+        f"value checks {'on' if r['validate'] else 'off'}.",
         f"`{r['command']}` ({', '.join(f'{k} {v}' for k, v in r['versions'].items())})", "",
         "| | int8attn_paged | sdpa baseline |", "| --- | --- | --- |",
         *(f"| {label} | {r['int8attn'][key]:.{digits}f} | {r['baseline_sdpa'][key]:.{digits}f} |"

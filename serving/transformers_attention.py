@@ -36,7 +36,8 @@ from int8attn.runtime.module import InputError
 from int8attn.serving.paged_attention import PagedAttention
 from int8attn.serving.transformers_cache import PagedInt8Cache, PagedLayer, model_shape
 
-__all__ = ["NAME", "PagedInt8Cache", "PagedLayer", "install", "paged_attention_for",
+__all__ = ["NAME", "PagedInt8Cache", "PagedLayer", "cache_keyword", "install",
+           "paged_attention_for",
            "paged_attention_forward", "register"]
 
 NAME = "int8attn_paged"
@@ -72,6 +73,15 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
                          f"PagedAttention by {wanted}: build it with softmax_scale={scaling}")
     out = cache.attend(module.layer_idx, query)
     return out.to(query.dtype), None
+
+
+def cache_keyword(model) -> str:
+    """The name `model`'s forward and generate take the cache by: "cache" in later
+    transformers 5.x, "past_key_values" before (still accepted there, deprecated)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
 
 
 def register() -> str:
