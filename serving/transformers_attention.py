@@ -23,9 +23,9 @@ transformers' AttentionInterface, switches the model to it (`set_attn_implementa
 and puts a forward pre-hook on the model's base model. Before every forward the hook
 takes the cache passed to it (`past_key_values=`, or `cache=` as later 5.x name it),
 hands it the forward's 2D attention mask (`PagedInt8Cache.begin_step`) and binds it to
-every attention module as the attribute `int8attn_cache`; the function reads
-`module.int8attn_cache` and `module.layer_idx`. A forward without a PagedInt8Cache
-unbinds it, and the function then refuses to run (InputError) rather than guess.
+every attention module as the attribute `int8attn_cache` (a hook after the forward
+unbinds it); the function reads `module.int8attn_cache` and `module.layer_idx`. In a
+forward without a PagedInt8Cache the function refuses to run (InputError).
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ def _attention_modules(model) -> list:
 
 def install(model):
     """Run `model`'s attention through int8attn: register the function, switch the
-    model to it and hook its forwards (module docstring). Returns the hook's handle
-    (`.remove()` undoes the hook; `model.set_attn_implementation('sdpa')` switches
-    back while leaving the hook harmless)."""
+    model to it and hook its forwards (module docstring). Returns the hooks' handle
+    (`.remove()` removes them; `model.set_attn_implementation('sdpa')` switches back
+    while leaving them harmless)."""
     register()
     model.set_attn_implementation(NAME)
     base = getattr(model, "base_model", model)
@@ -109,15 +109,18 @@ def install(model):
     if not modules:
         raise InputError(f"{type(model).__name__} has no attention modules with a layer_idx "
                          f"(transformers' decoder attention classes have one)")
-    previous = getattr(base, "_int8attn_hook", None)
+    previous = getattr(base, "_int8attn_hooks", None)
     if previous is not None:
         previous.remove()
+
+    def bind(cache):
+        for attention in modules:
+            setattr(attention, CACHE_ATTRIBUTE, cache)
 
     def begin_step(_, args, kwargs):
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
         paged = cache if isinstance(cache, PagedInt8Cache) else None
-        for attention in modules:
-            setattr(attention, CACHE_ATTRIBUTE, paged)
+        bind(paged)
         if paged is None:
             return
         tokens = kwargs.get("input_ids", args[0] if args else None)
@@ -125,5 +128,19 @@ def install(model):
             tokens = kwargs.get("inputs_embeds")
         paged.begin_step(kwargs.get("attention_mask"), tokens.shape[1], tokens.shape[0])
 
-    base._int8attn_hook = base.register_forward_pre_hook(begin_step, with_kwargs=True)
-    return base._int8attn_hook
+    base._int8attn_hooks = _Hooks(
+        base.register_forward_pre_hook(begin_step, with_kwargs=True),
+        base.register_forward_hook(lambda *_: bind(None), always_call=True))
+    return base._int8attn_hooks
+
+
+class _Hooks:
+    """The pre-hook that binds the cache and the hook that unbinds it after the forward
+    (the model holds no cache between forwards)."""
+
+    def __init__(self, *handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()

@@ -25,6 +25,8 @@ Scales start NaN: a slot nobody wrote is refused if it is ever read, never silen
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from int8attn.driver.paged_decode import PoolExhausted
@@ -58,7 +60,7 @@ class PagedLayer(cache_utils.CacheLayerMixin):
 
     def __init__(self, owner, blocks, kv_heads, block_size, head_dim, device):
         super().__init__()
-        self.owner = owner
+        self.owner = weakref.proxy(owner)       # no cycle: the pool goes with the cache
         shape = (blocks, kv_heads, block_size)
         self.k_cache = torch.zeros(*shape, head_dim, dtype=torch.int8, device=device)
         self.v_cache = torch.zeros(blocks, kv_heads, head_dim, block_size, dtype=torch.int8,
