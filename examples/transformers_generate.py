@@ -206,6 +206,9 @@ def main(argv=None) -> int:
     ids, mask = prompts(args, device)
     if args.packages:
         attn = PagedAttention.load(args.packages)
+        if ("prefill", args.chunk) not in attn._executors:
+            sys.exit(f"{args.packages} holds no prefill_{args.chunk} package: --prepare it "
+                     f"with --chunk {args.chunk}")
     else:
         attn = paged_attention_for(model.config, target="cpu")
     blocks = sum(-(-(n + args.new_tokens) // 16) for n in args.prompts) + len(args.prompts)
