@@ -37,8 +37,7 @@ from int8attn.serving.paged_attention import PagedAttention
 from int8attn.serving.transformers_cache import PagedInt8Cache, PagedLayer, model_shape
 
 __all__ = ["NAME", "PagedInt8Cache", "PagedLayer", "cache_keyword", "install",
-           "paged_attention_for",
-           "paged_attention_forward", "register"]
+           "paged_attention_for", "paged_attention_forward", "register"]
 
 NAME = "int8attn_paged"
 CACHE_ATTRIBUTE = "int8attn_cache"
