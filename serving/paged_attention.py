@@ -81,6 +81,17 @@ class PagedAttention:
                                      if self.target == "cuda" else HostExecutor(graph))
         return self._executors[kind]
 
+    def has_kernel(self, kind) -> bool:
+        """Whether `kind` (DECODE, WRITE or ("prefill", Sq)) can run: compiled or
+        loaded already, or compilable here (the IREE compiler is installed)."""
+        if kind in self._executors:
+            return True
+        try:
+            import iree.compiler  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
     def save(self, folder: str | Path, query_tokens=(), write: bool = True) -> Path:
         """Compile the decode, the cache write (unless `write=False`) and a chunked
         prefill per Sq in `query_tokens` for cuda, and save their packages under

@@ -118,7 +118,7 @@ class PagedInt8Cache(cache_utils.Cache):
         if chunk is not None and chunk < 2:
             raise InputError(f"chunk must be at least 2 query tokens (or None), got {chunk}")
         if write == "auto":
-            write = ("kernel" if attention.target == "cpu" or "write" in attention._executors
+            write = ("kernel" if attention.target == "cpu" or attention.has_kernel("write")
                      else "torch")
         if write not in ("kernel", "torch"):
             raise InputError(f"write must be 'kernel', 'torch' or 'auto', got {write!r}")

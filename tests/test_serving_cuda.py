@@ -48,11 +48,13 @@ def batch():
 
 
 def numerics(attn):
+    """The kernels' numerics: saved with loaded packages, else resolved by the compiler."""
+    if getattr(attn, "numerics", None):
+        return attn.numerics
     from int8attn.driver.options import CompileOptions
 
     resolved = CompileOptions(target="cuda", **attn.options)
-    return getattr(attn, "numerics", None) or {
-        n: resolved.resolved_numerics(n) for n in ("q_terms", "w_quant")}
+    return {n: resolved.resolved_numerics(n) for n in ("q_terms", "w_quant")}
 
 
 def test_ragged_batch_meets_both_references(attn, batch):
