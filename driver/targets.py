@@ -164,7 +164,7 @@ TARGETS: dict[str, Target] = {
          "--iree-llvmcpu-enable-ukernels=mmt4d"),
         refusals=_CPU_ONLY, takes_target_cpu=True),
     "gfx936": Target(
-        "gfx936", "lane-level decode and prefill kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
+        "gfx936", "lane-level decode, prefill and cache-write kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
         "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",
         (GRAPH, KERNEL), "kernel", ("int8",), None, True,
         refusals={**_kernel_refusals("gfx936"),
@@ -172,13 +172,13 @@ TARGETS: dict[str, Target] = {
                                  "gfx936 has no IREE compilation stage (IREE does not know "
                                  "the chip)")}),
     "gfx942": Target(
-        "gfx942", "lane-level decode and prefill kernels on v_mfma_i32_16x16x32_i8 through IREE's ROCm "
+        "gfx942", "lane-level decode, prefill and cache-write kernels on v_mfma_i32_16x16x32_i8 through IREE's ROCm "
         "backend",
         (GRAPH, KERNEL, VMFB, ISA), "vmfb", ("int8",), "hip", True,
         ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942", *_KERNEL_FLAGS),
         "*.rocmasm", refusals=_kernel_refusals("gfx942")),
     "cuda": Target(
-        "cuda", "lane-level decode and prefill kernels on mma.sync.m16n8k32.s8 through IREE's CUDA "
+        "cuda", "lane-level decode, prefill and cache-write kernels on mma.sync.m16n8k32.s8 through IREE's CUDA "
         "backend (sm_80 PTX; the driver JITs it on newer GPUs)",
         (GRAPH, KERNEL, VMFB, PTX), "vmfb", ("int8", "bf16"), "cuda", True,
         ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80", *_KERNEL_FLAGS),

@@ -1,6 +1,7 @@
 """A decode loop on the paged INT8 cache, end to end on the IREE CPU runtime.
 
     .venv/bin/python examples/paged_decode.py [--steps 8] [--seed 0]
+    python examples/paged_decode.py --target cuda [--packages DIR]   # torch CUDA tensors
 
 Compiles examples/paged_decode.mlir (@write = int8attn.cache_write, @attend =
 int8attn.paged_attention) once, prefills four sequences of different lengths
@@ -11,6 +12,12 @@ Each step is checked against the exact reference of every sequence (float
 attention on the dequantized cache) and the fragment-level reference (the
 numerics contract, 5e-5 plus the rounding-tie slack); the script prints the
 max abs error per step and exits 1 if a check fails.
+
+`--target cuda` runs the same loop on torch CUDA tensors through
+`int8attn.serving.PagedAttention` (the kernels launched on torch's stream, the
+pool written and read in place on the GPU; each step's check copies the pool to
+the host, which the serving path itself never does). `--packages DIR` loads
+kernels `PagedAttention.save` wrote (a GPU machine without the IREE compiler).
 """
 
 from __future__ import annotations
@@ -38,8 +45,14 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--blocks", type=int, default=512, help="blocks in the pool")
+    parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--packages", type=Path, help="cuda: kernels PagedAttention.save wrote")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
+    if args.target == "cuda":
+        return run_cuda(args, rng)
+    if args.packages is not None:
+        parser.error("--packages loads cuda kernels: add --target cuda")
 
     start = time.perf_counter()
     graph = int8attn.compile(GRAPH.read_text(), filename=str(GRAPH))
@@ -74,19 +87,57 @@ def main(argv=None) -> int:
         out = decoder.step(q, k_new, v_new, sequences)
         seconds = time.perf_counter() - start
         tables, lens = decoder.last_batch
-        operands = (q, *cache.arrays, tables, lens)
-        exact = exact_paged_attention(*operands, SCALE)
-        fragment = fragment_paged_attention(*operands, SCALE, **numerics)
-        exact_err = np.abs(out - exact).max(axis=(1, 2))
-        frag_err = np.abs(out.astype(np.float64) - fragment).max(axis=(1, 2))
-        ties = [rounding_tie_slack(q[b:b + 1], *sequence_cache(*cache.arrays, tables, lens, b),
-                                   SCALE, **numerics).max() for b in range(len(sequences))]
-        ok = all(e <= FRAGMENT_TOL + t for e, t in zip(frag_err, ties))
-        failed |= not ok
-        print(f"step {step}: lengths {lens.tolist()}, write+attend {seconds * 1e3:.1f} ms, "
-              f"max abs vs exact {exact_err.max():.3e} (per sequence "
-              f"{', '.join(f'{e:.1e}' for e in exact_err)}), vs fragment "
-              f"{frag_err.max():.3e} {'ok' if ok else 'FAILED'}")
+        failed |= not check_step(step, out, q, cache.arrays, tables, lens, numerics, seconds)
+    return 1 if failed else 0
+
+
+def check_step(step, out, q, arrays, tables, lens, numerics, seconds) -> bool:
+    """One step's outputs against both references; prints the line, returns ok."""
+    operands = (q, *arrays, tables, lens)
+    exact_err = np.abs(out - exact_paged_attention(*operands, SCALE)).max(axis=(1, 2))
+    fragment = fragment_paged_attention(*operands, SCALE, **numerics)
+    frag_err = np.abs(out.astype(np.float64) - fragment).max(axis=(1, 2))
+    ties = [rounding_tie_slack(q[b:b + 1], *sequence_cache(*arrays, tables, lens, b),
+                               SCALE, **numerics).max() for b in range(len(lens))]
+    ok = all(e <= FRAGMENT_TOL + t for e, t in zip(frag_err, ties))
+    print(f"step {step}: lengths {lens.tolist()}, write+attend {seconds * 1e3:.1f} ms, "
+          f"max abs vs exact {exact_err.max():.3e}, vs fragment {frag_err.max():.3e} "
+          f"{'ok' if ok else 'FAILED'}")
+    return ok
+
+
+def run_cuda(args, rng) -> int:
+    """The loop on torch CUDA tensors (module docstring)."""
+    import torch
+
+    from int8attn.serving import PagedAttention
+
+    attn = (PagedAttention.load(args.packages) if args.packages else
+            PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda"))
+    numerics = getattr(attn, "numerics", None) or {"q_terms": 1, "w_quant": "s8"}
+    cache = PagedCache(args.blocks, HKV, BS, D, seed=args.seed)   # the bookkeeping
+    pool = [torch.from_numpy(a).cuda() for a in cache.arrays]      # garbage, on the GPU
+    host = lambda: [t.cpu().numpy() for t in pool]
+    sequences = []
+    for length in PROMPTS:
+        k, v = (rng.standard_normal((length, HKV, D)).astype(np.float32) for _ in range(2))
+        sequence = cache.add_sequence()
+        slots = cache.append(sequence, length)
+        attn.write(*(torch.from_numpy(a).cuda() for a in (k, v, slots)), *pool)
+        sequences.append(sequence)
+    failed = False
+    for step in range(args.steps):
+        q = rng.standard_normal((len(sequences), HQ, D)).astype(np.float32)
+        k_new, v_new = (rng.standard_normal((len(sequences), HKV, D)).astype(np.float32)
+                        for _ in range(2))
+        start = time.perf_counter()
+        slots = np.concatenate([cache.append(s, 1) for s in sequences])
+        attn.write(*(torch.from_numpy(a).cuda() for a in (k_new, v_new, slots)), *pool)
+        tables, lens = cache.batch(sequences)
+        out = attn(torch.from_numpy(q).cuda(), *pool, torch.from_numpy(tables).cuda(),
+                   torch.from_numpy(lens).cuda()).cpu().numpy()
+        seconds = time.perf_counter() - start
+        failed |= not check_step(step, out, q, host(), tables, lens, numerics, seconds)
     return 1 if failed else 0
 
 
