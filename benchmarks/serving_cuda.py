@@ -328,15 +328,43 @@ def run(folder: Path, out_dir: Path | None) -> dict:
     return results
 
 
+def profile(folder: Path, calls: int = 2000) -> None:
+    """Where an eager call's host time goes: cProfile over back-to-back calls."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from int8attn.serving import PagedAttention
+
+    attn = PagedAttention.load(folder)
+    rng = np.random.default_rng(SEED)
+    pool = random_pool(torch, rng, 1025, [16384], torch.device("cuda"), garbage=False)
+    q = torch.randn(1, HQ, D, device="cuda")
+    out = torch.empty_like(q)
+    for _ in range(50):
+        attn(q, *pool, out=out, validate=False)
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        attn(q, *pool, out=out, validate=False)
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("prepare", "run"))
+    parser.add_argument("mode", choices=("prepare", "run", "profile"))
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write", action="store_true", help="prepare: the cache_write kernel too")
     args = parser.parse_args(argv)
     if args.mode == "prepare":
         prepare(args.folder, args.write)
+    elif args.mode == "profile":
+        profile(args.folder)
     else:
         run(args.folder, args.out)
     return 0

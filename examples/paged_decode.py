@@ -47,12 +47,14 @@ def main(argv=None) -> int:
     parser.add_argument("--blocks", type=int, default=512, help="blocks in the pool")
     parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--packages", type=Path, help="cuda: kernels PagedAttention.save wrote")
+    parser.add_argument("--prepare", type=Path,
+                        help="cuda: compile the decode and write packages into DIR, exit")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     if args.target == "cuda":
         return run_cuda(args, rng)
-    if args.packages is not None:
-        parser.error("--packages loads cuda kernels: add --target cuda")
+    if args.packages is not None or args.prepare is not None:
+        parser.error("--packages and --prepare are for cuda kernels: add --target cuda")
 
     start = time.perf_counter()
     graph = int8attn.compile(GRAPH.read_text(), filename=str(GRAPH))
@@ -112,6 +114,10 @@ def run_cuda(args, rng) -> int:
 
     from int8attn.serving import PagedAttention
 
+    if args.prepare is not None:
+        PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda").save(args.prepare)
+        print(f"saved the decode and write packages in {args.prepare}")
+        return 0
     attn = (PagedAttention.load(args.packages) if args.packages else
             PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda"))
     numerics = getattr(attn, "numerics", None) or {"q_terms": 1, "w_quant": "s8"}
