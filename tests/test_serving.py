@@ -262,3 +262,39 @@ def test_torch_ops_write_and_attend_on_cpu(cpu_attention):
     q = torch.from_numpy(rng.standard_normal((2, HQ, D)).astype(np.float32))
     via_op = torch.ops.int8attn.paged_attention(q, *pool, tables, lens, handle, True)
     assert torch.equal(via_op, cpu_attention(q, *pool, tables, lens))
+
+
+def test_torch_compile_traces_the_ops_whole(cpu_attention):
+    """fullgraph=True: the ops are leaves of the traced graph (their fake
+    implementations give the shapes), no graph break; the compiled function gives the
+    eager result."""
+    from int8attn.serving import torch_ops
+
+    handle = torch_ops.register(cpu_attention)
+    rng = seeded_rng(2107)
+    pool, tables, lens, (k_new, v_new), slots = pool_and_batch(rng, [30, 17])
+
+    def step(k_new, v_new, slots, k_cache, k_scale, v_cache, v_scale, q, tables, lens):
+        torch.ops.int8attn.cache_write(k_new, v_new, slots, k_cache, k_scale, v_cache,
+                                       v_scale, handle, False)
+        out = torch.ops.int8attn.paged_attention(q, k_cache, k_scale, v_cache, v_scale,
+                                                 tables, lens, handle, False)
+        return out * 2.0
+
+    q = torch.from_numpy(rng.standard_normal((2, HQ, D)).astype(np.float32))
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    got = compiled(k_new, v_new, slots, *pool, q, tables, lens)
+    assert torch.equal(got, cpu_attention(q, *pool, tables, lens) * 2.0)
+
+
+def test_dlpack_producers_are_taken_without_a_copy(cpu_attention):
+    """numpy arrays (DLPack producers, as IREE device arrays and CuPy arrays are) in
+    place of tensors: the same result, and the pool written in the caller's memory."""
+    rng = seeded_rng(2108)
+    pool, tables, lens, (k_new, v_new), slots = pool_and_batch(rng, [30, 17])
+    arrays = [t.numpy() for t in pool]
+    cpu_attention.write(k_new.numpy(), v_new.numpy(), slots.numpy(), *arrays)
+    assert not np.isnan(arrays[1][tables[0, 0].item()]).any()   # written in place
+    q = rng.standard_normal((2, HQ, D)).astype(np.float32)
+    out = cpu_attention(q, *arrays, tables.numpy(), lens.numpy())
+    assert torch.equal(out, cpu_attention(torch.from_numpy(q), *pool, tables, lens))
