@@ -82,15 +82,19 @@ def main(argv=None) -> int:
 
     failed = False
     for step in range(args.steps):
-        q = rng.standard_normal((len(sequences), HQ, D)).astype(np.float32)
-        k_new, v_new = (rng.standard_normal((len(sequences), HKV, D)).astype(np.float32)
-                        for _ in range(2))
+        q, k_new, v_new = step_inputs(rng, len(sequences))
         start = time.perf_counter()
         out = decoder.step(q, k_new, v_new, sequences)
         seconds = time.perf_counter() - start
         tables, lens = decoder.last_batch
         failed |= not check_step(step, out, q, cache.arrays, tables, lens, numerics, seconds)
     return 1 if failed else 0
+
+
+def step_inputs(rng, batch: int):
+    """A decode step's Gaussian q [B, Hq, D] and new k, v rows [B, Hkv, D]."""
+    return (rng.standard_normal((batch, HQ, D)).astype(np.float32),
+            *(rng.standard_normal((batch, HKV, D)).astype(np.float32) for _ in range(2)))
 
 
 def check_step(step, out, q, arrays, tables, lens, numerics, seconds) -> bool:
@@ -133,9 +137,7 @@ def run_cuda(args, rng) -> int:
         sequences.append(sequence)
     failed = False
     for step in range(args.steps):
-        q = rng.standard_normal((len(sequences), HQ, D)).astype(np.float32)
-        k_new, v_new = (rng.standard_normal((len(sequences), HKV, D)).astype(np.float32)
-                        for _ in range(2))
+        q, k_new, v_new = step_inputs(rng, len(sequences))
         start = time.perf_counter()
         slots = np.concatenate([cache.append(s, 1) for s in sequences])
         attn.write(*(torch.from_numpy(a).cuda() for a in (k_new, v_new, slots)), *pool)
