@@ -64,8 +64,15 @@ def test_the_driver_runs_the_kernel_on_the_pool():
 
     graph = int8attn.compile(paged_attention_graph(*HEADS, 16, query_tokens=QUERY_TOKENS),
                              filename="paged_prefill.mlir", target="cuda", simulate=True)
-    assert graph.kernel_layout == {"function": "paged", "mode": "paged", "kernel": "prefill",
-                                   "rows_per_workgroup": 64, "tile_tokens": 64}
+    layout = dict(graph.kernel_layout)
+    (abi,) = layout.pop("abi")
+    assert layout == {"function": "paged", "mode": "paged", "kernel": "prefill",
+                      "rows_per_workgroup": 64, "tile_tokens": 64}
+    # the kernel's calling convention (kernels/abi.py): the seven inputs, the index sizes,
+    # one workgroup per (64 packed rows, KV head, sequence)
+    assert abi["kernel"] == "prefill_attention" and abi["constants"] == ["B", "NB", "MB"]
+    assert abi["inputs"][0] == "q" and len(abi["inputs"]) == 7
+    assert abi["grid"][1:] == [HEADS[1], "B"]
     arrays = paged_batch(seeded_rng(403), [40, 200], *HEADS, 16, query_tokens=QUERY_TOKENS)
     check_every_sequence(graph(*arrays), arrays, np.float32(HEADS[2] ** -0.5), model="cuda",
            **KERNEL_NUMERICS)
