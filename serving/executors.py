@@ -14,6 +14,8 @@ they are 64-byte aligned, as `CompiledGraph.run` documents).
 
 from __future__ import annotations
 
+import math
+
 from int8attn.driver.signature import FunctionInfo
 from int8attn.kernels.abi import paged_sizes
 from int8attn.serving.cuda_driver import Launch, PtxModule
@@ -77,11 +79,27 @@ class CudaExecutor:
             buffers.update(provided)
         for (grid, constants, outputs, names), launch in zip(self.plan(self.sizes(tensors)),
                                                               launches):
-            for name, dims, dtype in outputs:
-                if name not in buffers:
-                    buffers[name] = torch.empty(dims, dtype=dtype, device=device)
+            buffers.update(_allocate([o for o in outputs if o[0] not in buffers], device))
             launch(grid, [buffers[n].data_ptr() for n in names], constants, stream)
         return buffers
+
+
+def _allocate(outputs, device) -> dict:
+    """Output buffers by name: one allocation from torch's caching allocator (on the
+    current stream) cut into 16-byte aligned views where they share a dtype."""
+    torch = torch_module()
+    if len(outputs) < 2 or len({dtype for _, _, dtype in outputs}) != 1:
+        return {name: torch.empty(dims, dtype=dtype, device=device)
+                for name, dims, dtype in outputs}
+    dtype = outputs[0][2]
+    align = max(1, 16 // dtype.itemsize)
+    sizes = [-(-math.prod(dims) // align) * align for _, dims, _ in outputs]
+    flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+    views, start = {}, 0
+    for (name, dims, _), size in zip(outputs, sizes):
+        views[name] = flat[start:start + math.prod(dims)].view(dims)
+        start += size
+    return views
 
 
 def current_stream(torch, device) -> int:

@@ -39,7 +39,7 @@ from int8attn.driver.paged_decode import cache_write_graph, paged_attention_grap
 from int8attn.runtime.module import InputError
 from int8attn.serving.executors import CudaExecutor, HostExecutor
 from int8attn.serving.kernel_package import KernelPackage
-from int8attn.serving.tensors import aligned, check_tensors, torch_module
+from int8attn.serving.tensors import SignatureCheck, aligned, torch_module
 
 DECODE, WRITE = "decode", "write"
 SETTINGS = "paged_attention.json"
@@ -143,10 +143,8 @@ class PagedAttention:
         executor = self.executor(kind)
         info = executor.info
         names = info.attention.operands
-        tensors = check_tensors(info.name, info.arguments, names,
-                                [q, k_cache, k_scale, v_cache, v_scale, block_tables,
-                                 context_lens], executor.device_type,
-                                accepted_q=("f32", "f16", "bf16"))
+        tensors = _signature(executor, accepted_q=("f32", "f16", "bf16"))(
+            [q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens])
         tensors[0] = tensors[0].float()
         if out is not None:
             out = self._check_out(out, tensors[0])
@@ -197,9 +195,8 @@ class PagedAttention:
         executor = self.executor(WRITE)
         info = executor.info
         names = info.attention.operands
-        tensors = check_tensors(info.name, info.arguments, names,
-                                [k_new, v_new, slot_mapping, k_cache, k_scale, v_cache,
-                                 v_scale], executor.device_type)
+        tensors = _signature(executor)([k_new, v_new, slot_mapping, k_cache, k_scale,
+                                         v_cache, v_scale])
         if executor.device_type == "cpu":     # the CPU runtime checks every call itself
             results = executor.run_positional(tensors)
             for target, result in zip(tensors[3:], results):
@@ -211,6 +208,16 @@ class PagedAttention:
         aligned(zip(names, tensors))
         if tensors[0].shape[0]:
             executor.run(dict(zip(names, tensors)))
+
+
+def _signature(executor, accepted_q=("f32",)) -> SignatureCheck:
+    """The executor's argument check, built on first use."""
+    if getattr(executor, "signature_check", None) is None:
+        info = executor.info
+        executor.signature_check = SignatureCheck(info.name, info.arguments,
+                                                  info.attention.operands,
+                                                  executor.device_type, accepted_q)
+    return executor.signature_check
 
 
 def _describe(value) -> str:

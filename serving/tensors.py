@@ -84,6 +84,43 @@ def check_tensors(function: str, specs, names, tensors, device_type: str,
     return checked
 
 
+class SignatureCheck:
+    """`check_tensors` for one signature, with a fast verdict: the per-argument
+    expectations are computed once, a call compares each tensor's dtype, rank, static
+    dims, contiguity and device index against them, and only a call that fails runs
+    `check_tensors` for the message (the eager serving path's host time is mostly
+    these checks)."""
+
+    def __init__(self, function: str, specs, names, device_type: str, accepted_q=("f32",)):
+        dtypes = torch_dtypes()
+        self.args = (function, specs, names, device_type, accepted_q)
+        self.expect = []
+        for i, spec in enumerate(specs):
+            allowed = {spec.element} | (set(accepted_q) if i == 0 else set())
+            self.expect.append((frozenset(dtypes[e] for e in allowed if e in dtypes),
+                                len(spec.shape),
+                                tuple((a, n) for a, n in enumerate(spec.shape) if n is not None)))
+        self.cpu = device_type == "cpu"
+        self.tensor = torch_module().Tensor
+
+    def __call__(self, tensors) -> list:
+        function, specs, names, device_type, accepted_q = self.args
+        if len(tensors) == len(self.expect):
+            device = None
+            for t, (dtypes, rank, static) in zip(tensors, self.expect):
+                if type(t) is not self.tensor and not isinstance(t, self.tensor):
+                    break
+                index = t.get_device()
+                if (t.dtype not in dtypes or t.dim() != rank or not t.is_contiguous()
+                        or (index == -1) != self.cpu or (device is not None and index != device)
+                        or any(t.shape[a] != n for a, n in static)):
+                    break
+                device = index
+            else:
+                return list(tensors)
+        return check_tensors(function, specs, names, tensors, device_type, accepted_q)
+
+
 def aligned(tensors, alignment: int = 16) -> None:
     """The kernels load 16-byte vectors from each binding's base."""
     for name, t in tensors:
