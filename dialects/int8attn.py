@@ -56,7 +56,7 @@ from iree.compiler import ir
 
 from int8attn.support.diagnostics import DiagnosticError
 from int8attn.support.ir import walk
-from int8attn.reference.common import QUANTIZE_MIN_ABSMAX  # the contract's one definition
+from int8attn.contract.constants import QUANTIZE_MIN_ABSMAX
 from int8attn.dialects.ops import OPS as _TENSOR_OPS
 from int8attn.dialects.paged import CacheWriteOp, PagedAttentionOp, cache_write, paged_attention
 from int8attn.dialects.ops import (

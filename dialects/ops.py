@@ -20,7 +20,7 @@ from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
 from int8attn.fragments import FRAGMENT_MODELS
-from int8attn.reference.common import W_QUANTS
+from int8attn.contract.constants import W_QUANTS
 from int8attn.support.diagnostics import DiagnosticError
 
 MODES = ("decode", "prefill")

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 from int8attn.fragments import FragmentModelName
 from int8attn.pipelines import PipelineOptions
-from int8attn.reference.common import QTerms, WQuant, WTerms
+from int8attn.contract.constants import QTerms, WQuant, WTerms
 from int8attn.support.cpu_vectors import VectorISA
 from int8attn.support.options import check_fields, option
 

@@ -4,7 +4,7 @@ One workgroup of one wave per (new token t, KV head h), grid [T, Hkv, 1]. Lane l
 holds channels l, l + W, l + 2W, ... of the row (W the wave size: each load is
 one coalesced row segment). Per row the contract's `quantize` (docs/design.md §2:
 absmax over the wave by xor shuffles, `127/a`, clamp, round to even, the rules
-for a tiny or non-finite row) from `passes/quantize_contract.py`, the one
+for a tiny or non-finite row) from `contract/scalar_ir.py`, the one
 definition every kernel and pass uses. Kq goes to k_cache[blk, h, off, :], Vq to
 v_cache[blk, h, :, off] (token-innermost), the scales to k_scale / v_scale at
 [blk, h, off], where (blk, off) is the slot's place in the pool
@@ -28,7 +28,7 @@ from int8attn.kernels.abi import KernelABI
 from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import _types, pool_slot
 from int8attn.kernels.lanes import Lanes, binding, workgroup_id
-from int8attn.passes import quantize_contract as contract
+from int8attn.contract import scalar_ir as contract
 
 CACHE_WRITE_KERNEL = "cache_write"
 INPUTS = ("k_new", "v_new", "slot_mapping", "k_cache", "k_scale", "v_cache", "v_scale")

@@ -40,7 +40,7 @@ from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import DenseKV, PagedKV
 from int8attn.kernels.lanes import (Lanes, binding, c_element, load_vector, mma, vector_type,
                                     workgroup_id)
-from int8attn.passes import quantize_contract as contract
+from int8attn.contract import scalar_ir as contract
 
 ROWS = 16  # MMAC M: query rows of a tile (GQA heads, zero-padded)
 
@@ -385,7 +385,7 @@ class PartitionKernel:
     def quantize(self, w):
         """Per (row, MMAC) scale; Wq bytes and sW to LDS for the PV operands.
 
-        The scalar ops are the contract's (passes/quantize_contract.py), as in
+        The scalar ops are the contract's (contract/scalar_ir.py), as in
         lower-quantize: a zero or tiny group gives Wq = 0, a NaN/Inf group Wq = 0
         and sW = NaN. The absmax is NaN-propagating in-lane and across the xor
         shuffles, so every lane of a group sees the same a.

@@ -27,7 +27,7 @@ from int8attn.kernels.abi import PAGED_INPUTS, KernelABI
 from int8attn.kernels.decode import MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeKernels
 from int8attn.kernels.executable import dispatch
 from int8attn.kernels.prefill import PREFILL_KERNEL, PrefillKernels
-from int8attn.passes import builders as build
+from int8attn.dialects import builders as build
 
 DYN = d.DYNAMIC
 

@@ -43,7 +43,7 @@ from int8attn.kernels.executable import build_executable
 from int8attn.kernels.kv_access import (PagedPrefillKV, PagedPrefillShape, PrefillKV,
                                         PrefillShape)
 from int8attn.kernels.lanes import Lanes, binding, workgroup_id
-from int8attn.passes import quantize_contract as contract
+from int8attn.contract import scalar_ir as contract
 
 PREFILL_KERNEL = "prefill_attention"
 

@@ -17,7 +17,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith
 
 from int8attn.dialects import int8attn as d
-from int8attn.passes import builders as build
+from int8attn.dialects import builders as build
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 

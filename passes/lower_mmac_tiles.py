@@ -71,7 +71,7 @@ Either way the `groups` table the scales were computed over is the one that
 pairs each K slot of W with its token of V.
 
 Unsigned W (docs/design.md §2c): a tile with column sums computes
-acc = sum Wq*Vq + 128 * cs = sum u*Vq (u = Wq + 128, quantize_contract.unsigned_offset).
+acc = sum Wq*Vq + 128 * cs = sum u*Vq (u = Wq + 128, scalar_ir.unsigned_offset).
 In place, the tile sums u * Vq directly: u (in [0, 255]) is what the zero-spread
 W holds, every partial sum stays below K * 255 * 128 < 2^24 (K <= 514), so the
 f32 sums are the same int32 values bit for bit, and V is read once. The
@@ -102,9 +102,9 @@ from iree.compiler.dialects import arith, tensor
 
 from int8attn.dialects import int8attn as d
 from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
-from int8attn.passes import builders as build
+from int8attn.dialects import builders as build
 from int8attn.passes import mmac_tiles_mmt4d as mmt4d
-from int8attn.passes import quantize_contract as contract
+from int8attn.contract import scalar_ir as contract
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.cpu_vectors import REGISTER_FILES, VectorISA
 from int8attn.support.options import TypedOptions, option

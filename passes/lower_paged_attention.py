@@ -39,12 +39,12 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math, scf, tensor
 
 from int8attn.dialects import int8attn as d
-from int8attn.passes import builders as build
+from int8attn.dialects import builders as build
 from int8attn.passes.decode_split_kv import partition_softmax
 from int8attn.passes.int8_qk import group_query_rows, int8_scores, quantize_q, ungroup_query_rows
 from int8attn.passes.prefill_online_softmax import causal_mask, online_softmax_tile
 from int8attn.passes.rewrite import apply_patterns
-from int8attn.reference.common import QTerms
+from int8attn.contract.constants import QTerms
 from int8attn.support.options import TypedOptions, option
 
 

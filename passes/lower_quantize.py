@@ -17,7 +17,7 @@ gather over those token sets) W is first gathered into [..., G, K]. An
 all-zero or tiny row gives q = 0; a row holding NaN or Inf gives q = 0, s = NaN
 (never a poison fptosi). `group_quantize {w_quant = "u8"}` uses the unsigned
 rule (255 levels, Wq = u - 128, sW = a/255; u = 0 where a row is skipped).
-The scalar ops come from passes/quantize_contract.py, which the lane-level
+The scalar ops come from contract/scalar_ir.py, which the lane-level
 kernels share.
 Leading (row) dimensions of `quantize` may be dynamic (cache_write's T new tokens).
 """
@@ -31,8 +31,8 @@ from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
 from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
-from int8attn.passes import builders as build
-from int8attn.passes import quantize_contract as contract
+from int8attn.dialects import builders as build
+from int8attn.contract import scalar_ir as contract
 from int8attn.passes.lower_mmac_tiles import TokenAccess, gather_tokens
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option

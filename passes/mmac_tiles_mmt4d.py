@@ -24,8 +24,8 @@ from iree.compiler.dialects import arith, linalg, tensor
 
 from int8attn.dialects import int8attn as d
 from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
-from int8attn.passes import builders as build
-from int8attn.passes import quantize_contract as contract
+from int8attn.dialects import builders as build
+from int8attn.contract import scalar_ir as contract
 from int8attn.support.cpu_vectors import RegisterFile
 
 

@@ -26,8 +26,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math, scf
 
 from int8attn.dialects import int8attn as d
-from int8attn.passes import builders as build
-from int8attn.passes import quantize_contract as contract
+from int8attn.dialects import builders as build
+from int8attn.contract import scalar_ir as contract
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 

@@ -22,7 +22,7 @@ Option `w-terms=2` (docs/design.md §2c, two-term W) adds a second, signed INT8 
 per group on the f32 residual of the first, read back in token order, and its
 own MMAC tiles over the same groups:
 
-    R        = W - level(Wq) * sW    per token (quantize_contract.w_residual; level =
+    R        = W - level(Wq) * sW    per token (scalar_ir.w_residual; level =
                                      Wq, or Wq + 128 for u8), a linalg.generic over
                                      W's token digits that reads Wq, sW through views
                                      of their group / slot digits (a gather through
@@ -54,10 +54,10 @@ from int8attn.support.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
 from int8attn.fragments import (FragmentModelName, NotADigitPermutation, ScaleGroupKind,
                                 fragment_model, token_axes)
-from int8attn.passes import builders as build
-from int8attn.passes import quantize_contract as contract
+from int8attn.dialects import builders as build
+from int8attn.contract import scalar_ir as contract
 from int8attn.passes.rewrite import apply_patterns
-from int8attn.reference.common import WQuant, WTerms
+from int8attn.contract.constants import WQuant, WTerms
 from int8attn.support.options import TypedOptions, option
 
 

@@ -35,7 +35,7 @@ from typing import ClassVar
 from iree.compiler import ir
 
 from int8attn.dialects import int8attn as d
-from int8attn.passes import builders as build
+from int8attn.dialects import builders as build
 from int8attn.passes.attention_match import (
     Match, NotRaised, match_attention, match_attention_op, summary,
 )

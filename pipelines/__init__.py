@@ -41,7 +41,7 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
                              VerifyScaleGroups)
 from int8attn.passes.lower_mmac_tiles import Contraction
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
-from int8attn.reference.common import PV_MODES, PVKind, QTerms, WQuant, WTerms
+from int8attn.contract.constants import PV_MODES, PVKind, QTerms, WQuant, WTerms
 from int8attn.support.cpu_vectors import VectorISA
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Literal, get_args
+from typing import Callable, Iterator
 
 import numpy as np
 
-# How PV is computed: the INT8 instruction, or the bf16 / f32 baselines.
-PVKind = Literal["int8", "bf16", "f32"]
-PV_MODES = get_args(PVKind)
-# How many INT8 terms q is quantized into (docs/design.md §2c, two-term Q).
-QTerms = Literal[1, 2]
-Q_TERMS = get_args(QTerms)
-# How W is quantized per MMAC group (docs/design.md §2c): symmetric s8 (127 levels
-# for W >= 0), or unsigned u8 stored as s8 `u - W_OFFSET` with the offset
-# compensated exactly in the int32 accumulator by W_OFFSET * sum Vq.
-WQuant = Literal["s8", "u8"]
-W_QUANTS = get_args(WQuant)
-W_OFFSET = 128
-# How many INT8 terms W is quantized into per MMAC group (docs/design.md §2c,
-# two-term W): the first as w_quant says, the second (signed) on its f32 residual.
-WTerms = Literal[1, 2]
-W_TERMS = get_args(WTerms)
-# A row whose absmax is below this quantizes to zero (127/a would overflow f32).
-# The compiler's lower-quantize reads it from here; the references need no compiler.
-QUANTIZE_MIN_ABSMAX = 2.0 ** -118
+from int8attn.contract.constants import (  # noqa: F401  (the references' names)
+    PV_MODES, Q_TERMS, QUANTIZE_MIN_ABSMAX, W_OFFSET, W_QUANTS, W_TERMS, PVKind, QTerms,
+    WQuant, WTerms)
+
 F32 = np.float32
 # About how many bytes of intermediates the references hold at once: they work
 # through the query rows in chunks of this size, so their memory stays near

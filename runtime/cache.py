@@ -25,7 +25,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "int8attn"
 
 
-PACKAGES = ("int8attn", "dialects", "driver", "fragments", "kernels", "passes", "pipelines",
+PACKAGES = ("int8attn", "contract", "dialects", "driver", "fragments", "kernels", "passes", "pipelines",
             "reference", "runtime", "simulator", "support")
 
 

@@ -14,9 +14,7 @@ from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build_decode_kernels,
                                      dense_access, paged_access)
 from int8attn.kernels.kv_access import DenseShape, PagedShape
-from int8attn.simulator.prefill import (dense_kernel_inputs, run_paged_prefill_kernels,
-                                        run_prefill_kernels)
-from int8attn.simulator.run import run_executable
+from int8attn.simulator.run import dense_kernel_inputs, run_executable
 from int8attn.support.ir import new_context
 
 
@@ -76,13 +74,6 @@ def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slo
     return tuple(caches)
 
 
-# (the graph's mode, the kernel the driver built for it) -> the host work around it.
-RUNNERS = {("decode", "decode"): run_dense_kernels, ("paged", "decode"): run_paged_kernels,
-           ("prefill", "prefill"): run_prefill_kernels,
-           ("paged", "prefill"): run_paged_prefill_kernels,
-           ("cache_write", "cache_write"): run_cache_write_kernel}
-
-
 def _build(access, target, fragments, pv, numerics):
     model = fragments or fragment_model(target)
     built = build_decode_kernels(access(model), model, target, pv, **numerics)
@@ -123,12 +114,3 @@ def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_
                                 numerics)
         return run_paged_kernels(module, layout, q, k_cache, k_scale, v_cache, v_scale,
                                  block_tables, context_lens)
-
-
-def simulate_kernel_ir(kernel_ir: str, layout: dict, arrays) -> np.ndarray:
-    """The driver's `kernel` artifact (MLIR text) run in the simulator on the
-    function's arguments (dense decode and prefill: q, k, k_scale, v, v_scale;
-    paged decode and chunked prefill: the seven)."""
-    with new_context():
-        module = ir.Operation.parse(kernel_ir)
-        return RUNNERS[layout["mode"], layout["kernel"]](module, layout, *arrays)

@@ -13,18 +13,8 @@ from iree.compiler import ir
 from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
 from int8attn.kernels.prefill import PREFILL_KERNEL, build_prefill_kernels
-from int8attn.reference.common import pad_tokens
-from int8attn.simulator.run import run_executable
+from int8attn.simulator.run import dense_kernel_inputs, run_executable
 from int8attn.support.ir import new_context
-
-
-def dense_kernel_inputs(q, k, k_scale, v, v_scale, padded: int) -> list[np.ndarray]:
-    """A dense graph's host work: K, V and scales padded to `padded` tokens with
-    zeros, V transposed to the kernels' token-innermost [B, Hkv, D, S], q in f32."""
-    return [np.asarray(q, np.float32), np.ascontiguousarray(pad_tokens(k, 2, padded, 0)),
-            pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
-            np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
-            pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]
 
 
 def run_prefill_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale):

@@ -7,6 +7,7 @@ import re
 import numpy as np
 from iree.compiler import ir
 
+from int8attn.reference.common import pad_tokens
 from int8attn.support.ir import walk
 from int8attn.simulator.interpreter import Machine, SimulationError
 
@@ -48,3 +49,12 @@ def run_executable(module: ir.Operation, name: str, workload, arguments: list) -
     if 0 in grid:          # no workgroup (an empty batch): the dispatch does nothing
         return
     Machine(kernel, arguments, grid, threads, wave).run()
+
+
+def dense_kernel_inputs(q, k, k_scale, v, v_scale, padded: int) -> list[np.ndarray]:
+    """A dense graph's host work: K, V and scales padded to `padded` tokens with
+    zeros, V transposed to the kernels' token-innermost [B, Hkv, D, S], q in f32."""
+    return [np.asarray(q, np.float32), np.ascontiguousarray(pad_tokens(k, 2, padded, 0)),
+            pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
+            np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
+            pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]

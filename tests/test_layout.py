@@ -201,3 +201,72 @@ def test_the_reference_check_can_fail():
     problems = dangling_references(text, sections, "f.py")
     assert [p.split(":")[1] for p in problems] == ["1", "2", "4", "3"], problems
     assert "no section" in problems[0] and "names no" in problems[1]
+
+
+# Which top-level folders each folder may import (module level or inside functions).
+# The layers, bottom up: support; contract (the numerics rules); fragments; reference
+# (numpy) and dialects (the ops); passes and kernels (the two code generators, which do
+# not import each other); pipelines; runtime; simulator; driver; serving; the entry
+# points in int8attn/.
+ALLOWED_IMPORTS = {
+    "support": set(),
+    "contract": {"support"},
+    "fragments": {"support", "contract"},
+    "reference": {"support", "contract", "fragments",
+                  # onnx_decoder's check reads the cpu pipeline's default numerics
+                  # (a Numerics value per target, issue 23 item 5, moves them below)
+                  "pipelines"},
+    "dialects": {"support", "contract", "fragments"},
+    "passes": {"support", "contract", "fragments", "dialects"},
+    "kernels": {"support", "contract", "fragments", "dialects"},
+    "pipelines": {"support", "contract", "fragments", "dialects", "passes"},
+    "runtime": {"support"},
+    "simulator": {"support", "contract", "fragments", "reference", "kernels"},
+}
+
+
+def _folder_imports() -> dict[tuple[str, str], set[str]]:
+    """(importing folder, imported folder) -> the importing files, every import."""
+    folders = {folder.name for folder in _package_dirs().values()}
+    edges: dict[tuple[str, str], set[str]] = {}
+    for package, folder in _package_dirs().items():
+        for path in folder.glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and node.module
+                        and node.module.split(".")[0] == "int8attn" and node.level == 0):
+                    continue
+                parts = node.module.split(".")
+                targets = ({parts[1]} if len(parts) > 1 else
+                           {a.name if a.name in folders else "int8attn" for a in node.names})
+                for target in targets:
+                    target = target if target in folders else "int8attn"
+                    if target != folder.name:
+                        edges.setdefault((folder.name, target), set()).add(path.name)
+    return edges
+
+
+def test_layers_import_only_downwards():
+    wrong = {f"{source} -> {target} ({', '.join(sorted(files))})"
+             for (source, target), files in _folder_imports().items()
+             if source in ALLOWED_IMPORTS and target not in ALLOWED_IMPORTS[source]}
+    assert not wrong, "imports against the layers: " + "; ".join(sorted(wrong))
+
+
+def test_only_entry_points_import_the_cli():
+    """int8attn.cli is an entry point: library code (every package folder but int8attn/)
+    never imports it (report.py did, for UsageError: a cycle)."""
+    for package, folder in _package_dirs().items():
+        if package == "int8attn":
+            continue
+        for path in folder.glob("*.py"):
+            assert "int8attn.cli" not in path.read_text(), path
+
+
+def test_simulator_hosts_do_not_import_each_other():
+    """decode and prefill hosts share `run`; only kernel_ir (the dispatcher) and the
+    package's __init__ import both."""
+    for name in ("decode", "prefill", "run", "interpreter", "isa"):
+        text = (REPO / "simulator" / f"{name}.py").read_text()
+        others = {"decode", "prefill", "kernel_ir"} - {name}
+        assert not any(f"int8attn.simulator.{o} " in text or f"int8attn.simulator.{o}\n" in text
+                       for o in others), name

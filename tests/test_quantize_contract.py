@@ -1,6 +1,6 @@
 """One quantization contract (docs/design.md §2) in every compiler consumer.
 
-passes/quantize_contract.py builds the scalar ops that lower-quantize and the
+contract/scalar_ir.py builds the scalar ops that lower-quantize and the
 lane-level decode kernels share. These tests run them in the lane simulator
 against the numpy reference: the scalars on their own over the special rows
 (zero, tiny, threshold, NaN, Inf, huge, ties), and the decode kernels of every
@@ -20,7 +20,7 @@ from conftest import seeded_rng
 from int8attn import reference as ref
 from int8attn.fragments import fragment_model
 from int8attn.kernels.lanes import Lanes, binding
-from int8attn.passes import quantize_contract as contract
+from int8attn.contract import scalar_ir as contract
 from int8attn.reference.common import QUANTIZE_MIN_ABSMAX
 from int8attn.driver.stages import iree_compile
 from int8attn.driver.targets import TARGETS as COMPILE_TARGETS

@@ -28,9 +28,9 @@ quantizes what the first left over, with the signed rule above:
 the residual rounded once, as q's second term (q_residual).
 
 Every compiler consumer builds the contract from these functions: lower-quantize
-inside its linalg.generic bodies, the lane-level decode kernels on the per-lane
-scalars of a W group. The numpy reference (reference/common.py) stays the
-independent statement of the same rules and owns the threshold.
+inside its linalg.generic bodies, the lane-level kernels on the per-lane
+scalars of a row or W group. The numpy reference (reference/common.py) stays the
+independent statement of the same rules; both read contract/constants.py.
 
 Each function builds its ops at the current insertion point and location. The
 constants come from one `QuantizeConstants`, built once where it dominates every use
@@ -47,24 +47,8 @@ from typing import Callable, NamedTuple
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from int8attn.reference.common import QUANTIZE_MIN_ABSMAX, W_OFFSET
-
-# The largest |product| of a W level and an int8 V value, per W kind: s8 levels
-# and V in [-128, 127]; unsigned u = Wq + W_OFFSET in [0, 255]. What bounds the
-# exact sums of a group in f32 (< 2^24) or i32 (< 2^31).
-MAX_W_V_PRODUCT = {"s8": 128 * 128, "u8": 255 * 128}
-
-QMAX = 127.0
-UMAX = 255.0
-# x + 1.5*2^23 - 1.5*2^23 is roundeven(x) for |x| <= 2^22 in f32's round-to-nearest-even
-# arithmetic: the sum has no bits below 1, so the add rounds x to an integer, ties to
-# even. Two adds where math.roundeven expands to about eight instructions on the GPU
-# targets. The contract clamps x * inv to the (integer) level range first, which
-# rounds the same (rounding is monotonic) and keeps the product a separate rounding:
-# an add fed straight by the multiply may be contracted into an fma by the backend
-# (LLVM does on x86 and NVPTX), which rounds the exact product instead.
-ROUND_BIAS = 1.5 * 2.0 ** 23
-
+from int8attn.contract.constants import (MAX_W_V_PRODUCT, QMAX,  # noqa: F401
+                                         QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127

@@ -1,0 +1,47 @@
+"""The numerics contract's constants and option types.
+
+See docs/design.md §2 (the contract) and docs/design.md §2c (the variants).
+
+Plain Python: the numpy references, the option declarations, the dialects and the
+IR rules (`scalar_ir`) all read them from here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# The PV product: INT8 (the contract), or the baselines (docs/design.md §2).
+PVKind = Literal["int8", "bf16", "f32"]
+PV_MODES = get_args(PVKind)
+# How many INT8 terms q is quantized into (docs/design.md §2c, two-term Q).
+QTerms = Literal[1, 2]
+Q_TERMS = get_args(QTerms)
+# How W is quantized per MMAC group (docs/design.md §2c): symmetric s8 (127 levels
+# for W >= 0), or unsigned u8 stored as s8 `u - W_OFFSET` with the offset
+# compensated exactly in the int32 accumulator by W_OFFSET * sum Vq.
+WQuant = Literal["s8", "u8"]
+W_QUANTS = get_args(WQuant)
+W_OFFSET = 128
+# How many INT8 terms W is quantized into per MMAC group (docs/design.md §2c,
+# two-term W): the first as w_quant says, the second (signed) on its f32 residual.
+WTerms = Literal[1, 2]
+W_TERMS = get_args(WTerms)
+# A row whose absmax is below this quantizes to zero (127/a would overflow f32).
+# Every implementation (IR rules, kernels, numpy references) reads it from here.
+QUANTIZE_MIN_ABSMAX = 2.0 ** -118
+
+# The largest |product| of a W level and an int8 V value, per W kind: s8 levels
+# and V in [-128, 127]; unsigned u = Wq + W_OFFSET in [0, 255]. What bounds the
+# exact sums of a group in f32 (< 2^24) or i32 (< 2^31).
+MAX_W_V_PRODUCT = {"s8": 128 * 128, "u8": 255 * 128}
+
+QMAX = 127.0
+UMAX = 255.0
+# x + 1.5*2^23 - 1.5*2^23 is roundeven(x) for |x| <= 2^22 in f32's round-to-nearest-even
+# arithmetic: the sum has no bits below 1, so the add rounds x to an integer, ties to
+# even. Two adds where math.roundeven expands to about eight instructions on the GPU
+# targets. The contract clamps x * inv to the (integer) level range first, which
+# rounds the same (rounding is monotonic) and keeps the product a separate rounding:
+# an add fed straight by the multiply may be contracted into an fma by the backend
+# (LLVM does on x86 and NVPTX), which rounds the exact product instead.
+ROUND_BIAS = 1.5 * 2.0 ** 23
