@@ -14,7 +14,9 @@ from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build_decode_kernels,
                                      dense_access, paged_access)
 from int8attn.kernels.kv_access import DenseShape, PagedShape
-from int8attn.simulator.run import dense_kernel_inputs, run_executable
+from int8attn.kernels.abi import PAGED_INPUTS, paged_sizes
+from int8attn.kernels.cache_write import INPUTS as CACHE_WRITE_INPUTS
+from int8attn.simulator.run import dense_kernel_inputs, run_abi, run_executable
 from int8attn.support.ir import new_context
 
 
@@ -46,31 +48,26 @@ def run_dense_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_sc
 
 def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v_cache, v_scale,
                       block_tables, context_lens):
-    """The paged graph's kernels on the pool as it is (no copy, no padding)."""
-    batch, q_heads, head_dim = q.shape
-    blocks, kv_heads, block_size, _ = k_cache.shape
-    width = block_tables.shape[1]
-    unit = layout["partition_tokens"]
-    partitions = -(-width * block_size // unit)
-    inputs = [np.asarray(q, np.float32), k_cache, k_scale, v_cache, v_scale,
-              np.asarray(block_tables, np.int32), np.asarray(context_lens, np.int32)]
-    partials = _partials(batch, kv_heads, partitions, layout["rows_out"], head_dim)
-    run_executable(module, PARTITION_KERNEL, (partitions, kv_heads, batch),
-                   inputs + [batch, blocks, width, partitions] + partials)
-    out = np.zeros((batch, kv_heads, layout["rows_out"], head_dim), np.float32)
-    run_executable(module, MERGE_KERNEL, (kv_heads, batch),
-                   partials + [inputs[-1], batch, partitions, out])
-    return _real_rows(out, q_heads)
+    """The paged graph's kernels on the pool as it is (no copy, no padding), called as
+    their KernelABI says."""
+    batch, q_heads, _ = q.shape
+    blocks, _, block_size, _ = k_cache.shape
+    sizes = paged_sizes(batch, blocks, block_tables.shape[1], block_size,
+                        layout["partition_tokens"])
+    tensors = dict(zip(PAGED_INPUTS, [np.asarray(q, np.float32), k_cache, k_scale, v_cache,
+                                      v_scale, np.asarray(block_tables, np.int32),
+                                      np.asarray(context_lens, np.int32)]))
+    return _real_rows(run_abi(module, layout["abi"], sizes, tensors)["out"], q_heads)
 
 
 def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slot_mapping,
                            k_cache, k_scale, v_cache, v_scale):
-    """The cache-write kernel over [T, Hkv] on copies of the caches; returns them."""
-    tokens, kv_heads = np.shape(k_new)[:2]
+    """The cache-write kernel (its KernelABI) on copies of the caches; returns them."""
     caches = [np.array(c, copy=True) for c in (k_cache, k_scale, v_cache, v_scale)]
-    run_executable(module, "cache_write", (tokens, kv_heads),
-                   [np.asarray(k_new, np.float32), np.asarray(v_new, np.float32),
-                    np.asarray(slot_mapping, np.int32), *caches, tokens, caches[0].shape[0]])
+    tensors = dict(zip(CACHE_WRITE_INPUTS, [np.asarray(k_new, np.float32),
+                                            np.asarray(v_new, np.float32),
+                                            np.asarray(slot_mapping, np.int32), *caches]))
+    run_abi(module, layout["abi"], {"T": np.shape(k_new)[0], "NB": caches[0].shape[0]}, tensors)
     return tuple(caches)
 
 

@@ -13,7 +13,8 @@ from iree.compiler import ir
 from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
 from int8attn.kernels.prefill import PREFILL_KERNEL, build_prefill_kernels
-from int8attn.simulator.run import dense_kernel_inputs, run_executable
+from int8attn.kernels.abi import PAGED_INPUTS
+from int8attn.simulator.run import dense_kernel_inputs, run_abi, run_executable
 from int8attn.support.ir import new_context
 
 
@@ -46,16 +47,13 @@ def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
 
 def run_paged_prefill_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v_cache,
                               v_scale, block_tables, context_lens):
-    """A chunked prefill over the block pool: the kernel on the pool as it is."""
-    batch, q_heads, query_tokens, _ = q.shape
-    blocks, kv_heads = k_cache.shape[:2]
-    inputs = [np.asarray(q, np.float32), k_cache, k_scale, v_cache, v_scale,
-              np.asarray(block_tables, np.int32), np.asarray(context_lens, np.int32)]
-    out = np.zeros(q.shape, np.float32)
-    row_blocks = -(-query_tokens * (q_heads // kv_heads) // layout["rows_per_workgroup"])
-    run_executable(module, PREFILL_KERNEL, (row_blocks, kv_heads, batch),
-                   inputs + [batch, blocks, block_tables.shape[1], out])
-    return out
+    """A chunked prefill over the block pool: the kernel on the pool as it is, called as
+    its KernelABI says."""
+    sizes = {"B": q.shape[0], "NB": k_cache.shape[0], "MB": block_tables.shape[1]}
+    tensors = dict(zip(PAGED_INPUTS, [np.asarray(q, np.float32), k_cache, k_scale, v_cache,
+                                      v_scale, np.asarray(block_tables, np.int32),
+                                      np.asarray(context_lens, np.int32)]))
+    return run_abi(module, layout["abi"], sizes, tensors)["out"]
 
 
 def simulate_paged_prefill(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,

@@ -58,3 +58,25 @@ def dense_kernel_inputs(q, k, k_scale, v, v_scale, padded: int) -> list[np.ndarr
             pad_tokens(k_scale, 2, padded, 0).astype(np.float32),
             np.ascontiguousarray(pad_tokens(v, 2, padded, 0).transpose(0, 1, 3, 2)),
             pad_tokens(v_scale, 2, padded, 0).astype(np.float32)]
+
+
+ELEMENTS = {"f32": np.float32, "i8": np.int8, "i32": np.int32}
+
+
+def run_abi(module: ir.Operation, abis, sizes: dict[str, int], tensors: dict) -> dict:
+    """Each kernel of `abis` (KernelABI JSON, kernels/abi.py: the layout the driver
+    records) in order, called as its ABI declares: its inputs by name among `tensors`
+    and the earlier kernels' outputs, its index operands, its outputs (zeroed numpy
+    buffers); the grid from its workload. Returns every buffer by name."""
+    from int8attn.kernels.abi import KernelABI, evaluate
+
+    buffers = dict(tensors)
+    for data in abis:
+        abi = KernelABI.from_json(data)
+        for buffer in abi.outputs:
+            buffers.setdefault(buffer.name, np.zeros(buffer.dims(sizes),
+                                                     ELEMENTS[buffer.element]))
+        run_executable(module, abi.kernel, [evaluate(g, sizes) for g in abi.workload],
+                       [buffers[n] for n in abi.inputs] + abi.constant_values(sizes)
+                       + [buffers[b.name] for b in abi.outputs])
+    return buffers

@@ -28,7 +28,7 @@ def _kernels(target, q_heads, kv_heads, head_dim, block_size, scale):
     model = fragment_model(target)
     shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size, scale)
     built = build_decode_kernels(paged_access(shape, model), model, target)
-    return built.module, {"rows_out": built.rows_out, "partition_tokens": model.partition_tokens}
+    return built.module, built.layout
 
 
 def _check(out, arrays, scale, target, **numerics):
@@ -97,12 +97,10 @@ def test_schedule_choices_do_not_change_a_bit(tuning):
     shape = PagedShape(2, 4, 64, 16, 0.125)
     model = fragment_model("cuda")
     with new_context(), ir.Location.unknown():
-        layout = {"partition_tokens": model.partition_tokens}
         outs = []
         for choice in (DecodeTuning(), DecodeTuning(**tuning)):
             built = build_decode_kernels(paged_access(shape, model), model, "cuda", "int8", choice)
-            layout["rows_out"] = built.rows_out
-            outs.append(run_paged_kernels(built.module, layout, *arrays))
+            outs.append(run_paged_kernels(built.module, built.layout, *arrays))
     assert np.array_equal(outs[0], outs[1])
 
 
@@ -120,8 +118,7 @@ def test_v_async_reads_v_only_after_the_wait(monkeypatch):
     with new_context(), ir.Location.unknown():
         built = build_decode_kernels(paged_access(shape, model), model, "cuda", "int8",
                                      DecodeTuning(v_async=True))
-        layout = {"partition_tokens": model.partition_tokens, "rows_out": built.rows_out}
-        out = run_paged_kernels(built.module, layout, *arrays)
+        out = run_paged_kernels(built.module, built.layout, *arrays)
     q, k, ks, v, vs, tables, lens = arrays
     dense = (q[:1], *sequence_cache(k, ks, v, vs, tables, lens, 0))
     from int8attn.reference import fragment_attention
@@ -189,8 +186,7 @@ def test_a_split_merge_matches_both_references(target, splits, chunks):
         built = build_decode_kernels(paged_access(shape, model), model, target, "int8",
                                      DecodeTuning(merge_splits=splits, merge_unroll=2,
                                                   merge_chunks=chunks))
-        layout = {"partition_tokens": model.partition_tokens, "rows_out": built.rows_out}
-        out = run_paged_kernels(built.module, layout, *arrays)
+        out = run_paged_kernels(built.module, built.layout, *arrays)
     _check(out, arrays, np.float32(0.125), target)
 
 
