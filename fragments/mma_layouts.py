@@ -1,0 +1,234 @@
+"""The fragment model as linear layouts: operands, V loads, W scale groups, shuffles.
+
+Each matrix instruction's operands are `LinearLayout`s (register, lane) ->
+(row, col), built as products of identities read off the ISA lane tables
+(docs/design.md §3): gfx936's A, `A[l % 16][8(l / 16) + j]`, is
+
+    identity(register, 8 -> col) * identity(lane, 16 -> row) * identity(lane, 4 -> col)
+
+(the product puts the second factor's bits above the first's, in and out).
+From those and a model's V load scheme, everything that docs/design.md §4
+derives by enumeration follows by composition and inversion:
+
+- `v_load_layout`: (byte, load, lane) -> (token, head_dim) of a wave's V loads;
+- `k_slot_tokens`: (k, mmac) -> token, the B layout's inverse composed with the
+  register feed and the V loads: the token behind each K slot of each MMAC;
+- `group_tokens` / `token_set`: a block's W scale groups and, for one group,
+  its tokens as the preimage of the group index (a coset, not a search);
+- `score_layout` / `xor_partners`: the lane bits a row (or row, MMAC)
+  reduction shuffles over, the lane bases whose image in the kept dims is 0.
+
+fragments/instructions.py and fragments/model.py keep the enumerated tables;
+tests/test_linear_layout.py checks the two element by element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
+                                             SM80_MMA_S8, MatrixInstruction)
+from int8attn.fragments.linear_layout import LinearLayout
+from int8attn.fragments.model import FragmentModel
+
+I = LinearLayout.identity
+
+
+def _operand(layout: LinearLayout) -> LinearLayout:
+    return layout.transpose_ins(("register", "lane")).transpose_outs(("row", "col"))
+
+
+@dataclass(frozen=True)
+class MmaLayouts:
+    """One instruction's A, B, C operand layouts: (register, lane) -> (row, col)."""
+
+    name: str
+    a: LinearLayout
+    b: LinearLayout
+    c: LinearLayout
+
+    def operand(self, which: str) -> LinearLayout:
+        return {"a": self.a, "b": self.b, "c": self.c}[which.lower()]
+
+
+def _amd_16x16x32(name: str, c: LinearLayout) -> MmaLayouts:
+    # A[l % 16][8(l / 16) + j], B[8(l / 16) + j][l % 16] (gfx936 MMAC and gfx942 MFMA)
+    return MmaLayouts(
+        name,
+        a=_operand(I("register", 8, "col") * I("lane", 16, "row") * I("lane", 4, "col")),
+        b=_operand(I("register", 8, "row") * I("lane", 16, "col") * I("lane", 4, "row")),
+        c=_operand(c))
+
+
+# PTX fragments: g = l / 4 (lane bits 2-4), t = l % 4 (lane bits 0-1).
+# C of m16n8: c_i = (g + 8(i / 2), 2t + i % 2)
+_PTX_C = _operand(I("register", 2, "col") * I("lane", 4, "col") * I("lane", 8, "row")
+                  * I("register", 2, "row"))
+
+MMA_LAYOUTS: dict[str, MmaLayouts] = {
+    # C "jump" layout: C[l % 16][l / 16 + 4i]
+    GFX936_MMAC.name: _amd_16x16x32(
+        GFX936_MMAC.name, I("lane", 16, "row") * I("lane", 4, "col") * I("register", 4, "col")),
+    # MFMA: C[4(l / 16) + i][l % 16]
+    GFX942_MFMA.name: _amd_16x16x32(
+        GFX942_MFMA.name, I("register", 4, "row") * I("lane", 16, "col") * I("lane", 4, "row")),
+    # s8 m16n8k32: a_r byte j = (g + 8(r % 2), 16(r / 2) + 4t + j); b_r byte j = (16r + 4t + j, g)
+    SM80_MMA_S8.name: MmaLayouts(
+        SM80_MMA_S8.name,
+        a=_operand(I("register", 4, "col") * I("lane", 4, "col") * I("lane", 8, "row")
+                   * I("register", 2, "row") * I("register", 2, "col")),
+        b=_operand(I("register", 4, "row") * I("lane", 4, "row") * I("register", 2, "row")
+                   * I("lane", 8, "col")),
+        c=_PTX_C),
+    # bf16 m16n8k16: a_r element j = (g + 8(r % 2), 8(r / 2) + 2t + j); b_r = (8r + 2t + j, g)
+    SM80_MMA_BF16.name: MmaLayouts(
+        SM80_MMA_BF16.name,
+        a=_operand(I("register", 2, "col") * I("lane", 4, "col") * I("lane", 8, "row")
+                   * I("register", 2, "row") * I("register", 2, "col")),
+        b=_operand(I("register", 2, "row") * I("lane", 4, "row") * I("register", 2, "row")
+                   * I("lane", 8, "col")),
+        c=_PTX_C),
+}
+
+
+def mma_layouts(instruction: MatrixInstruction | str) -> MmaLayouts:
+    name = instruction if isinstance(instruction, str) else instruction.name
+    try:
+        return MMA_LAYOUTS[name]
+    except KeyError:
+        raise KeyError(f"no linear layouts for '{name}' (known: "
+                       f"{', '.join(MMA_LAYOUTS)})") from None
+
+
+# -- the V load scheme and the tokens of each K slot ------------------------------------
+
+def _lane_bits(b: LinearLayout) -> tuple[list[int], list[int]]:
+    """B's lane bits that move the K row (the lane group, by K row) and the column."""
+    group, column = [], []
+    for bit, basis in enumerate(b.bases("lane")):
+        if basis["row"] and basis["col"]:
+            raise ValueError(f"lane bit {bit} of B moves both K row and column: {basis}")
+        (group if basis["row"] else column).append(bit)
+    return sorted(group, key=lambda bit: b.basis("lane", bit)["row"]), column
+
+
+def _loads(model: FragmentModel) -> int:
+    """V loads per lane: its bytes for all PV MMACs in `bytes_per_lane` loads."""
+    width = model.v_load.bytes_per_lane
+    lane_bytes = model.mmacs_per_wave * model.instruction.b.slots
+    if lane_bytes % width:
+        raise ValueError(f"{model.name}: the V load scheme with {width}-byte loads does not "
+                         f"cover the wave's {model.wave_tokens} tokens exactly once (a lane "
+                         f"holds {lane_bytes} V bytes)")
+    return lane_bytes // width
+
+
+def v_load_layout(model: FragmentModel) -> LinearLayout:
+    """(byte, load, lane) -> (token, head_dim): a wave's V loads from the
+    token-innermost cache. Lanes holding the same K rows of B form a lane group;
+    one load gives a lane `bytes_per_lane` consecutive tokens of its B column,
+    successive loads continue after all lane groups' bytes (docs/design.md §4)."""
+    inst, width = model.instruction, model.v_load.bytes_per_lane
+    b = mma_layouts(inst).b
+    group, column = _lane_bits(b)
+    loads = _loads(model)
+    lane = LinearLayout({"lane": [
+        {"token": 1 << group.index(bit)} if bit in group else
+        {"head_dim": b.basis("lane", bit)["col"]} for bit in range(b.in_bits("lane"))]},
+        [("token", 1 << len(group)), ("head_dim", b.out_size("col"))])
+    return (I("byte", width, "token") * lane
+            * I("load", loads, "token")).transpose_ins(("byte", "load", "lane"))
+
+
+def register_feed(model: FragmentModel) -> LinearLayout:
+    """(register, mmac) -> (byte, load): MMAC t takes a lane's V bytes
+    `slots*t .. slots*t + slots - 1`, in load order."""
+    slots, width = model.instruction.b.slots, model.v_load.bytes_per_lane
+    flat = I("register", slots, "flat") * I("mmac", model.mmacs_per_wave, "flat")
+    return flat.reshape_outs([("byte", width), ("load", _loads(model))])
+
+
+def pv_token_layout(model: FragmentModel) -> LinearLayout:
+    """(register, mmac, lane) -> (token, head_dim) of each PV B register."""
+    feed = register_feed(model) * I("lane", model.instruction.wave_size)
+    return feed.compose(v_load_layout(model))
+
+
+def k_slot_tokens(model: FragmentModel) -> LinearLayout:
+    """(k, mmac) -> token (within the wave) that K slot k of PV MMAC `mmac` consumes:
+    B's inverse, (k, n) -> (register, lane), composed with `pv_token_layout`."""
+    b = mma_layouts(model.instruction).b.rename(outs={"row": "k", "col": "n"})
+    slots_of = b.invert() * I("mmac", model.mmacs_per_wave)
+    full = slots_of.compose(pv_token_layout(model))      # (k, n, mmac) -> (token, head_dim)
+    if any(basis["token"] for basis in full.bases("n")):
+        raise ValueError(f"{model.name}: lanes disagree on the token of a K slot "
+                         "(the V load scheme's token depends on B's column)")
+    if full.sublayout(["n"], ["head_dim"]) != I("n", full.in_size("n"), "head_dim") or any(
+            basis["head_dim"] for d in ("k", "mmac") for basis in full.bases(d)):
+        raise ValueError(f"{model.name}: the V loads do not give B column n head-dim n")
+    tokens = full.sublayout(["k", "mmac"], ["token"])
+    if tokens.out_size("token") != model.wave_tokens or not tokens.is_bijective():
+        raise ValueError(f"{model.name}: the V load scheme with {model.v_load.bytes_per_lane}"
+                         f"-byte loads does not cover the wave's {model.wave_tokens} tokens "
+                         "exactly once")
+    return tokens
+
+
+def group_tokens(model: FragmentModel, block_tokens: int) -> LinearLayout:
+    """(k, group) -> token of a block of whole waves; group = wave * mmacs + mmac."""
+    waves, rest = divmod(block_tokens, model.wave_tokens)
+    if rest or waves & (waves - 1):
+        raise ValueError(f"a block of {block_tokens} tokens is not a power-of-two number "
+                         f"of {model.wave_tokens}-token waves")
+    block = k_slot_tokens(model) * I("wave", waves, "token")
+    return block.reshape_ins([("k", model.instruction.k),
+                              ("group", model.mmacs_per_wave * waves)])
+
+
+def token_slots(model: FragmentModel, block_tokens: int | None = None) -> LinearLayout:
+    """token -> (k, group): which K slot of which group consumes each token."""
+    return group_tokens(model, block_tokens or model.wave_tokens).invert()
+
+
+def token_set(model: FragmentModel, group: int, block_tokens: int | None = None) -> np.ndarray:
+    """The sorted tokens of W scale group `group`: the preimage of `group` under
+    token -> group (a coset of the tokens that do not change the group)."""
+    owner = token_slots(model, block_tokens).sublayout(["token"], ["group"])
+    return owner.preimage(group=group)["token"]
+
+
+# -- scores in the C layout and the xor-shuffle partners ---------------------------------
+
+def score_layout(model: FragmentModel) -> LinearLayout:
+    """(register, block, lane) -> (row, token): a wave's QK scores, `blocks` C tiles
+    of N tokens (element (n, i) of lane l is row c_row[i](l), token n*N + c_col[i](l))."""
+    inst = model.instruction
+    c = mma_layouts(inst).c.rename(outs={"col": "token"})
+    return (c * I("block", model.wave_tokens // inst.n, "token")).transpose_ins(
+        ("register", "block", "lane"))
+
+
+def score_group_layout(model: FragmentModel) -> LinearLayout:
+    """(register, block, lane) -> (row, k, group): the W scale group of each score."""
+    rows = I("row", score_layout(model).out_size("row"))
+    return score_layout(model).compose(rows * token_slots(model))
+
+
+def xor_partners(layout: LinearLayout, keep: Sequence[str], dim: str = "lane") -> tuple[int, ...]:
+    """The `dim` xor offsets that leave every output in `keep` unchanged: the bits
+    whose basis is 0 there (a butterfly over them reduces within each class)."""
+    return tuple(1 << bit for bit, basis in enumerate(layout.bases(dim))
+                 if not any(basis[name] for name in keep))
+
+
+def row_reduction_offsets(model: FragmentModel) -> tuple[int, ...]:
+    """Softmax row max / sum: lanes that hold the same rows."""
+    return xor_partners(score_layout(model), ["row"])
+
+
+def group_reduction_offsets(model: FragmentModel) -> tuple[int, ...]:
+    """W absmax per (row, MMAC): lanes that hold the same rows and groups."""
+    return xor_partners(score_group_layout(model), ["row", "group"])
