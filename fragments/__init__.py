@@ -10,6 +10,13 @@ Each operand layout is a table `coords[lane, slot] = (row, col)` written from
 the ISA lane tables (docs/design.md §3). A `VLoadScheme` says which token
 each byte of a lane's V registers holds. Composing the B layout with the load
 scheme gives, for every MMAC of a wave, the token behind each of its K slots.
+
+The same model as XOR-linear layouts over named dims (`LinearLayout`, in the
+spirit of Triton's): `mma_layouts` holds each instruction's A/B/C operands,
+and `k_slot_tokens`, `group_tokens`, `token_set` and `xor_partners` derive the
+token groups and shuffle partners by composition and inversion
+(docs/design.md §4). The kernels still read the tables and `LaneMap`s; they
+move onto the layouts in a later step.
 """
 
 from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
@@ -21,6 +28,14 @@ from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, SCA
                                       FragmentModel, FragmentModelName, ScaleGroupKind,
                                       VLoadScheme, bf16_pv_model,
                                       format_token_set, fragment_model)
+from int8attn.fragments.layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
+from int8attn.fragments.linear_layout import LinearLayout, NotInvertible, NotLinear
+from int8attn.fragments.mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
+                                            group_tokens, k_slot_tokens, mma_layouts,
+                                            pv_token_layout, register_feed,
+                                            row_reduction_offsets, score_group_layout,
+                                            score_layout, token_set, token_slots,
+                                            v_load_layout, xor_partners)
 from int8attn.fragments.token_axes import (NotADigitPermutation, TokenAxes, TokenAxis,
                                            token_axes)
 
@@ -52,4 +67,25 @@ __all__ = [
     "TokenAxes",
     "NotADigitPermutation",
     "token_axes",
+    "LinearLayout",
+    "NotLinear",
+    "NotInvertible",
+    "CallableBuilder",
+    "INT_BUILDER",
+    "TEXT_BUILDER",
+    "MmaLayouts",
+    "MMA_LAYOUTS",
+    "mma_layouts",
+    "v_load_layout",
+    "register_feed",
+    "pv_token_layout",
+    "k_slot_tokens",
+    "group_tokens",
+    "token_slots",
+    "token_set",
+    "score_layout",
+    "score_group_layout",
+    "xor_partners",
+    "row_reduction_offsets",
+    "group_reduction_offsets",
 ]
