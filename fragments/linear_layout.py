@@ -384,6 +384,6 @@ class LinearLayout(SolveMixin):
             for row in self._bases[name]:
                 parts = [f"{o}={v}" for o, v in zip(self.out_dims, row) if v]
                 cells.append("(" + ", ".join(parts or ["0"]) + ")")
-            lines.append(f"  {name}[{1 << bits}]: " + " ".join(cells))
+            lines.append(f"  {name}[{1 << bits}]: " + (" ".join(cells) or "-"))
         outs = ", ".join(f"{name}[{1 << bits}]" for name, bits in self._outs)
         return "LinearLayout(\n" + "\n".join(lines) + f"\n  -> {outs})"
