@@ -245,6 +245,15 @@ def test_the_kinds_table_refuses_an_unknown_mode_as_the_cli_does(capsys):
     assert message in capsys.readouterr().err
 
 
+def test_of_two_flags_of_other_modes_the_first_in_the_help_is_named(capsys):
+    from int8attn import cli
+
+    assert list(cli.MODE_FLAGS) == ["--history", "--new-tokens", "--ragged-mean", "--numerics"]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--numerics", "seed", "--history", "5"])
+    assert "--history applies to --mode prefill, not --mode decode" in capsys.readouterr().err
+
+
 def test_cli_bench_dispatches_through_the_table(tmp_path, monkeypatch):
     from int8attn import cli
 
