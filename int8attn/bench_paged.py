@@ -18,12 +18,25 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn import bench_cuda
-from int8attn.bench_cuda import _events, _time_iree, copy_ceiling
+from dataclasses import dataclass
+
+from int8attn.bench_harness import (
+    BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
+    measure, nan_or, report, run_cases)
 
 PV = ("int8", "bf16")
 BLOCK_SIZE = 16
+RAGGED_MEAN = 8192        # the ragged batch's mean length, unless --ragged-mean
 MANIFEST = "paged.json"   # what `prepare` wrote: the shapes and numerics, for `run`
+
+
+@dataclass(frozen=True)
+class PagedCase:
+    """One batch of sequence lengths, run through every prepared folder's modules
+    (`variants`: the PV precisions), each sequence checked; padded torch SDPA beside."""
+    name: str
+    lengths: tuple[int, ...]
+    variants: tuple[str, ...] = PV
 
 
 def module_files(meta: dict) -> list[str]:
@@ -53,13 +66,14 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
         **numerics)))
 
 
-def cases(batch: int, contexts, mean: int, seed: int):
-    """(name, lengths): uniform batches, the ragged batch, one long sequence."""
+def cases(batch: int, contexts, mean: int, seed: int, pvs=PV) -> list[PagedCase]:
+    """Uniform batches, the ragged batch, one long sequence."""
     rng = np.random.default_rng(seed)
-    out = [(f"uniform {c}", [c] * batch) for c in contexts]
-    out.append((f"ragged mean {mean} (uniform [1, {2 * mean - 1}])",
-                rng.integers(1, 2 * mean, batch).tolist()))
-    out.append((f"B=1 {max(contexts)}", [max(contexts)]))
+    pvs = tuple(pvs)
+    out = [PagedCase(f"uniform {c}", (c,) * batch, pvs) for c in contexts]
+    out.append(PagedCase(f"ragged mean {mean} (uniform [1, {2 * mean - 1}])",
+                         tuple(rng.integers(1, 2 * mean, batch).tolist()), pvs))
+    out.append(PagedCase(f"B=1 {max(contexts)}", (max(contexts),), pvs))
     return out
 
 
@@ -91,9 +105,9 @@ def bytes_read(arrays) -> int:
     return tokens * per_token + slots + q.nbytes + q.nbytes  # + the output
 
 
-def check(out, arrays, scale, pv, q_terms=1, w_quant="s8") -> tuple[float, bool]:
-    """(max abs error, all within 5e-5 + tie slack) of every sequence against the
-    fragment-level reference (one sequence per worker process)."""
+def check(out, arrays, scale, pv, q_terms=1, w_quant="s8") -> Check:
+    """The checker hook: (max abs error, all within 5e-5 + tie slack) of every sequence
+    against the fragment-level reference (one sequence per worker process)."""
     from int8attn.reference import fragment_attention, rounding_tie_slack, sequence_cache
 
     q, k, ks, v, vs, tables, lengths = arrays
@@ -106,11 +120,11 @@ def check(out, arrays, scale, pv, q_terms=1, w_quant="s8") -> tuple[float, bool]
         err = np.abs(out[b:b + 1] - expected)
         return float(err.max()), bool((err <= 5e-5 + slack).all())
 
-    results = bench_cuda.map_forked(one, range(q.shape[0]))
-    return max(r[0] for r in results), all(r[1] for r in results)
+    results = map_forked(one, range(q.shape[0]))
+    return Check(max(r[0] for r in results), all(r[1] for r in results))
 
 
-def sdpa_seconds(arrays, warmup, iterations):
+def sdpa_seconds(arrays, timer: Timer):
     """torch SDPA on the same data, padded to the longest sequence, bf16, masked."""
     try:
         import torch
@@ -135,94 +149,127 @@ def sdpa_seconds(arrays, warmup, iterations):
             torch.from_numpy(lengths).to(dev)[:, None].long())[:, None, None, :]
     qt = torch.from_numpy(q).to(dev).to(torch.bfloat16)[:, :, None, :]
     scale = head_dim ** -0.5
-    return _events(lambda: torch.nn.functional.scaled_dot_product_attention(
-        qt, kf, vf, attn_mask=mask, scale=scale, enable_gqa=True), warmup, iterations)
+    return timer.events(lambda: torch.nn.functional.scaled_dot_product_attention(
+        qt, kf, vf, attn_mask=mask, scale=scale, enable_gqa=True))
+
+
+def run_case(case: PagedCase, rng, meta: dict, directories: list[Path], functions: dict,
+             device, timer: Timer, ceiling, seed: int) -> list[dict]:
+    """A row per prepared folder (`functions`: folder -> PV -> module function), on
+    the same arrays, drawn from `rng` (shared by the cases, in order)."""
+    arrays = batch_arrays(rng, list(case.lengths), meta["q_heads"], meta["kv_heads"],
+                          meta["head_dim"], meta["block_size"])
+    device_args = device.put(arrays)
+    scale = float(np.float32(meta["head_dim"] ** -0.5))
+    numerics = meta.get("q_terms", 1), meta.get("w_quant", "s8")
+    sdpa = sdpa_seconds(arrays, timer)
+    rows = []
+    for d in directories:
+        row = dict(case=case.name, batch=len(case.lengths),
+                   mean_length=float(np.mean(case.lengths)), max_length=int(max(case.lengths)),
+                   bytes_read=bytes_read(arrays), copy_ceiling_bytes_per_s=ceiling, seed=seed,
+                   **meta)
+        if len(directories) > 1:
+            row["modules"] = d.name
+        for pv in case.variants:
+            measure(row, pv, functions[d][pv], device_args,
+                    lambda out: check(out, arrays, scale, pv, *numerics), timer,
+                    record="kernels")
+        row["torch_sdpa_bf16_padded_s"] = sdpa
+        rows.append(row)
+    return rows
 
 
 def run(directory, batch: int, contexts, mean: int, seed: int = 0, warmup: int = 5,
-        iterations: int = 50, pvs=PV) -> list[dict]:
+        iterations: int = 50, pvs=PV, *, device=None, timer: Timer | None = None) -> list[dict]:
     """One row per case; `directory` may be a list of prepared folders (schedule
     variants of the same shapes), run on the same data one after the other, a
     row per (folder, case) naming its folder. `pvs` selects the modules to run
-    (both by default; one for a quicker look at a variant)."""
-    import iree.runtime as rt
-
+    (both by default; one for a quicker look at a variant). `device`: IREE's CUDA
+    runtime unless given; `timer`: Timer(warmup, iterations) unless given."""
     directories = [Path(d) for d in directory] if isinstance(directory, (list, tuple)) \
         else [Path(directory)]
     metas = [json.loads((d / MANIFEST).read_text()) for d in directories]
     if any(m != metas[0] for m in metas):
         raise ValueError("the folders hold modules of different shapes or numerics")
     meta = metas[0]
-    config = rt.Config("cuda")
-    functions = {}
-    for d in directories:
-        for pv in pvs:
-            ctx = rt.SystemContext(config=config)
-            ctx.add_vm_module(rt.VmModule.copy_buffer(
-                ctx.instance, (d / f"paged_{pv}.vmfb").read_bytes()))
-            functions.setdefault(d, {})[pv] = ctx.modules.module["paged"]
-    scale = float(np.float32(meta["head_dim"] ** -0.5))
-    ceiling = copy_ceiling(warmup, iterations)
-    rows = []
+    device = device or IreeDevice()
+    timer = timer or Timer(warmup, iterations)
+    functions = {d: {pv: device.load(d / f"paged_{pv}.vmfb", "paged") for pv in pvs}
+                 for d in directories}
+    ceiling = timer.copy_ceiling()
     rng = np.random.default_rng(seed)
-    for name, lengths in cases(batch, contexts, mean, seed):
-        arrays = batch_arrays(rng, lengths, meta["q_heads"], meta["kv_heads"], meta["head_dim"],
-                              meta["block_size"])
-        device_args = [rt.asdevicearray(config.device, a) for a in arrays]
-        sdpa = sdpa_seconds(arrays, warmup, iterations)
-        for d in directories:
-            row = dict(case=name, batch=len(lengths), mean_length=float(np.mean(lengths)),
-                       max_length=int(max(lengths)), bytes_read=bytes_read(arrays),
-                       copy_ceiling_bytes_per_s=ceiling, seed=seed, **meta)
-            if len(directories) > 1:
-                row["modules"] = d.name
-            for pv, fn in functions[d].items():
-                out = fn(*device_args).to_host()
-                row[f"{pv}_max_abs_vs_fragment"], row[f"{pv}_within_tolerance"] = check(
-                    out, arrays, scale, pv, meta.get("q_terms", 1), meta.get("w_quant", "s8"))
-                row[f"{pv}_wall_s"], kernel_s = _time_iree(fn, device_args, warmup, iterations)
-                row[f"{pv}_s"] = kernel_s or row[f"{pv}_wall_s"]
-                row[f"{pv}_kernels_s"] = dict(bench_cuda.KERNEL_SECONDS)
-            row["torch_sdpa_bf16_padded_s"] = sdpa
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    return rows
+    return run_cases(cases(batch, contexts, mean, seed, pvs), lambda case: run_case(
+        case, rng, meta, directories, functions, device, timer, ceiling, seed))
+
+
+def _case(r) -> str:
+    return f"{r['modules']}: {r['case']}" if "modules" in r else r["case"]
+
+
+def _us(r, pv) -> str:
+    return f"{r[f'{pv}_s'] * 1e6:.1f}" if f"{pv}_s" in r else "-"
+
+
+def _err(r, pv) -> str:
+    return f"{r[f'{pv}_max_abs_vs_fragment']:.1e}" if f"{pv}_s" in r else "-"
+
+
+def _gbps(r) -> float:
+    return r["bytes_read"] / r["int8_s"] / 1e9
+
+
+def _checked(r) -> str:
+    ok = all(r[f"{pv}_within_tolerance"] for pv in PV if f"{pv}_s" in r)
+    return "yes" if ok else "NO"
+
+
+COLUMNS = (
+    Column("case", _case, "---"),
+    Column("B", lambda r: f"{r['batch']}"),
+    Column("INT8 PV (us)", lambda r: _us(r, "int8")),
+    Column("BF16 PV (us)", lambda r: _us(r, "bf16")),
+    Column("INT8/BF16", lambda r: f"{r['bf16_s'] / r['int8_s']:.2f}x" if "bf16_s" in r else "-"),
+    Column("torch SDPA bf16 padded (us)",
+           lambda r: f"{nan_or(r['torch_sdpa_bf16_padded_s']) * 1e6:.1f}"),
+    Column("vs SDPA", lambda r: f"{nan_or(r['torch_sdpa_bf16_padded_s']) / r['int8_s']:.2f}x"),
+    Column("GB/s read", lambda r: f"{_gbps(r):.0f}"),
+    Column("of ceiling", lambda r: f"{_gbps(r) * 1e9 / r['copy_ceiling_bytes_per_s']:.0%}"),
+    Column("max abs vs fragment (INT8 / BF16)", lambda r: f"{_err(r, 'int8')} / {_err(r, 'bf16')}"),
+    Column("checked", _checked, ":-:"),
+)
 
 
 def markdown(rows: list[dict]) -> str:
     """The results table, then the INT8 module's time per kernel (a module that
     was not run shows as -)."""
-    def us(r, pv):
-        return f"{r[f'{pv}_s'] * 1e6:.1f}" if f"{pv}_s" in r else "-"
-
-    def err(r, pv):
-        return f"{r[f'{pv}_max_abs_vs_fragment']:.1e}" if f"{pv}_s" in r else "-"
-
-    lines = ["| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) "
-             "| vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | checked |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|"]
-    for r in rows:
-        gbps = r["bytes_read"] / r["int8_s"] / 1e9
-        sdpa = r["torch_sdpa_bf16_padded_s"]
-        ok = all(r[f"{pv}_within_tolerance"] for pv in PV if f"{pv}_s" in r)
-        ratio = f"{r['bf16_s'] / r['int8_s']:.2f}x" if "bf16_s" in r else "-"
-        case = f"{r['modules']}: {r['case']}" if "modules" in r else r["case"]
-        lines.append(
-            f"| {case} | {r['batch']} | {us(r, 'int8')} | {us(r, 'bf16')} | {ratio} | "
-            f"{sdpa * 1e6 if sdpa else float('nan'):.1f} | "
-            f"{(sdpa / r['int8_s']) if sdpa else float('nan'):.2f}x | {gbps:.0f} | "
-            f"{gbps * 1e9 / r['copy_ceiling_bytes_per_s']:.0%} | "
-            f"{err(r, 'int8')} / {err(r, 'bf16')} | {'yes' if ok else 'NO'} |")
+    lines = markdown_table(COLUMNS, rows)
     kernels = sorted({k for r in rows for k in r.get("int8_kernels_s", {})})
     if kernels:
-        lines += ["", "| case | " + " | ".join(f"{k} (us)" for k in kernels) + " |",
-                  "|---|" + "--:|" * len(kernels)]
-        for r in rows:
-            times = r.get("int8_kernels_s", {})
-            case = f"{r['modules']}: {r['case']}" if "modules" in r else r["case"]
-            lines.append(f"| {case} | " + " | ".join(
-                f"{times[k] * 1e6:.1f}" if k in times else "-" for k in kernels) + " |")
+        per_kernel = [Column("case", _case, "---")] + [
+            Column(f"{k} (us)", lambda r, k=k: f"{r['int8_kernels_s'][k] * 1e6:.1f}"
+                   if k in r.get("int8_kernels_s", {}) else "-") for k in kernels]
+        lines += [""] + markdown_table(per_kernel, rows)
     return "\n".join(lines)
+
+
+def _prepare(directory: Path, settings: BenchSettings) -> None:
+    numerics = {}
+    if settings.numerics not in (None, "seed"):
+        from int8attn.pipelines import PipelineOptions
+
+        numerics = dict(q_terms=PipelineOptions.q_terms, w_quant=PipelineOptions.w_quant)
+    prepare(directory, settings.q_heads, settings.kv_heads, settings.head_dim, **numerics)
+
+
+def _run(directory: Path, settings: BenchSettings) -> list[dict]:
+    mean = RAGGED_MEAN if settings.ragged_mean is None else settings.ragged_mean
+    return run(directory, KIND.batch(settings), list(settings.contexts), mean,
+               seed=settings.seed, iterations=settings.iterations)
+
+
+KIND = BenchKind("paged", MANIFEST, module_files, _prepare, _run, markdown,
+                 flags=(("--ragged-mean", "ragged_mean"), ("--numerics", "numerics")))
 
 
 def main(argv=None) -> int:
@@ -244,7 +291,7 @@ def main(argv=None) -> int:
     rows = run([Path(d) for d in args.run.split(",")], args.batch,
                [int(c) for c in args.contexts.split(",")], args.ragged_mean, seed=args.seed,
                iterations=args.iterations, pvs=args.pv.split(","))
-    bench_cuda.report(rows, markdown, args.json)
+    report(rows, markdown, args.json)
     return 0
 
 

@@ -20,20 +20,43 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn import bench_cuda
-from int8attn.bench_cuda import _events, _time_iree
+from dataclasses import dataclass
+
+from int8attn.bench_harness import (
+    BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, markdown_table, measure,
+    nan_or, report, run_cases)
 
 PV = ("int8", "bf16")
 CHECK_TOKENS = 64
+HISTORY, NEW_TOKENS = 8192, 512   # the history case, unless --history / --new-tokens
 MANIFEST = "prefill.json"   # what `prepare` wrote: the cases and shapes, for `run`
 
 
-def cases(contexts, history: int, new_tokens: int) -> list[tuple[str, int, int]]:
-    """(name, S, Sq) of each case."""
-    found = [(f"Sq=S={s}", s, s) for s in contexts]
+@dataclass(frozen=True)
+class PrefillCase:
+    """S tokens of which the last Sq are new (causal, aligned to the end): a module
+    per PV precision (`variants`), each checked on slices; torch SDPA beside."""
+    name: str
+    tokens: int
+    query_tokens: int
+    variants: tuple[str, ...] = PV
+
+    def manifest_entry(self) -> list:
+        """The case as the manifest lists it: [name, S, Sq]."""
+        return [self.name, self.tokens, self.query_tokens]
+
+
+def cases(contexts, history: int, new_tokens: int) -> list[PrefillCase]:
+    """Sq = S at each context, and the history case (left out without new tokens)."""
+    found = [PrefillCase(f"Sq=S={s}", s, s) for s in contexts]
     if new_tokens:
-        found.append((f"{history}+{new_tokens}", history + new_tokens, new_tokens))
+        found.append(PrefillCase(f"{history}+{new_tokens}", history + new_tokens, new_tokens))
     return found
+
+
+def manifest_cases(meta: dict) -> list[PrefillCase]:
+    return [PrefillCase(name, int(tokens), int(query_tokens))
+            for name, tokens, query_tokens in meta["cases"]]
 
 
 def _module_name(pv: str, tokens: int, query_tokens: int) -> str:
@@ -42,8 +65,8 @@ def _module_name(pv: str, tokens: int, query_tokens: int) -> str:
 
 def module_files(meta: dict) -> list[str]:
     """The modules `prepare` wrote for the manifest `meta`."""
-    return [_module_name(pv, int(tokens), int(query_tokens))
-            for _, tokens, query_tokens in meta["cases"] for pv in PV]
+    return [_module_name(pv, case.tokens, case.query_tokens)
+            for case in manifest_cases(meta) for pv in case.variants]
 
 
 def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int,
@@ -54,16 +77,17 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
 
     directory.mkdir(parents=True, exist_ok=True)
     all_cases = cases(contexts, history, new_tokens)
-    for name, tokens, query_tokens in all_cases:
-        source = prefill_graph(batch, q_heads, kv_heads, tokens, query_tokens, head_dim)
-        for pv in PV:
+    for case in all_cases:
+        source = prefill_graph(batch, q_heads, kv_heads, case.tokens, case.query_tokens,
+                               head_dim)
+        for pv in case.variants:
             compiled = compile(source, CompileOptions(target="cuda", pv=pv),
-                               filename=f"prefill_{tokens}.mlir", until="ptx")
-            (directory / _module_name(pv, tokens, query_tokens)).write_bytes(
+                               filename=f"prefill_{case.tokens}.mlir", until="ptx")
+            (directory / _module_name(pv, case.tokens, case.query_tokens)).write_bytes(
                 compiled.artifacts["vmfb"])
-            print(f"prepared prefill {pv} {name}", flush=True)
+            print(f"prepared prefill {pv} {case.name}", flush=True)
     (directory / MANIFEST).write_text(json.dumps(dict(
-        cases=all_cases, batch=batch, q_heads=q_heads, kv_heads=kv_heads,
+        cases=[case.manifest_entry() for case in all_cases], batch=batch, q_heads=q_heads, kv_heads=kv_heads,
         head_dim=head_dim)))
 
 
@@ -110,7 +134,7 @@ def check_slices(out, arrays, scale, pv) -> tuple[float, bool]:
     return worst, ok
 
 
-def sdpa_seconds(arrays, warmup, iterations):
+def sdpa_seconds(arrays, timer: Timer):
     """torch SDPA, bf16, causal aligned to the sequence's end (the new tokens last)."""
     try:
         import torch
@@ -134,63 +158,84 @@ def sdpa_seconds(arrays, warmup, iterations):
         kf, vf = kf.repeat_interleave(groups, 1), vf.repeat_interleave(groups, 1)
         call = lambda: torch.nn.functional.scaled_dot_product_attention(
             qt, kf, vf, attn_mask=mask, scale=scale)
-    return _events(call, warmup, iterations)
+    return timer.events(call)
 
 
-def run(directory: Path, seed: int = 0, warmup: int = 3, iterations: int = 20) -> list[dict]:
-    import iree.runtime as rt
-
-    meta = json.loads((directory / MANIFEST).read_text())
-    config = rt.Config("cuda")
+def run_case(case: PrefillCase, directory: Path, meta: dict, device, timer: Timer,
+             seed: int) -> list[dict]:
+    arrays = inputs(seed + case.tokens, meta["batch"], meta["q_heads"], meta["kv_heads"],
+                    case.tokens, case.query_tokens, meta["head_dim"])
+    device_args = device.put(arrays)
     scale = float(np.float32(meta["head_dim"] ** -0.5))
-    rows = []
-    for name, tokens, query_tokens in meta["cases"]:
-        arrays = inputs(seed + tokens, meta["batch"], meta["q_heads"], meta["kv_heads"],
-                        tokens, query_tokens, meta["head_dim"])
-        device_args = [rt.asdevicearray(config.device, a) for a in arrays]
-        flops = 4 * meta["head_dim"] * meta["batch"] * meta["q_heads"] * \
-            causal_pairs(tokens, query_tokens)
-        row = dict(case=name, tokens=tokens, query_tokens=query_tokens, causal_flops=flops,
-                   seed=seed + tokens, **{k: meta[k] for k in
-                                          ("batch", "q_heads", "kv_heads", "head_dim")})
-        outputs = {}
-        for pv in PV:
-            ctx = rt.SystemContext(config=config)
-            ctx.add_vm_module(rt.VmModule.copy_buffer(
-                ctx.instance, (directory / _module_name(pv, tokens, query_tokens)).read_bytes()))
-            fn = ctx.modules.module["prefill"]
-            outputs[pv] = out = fn(*device_args).to_host()
-            row[f"{pv}_max_abs_vs_fragment"], row[f"{pv}_within_tolerance"] = \
-                check_slices(out, arrays, scale, pv)
-            row[f"{pv}_wall_s"], kernel_s = _time_iree(fn, device_args, warmup, iterations)
-            row[f"{pv}_s"] = kernel_s or row[f"{pv}_wall_s"]
-            row[f"{pv}_kernels_s"] = dict(bench_cuda.KERNEL_SECONDS)
-        diff = (outputs["int8"] - outputs["bf16"]).astype(np.float64)
-        row["int8_vs_bf16_max_abs"] = float(np.abs(diff).max())
-        row["int8_vs_bf16_rms"] = float(np.sqrt(np.mean(diff ** 2)))
-        row["torch_sdpa_bf16_s"] = sdpa_seconds(arrays, warmup, iterations)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+    flops = 4 * meta["head_dim"] * meta["batch"] * meta["q_heads"] * \
+        causal_pairs(case.tokens, case.query_tokens)
+    row = dict(case=case.name, tokens=case.tokens, query_tokens=case.query_tokens,
+               causal_flops=flops, seed=seed + case.tokens,
+               **{k: meta[k] for k in ("batch", "q_heads", "kv_heads", "head_dim")})
+    outputs = {}
+    for pv in case.variants:
+        fn = device.load(directory / _module_name(pv, case.tokens, case.query_tokens),
+                         "prefill")
+        outputs[pv] = measure(row, pv, fn, device_args,
+                              lambda out: Check(*check_slices(out, arrays, scale, pv)), timer,
+                              record="kernels")
+    diff = (outputs["int8"] - outputs["bf16"]).astype(np.float64)
+    row["int8_vs_bf16_max_abs"] = float(np.abs(diff).max())
+    row["int8_vs_bf16_rms"] = float(np.sqrt(np.mean(diff ** 2)))
+    row["torch_sdpa_bf16_s"] = sdpa_seconds(arrays, timer)
+    return [row]
+
+
+def run(directory: Path, seed: int = 0, warmup: int = 3, iterations: int = 20, *,
+        device=None, timer: Timer | None = None) -> list[dict]:
+    """A row per case of the folder `prepare` wrote (`device`: IREE's CUDA runtime
+    unless given; `timer`: Timer(warmup, iterations) unless given)."""
+    meta = json.loads((directory / MANIFEST).read_text())
+    device = device or IreeDevice()
+    timer = timer or Timer(warmup, iterations)
+    return run_cases(manifest_cases(meta),
+                     lambda case: run_case(case, directory, meta, device, timer, seed))
+
+
+def _checked(r) -> str:
+    return "yes" if r["int8_within_tolerance"] and r["bf16_within_tolerance"] else "NO"
+
+
+COLUMNS = (
+    Column("case", lambda r: r["case"], "---"),
+    Column("B", lambda r: f"{r['batch']}"),
+    Column("INT8 PV (ms)", lambda r: f"{r['int8_s'] * 1e3:.2f}"),
+    Column("TFLOP/s", lambda r: f"{r['causal_flops'] / r['int8_s'] / 1e12:.1f}"),
+    Column("BF16 PV (ms)", lambda r: f"{r['bf16_s'] * 1e3:.2f}"),
+    Column("INT8/BF16", lambda r: f"{r['bf16_s'] / r['int8_s']:.2f}x"),
+    Column("torch SDPA bf16 (ms)", lambda r: f"{nan_or(r['torch_sdpa_bf16_s']) * 1e3:.2f}"),
+    Column("vs SDPA", lambda r: f"{nan_or(r['torch_sdpa_bf16_s']) / r['int8_s']:.2f}x"),
+    Column("max abs vs fragment (INT8 / BF16)",
+           lambda r: f"{r['int8_max_abs_vs_fragment']:.1e} / {r['bf16_max_abs_vs_fragment']:.1e}"),
+    Column("INT8 vs BF16 max abs / RMS",
+           lambda r: f"{r['int8_vs_bf16_max_abs']:.2e} / {r['int8_vs_bf16_rms']:.2e}"),
+    Column("checked", _checked, ":-:"),
+)
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| case | B | INT8 PV (ms) | TFLOP/s | BF16 PV (ms) | INT8/BF16 | torch SDPA bf16 "
-             "(ms) | vs SDPA | max abs vs fragment (INT8 / BF16) | INT8 vs BF16 max abs / RMS "
-             "| checked |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|"]
-    for r in rows:
-        sdpa = r["torch_sdpa_bf16_s"]
-        ok = r["int8_within_tolerance"] and r["bf16_within_tolerance"]
-        lines.append(
-            f"| {r['case']} | {r['batch']} | {r['int8_s'] * 1e3:.2f} | "
-            f"{r['causal_flops'] / r['int8_s'] / 1e12:.1f} | {r['bf16_s'] * 1e3:.2f} | "
-            f"{r['bf16_s'] / r['int8_s']:.2f}x | {sdpa * 1e3 if sdpa else float('nan'):.2f} | "
-            f"{(sdpa / r['int8_s']) if sdpa else float('nan'):.2f}x | "
-            f"{r['int8_max_abs_vs_fragment']:.1e} / {r['bf16_max_abs_vs_fragment']:.1e} | "
-            f"{r['int8_vs_bf16_max_abs']:.2e} / {r['int8_vs_bf16_rms']:.2e} | "
-            f"{'yes' if ok else 'NO'} |")
-    return "\n".join(lines)
+    return "\n".join(markdown_table(COLUMNS, rows))
+
+
+def _prepare(directory: Path, settings: BenchSettings) -> None:
+    history = HISTORY if settings.history is None else settings.history
+    new_tokens = NEW_TOKENS if settings.new_tokens is None else settings.new_tokens
+    prepare(directory, list(settings.contexts), history, new_tokens, KIND.batch(settings),
+            settings.q_heads, settings.kv_heads, settings.head_dim)
+
+
+def _run(directory: Path, settings: BenchSettings) -> list[dict]:
+    return run(directory, seed=settings.seed, iterations=settings.iterations)
+
+
+KIND = BenchKind("prefill", MANIFEST, module_files, _prepare, _run, markdown,
+                 default_batch=1, flags=(("--history", "history"), ("--new-tokens", "new_tokens")),
+                 query_heads_in_one_tile=False)
 
 
 def main(argv=None) -> int:
@@ -204,7 +249,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rows = run(args.run, seed=args.seed, iterations=args.iterations)
-    bench_cuda.report(rows, markdown, args.json)
+    report(rows, markdown, args.json)
     return 0
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from int8attn.bench_harness import BenchSettings, output_paths, write_results
+from int8attn.bench_kinds import BENCH_KINDS, bench_kind, mode_flags
 from int8attn.driver.onnx_import import ModelError, is_onnx, read_model
 from int8attn.driver.options import CompileOptions
 from int8attn.driver.targets import STAGE_NAMES, TARGETS, OptionRefused, describe
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "reference; time them, torch SDPA on a bf16 KV cache and a device copy. "
                     "Writes a Markdown table, a JSON file and a PNG plot.")
     bench_cmd.add_argument("--target", choices=("cuda",), default="cuda")
-    bench_cmd.add_argument("--mode", choices=("decode", "paged", "prefill"), default="decode",
+    bench_cmd.add_argument("--mode", choices=tuple(BENCH_KINDS), default="decode",
                            help="decode: dense batches, one module per context; paged: one "
                                 "module for uniform batches at each --context, a ragged batch "
                                 "(lengths uniform on [1, 2*mean-1]) and B=1 at the longest; "
@@ -440,17 +442,12 @@ def cmd_run(args) -> int:
     return 0
 
 
-PREFILL_HISTORY, PREFILL_NEW_TOKENS = 8192, 512
-RAGGED_MEAN = 8192
-# Flags that only one --mode reads (the others would ignore them).
-MODE_FLAGS = {"--history": ("history", "prefill"), "--new-tokens": ("new_tokens", "prefill"),
-              "--ragged-mean": ("ragged_mean", "paged"), "--numerics": ("numerics", "paged")}
-
-
-def _bench_modules(mode: str):
-    from int8attn import bench_cuda, bench_paged, bench_prefill
-
-    return {"paged": bench_paged, "prefill": bench_prefill}.get(mode, bench_cuda)
+# Flags that only one --mode reads (the others would ignore them): flag -> (name, mode),
+# from the table of kinds, checked in the order `int8attn bench --help` lists them (of
+# two misused, the first is named).
+_HELP_ORDER = ("--history", "--new-tokens", "--ragged-mean", "--numerics")
+MODE_FLAGS = dict(sorted(mode_flags().items(), key=lambda item: (
+    _HELP_ORDER.index(item[0]) if item[0] in _HELP_ORDER else len(_HELP_ORDER))))
 
 
 def _check_bench_shape(args, misuse) -> None:
@@ -462,7 +459,7 @@ def _check_bench_shape(args, misuse) -> None:
         misuse(f"--q-heads {args.q_heads} is not a multiple of --kv-heads {args.kv_heads} "
                f"(each KV head serves the same number of query heads)")
     rows = args.q_heads // args.kv_heads
-    if args.mode != "prefill" and rows > ROWS:
+    if bench_kind(args.mode).query_heads_in_one_tile and rows > ROWS:
         misuse(f"--q-heads {args.q_heads} over --kv-heads {args.kv_heads} is {rows} query heads "
                f"per KV head; the decode kernels' MMAC tile holds {ROWS} (raise --kv-heads)")
     k = FRAGMENT_MODELS["cuda"].instruction.k
@@ -475,24 +472,24 @@ def _check_prepared(directory: Path, mode: str) -> None:
     """`--from DIR` must hold what `--prepare-only DIR --mode MODE` writes."""
     import json
 
-    modules = _bench_modules(mode)
+    kind = bench_kind(mode)
     if not directory.exists():
         raise UserError(f"--from folder '{directory}' does not exist; prepare it with "
                         f"int8attn bench --mode {mode} --prepare-only {directory}")
     if not directory.is_dir():
         raise UserError(f"--from '{directory}' is not a folder; give the folder that "
                         f"--prepare-only wrote")
-    manifest = directory / modules.MANIFEST
+    manifest = directory / kind.manifest
     if not manifest.is_file():
-        other = [m for m in ("decode", "paged", "prefill")
-                 if m != mode and (directory / _bench_modules(m).MANIFEST).is_file()]
+        other = [m for m, k in BENCH_KINDS.items()
+                 if m != mode and (directory / k.manifest).is_file()]
         hint = (f"it holds --mode {other[0]} modules (add --mode {other[0]})" if other else
                 f"prepare it with int8attn bench --mode {mode} --prepare-only {directory}")
-        raise UserError(f"--from folder '{directory}' has no {modules.MANIFEST}, so no "
+        raise UserError(f"--from folder '{directory}' has no {kind.manifest}, so no "
                         f"--mode {mode} modules; {hint}")
     try:
         meta = json.loads(manifest.read_text())
-        files = modules.module_files(meta)
+        files = kind.module_files(meta)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise UserError(f"--from folder '{directory}': {manifest.name} is damaged ({error}); "
                         f"prepare the folder again with --prepare-only") from None
@@ -519,75 +516,45 @@ def _check_prepare_folder(directory: Path) -> None:
 
 
 def cmd_bench(args) -> int:
-    import json
     import tempfile
 
     misuse = args.misuse
-    contexts, mode = list(args.context), args.mode
-    paged, prefill = mode == "paged", mode == "prefill"
+    kind = bench_kind(args.mode)
     # Every check first: none needs a GPU, and a mistake must not cost a compilation.
     for flag, (name, wanted) in MODE_FLAGS.items():
-        if getattr(args, name) is not None and mode != wanted:
-            misuse(f"{flag} applies to --mode {wanted}, not --mode {mode}")
+        if getattr(args, name) is not None and kind.mode != wanted:
+            misuse(f"{flag} applies to --mode {wanted}, not --mode {kind.mode}")
     if args.from_dir and args.prepare_only:
         misuse("--prepare-only compiles the modules and --from runs compiled ones; give one")
-    batch = args.batch if args.batch is not None else (1 if prefill else 16)
-    history = PREFILL_HISTORY if args.history is None else args.history
-    new_tokens = PREFILL_NEW_TOKENS if args.new_tokens is None else args.new_tokens
-    ragged_mean = RAGGED_MEAN if args.ragged_mean is None else args.ragged_mean
+    settings = BenchSettings(
+        contexts=tuple(args.context), batch=args.batch, q_heads=args.q_heads,
+        kv_heads=args.kv_heads, head_dim=args.head_dim, iterations=args.iterations,
+        seed=args.seed, history=args.history, new_tokens=args.new_tokens,
+        ragged_mean=args.ragged_mean, numerics=args.numerics)
     if args.from_dir:
         directory = Path(args.from_dir)
-        _check_prepared(directory, mode)
+        _check_prepared(directory, kind.mode)
     else:
         _check_bench_shape(args, misuse)
         if args.prepare_only:
             _check_prepare_folder(Path(args.prepare_only))
-    outputs = [] if args.prepare_only else \
-        [f"{args.out}.{ext}" for ext in ("md", "json") + (() if paged or prefill else ("png",))]
+    outputs = [] if args.prepare_only else output_paths(args.out, kind.plot is not None)
     for output in outputs:
         try:
             check_output_path(output)
         except OutputError as error:
             raise OutputError(f"--out {args.out}: {error}") from None
-    modules = _bench_modules(mode)
     if not args.from_dir:
         directory = Path(args.prepare_only or tempfile.mkdtemp(prefix="int8attn-bench-"))
-        if paged:
-            from int8attn.pipelines import PipelineOptions
-
-            numerics = ({} if args.numerics in (None, "seed") else
-                        dict(q_terms=PipelineOptions.q_terms, w_quant=PipelineOptions.w_quant))
-            modules.prepare(directory, args.q_heads, args.kv_heads, args.head_dim, **numerics)
-        elif prefill:
-            modules.prepare(directory, contexts, history, new_tokens, batch,
-                            args.q_heads, args.kv_heads, args.head_dim)
-        else:
-            modules.prepare(directory, contexts, batch, args.q_heads, args.kv_heads,
-                            args.head_dim)
+        kind.prepare(directory, settings)
         if args.prepare_only:
             return 0
     try:
-        if paged:
-            rows = modules.run(directory, batch, contexts, ragged_mean,
-                               seed=args.seed, iterations=args.iterations)
-        elif prefill:
-            rows = modules.run(directory, seed=args.seed, iterations=args.iterations)
-        else:
-            rows = modules.run(directory, iterations=args.iterations)
+        rows = kind.run(directory, settings)
     except RuntimeError as error:
         raise UserError(f"cannot run on CUDA here ({error}); compile with --prepare-only "
                         f"and run with --from on a machine with an NVIDIA GPU") from None
-    table = modules.markdown(rows)
-    print(table)
-    write_atomic(f"{args.out}.md", table + "\n")
-    write_atomic(f"{args.out}.json", json.dumps(rows, indent=2))
-    if paged or prefill:
-        return 0
-    try:
-        modules.plot(rows, Path(f"{args.out}.png"))
-    except ImportError:
-        print("note: no PNG written: install matplotlib (pip install 'int8attn[bench]')",
-              file=sys.stderr)
+    write_results(rows, kind.markdown, args.out, kind.plot)
     return 0
 
 

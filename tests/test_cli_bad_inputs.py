@@ -5,21 +5,24 @@ The commands run in-process through `cli.main(argv)`: an exception escaping
 `main` (what a user would see as a traceback) fails the test. Misuse gives a
 usage message and exit status 2; bad input (files, folders, values in them) a
 named error and exit status 1. Neither writes anything, and `bench`'s checks
-all come before any compilation or device work: the tests replace the bench
-modules' `prepare` and `run` with functions that fail the test if called, so
-they hold on a machine without a GPU (and without IREE's CUDA runtime).
+all come before any compilation or device work: the tests replace every bench
+kind's `prepare` and `run` in the CLI's table of kinds with functions that fail the
+test if called, so they hold on a machine without a GPU (and without IREE's CUDA
+runtime).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from int8attn import bench_cuda, bench_paged, bench_prefill, cli
+from int8attn import cli
+from int8attn.bench_kinds import BENCH_KINDS
 
 
 def _untouched(tmp_path: Path, before: set) -> list[str]:
@@ -37,9 +40,8 @@ def no_work(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the bench started work before its arguments were checked")
 
-    for module in (bench_cuda, bench_paged, bench_prefill):
-        monkeypatch.setattr(module, "prepare", forbidden)
-        monkeypatch.setattr(module, "run", forbidden)
+    for mode, kind in list(BENCH_KINDS.items()):
+        monkeypatch.setitem(BENCH_KINDS, mode, replace(kind, prepare=forbidden, run=forbidden))
 
 
 # ---- int8attn bench: misuse (usage message, exit 2) ------------------------------------
@@ -111,15 +113,15 @@ def test_bench_misuse_is_a_usage_error_before_any_work(name, tmp_path, capsys, n
 def _prepared(directory: Path, mode: str, *, drop: str | None = None,
               manifest: str | None = None) -> Path:
     """A folder as `--prepare-only` leaves it (modules are placeholders: never loaded)."""
-    modules = {"decode": bench_cuda, "paged": bench_paged, "prefill": bench_prefill}[mode]
+    kind = BENCH_KINDS[mode]
     meta = {"decode": dict(contexts=[4096], batch=16, q_heads=32, kv_heads=8, head_dim=128),
             "paged": dict(q_heads=32, kv_heads=8, head_dim=128, block_size=16),
             "prefill": dict(cases=[["Sq=S=128", 128, 128]], batch=1, q_heads=32, kv_heads=8,
                             head_dim=128)}[mode]
     directory.mkdir()
-    (directory / modules.MANIFEST).write_text(manifest if manifest is not None
-                                              else json.dumps(meta))
-    for name in modules.module_files(meta):
+    (directory / kind.manifest).write_text(manifest if manifest is not None
+                                           else json.dumps(meta))
+    for name in kind.module_files(meta):
         if name != drop:
             (directory / name).write_bytes(b"vmfb")
     return directory
@@ -205,9 +207,9 @@ def test_bench_bad_paths_are_named_before_any_work(name, tmp_path, capsys, no_wo
 def test_bench_from_a_good_folder_gets_past_the_checks(tmp_path, capsys, monkeypatch):
     """The checks accept what --prepare-only writes: the run itself is reached."""
     ran = []
-    monkeypatch.setattr(bench_paged, "run", lambda directory, *a, **k: ran.append(directory)
-                        or [])
-    monkeypatch.setattr(bench_paged, "markdown", lambda rows: "| table |")
+    monkeypatch.setitem(BENCH_KINDS, "paged", replace(
+        BENCH_KINDS["paged"], run=lambda directory, settings: ran.append(directory) or [],
+        markdown=lambda rows: "| table |"))
     directory = _prepared(tmp_path / "paged", "paged")
     assert cli.main(["bench", "--mode", "paged", "--from", str(directory), "--out",
                      str(tmp_path / "bench")]) == 0

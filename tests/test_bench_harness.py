@@ -1,0 +1,465 @@
+"""The bench harness (issue 23 item 7) without a GPU: the case tables, the results
+writer's Markdown and JSON from fake measurements, the table of bench kinds, and each
+kind's run on a fake IREE runtime (each 'module' computes the fragment reference on
+the host) with a fake timer: the rows keep their keys, in order, and their checks.
+
+The Markdown below is what the benches wrote before the harness (the same rows
+through the previous per-module `markdown` functions): results files stay
+reproducible."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from int8attn import bench_cuda, bench_paged, bench_prefill
+from int8attn.bench_harness import (
+    BenchSettings, Check, Column, Timer, Timing, markdown_table, measure, output_paths, report,
+    write_results)
+from int8attn.bench_kinds import BENCH_KINDS, bench_kind, mode_flags
+from int8attn.support.diagnostics import UsageError
+
+REPO = Path(__file__).resolve().parent.parent
+
+# ---- fake measurements, and the Markdown the benches wrote for them -------------------
+
+DECODE_ROWS = [
+    dict(context=4096, batch=16, q_heads=32, kv_heads=8, head_dim=128,
+         int8_max_abs_vs_fragment=1.2e-6, int8_within_tolerance=True,
+         int8_wall_s=9.1e-5, int8_s=4.25e-5, int8_timing="cupti kernels",
+         bf16_max_abs_vs_fragment=2.5e-7, bf16_within_tolerance=True,
+         int8_vs_bf16_max_abs=0.00123456, int8_vs_bf16_rms=0.0001234,
+         bf16_wall_s=9.9e-5, bf16_s=5.5e-5, bf16_timing="cupti kernels",
+         int8_transpose_v_max_abs_vs_fragment=1.2e-6, int8_transpose_v_within_tolerance=True,
+         int8_transpose_v_wall_s=1.3e-4, int8_transpose_v_s=8.0e-5,
+         int8_transpose_v_timing="cupti kernels", int8_bytes=67_305_472,
+         torch_sdpa_bf16_s=1.1e-4, copy_ceiling_bytes_per_s=4.1e12),
+    dict(context=8192, batch=16, q_heads=32, kv_heads=8, head_dim=128,
+         int8_max_abs_vs_fragment=3.0e-6, int8_within_tolerance=False,
+         int8_wall_s=1.2e-4, int8_s=1.2e-4, int8_timing="wall per call",
+         bf16_max_abs_vs_fragment=2.5e-7, bf16_within_tolerance=True,
+         int8_vs_bf16_max_abs=0.002, int8_vs_bf16_rms=0.0002,
+         bf16_wall_s=1.5e-4, bf16_s=1.5e-4, bf16_timing="wall per call",
+         int8_transpose_v_max_abs_vs_fragment=3.0e-6, int8_transpose_v_within_tolerance=True,
+         int8_transpose_v_wall_s=2.0e-4, int8_transpose_v_s=2.0e-4,
+         int8_transpose_v_timing="wall per call", int8_bytes=134_414_336,
+         torch_sdpa_bf16_s=None, copy_ceiling_bytes_per_s=None),
+]
+
+_META = dict(q_heads=32, kv_heads=8, head_dim=128, block_size=16, q_terms=1, w_quant="s8")
+PAGED_ROWS = [
+    dict(case="uniform 4096", batch=16, mean_length=4096.0, max_length=4096,
+         bytes_read=67_000_000, copy_ceiling_bytes_per_s=4.0e12, seed=0, **_META,
+         int8_max_abs_vs_fragment=1.0e-6, int8_within_tolerance=True, int8_wall_s=9e-5,
+         int8_s=4.5e-5, int8_kernels_s={"partition": 4.0e-5, "merge": 5.0e-6},
+         bf16_max_abs_vs_fragment=2.0e-7, bf16_within_tolerance=True, bf16_wall_s=9e-5,
+         bf16_s=5.5e-5, bf16_kernels_s={"partition_bf16": 5.0e-5, "merge": 5.0e-6},
+         torch_sdpa_bf16_padded_s=1.2e-4),
+    dict(case="ragged mean 8192 (uniform [1, 16383])", batch=16, mean_length=7900.5,
+         max_length=16000, bytes_read=130_000_000, copy_ceiling_bytes_per_s=4.0e12, seed=0,
+         **_META, int8_max_abs_vs_fragment=1.0e-6, int8_within_tolerance=True,
+         int8_wall_s=9e-5, int8_s=8.0e-5, int8_kernels_s={"partition": 7.0e-5},
+         bf16_max_abs_vs_fragment=2.0e-3, bf16_within_tolerance=False, bf16_wall_s=9e-5,
+         bf16_s=9.5e-5, bf16_kernels_s={}, torch_sdpa_bf16_padded_s=None),
+]
+PAGED_ROWS_TWO_FOLDERS = [
+    dict(case="B=1 16384", batch=1, mean_length=16384.0, max_length=16384,
+         bytes_read=17_000_000, copy_ceiling_bytes_per_s=4.0e12, seed=0, **_META,
+         modules=folder, int8_max_abs_vs_fragment=1.0e-6, int8_within_tolerance=True,
+         int8_wall_s=3e-5, int8_s=2.0e-5, int8_kernels_s={"partition": 1.5e-5, "merge": 5e-6},
+         torch_sdpa_bf16_padded_s=4.0e-5)
+    for folder in ("default", "merge16")]
+
+PREFILL_ROWS = [
+    dict(case="Sq=S=4096", tokens=4096, query_tokens=4096, causal_flops=4 * 128 * 32 * 8390656,
+         seed=4096, batch=1, q_heads=32, kv_heads=8, head_dim=128,
+         int8_max_abs_vs_fragment=2.0e-6, int8_within_tolerance=True, int8_wall_s=1.1e-3,
+         int8_s=1.0e-3, int8_kernels_s={"prefill": 9.0e-4, "transpose": 1.0e-4},
+         bf16_max_abs_vs_fragment=3.0e-7, bf16_within_tolerance=True, bf16_wall_s=1.3e-3,
+         bf16_s=1.2e-3, bf16_kernels_s={"prefill_bf16": 1.1e-3},
+         int8_vs_bf16_max_abs=1.5e-3, int8_vs_bf16_rms=2.5e-4, torch_sdpa_bf16_s=8.0e-4),
+    dict(case="8192+512", tokens=8704, query_tokens=512, causal_flops=4 * 128 * 32 * 4325632,
+         seed=8704, batch=1, q_heads=32, kv_heads=8, head_dim=128,
+         int8_max_abs_vs_fragment=2.0e-6, int8_within_tolerance=True, int8_wall_s=3e-4,
+         int8_s=2.5e-4, int8_kernels_s={}, bf16_max_abs_vs_fragment=3.0e-4,
+         bf16_within_tolerance=False, bf16_wall_s=3e-4, bf16_s=3.0e-4, bf16_kernels_s={},
+         int8_vs_bf16_max_abs=1.5e-3, int8_vs_bf16_rms=2.5e-4, torch_sdpa_bf16_s=None),
+]
+
+
+DECODE_MD = "\n".join([
+    "Times are the device time of all kernels of one module call (CUPTI through torch.profiler): the partition and merge kernels (the query rows are quantized inside the partition kernel), plus the V transpose in that column; not the copy of the result to the host. The wall time per synchronized IREE call is in the JSON.",
+    "",
+    "| context | batch | INT8 PV (us) | BF16 PV (us) | INT8/BF16 speedup | + V transpose (us) | torch SDPA bf16 KV (us) | vs SDPA | achieved GB/s | copy ceiling GB/s | of ceiling | max abs vs fragment | INT8 vs BF16 max abs / RMS |",
+    "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    "| 4096 | 16 | 42.5 | 55.0 | 1.29x | 80.0 | 110.0 | 2.59x | 1584 | 4100 | 39% | 1.2e-06 | 0.001235 / 0.000123 |",
+    "| 8192 | 16 | 120.0 | 150.0 | 1.25x | 200.0 | nan | nanx | 1120 | nan | nan% | 3.0e-06 | 0.002000 / 0.000200 |",
+])
+
+PAGED_MD = "\n".join([
+    "| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) | vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | checked |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
+    "| uniform 4096 | 16 | 45.0 | 55.0 | 1.22x | 120.0 | 2.67x | 1489 | 37% | 1.0e-06 / 2.0e-07 | yes |",
+    "| ragged mean 8192 (uniform [1, 16383]) | 16 | 80.0 | 95.0 | 1.19x | nan | nanx | 1625 | 41% | 1.0e-06 / 2.0e-03 | NO |",
+    "",
+    "| case | merge (us) | partition (us) |",
+    "|---|--:|--:|",
+    "| uniform 4096 | 5.0 | 40.0 |",
+    "| ragged mean 8192 (uniform [1, 16383]) | - | 70.0 |",
+])
+
+PAGED_TWO_MD = "\n".join([
+    "| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) | vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | checked |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
+    "| default: B=1 16384 | 1 | 20.0 | - | - | 40.0 | 2.00x | 850 | 21% | 1.0e-06 / - | yes |",
+    "| merge16: B=1 16384 | 1 | 20.0 | - | - | 40.0 | 2.00x | 850 | 21% | 1.0e-06 / - | yes |",
+    "",
+    "| case | merge (us) | partition (us) |",
+    "|---|--:|--:|",
+    "| default: B=1 16384 | 5.0 | 15.0 |",
+    "| merge16: B=1 16384 | 5.0 | 15.0 |",
+])
+
+PREFILL_MD = "\n".join([
+    "| case | B | INT8 PV (ms) | TFLOP/s | BF16 PV (ms) | INT8/BF16 | torch SDPA bf16 (ms) | vs SDPA | max abs vs fragment (INT8 / BF16) | INT8 vs BF16 max abs / RMS | checked |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
+    "| Sq=S=4096 | 1 | 1.00 | 137.5 | 1.20 | 1.20x | 0.80 | 0.80x | 2.0e-06 / 3.0e-07 | 1.50e-03 / 2.50e-04 | yes |",
+    "| 8192+512 | 1 | 0.25 | 283.5 | 0.30 | 1.20x | nan | nanx | 2.0e-06 / 3.0e-04 | 1.50e-03 / 2.50e-04 | NO |",
+])
+
+
+@pytest.mark.parametrize("markdown, rows, expected", [
+    (bench_cuda.markdown, DECODE_ROWS, DECODE_MD),
+    (bench_paged.markdown, PAGED_ROWS, PAGED_MD),
+    (bench_paged.markdown, PAGED_ROWS_TWO_FOLDERS, PAGED_TWO_MD),
+    (bench_prefill.markdown, PREFILL_ROWS, PREFILL_MD),
+], ids=["decode", "paged", "paged_two_folders", "prefill"])
+def test_the_markdown_tables_are_unchanged(markdown, rows, expected):
+    assert markdown(rows) == expected
+
+
+def test_markdown_table_columns():
+    columns = [Column("name", lambda r: r["n"], "---"), Column("x", lambda r: f"{r['x']:.1f}"),
+               Column("ok", lambda r: "yes", ":-:")]
+    assert markdown_table(columns, [dict(n="a", x=1), dict(n="b", x=2.25)]) == [
+        "| name | x | ok |", "|---|--:|:-:|", "| a | 1.0 | yes |", "| b | 2.2 | yes |"]
+
+
+def test_the_writer_writes_markdown_json_and_the_plot_where_there_is_one(tmp_path, capsys):
+    prefix = str(tmp_path / "bench")
+    plotted = []
+    write_results(PREFILL_ROWS, bench_prefill.markdown, prefix,
+                  lambda rows, path: plotted.append((rows, path)))
+    assert (tmp_path / "bench.md").read_text() == PREFILL_MD + "\n"
+    assert (tmp_path / "bench.json").read_text() == json.dumps(PREFILL_ROWS, indent=2)
+    assert json.loads((tmp_path / "bench.json").read_text()) == PREFILL_ROWS
+    assert plotted == [(PREFILL_ROWS, tmp_path / "bench.png")]
+    assert capsys.readouterr().out == PREFILL_MD + "\n"
+    assert output_paths(prefix, True) == [f"{prefix}.md", f"{prefix}.json", f"{prefix}.png"]
+    assert output_paths(prefix, False) == [f"{prefix}.md", f"{prefix}.json"]
+
+
+def test_the_writer_notes_a_missing_matplotlib(tmp_path, capsys):
+    def no_matplotlib(rows, path):
+        raise ImportError("matplotlib")
+
+    write_results(DECODE_ROWS, bench_cuda.markdown, str(tmp_path / "b"), no_matplotlib)
+    assert "note: no PNG written: install matplotlib" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.md"]
+
+
+def test_report_prints_the_table_and_writes_the_rows(tmp_path, capsys):
+    report(PAGED_ROWS, bench_paged.markdown, tmp_path / "rows.json")
+    assert capsys.readouterr().out == PAGED_MD + "\n"
+    assert json.loads((tmp_path / "rows.json").read_text()) == PAGED_ROWS
+
+
+# ---- the case tables --------------------------------------------------------------------
+
+def test_paged_cases():
+    found = bench_paged.cases(4, [64, 128], 100, seed=3)
+    assert [c.name for c in found] == ["uniform 64", "uniform 128",
+                                       "ragged mean 100 (uniform [1, 199])", "B=1 128"]
+    assert found[0].lengths == (64,) * 4 and found[-1].lengths == (128,)
+    ragged = found[2].lengths
+    assert len(ragged) == 4 and all(1 <= n <= 199 for n in ragged)
+    assert ragged == bench_paged.cases(4, [64, 128], 100, seed=3)[2].lengths   # from the seed
+    assert all(c.variants == ("int8", "bf16") for c in found)
+    assert all(c.variants == ("int8",) for c in bench_paged.cases(1, [8], 4, 0, ["int8"]))
+
+
+def test_prefill_cases_and_their_manifest_entries():
+    found = bench_prefill.cases([128, 256], 100, 37)
+    assert [c.manifest_entry() for c in found] == [["Sq=S=128", 128, 128],
+                                                   ["Sq=S=256", 256, 256], ["100+37", 137, 37]]
+    assert [c.name for c in bench_prefill.cases([128], 100, 0)] == ["Sq=S=128"]  # 0: no case
+    meta = dict(cases=[c.manifest_entry() for c in found])
+    assert bench_prefill.manifest_cases(meta) == found
+    assert bench_prefill.module_files(meta)[:2] == ["prefill_int8_128_128.vmfb",
+                                                    "prefill_bf16_128_128.vmfb"]
+
+
+def test_decode_cases():
+    meta = dict(contexts=[64, 100], batch=2, q_heads=4, kv_heads=2, head_dim=32)
+    found = bench_cuda.cases(meta)
+    assert [c.name for c in found] == ["S=64", "S=100"]
+    assert found[1].shape() == (2, 4, 2, 100, 32)
+    assert found[0].variants == ("int8", "bf16", "int8_transpose_v")
+    assert bench_cuda.module_files(meta) == [
+        f"{v}_{s}.vmfb" for s in (64, 100) for v in ("int8", "bf16", "int8_transpose_v")]
+
+
+# ---- the table of bench kinds -------------------------------------------------------------
+
+def test_the_kinds_table():
+    assert list(BENCH_KINDS) == ["decode", "paged", "prefill"]
+    assert {m: k.manifest for m, k in BENCH_KINDS.items()} == dict(
+        decode="manifest.json", paged="paged.json", prefill="prefill.json")
+    assert {m: k.batch(BenchSettings()) for m, k in BENCH_KINDS.items()} == dict(
+        decode=16, paged=16, prefill=1)
+    assert BENCH_KINDS["paged"].batch(BenchSettings(batch=3)) == 3
+    assert [m for m, k in BENCH_KINDS.items() if k.plot] == ["decode"]
+    assert mode_flags() == {"--ragged-mean": ("ragged_mean", "paged"),
+                            "--numerics": ("numerics", "paged"),
+                            "--history": ("history", "prefill"),
+                            "--new-tokens": ("new_tokens", "prefill")}
+    assert not BENCH_KINDS["prefill"].query_heads_in_one_tile
+
+
+def test_the_kinds_table_refuses_an_unknown_mode_as_the_cli_does(capsys):
+    from int8attn import cli
+
+    assert bench_kind("paged") is BENCH_KINDS["paged"]
+    with pytest.raises(UsageError) as error:
+        bench_kind("encode")
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--mode", "encode"])
+    message = "argument --mode: invalid choice: 'encode' (choose from 'decode', 'paged', " \
+        "'prefill')"
+    assert str(error.value) == message
+    assert message in capsys.readouterr().err
+
+
+def test_of_two_flags_of_other_modes_the_first_in_the_help_is_named(capsys):
+    from int8attn import cli
+
+    assert list(cli.MODE_FLAGS) == ["--history", "--new-tokens", "--ragged-mean", "--numerics"]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--numerics", "seed", "--history", "5"])
+    assert "--history applies to --mode prefill, not --mode decode" in capsys.readouterr().err
+
+
+def test_cli_bench_dispatches_through_the_table(tmp_path, monkeypatch):
+    from int8attn import cli
+
+    import tempfile
+
+    calls = []
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix: str(tmp_path / "modules"))
+    monkeypatch.setitem(BENCH_KINDS, "prefill", replace(
+        BENCH_KINDS["prefill"], prepare=lambda d, s: calls.append(("prepare", d, s)),
+        run=lambda d, s: calls.append(("run", d, s)) or PREFILL_ROWS))
+    assert cli.main(["bench", "--mode", "prefill", "--context", "128", "--history", "64",
+                     "--q-heads", "8", "--kv-heads", "2", "--head-dim", "64",
+                     "--out", str(tmp_path / "b")]) == 0
+    (_, prepared, settings), (_, ran, _) = calls
+    assert prepared == ran == tmp_path / "modules"
+    assert settings == BenchSettings(contexts=(128,), q_heads=8, kv_heads=2, head_dim=64,
+                                     history=64)
+    assert (tmp_path / "b.md").read_text() == PREFILL_MD + "\n"
+    assert not (tmp_path / "b.png").exists()
+
+
+# ---- the timer and one variant's measurement ------------------------------------------------
+
+class FakeCall:
+    def __init__(self, value):
+        self.value, self.calls = value, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self
+
+    def to_host(self):
+        return self.value
+
+
+def test_the_timer_falls_back_to_wall_time_without_kernel_times(monkeypatch):
+    fn = FakeCall(np.zeros(3))
+    timer = Timer(warmup=2, iterations=5)
+    monkeypatch.setattr(Timer, "kernel_seconds", lambda self, f, a: (None, {}))
+    timing = timer.call(fn, [])
+    assert fn.calls == 7 and timing.kernel_s is None and timing.kernels == {}
+    assert timing.seconds == timing.wall_s and timing.source == "wall per call"
+    cupti = Timing(1e-4, 4e-5, {"k": 4e-5})
+    assert cupti.seconds == 4e-5 and cupti.source == "cupti kernels"
+
+
+@pytest.mark.parametrize("record, key", [("timing", "v_timing"), ("kernels", "v_kernels_s")])
+def test_measure_checks_then_times(record, key):
+    class FakeTimer(Timer):
+        def call(self, fn, device_args):
+            return Timing(2e-4, 1e-4, {"k": 1e-4})
+
+    fn = FakeCall(np.ones(4))
+    row = {}
+    out = measure(row, "v", fn, [], lambda o: Check(0.5, False, dict(extra=1)), FakeTimer(),
+                  record=record)
+    assert list(row) == ["v_max_abs_vs_fragment", "v_within_tolerance", "extra", "v_wall_s",
+                         "v_s", key]
+    assert (out == 1).all() and row["v_s"] == 1e-4 and not row["v_within_tolerance"]
+    assert row[key] == ("cupti kernels" if record == "timing" else {"k": 1e-4})
+    with pytest.raises(ValueError):
+        measure({}, "v", fn, [], lambda o: Check(0, True), FakeTimer(), record="neither")
+
+
+def test_no_bench_module_imports_anothers_private_names_or_keeps_global_times():
+    for path in sorted((REPO / "int8attn").glob("bench_*.py")):
+        text = path.read_text()
+        assert "KERNEL_SECONDS" not in text, path
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("int8attn"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
+
+
+# ---- each kind's run on a fake IREE runtime ---------------------------------------------------
+
+KERNELS = {"partition": 4e-5, "merge": 5e-6}
+
+
+class FakeTimer(Timer):
+    def call(self, fn, device_args):
+        return Timing(1e-4, 4.5e-5, dict(KERNELS))
+
+    def copy_ceiling(self):
+        return 4e12
+
+
+class FakeDevice:
+    """Each module file names what the module computes ('int8 1': INT8 PV, V
+    token-innermost); its function returns the fragment reference, off by `error` in
+    every 7th element."""
+
+    def __init__(self, error=1e-6):
+        self.error, self.loaded = np.float32(error), []
+
+    def load(self, path, function):
+        from int8attn.reference import fragment_attention, sequence_cache
+
+        self.loaded.append(Path(path).name)
+        pv, *innermost = Path(path).read_text().split()
+
+        def reference(q, k, ks, v, vs):
+            return fragment_attention(q, k, ks, v, vs, float(np.float32(q.shape[-1] ** -0.5)),
+                                      model="cuda", pv=pv)
+
+        def fn(*args):
+            if function == "paged":
+                q, k, ks, v, vs, tables, lengths = args
+                out = np.concatenate([reference(q[b:b + 1], *sequence_cache(
+                    k, ks, v, vs, tables, lengths, b)) for b in range(q.shape[0])])
+            else:
+                q, k, ks, v, vs = args
+                if innermost == ["1"]:
+                    v = np.ascontiguousarray(v.transpose(0, 1, 3, 2))
+                out = reference(q, k, ks, v, vs)
+            out = out.astype(np.float32)
+            out.reshape(-1)[::7] += self.error
+            return FakeCall(out)
+        return fn
+
+    def put(self, arrays):
+        return list(arrays)
+
+
+@pytest.fixture
+def no_torch_baselines(monkeypatch):
+    monkeypatch.setattr(bench_cuda, "torch_times", lambda arrays, timer: (1.1e-4, 4e12))
+    monkeypatch.setattr(bench_paged, "sdpa_seconds", lambda arrays, timer: 1.2e-4)
+    monkeypatch.setattr(bench_prefill, "sdpa_seconds", lambda arrays, timer: 8e-4)
+
+
+def _variant_keys(variant, record, extra=()):
+    return [f"{variant}_max_abs_vs_fragment", f"{variant}_within_tolerance", *extra,
+            f"{variant}_wall_s", f"{variant}_s", f"{variant}_{record}"]
+
+
+def test_decode_runs_every_context_and_variant(tmp_path, no_torch_baselines, capsys):
+    meta = dict(contexts=[64, 100], batch=2, q_heads=4, kv_heads=2, head_dim=32)
+    (tmp_path / "manifest.json").write_text(json.dumps(meta))
+    for tokens in meta["contexts"]:
+        for variant, (pv, innermost) in bench_cuda.VARIANTS.items():
+            (tmp_path / f"{variant}_{tokens}.vmfb").write_text(f"{pv} {int(innermost)}")
+    device = FakeDevice()
+    rows = bench_cuda.run(tmp_path, device=device, timer=FakeTimer(0, 1))
+    assert device.loaded == bench_cuda.module_files(meta)
+    assert [r["context"] for r in rows] == [64, 100]
+    assert list(rows[0]) == [
+        "context", "batch", "q_heads", "kv_heads", "head_dim",
+        *_variant_keys("int8", "timing"),
+        *_variant_keys("bf16", "timing", ("int8_vs_bf16_max_abs", "int8_vs_bf16_rms")),
+        *_variant_keys("int8_transpose_v", "timing"),
+        "int8_bytes", "torch_sdpa_bf16_s", "copy_ceiling_bytes_per_s"]
+    for r in rows:
+        for v in bench_cuda.VARIANTS:
+            assert r[f"{v}_within_tolerance"] and 5e-7 < r[f"{v}_max_abs_vs_fragment"] < 5e-5
+            assert (r[f"{v}_s"], r[f"{v}_wall_s"], r[f"{v}_timing"]) == \
+                (4.5e-5, 1e-4, "cupti kernels")
+        assert r["int8_vs_bf16_max_abs"] > r["int8_vs_bf16_rms"] > 0
+    assert rows[0]["int8_bytes"] == 2 * 2 * 2 * 64 * 32 + 2 * 2 * 2 * 64 * 4 + 2 * 2 * 4 * 32 * 4
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
+
+
+def _paged_folder(folder):
+    folder.mkdir()
+    (folder / "paged.json").write_text(json.dumps(dict(
+        q_heads=4, kv_heads=2, head_dim=32, block_size=16, q_terms=1, w_quant="s8")))
+    for pv in bench_paged.PV:
+        (folder / f"paged_{pv}.vmfb").write_text(pv)
+    return folder
+
+
+def test_paged_runs_every_case_and_folder(tmp_path, no_torch_baselines):
+    one = _paged_folder(tmp_path / "default")
+    rows = bench_paged.run(one, 2, [40, 64], 30, seed=1, device=FakeDevice(),
+                           timer=FakeTimer(0, 1))
+    assert [r["case"] for r in rows] == [c.name for c in bench_paged.cases(2, [40, 64], 30, 1)]
+    assert list(rows[0]) == [
+        "case", "batch", "mean_length", "max_length", "bytes_read", "copy_ceiling_bytes_per_s",
+        "seed", "q_heads", "kv_heads", "head_dim", "block_size", "q_terms", "w_quant",
+        *_variant_keys("int8", "kernels_s"), *_variant_keys("bf16", "kernels_s"),
+        "torch_sdpa_bf16_padded_s"]
+    assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"] for r in rows)
+    assert rows[0]["int8_kernels_s"] == KERNELS and rows[-1]["batch"] == 1
+    two = _paged_folder(tmp_path / "other")
+    rows = bench_paged.run([one, two], 2, [40], 30, seed=2, pvs=["int8"], device=FakeDevice(),
+                           timer=FakeTimer(0, 1))
+    assert [(r["modules"], r["case"]) for r in rows][:2] == [("default", "uniform 40"),
+                                                            ("other", "uniform 40")]
+    assert "bf16_s" not in rows[0] and "| default: uniform 40 |" in bench_paged.markdown(rows)
+
+
+def test_prefill_runs_every_case_and_a_bad_output_fails_its_check(tmp_path, no_torch_baselines):
+    cases = [["Sq=S=80", 80, 80], ["50+30", 80, 30]]
+    (tmp_path / "prefill.json").write_text(json.dumps(dict(
+        cases=cases, batch=1, q_heads=4, kv_heads=2, head_dim=32)))
+    for _, tokens, query_tokens in cases:
+        for pv in bench_prefill.PV:
+            (tmp_path / f"prefill_{pv}_{tokens}_{query_tokens}.vmfb").write_text(pv)
+    rows = bench_prefill.run(tmp_path, device=FakeDevice(), timer=FakeTimer(0, 1))
+    assert list(rows[1]) == [
+        "case", "tokens", "query_tokens", "causal_flops", "seed", "batch", "q_heads",
+        "kv_heads", "head_dim", *_variant_keys("int8", "kernels_s"),
+        *_variant_keys("bf16", "kernels_s"), "int8_vs_bf16_max_abs", "int8_vs_bf16_rms",
+        "torch_sdpa_bf16_s"]
+    assert rows[1]["causal_flops"] == 4 * 32 * 4 * bench_prefill.causal_pairs(80, 30)
+    assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"] for r in rows)
+    bad = bench_prefill.run(tmp_path, device=FakeDevice(error=1e-3), timer=FakeTimer(0, 1))
+    assert not any(r["int8_within_tolerance"] or r["bf16_within_tolerance"] for r in bad)
+    assert "| NO |" in bench_prefill.markdown(bad)
