@@ -7,8 +7,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from int8attn.contract.constants import (  # noqa: F401  (the references' names)
-    PV_MODES, Q_TERMS, QUANTIZE_MIN_ABSMAX, W_OFFSET, W_QUANTS, W_TERMS, PVKind, QTerms,
-    WQuant, WTerms)
+    PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
+    QTerms, WQuant, WTerms)
 
 F32 = np.float32
 # About how many bytes of intermediates the references hold at once: they work
@@ -18,21 +18,22 @@ F32 = np.float32
 CHUNK_BYTES = 256 * 2**20
 
 
-def quantization_inverse(amax: np.ndarray) -> np.ndarray:
-    """127/a, or 0 where the row quantizes to zero (a tiny, zero, NaN or Inf)."""
+def quantization_inverse(amax: np.ndarray, levels: float = QMAX) -> np.ndarray:
+    """127/a (`levels`/a: UMAX for unsigned W), or 0 where the row quantizes to zero
+    (a tiny, zero, NaN or Inf): the numpy twin of contract.scalar_ir.quantize_inverse."""
     amax = np.asarray(amax, dtype=F32)
     quantizable = (amax >= F32(QUANTIZE_MIN_ABSMAX)) & (amax < np.inf)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        return np.where(quantizable, F32(127) / amax, F32(0)).astype(F32)
+        return np.where(quantizable, F32(levels) / amax, F32(0)).astype(F32)
 
 
 def quantize_with(x: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of x quantized against `amax` (their own absmax, or the seed's bug's)."""
     inverse = quantization_inverse(amax)
     with np.errstate(invalid="ignore"):
-        steps = np.clip(np.rint(x * inverse[..., None]), -127, 127)
+        steps = np.clip(np.rint(x * inverse[..., None]), -QMAX, QMAX)
         q = np.where(inverse[..., None] == 0, 0, steps).astype(np.int8)
-        scale = np.where(amax == np.inf, np.nan, amax / F32(127)).astype(F32)
+        scale = np.where(amax == np.inf, np.nan, amax / F32(QMAX)).astype(F32)
     return q, scale
 
 
@@ -42,12 +43,11 @@ def quantize_unsigned_with(w: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray,
     zero, NaN or Inf, u = 0 (Wq = -128): with the +128 * sum Vq compensation the
     group contributes exactly 0 (times its NaN scale, if any)."""
     amax = np.asarray(amax, dtype=F32)
-    quantizable = (amax >= F32(QUANTIZE_MIN_ABSMAX)) & (amax < np.inf)
+    inverse = quantization_inverse(amax, UMAX)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        inverse = np.where(quantizable, F32(255) / amax, F32(0)).astype(F32)
-        steps = np.clip(np.rint(w * inverse[..., None]), 0, 255)
+        steps = np.clip(np.rint(w * inverse[..., None]), 0, UMAX)
         u = np.where(inverse[..., None] == 0, 0, steps)
-        scale = np.where(amax == np.inf, np.nan, amax / F32(255)).astype(F32)
+        scale = np.where(amax == np.inf, np.nan, amax / F32(UMAX)).astype(F32)
     return (u - W_OFFSET).astype(np.int8), scale
 
 

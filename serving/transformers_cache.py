@@ -29,6 +29,7 @@ import weakref
 
 import numpy as np
 
+from int8attn.contract.constants import QUANTIZE_MIN_ABSMAX
 from int8attn.driver.paged_decode import PoolExhausted
 from int8attn.runtime.module import InputError
 from int8attn.serving.tensors import torch_module
@@ -312,7 +313,7 @@ def torch_cache_write(k_new, v_new, blocks, offsets, k_cache, k_scale, v_cache, 
     for new, cache, scale, v_layout in ((k_new, k_cache, k_scale, False),
                                         (v_new, v_cache, v_scale, True)):
         amax = new.abs().amax(-1)                               # NaN-propagating
-        ok = (amax >= 2.0 ** -118) & (amax < float("inf"))
+        ok = (amax >= QUANTIZE_MIN_ABSMAX) & (amax < float("inf"))
         inverse = torch.where(ok, 127 / torch.where(ok, amax, 1), 0)
         levels = torch.round(new * inverse[..., None]).clamp(-127, 127)
         q = torch.where(ok[..., None], levels, 0).to(torch.int8)

@@ -6,6 +6,12 @@ the entry points (API, CLIs) and what only they use. Module-level imports
 between int8attn modules form no cycle (imports inside functions are the
 deliberate way for an entry point to load something lazily).
 
+The layers (docs/design.md, "Layers"): every import, lazy or not, absolute or
+relative, goes from a folder to one below it (`ALLOWED_IMPORTS`); the folders form
+no cycle; the contract imports only numpy, iree and support; only the console
+scripts import the CLI; the simulator's modules form no cycle and its decode and
+prefill hosts do not import each other.
+
 Section references lead into the repository: every section sign in the code,
 README, tests, lit files and benchmark notes is part of a reference
 `docs/design.md <sign><number>` whose section is a heading of docs/design.md.
@@ -13,6 +19,7 @@ README, tests, lit files and benchmark notes is part of a reference
 
 import ast
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -33,20 +40,46 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
-def _module_level_imports(path: Path, modules) -> set[str]:
-    """int8attn modules `path` imports at module level (not inside functions)."""
-    found = set()
-    for node in ast.parse(path.read_text()).body:
+def _imports(path: Path, module: str, modules) -> set[tuple[str, bool]]:
+    """(int8attn module imported, at module level?) for every import in `path`, the
+    file of module `module`: `import int8attn.x.y`, `from int8attn.x import y` (y a
+    submodule, or a name of int8attn.x) and relative imports (`from ..x import y`),
+    resolved against the file's own package. An import inside a function is not at
+    module level (the deliberate way to load something lazily); one in a class body
+    or an `if`/`try` at module level is."""
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    found: set[tuple[str, bool]] = set()
+
+    def add(name: str, base: str, top: bool):
+        if name.split(".")[0] == "int8attn":
+            found.add((name if name in modules else base, top))
+
+    def visit(node, top: bool):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name in modules}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
-                submodule = f"{node.module}.{alias.name}"
-                if submodule in modules:
-                    found.add(submodule)
-                elif node.module in modules:
-                    found.add(node.module)
+                parts = alias.name.split(".")
+                # `import a.b.c` imports a, a.b and a.b.c: the deepest one that is a module
+                names = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+                add(next((n for n in names if n in modules), alias.name), alias.name, top)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            for alias in node.names:
+                add(f"{base}.{alias.name}", base, top)
+        top = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, top)
+
+    visit(ast.parse(path.read_text()), True)
     return found
+
+
+def _module_level_imports(path: Path, modules, module: str = "int8attn.m") -> set[str]:
+    """int8attn modules `path` (module `module`) imports at module level."""
+    return {name for name, top in _imports(path, module, modules) if top and name in modules}
 
 
 def test_every_subpackage_is_a_top_level_folder():
@@ -93,7 +126,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycles():
     modules = _modules()
-    graph = {name: _module_level_imports(path, modules) - {name}
+    graph = {name: _module_level_imports(path, modules, name) - {name}
              for name, path in modules.items()}
     assert len(graph) > 40 and sum(map(len, graph.values())) > 80  # the walk sees the project
     cycle = find_cycle(graph)
@@ -106,12 +139,18 @@ def test_the_cycle_check_can_fail(tmp_path):
     modules["int8attn.a"].write_text("from int8attn.b import x\n")
     modules["int8attn.b"].write_text("import int8attn.c\n\ndef f():\n    import int8attn.a\n")
     modules["int8attn.c"].write_text("from int8attn import a\n")
-    graph = {n: _module_level_imports(p, modules) for n, p in modules.items()}
+    graph = {n: _module_level_imports(p, modules, n) for n, p in modules.items()}
     assert graph == {"int8attn.a": {"int8attn.b"}, "int8attn.b": {"int8attn.c"},
                      "int8attn.c": {"int8attn.a"}}
     assert find_cycle(graph) == ["int8attn.a", "int8attn.b", "int8attn.c", "int8attn.a"]
     graph["int8attn.c"] = set()
     assert find_cycle(graph) is None
+    # relative imports resolve against the file's package; a function's import is lazy
+    modules["int8attn.c"].write_text("from . import a\nfrom .b import y\n")
+    assert _imports(modules["int8attn.c"], "int8attn.c", modules) == {
+        ("int8attn.a", True), ("int8attn.b", True)}
+    assert _imports(modules["int8attn.b"], "int8attn.b", modules) == {
+        ("int8attn.c", True), ("int8attn.a", False)}
 
 
 # ----------------------------------------------------------------------------
@@ -203,11 +242,32 @@ def test_the_reference_check_can_fail():
     assert "no section" in problems[0] and "names no" in problems[1]
 
 
-# Which top-level folders each folder may import (module level or inside functions).
-# The layers, bottom up: support; contract (the numerics rules); fragments; reference
-# (numpy) and dialects (the ops); passes and kernels (the two code generators, which do
-# not import each other); pipelines; runtime; simulator; driver; serving; the entry
-# points in int8attn/.
+# ----------------------------------------------------------------------------
+# The layers: which folders import which (every import, lazy ones too)
+# ----------------------------------------------------------------------------
+
+# The public Python API (`int8attn.compile`, int8attn/__init__ and api.py) is a layer
+# of its own: serving compiles through it, while the other modules of int8attn/ (the
+# CLIs, report, benches) are the entry points above everything.
+API_MODULES = {"int8attn", "int8attn.api"}
+
+
+def layer(module: str) -> str:
+    """The layer of an int8attn module: its top-level folder, or "api" / "int8attn"
+    (the entry points) for the modules of int8attn/."""
+    parts = module.split(".")
+    if len(parts) > 1 and (REPO / parts[1] / "__init__.py").exists() and parts[1] != "int8attn":
+        return parts[1]
+    return "api" if module in API_MODULES else "int8attn"
+
+
+# Which layers each layer may import (module level or inside functions). Bottom up:
+# support; contract (the numerics contract: constants, option types, scalar IR rules);
+# fragments; reference (numpy) and dialects (the ops); passes and kernels (the two code
+# generators, which do not import each other); pipelines; runtime; simulator; driver;
+# the API; serving; the entry points in int8attn/.
+_BELOW_DRIVER = {"support", "contract", "fragments", "reference", "dialects", "passes",
+                 "kernels", "pipelines", "runtime", "simulator"}
 ALLOWED_IMPORTS = {
     "support": set(),
     "contract": {"support"},
@@ -222,51 +282,133 @@ ALLOWED_IMPORTS = {
     "pipelines": {"support", "contract", "fragments", "dialects", "passes"},
     "runtime": {"support"},
     "simulator": {"support", "contract", "fragments", "reference", "kernels"},
+    "driver": _BELOW_DRIVER,
+    "api": _BELOW_DRIVER | {"driver"},
+    "serving": {"support", "contract", "fragments", "kernels", "runtime", "driver", "api"},
+    "int8attn": _BELOW_DRIVER | {"driver", "api", "serving"},
 }
 
+# Cycles between top-level folders that are allowed, as (folder, folder) edges left out
+# of the cycle check. None: the layers above form no cycle, and the literal folders
+# neither (serving -> int8attn/ reaches only the API; no entry point imports serving).
+# An entry point that needs serving would make serving <-> int8attn/ a folder cycle
+# that is no module cycle; it would go here, with that reason.
+ALLOWED_FOLDER_CYCLES: set[tuple[str, str]] = set()
 
-def _folder_imports() -> dict[tuple[str, str], set[str]]:
-    """(importing folder, imported folder) -> the importing files, every import."""
-    folders = {folder.name for folder in _package_dirs().values()}
+
+def _module_imports() -> dict[str, set[str]]:
+    """Module -> the int8attn modules (or names' modules) it imports, every import."""
+    modules = _modules()
+    return {name: {m for m, _ in _imports(path, name, modules)} - {name}
+            for name, path in modules.items()}
+
+
+def _edges(key) -> dict[tuple[str, str], set[str]]:
+    """(importer's key, imported's key) -> the importing modules, for `key` a layer or
+    folder function of a module name; imports within one key are left out."""
     edges: dict[tuple[str, str], set[str]] = {}
-    for package, folder in _package_dirs().items():
-        for path in folder.glob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if not (isinstance(node, ast.ImportFrom) and node.module
-                        and node.module.split(".")[0] == "int8attn" and node.level == 0):
-                    continue
-                parts = node.module.split(".")
-                targets = ({parts[1]} if len(parts) > 1 else
-                           {a.name if a.name in folders else "int8attn" for a in node.names})
-                for target in targets:
-                    target = target if target in folders else "int8attn"
-                    if target != folder.name:
-                        edges.setdefault((folder.name, target), set()).add(path.name)
+    for name, imported in _module_imports().items():
+        for target in imported:
+            if key(target) != key(name):
+                edges.setdefault((key(name), key(target)), set()).add(name)
     return edges
 
 
+def folder(module: str) -> str:
+    """The top-level folder of an int8attn module (int8attn/ for the API and entry points)."""
+    return "int8attn" if layer(module) == "api" else layer(module)
+
+
+def test_every_folder_has_a_layer():
+    folders = {path.name for path in _package_dirs().values()}
+    assert set(ALLOWED_IMPORTS) == folders | {"api"}
+    assert find_cycle(ALLOWED_IMPORTS) is None, "the layers themselves must form no cycle"
+
+
 def test_layers_import_only_downwards():
+    edges = _edges(layer)
+    assert len(edges) > 30          # the walk sees the project
     wrong = {f"{source} -> {target} ({', '.join(sorted(files))})"
-             for (source, target), files in _folder_imports().items()
-             if source in ALLOWED_IMPORTS and target not in ALLOWED_IMPORTS[source]}
+             for (source, target), files in edges.items()
+             if target not in ALLOWED_IMPORTS[source]}
     assert not wrong, "imports against the layers: " + "; ".join(sorted(wrong))
 
 
+def test_the_contract_sits_below_its_users():
+    """Issue 23 item 6: the contract is one layer that its users import; kernels import
+    no pass, dialects no numpy reference."""
+    assert ALLOWED_IMPORTS["contract"] == {"support"}
+    assert "passes" not in ALLOWED_IMPORTS["kernels"]
+    assert "kernels" not in ALLOWED_IMPORTS["passes"]
+    assert "reference" not in ALLOWED_IMPORTS["dialects"]
+    edges = _edges(layer)
+    for user in ("dialects", "passes", "kernels", "reference", "pipelines", "driver"):
+        assert (user, "contract") in edges, f"{user} reads the contract from contract/"
+    options = _module_imports()["int8attn.driver.options"]
+    assert not {m for m in options if layer(m) == "reference"}, options
+
+
+def test_contract_imports_only_numpy_iree_and_support():
+    allowed = set(sys.stdlib_module_names) | {"numpy", "iree"}
+    modules = _modules()
+    for path in (REPO / "contract").glob("*.py"):
+        name = "int8attn.contract" + ("" if path.stem == "__init__" else f".{path.stem}")
+        for module, _ in _imports(path, name, modules):
+            assert layer(module) in ("contract", "support"), (path.name, module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else [])
+            for imported in names:
+                top = imported.split(".")[0]
+                assert top == "int8attn" or top in allowed, (path.name, imported)
+
+
+def test_no_cycle_between_folders():
+    graph: dict[str, set[str]] = {}
+    for source, target in _edges(folder):
+        if (source, target) not in ALLOWED_FOLDER_CYCLES:
+            graph.setdefault(source, set()).add(target)
+    assert len(graph) > 8
+    cycle = find_cycle(graph)
+    assert cycle is None, "folder import cycle: " + " -> ".join(cycle)
+
+
 def test_only_entry_points_import_the_cli():
-    """int8attn.cli is an entry point: library code (every package folder but int8attn/)
-    never imports it (report.py did, for UsageError: a cycle)."""
-    for package, folder in _package_dirs().items():
-        if package == "int8attn":
-            continue
-        for path in folder.glob("*.py"):
-            assert "int8attn.cli" not in path.read_text(), path
+    """int8attn.cli is an entry point: no module imports it but the console scripts
+    (report.py did, for UsageError, now in support/diagnostics: a cycle)."""
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    entry_points = {target.split(":")[0] for target in scripts.values()}
+    assert "int8attn.cli" in entry_points
+    importers = {name for name, imported in _module_imports().items()
+                 if "int8attn.cli" in imported}
+    assert importers <= entry_points - {"int8attn.cli"}, importers
 
 
-def test_simulator_hosts_do_not_import_each_other():
-    """decode and prefill hosts share `run`; only kernel_ir (the dispatcher) and the
-    package's __init__ import both."""
-    for name in ("decode", "prefill", "run", "interpreter", "isa"):
-        text = (REPO / "simulator" / f"{name}.py").read_text()
-        others = {"decode", "prefill", "kernel_ir"} - {name}
-        assert not any(f"int8attn.simulator.{o} " in text or f"int8attn.simulator.{o}\n" in text
-                       for o in others), name
+def test_simulator_modules_import_each_other_without_cycles():
+    """The decode and prefill hosts share `run`; only kernel_ir (the dispatcher) and the
+    package's __init__ import either."""
+    graph = {name: {m for m in imported if m.startswith("int8attn.simulator")}
+             for name, imported in _module_imports().items()
+             if name.startswith("int8attn.simulator")}
+    assert len(graph) >= 6
+    cycle = find_cycle(graph)
+    assert cycle is None, "simulator import cycle: " + " -> ".join(cycle)
+    hosts = {"int8attn.simulator.decode", "int8attn.simulator.prefill"}
+    importers = {name for name, imported in graph.items() if imported & hosts}
+    assert importers == {"int8attn.simulator", "int8attn.simulator.kernel_ir"}, importers
+
+
+def test_the_layer_check_sees_every_import_form(tmp_path):
+    (tmp_path / "k.py").write_text(
+        "import int8attn.passes.rewrite\n"
+        "from ..reference import common\n"
+        "def f():\n    from int8attn import cli\n")
+    modules = {"int8attn.passes.rewrite": None, "int8attn.reference.common": None,
+               "int8attn.cli": None, "int8attn.kernels.k": tmp_path / "k.py"}
+    found = _imports(tmp_path / "k.py", "int8attn.kernels.k", modules)
+    assert found == {("int8attn.passes.rewrite", True), ("int8attn.reference.common", True),
+                     ("int8attn.cli", False)}
+    assert [layer(m) for m, _ in sorted(found)] == ["int8attn", "passes", "reference"]
+    assert layer("int8attn.api") == layer("int8attn") == "api"
+    assert folder("int8attn.api") == "int8attn" and layer("int8attn.report") == "int8attn"
