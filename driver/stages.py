@@ -154,7 +154,8 @@ def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
         from int8attn.kernels.cache_write import CacheWriteShape, build_cache_write_kernels
 
         _, kv_heads, block_size, head_dim = info.arguments[call.argument("k_cache")].shape
-        return build_cache_write_kernels(CacheWriteShape(kv_heads, head_dim, block_size), model)
+        shape = CacheWriteShape(kv_heads, head_dim, block_size, "k_bias" in call.operands)
+        return build_cache_write_kernels(shape, model)
     numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
     q_shape = info.arguments[call.argument("q")].shape
     q_heads, head_dim = q_shape[1], q_shape[-1]
@@ -218,10 +219,6 @@ def _kernel_entry(c: Compilation):
     info = next(iter(infos.values()))
     attention = next(op for op in walk(c.module)
                      if op.name in (ATTENTION, PAGED_ATTENTION, CACHE_WRITE))
-    if info.attention.mode == "cache_write" and len(info.attention.operands) > 7:
-        raise DiagnosticError(attention.location, f"the {c.options.target} cache-write "
-                              f"kernel takes no k_bias yet; subtract the bias from k_new "
-                              f"before the call, or compile with --target cpu")
     order = tuple(range(len(info.attention.operands)))
     if info.attention.argument_of != order:
         raise DiagnosticError(attention.location, "the kernel host function expects the "
