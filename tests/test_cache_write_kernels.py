@@ -154,3 +154,46 @@ def test_cache_write_kernel_refuses_what_it_cannot_do():
 
     with pytest.raises(DiagnosticError, match="head dim 48 must be a multiple of the 32-lane"):
         int8attn.compile(cache_write_graph(2, 48, 16), target="cuda", simulate=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_write_and_attend_in_one_kernel_module(target):
+    """paged_decode_graph (@write with a k_bias, @attend) on a kernel target: one module,
+    each function its own kernels and layout. A PagedDecoder prefills two sequences and
+    runs decode steps on it: the pool equals the reference write of every token so far
+    bit for bit, and each step's output is what @attend compiled alone gives."""
+    from int8attn.driver.paged_decode import (PagedCache, PagedDecoder, paged_attention_graph,
+                                              paged_decode_graph)
+
+    rng = seeded_rng(2303)
+    q_heads = 4
+    graph = int8attn.compile(paged_decode_graph(q_heads, HKV, D, BS, k_bias=True),
+                             target=target, simulate=True)
+    assert {f: graph.kernel_layout_of(f)["mode"] for f in ("write", "attend")} == {
+        "write": "cache_write", "attend": "paged"}
+    alone = int8attn.compile(paged_attention_graph(q_heads, HKV, D, BS), target=target,
+                             simulate=True)
+    cache = PagedCache(NB, HKV, BS, D, seed=5)
+    garbage = [c.copy() for c in cache.arrays]
+    b = bias(rng)
+    decoder = PagedDecoder(graph, cache, k_bias=b)
+    rows = lambda n: (rng.standard_normal((n, HKV, D)).astype(np.float32) * 2,
+                      rng.standard_normal((n, HKV, D)).astype(np.float32))
+    keys, values = {}, {}
+    for length in (5, 19):
+        k, v = rows(length)
+        sequence = decoder.prefill(k, v)
+        keys[sequence], values[sequence] = [k], [v]
+    for _ in range(2):
+        q = rng.standard_normal((2, q_heads, D)).astype(np.float32)
+        k, v = rows(2)
+        out = decoder.step(q, k, v, [0, 1])
+        for s in (0, 1):
+            keys[s].append(k[s:s + 1])
+            values[s].append(v[s:s + 1])
+        assert np.array_equal(out, alone(q, *cache.arrays, *decoder.last_batch))
+    slots = np.concatenate([cache.slots(s, np.arange(cache.lengths[s])) for s in (0, 1)])
+    expected = paged_cache_write(np.concatenate(keys[0] + keys[1]),
+                                 np.concatenate(values[0] + values[1]), slots, *garbage,
+                                 k_bias=b)
+    assert_written(cache.arrays, garbage, expected, slots)
