@@ -17,6 +17,7 @@ from conftest import seeded_rng
 import int8attn
 from int8attn.driver.paged_decode import cache_write_graph
 from int8attn.reference import paged_cache_write
+from int8attn.runtime.module import InputError
 
 HKV, D, BS, NB = 2, 64, 16, 6
 TARGETS = ["cuda", "gfx942", "gfx936"]
@@ -197,3 +198,19 @@ def test_write_and_attend_in_one_kernel_module(target):
                                  np.concatenate(values[0] + values[1]), slots, *garbage,
                                  k_bias=b)
     assert_written(cache.arrays, garbage, expected, slots)
+
+
+def test_write_and_attend_package_from_one_cuda_module():
+    """One vmfb of @write and @attend: a kernel package per function, from one PTX."""
+    from int8attn.driver.paged_decode import paged_decode_graph
+    from int8attn.serving.kernel_package import KernelPackage
+
+    graph = int8attn.compile(paged_decode_graph(8, 2, 64, 16), target="cuda")
+    write, attend = (KernelPackage.from_graph(graph, f) for f in ("write", "attend"))
+    assert [k.abi.kernel for k in write.kernels] == ["cache_write"]
+    assert write.layout["mode"] == "cache_write" and attend.layout["mode"] == "paged"
+    assert write.ptx == attend.ptx
+    for kernel in write.kernels + attend.kernels:
+        assert f".entry {kernel.abi.kernel}(" in write.ptx
+    with pytest.raises(InputError, match="choose one with --function"):
+        KernelPackage.from_graph(graph)
