@@ -299,7 +299,7 @@ def test_the_cache_key_covers_every_source_file_recursively(tmp_path):
     model = tmp_path / "fragments" / "model.py"
     model.write_text(model.read_text().replace("VLoadScheme(16)", "VLoadScheme(8)", 1))
     assert source_fingerprint(copies) != before
-    contract = tmp_path / "reference" / "common.py"
+    contract = tmp_path / "contract" / "constants.py"
     model.write_text((fragments / "model.py").read_text())
     assert source_fingerprint(copies) == before
     contract.write_text(contract.read_text().replace("2.0 ** -118", "2.0 ** -100"))
