@@ -31,7 +31,7 @@ class Compiled:
     artifacts: dict[str, str | bytes]
     functions: dict[str, FunctionInfo]
     timings: dict[str, float]
-    kernel_layout: dict | None
+    kernel_layouts: dict[str, dict]   # per public function of a kernel target: its kernels
     remarks: tuple[str, ...] = ()   # the passes' remarks (raise-int8-attention's), located
 
     @property
@@ -71,4 +71,4 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
             if directory is not None:
                 write_atomic(directory / f"{number:02d}-{stage.name}{stage.suffix}", artifact)
     return Compiled(options, dict(c.artifacts), dict(c.functions), dict(c.timings),
-                    c.kernel_layout, tuple(remarks))
+                    dict(c.kernel_layouts), tuple(remarks))

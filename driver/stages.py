@@ -46,7 +46,8 @@ class Compilation:
     module: ir.Operation | None = None     # the IR of the latest IR stage
     functions: dict[str, FunctionInfo] = field(default_factory=dict)
     artifacts: dict[str, str | bytes] = field(default_factory=dict)
-    kernel_layout: dict | None = None      # what a kernel's host side must pass it
+    kernel_layouts: dict[str, dict] = field(default_factory=dict)   # per function: what
+                                           # its kernels' host side must pass them
     assembly: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     print_ir_after_all: bool = False
@@ -107,27 +108,66 @@ def make_linalg(c: Compilation) -> str:
 
 
 def make_kernel(c: Compilation) -> str:
-    """The lane-level kernels (decode, paged decode, prefill) and their host function."""
+    """The lane-level kernels (decode, paged decode, prefill, cache_write) of each public
+    function and its host function, in one module (e.g. @write and @attend of one pool)."""
     from int8attn.fragments import fragment_model
 
-    info, attention = _kernel_entry(c)
-    target = c.options.target
-    model = fragment_model(target)
-    mode = info.attention.mode
+    model = fragment_model(c.options.target)
+    module, owners, layouts = None, {}, {}
+    for info, op in _kernel_entries(c):
+        kernels = _function_kernels(c, info, op, model)
+        layouts[info.name] = {"function": info.name, "mode": info.attention.mode,
+                              **kernels.layout}
+        if module is None:
+            module = kernels.module
+        _adopt_executables(module, kernels.module, info.name, owners, op.location)
+    c.module = module
+    c.kernel_layouts = layouts
+    if c.options.v_token_innermost:
+        c.functions = describe_functions(c.module)
+    return str(c.module)
+
+
+def _function_kernels(c: Compilation, info: FunctionInfo, attention: ir.Operation, model):
+    """One function's kernels, with its host function built into their module."""
     with attention.location:
         try:
             kernels = _build_kernels(info, model, c.options)
         except (ValueError, KeyError) as error:
-            raise DiagnosticError(attention.location, f"the {target} {_kernel_name(info)} "
-                                  f"kernel: " + str(error).strip("'")) from None
+            raise DiagnosticError(attention.location, f"the {c.options.target} "
+                                  f"{_kernel_name(info)} kernel: "
+                                  + str(error).strip("'")) from None
         with ir.InsertionPoint(kernels.module.regions[0].blocks[0]):
             _build_host(c, info, kernels)
         run_passes(kernels.module, [UpstreamPass("canonicalize")])
-    c.module = kernels.module
-    c.kernel_layout = {"function": info.name, "mode": mode, **kernels.layout}
-    if c.options.v_token_innermost:
-        c.functions = describe_functions(c.module)
-    return str(c.module)
+    return kernels
+
+
+def _adopt_executables(module: ir.Operation, built: ir.Operation, function: str,
+                       owners: dict[str, tuple[str, str]], location: ir.Location) -> None:
+    """Moves `built`'s ops (one function's executables and host function) into `module`
+    (nothing to move when it is `module`), recording which function each symbol serves.
+    One symbol twice is refused, not renamed: two functions needing one kernel name
+    (two paged decodes of other shapes, both `decode_partition`) would call each
+    other's kernels, and the KernelABI and the serving launcher name kernels by it."""
+    ops = [op.operation for op in built.regions[0].blocks[0].operations]
+    for op in ops:
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        kind = "host function" if op.name == "func.func" else "kernel"
+        if name in owners:
+            owner, owner_kind = owners[name]
+            fix = ("rename the function" if "host function" in (kind, owner_kind) else
+                   "compile the functions as separate modules")
+            raise DiagnosticError(location, f"@{function}'s {kind} and @{owner}'s "
+                                  f"{owner_kind} would both be the symbol @{name} of the "
+                                  f"one module a kernel target compiles: {fix}")
+        owners[name] = function, kind
+    if built == module:
+        return
+    body = ir.InsertionPoint(module.regions[0].blocks[0])
+    for op in ops:
+        op.detach_from_parent()
+        body.insert(op)
 
 
 def _kernel_name(info: FunctionInfo) -> str:
@@ -154,7 +194,8 @@ def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
         from int8attn.kernels.cache_write import CacheWriteShape, build_cache_write_kernels
 
         _, kv_heads, block_size, head_dim = info.arguments[call.argument("k_cache")].shape
-        return build_cache_write_kernels(CacheWriteShape(kv_heads, head_dim, block_size), model)
+        shape = CacheWriteShape(kv_heads, head_dim, block_size, "k_bias" in call.operands)
+        return build_cache_write_kernels(shape, model)
     numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
     q_shape = info.arguments[call.argument("q")].shape
     q_heads, head_dim = q_shape[1], q_shape[-1]
@@ -208,26 +249,32 @@ def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
                             v_token_innermost=c.options.v_token_innermost)
 
 
-def _kernel_entry(c: Compilation):
-    infos = {n: i for n, i in c.functions.items() if i.attention is not None}
-    if len(infos) != 1 or len(c.functions) != 1:
-        raise DiagnosticError(c.module.location, f"--target {c.options.target} compiles one "
-                              f"public function that returns an int8attn.attention, paged_attention or "
-                              f"cache_write of its arguments; this graph has "
-                              f"{len(c.functions)} public function(s), {len(infos)} of them such")
-    info = next(iter(infos.values()))
-    attention = next(op for op in walk(c.module)
-                     if op.name in (ATTENTION, PAGED_ATTENTION, CACHE_WRITE))
-    if info.attention.mode == "cache_write" and len(info.attention.operands) > 7:
-        raise DiagnosticError(attention.location, f"the {c.options.target} cache-write "
-                              f"kernel takes no k_bias yet; subtract the bias from k_new "
-                              f"before the call, or compile with --target cpu")
-    order = tuple(range(len(info.attention.operands)))
-    if info.attention.argument_of != order:
-        raise DiagnosticError(attention.location, "the kernel host function expects the "
-                              "attention operands as the function's arguments, in order ("
-                              + ", ".join(info.attention.operands) + ")")
-    return info, attention
+def _kernel_entries(c: Compilation) -> list[tuple[FunctionInfo, ir.Operation]]:
+    """(function, its attention / paged_attention / cache_write op) for every public
+    function: on a kernel target each one must return such an op of its arguments."""
+    plain = [name for name, info in c.functions.items() if info.attention is None]
+    if plain:
+        raise DiagnosticError(c.module.location, f"--target {c.options.target} compiles "
+                              f"public functions that each return an int8attn.attention, "
+                              f"paged_attention or cache_write of their arguments; @{plain[0]} "
+                              f"does not (this graph has {len(c.functions)} public "
+                              f"function(s), {len(c.functions) - len(plain)} of them such)")
+    entries = []
+    for function in c.module.regions[0].blocks[0].operations:
+        function = function.operation
+        name = (ir.StringAttr(function.attributes["sym_name"]).value
+                if function.name == "func.func" else None)
+        if name not in c.functions:
+            continue
+        info = c.functions[name]
+        attention = next(op for op in walk(function)
+                         if op.name in (ATTENTION, PAGED_ATTENTION, CACHE_WRITE))
+        if info.attention.argument_of != tuple(range(len(info.attention.operands))):
+            raise DiagnosticError(attention.location, "the kernel host function expects "
+                                  "the attention operands as the function's arguments, in "
+                                  "order (" + ", ".join(info.attention.operands) + ")")
+        entries.append((info, attention))
+    return entries
 
 
 def make_vmfb(c: Compilation) -> bytes:

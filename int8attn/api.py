@@ -31,15 +31,16 @@ __all__ = ["compile", "compile_file", "CompiledGraph", "CompileOptions"]
 
 
 class _Simulated:
-    """Calls run the kernel-stage module in the lane simulator."""
+    """Calls run the kernel-stage module in the lane simulator (the called function's
+    kernels, as its layout says)."""
 
-    def __init__(self, kernel_ir: str, layout: dict):
-        self.kernel_ir, self.layout = kernel_ir, layout
+    def __init__(self, kernel_ir: str, layouts: dict[str, dict]):
+        self.kernel_ir, self.layouts = kernel_ir, layouts
 
     def call(self, function: str, *arrays) -> list[np.ndarray]:
         from int8attn.simulator import simulate_kernel_ir
 
-        results = simulate_kernel_ir(self.kernel_ir, self.layout, arrays)
+        results = simulate_kernel_ir(self.kernel_ir, self.layouts[function], arrays)
         return list(results) if isinstance(results, tuple) else [results]
 
 
@@ -48,7 +49,7 @@ class CompiledGraph:
 
     def __init__(self, functions: dict[str, FunctionInfo], options: CompileOptions, *,
                  vmfb: bytes | None = None, kernel_ir: str | None = None,
-                 kernel_layout: dict | None = None, artifacts: dict | None = None,
+                 kernel_layouts: dict[str, dict] | None = None, artifacts: dict | None = None,
                  timings: dict | None = None, cache_hit: bool = False,
                  remarks: tuple[str, ...] = ()):
         self.functions = functions
@@ -56,7 +57,7 @@ class CompiledGraph:
         self.options = options
         self.vmfb = vmfb
         self.kernel_ir = kernel_ir
-        self.kernel_layout = kernel_layout
+        self.kernel_layouts = dict(kernel_layouts or {})   # per function (kernel targets)
         self.artifacts = dict(artifacts or {})
         self.timings = dict(timings or {})
         self.cache_hit = cache_hit
@@ -83,11 +84,21 @@ class CompiledGraph:
                              f"choose one with --function")
         return next(iter(self.functions.values()))
 
+    def kernel_layout_of(self, function: str | None = None) -> dict | None:
+        """What the named function's kernels need from a host (mode, ABI, ...; see
+        driver/stages.make_kernel), or the only function's; None on the cpu target."""
+        return self.kernel_layouts.get(self.entry(function).name)
+
+    @property
+    def kernel_layout(self) -> dict | None:
+        """The only public function's kernel layout (`kernel_layout_of` names one)."""
+        return self.kernel_layout_of() if self.kernel_layouts else None
+
     @property
     def executor(self):
         if self._executor is None:
             if self.simulated:
-                self._executor = _Simulated(self.kernel_ir, self.kernel_layout)
+                self._executor = _Simulated(self.kernel_ir, self.kernel_layouts)
             else:
                 signatures = {name: list(info.arguments) for name, info in self.functions.items()}
                 target = TARGETS[self.options.target]
@@ -173,22 +184,23 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
             vmfb, meta = hit
             functions = {f["name"]: FunctionInfo.from_json(f) for f in meta["functions"]}
             return CompiledGraph(functions, target.check(compile_options_), vmfb=vmfb,
-                                 kernel_layout=meta.get("kernel_layout"),
+                                 kernel_layouts=meta.get("kernel_layouts"),
                                  cache_hit=True, remarks=tuple(meta.get("remarks", ())))
     compiled = compile_stages(source, compile_options_, filename=filename, until=until,
                               save_stages=save_stages, progress=progress)
     if simulate:
         return CompiledGraph(compiled.functions, compiled.options, kernel_ir=compiled.last,
-                             kernel_layout=compiled.kernel_layout,
+                             kernel_layouts=compiled.kernel_layouts,
                              artifacts=compiled.artifacts, timings=compiled.timings,
                              remarks=compiled.remarks)
     if store:
         store.store(key, compiled.last,
                     {"functions": [f.to_json() for f in compiled.functions.values()],
                      "remarks": list(compiled.remarks),
-                     "kernel_layout": compiled.kernel_layout})
+                     "kernel_layouts": compiled.kernel_layouts})
     return CompiledGraph(compiled.functions, compiled.options, vmfb=compiled.last,
-                         kernel_layout=compiled.kernel_layout, artifacts=compiled.artifacts, timings=compiled.timings,
+                         kernel_layouts=compiled.kernel_layouts, artifacts=compiled.artifacts,
+                         timings=compiled.timings,
                          remarks=compiled.remarks)
 
 

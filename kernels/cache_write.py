@@ -12,6 +12,11 @@ v_cache[blk, h, :, off] (token-innermost), the scales to k_scale / v_scale at
 writes nothing: the host refuses the latter before the call, the kernel never
 writes out of bounds whatever it is given.
 
+With a `k_bias` [Hkv, D] (a graph whose cache_write has the optional last
+operand, docs/design.md's conditioned K cache) each lane subtracts bias[h, col]
+from its key channels in f32 before the absmax, as `reference.paged_cache_write`
+does; V is never biased.
+
 The four caches are updated in place: the IREE host function ties each result
 to its cache operand, and the direct launcher passes the caller's pool.
 """
@@ -33,6 +38,12 @@ from int8attn.contract import scalar_ir as contract
 CACHE_WRITE_KERNEL = "cache_write"
 INPUTS = ("k_new", "v_new", "slot_mapping", "k_cache", "k_scale", "v_cache", "v_scale")
 CACHES = INPUTS[3:]
+BIAS = "k_bias"     # the optional last input, in the op's operand order
+
+
+def inputs(k_bias: bool) -> tuple[str, ...]:
+    """The kernel's inputs in parameter order: the op's operands, k_bias last if any."""
+    return INPUTS + ((BIAS,) if k_bias else ())
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,11 @@ class CacheWriteShape:
     kv_heads: int
     head_dim: int
     block_size: int
+    k_bias: bool = False    # new keys minus a [Hkv, D] bias before they are quantized
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return inputs(self.k_bias)
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,7 @@ class CacheWriteKernels:
 
     @property
     def abi(self) -> tuple[KernelABI, ...]:
-        return (KernelABI(CACHE_WRITE_KERNEL, INPUTS, (), ("T", "NB"),
+        return (KernelABI(CACHE_WRITE_KERNEL, self.shape.inputs, (), ("T", "NB"),
                           ("T", self.shape.kv_heads, 1), self.threads, writes_inputs=CACHES,
                           trailing=1),)
 
@@ -73,7 +89,7 @@ def build_cache_write_kernels(shape: CacheWriteShape, model: FragmentModel) -> C
     wave = model.instruction.wave_size
     check_cache_write_shape(shape, wave)
     module = ir.Module.create()
-    argument_types = _types(*["!stream.binding"] * len(INPUTS), "index", "index")
+    argument_types = _types(*["!stream.binding"] * len(shape.inputs), "index", "index")
     with ir.InsertionPoint(module.body):
         build_executable(CACHE_WRITE_KERNEL, argument_types, 2,
                          lambda args: _write_body(args, shape, wave), wave, wave)
@@ -83,7 +99,7 @@ def build_cache_write_kernels(shape: CacheWriteShape, model: FragmentModel) -> C
 def _write_body(args, shape: CacheWriteShape, wave: int) -> None:
     lanes = Lanes(wave, wave)
     t, h = workgroup_id(0), workgroup_id(1)
-    tokens, blocks = args[len(INPUTS):]
+    tokens, blocks = args[len(shape.inputs):]
     zero, hkv, d, bs = lanes.index(0), shape.kv_heads, shape.head_dim, shape.block_size
     k_new = binding(args[0], (tokens, hkv, d), "f32", zero)
     v_new = binding(args[1], (tokens, hkv, d), "f32", zero)
@@ -92,14 +108,18 @@ def _write_body(args, shape: CacheWriteShape, wave: int) -> None:
     k_scale = binding(args[4], (blocks, hkv, bs), "f32", zero)
     v_cache = binding(args[5], (blocks, hkv, d, bs), "i8", zero)
     v_scale = binding(args[6], (blocks, hkv, bs), "f32", zero)
+    k_bias = binding(args[7], (hkv, d), "f32", zero) if shape.k_bias else None
     block, offset, inside = pool_slot(lanes, memref.load(slots, [t]), blocks, bs)
     channels = [lanes.plus(lanes.lane, wave * j) for j in range(d // wave)]
     first_lane = arith.cmpi(arith.CmpIPredicate.eq, lanes.lane, zero)
     c = contract.quantize_constants(lanes.f32)
     offsets = [1 << i for i in range(wave.bit_length() - 1)]
-    for rows, cache, scales, token_major in ((k_new, k_cache, k_scale, True),
-                                             (v_new, v_cache, v_scale, False)):
+    for rows, bias, cache, scales, token_major in ((k_new, k_bias, k_cache, k_scale, True),
+                                                   (v_new, None, v_cache, v_scale, False)):
         values = [memref.load(rows, [t, h, col]) for col in channels]
+        if bias is not None:    # one f32 subtract per element, as the reference rounds it
+            values = [arith.subf(x, memref.load(bias, [h, col]))
+                      for x, col in zip(values, channels)]
         amax = c.zero
         for x in values:
             amax = contract.absmax_step(amax, x)

@@ -213,24 +213,25 @@ def build_paged_prefill_host_function(kernels: PrefillKernels, name: str, argume
 
 def build_cache_write_host_function(kernels, name: str, argument_types,
                                     result_types) -> None:
-    """func.func @name(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale)
-    -> the four caches, updated in place by one dispatch (`kernels.abi`); T and NB
-    static or dynamic in the signature."""
-    from int8attn.kernels.cache_write import INPUTS
-
+    """func.func @name(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale
+    [, k_bias]) -> the four caches, updated in place by one dispatch (`kernels.abi`);
+    T and NB static or dynamic in the signature, f16/bf16 new rows widened to f32
+    first (the kernel reads f32, as `lower-cache-write` quantizes in f32)."""
     (write,) = kernels.abi
     s = kernels.shape
     hkv, dim, bs = s.kv_heads, s.head_dim, s.block_size
     dynamic = [d.tensor([DYN, hkv, dim], "f32"), d.tensor([DYN, hkv, dim], "f32"),
                d.tensor([DYN], "i32"), d.tensor([DYN, hkv, bs, dim], "i8"),
                d.tensor([DYN, hkv, bs], "f32"), d.tensor([DYN, hkv, dim, bs], "i8"),
-               d.tensor([DYN, hkv, bs], "f32")]
+               d.tensor([DYN, hkv, bs], "f32")] + [d.tensor([hkv, dim], "f32")] * s.k_bias
 
     @func.FuncOp.from_py_func(*argument_types, name=name)
     def host(*arguments):
-        values = [_cast(a, t) for a, t in zip(arguments, dynamic)]
+        rows = [_f32(a) for a in arguments[:2]]
+        values = [_cast(a, t) for a, t in zip(rows + list(arguments[2:]), dynamic)]
         tokens = tensor.DimOp(values[0], build.index(0)).result
         blocks = tensor.DimOp(values[3], build.index(0)).result
-        caches = _abi_dispatch(write, {"T": tokens, "NB": blocks}, dict(zip(INPUTS, values)),
+        caches = _abi_dispatch(write, {"T": tokens, "NB": blocks},
+                               dict(zip(write.inputs, values)),
                                [tokens, tokens, tokens] + [blocks] * 4, [blocks] * 4)
         return tuple(_cast(c, t) for c, t in zip(caches, result_types))

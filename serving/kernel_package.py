@@ -49,11 +49,14 @@ class KernelPackage:
     signature: dict                    # FunctionInfo.to_json() of the function
 
     @classmethod
-    def from_graph(cls, graph) -> "KernelPackage":
+    def from_graph(cls, graph, function: str | None = None) -> "KernelPackage":
+        """The kernels of the graph's `function` (its only one by default: a module of
+        @write and @attend gives one package per function, sharing the PTX)."""
         if graph.options.target != "cuda" or graph.vmfb is None:
             raise PackageError(f"a kernel package needs a graph compiled for --target cuda "
                                f"(not simulated); this one targets {graph.options.target}")
-        abis = [KernelABI.from_json(a) for a in (graph.kernel_layout or {}).get("abi", ())]
+        layout = graph.kernel_layout_of(function) or {}
+        abis = [KernelABI.from_json(a) for a in layout.get("abi", ())]
         if not abis:
             raise PackageError("the graph's kernels declare no launch ABI: the serving path "
                                "runs paged_attention (decode or chunked prefill) and "
@@ -71,8 +74,8 @@ class KernelPackage:
                     f"{words} push-constant words, its ABI {abi.threads} threads and "
                     f"{len(abi.constants)} index constants (2 words each)")
             kernels.append(PackagedKernel(abi, shared))
-        function = graph.kernel_layout["function"]
-        return cls(function, tuple(kernels), ptx, dict(graph.kernel_layout),
+        function = layout["function"]
+        return cls(function, tuple(kernels), ptx, dict(layout),
                    graph.functions[function].to_json())
 
     def save(self, folder: str | Path) -> Path:

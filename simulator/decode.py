@@ -15,7 +15,7 @@ from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build
                                      dense_access, paged_access)
 from int8attn.kernels.kv_access import DenseShape, PagedShape
 from int8attn.kernels.abi import PAGED_INPUTS, paged_sizes
-from int8attn.kernels.cache_write import INPUTS as CACHE_WRITE_INPUTS
+from int8attn.kernels.cache_write import inputs as cache_write_inputs
 from int8attn.simulator.run import dense_kernel_inputs, run_abi, run_executable
 from int8attn.support.ir import new_context
 
@@ -61,12 +61,13 @@ def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v
 
 
 def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slot_mapping,
-                           k_cache, k_scale, v_cache, v_scale):
+                           k_cache, k_scale, v_cache, v_scale, k_bias=None):
     """The cache-write kernel (its KernelABI) on copies of the caches; returns them."""
     caches = [np.array(c, copy=True) for c in (k_cache, k_scale, v_cache, v_scale)]
-    tensors = dict(zip(CACHE_WRITE_INPUTS, [np.asarray(k_new, np.float32),
-                                            np.asarray(v_new, np.float32),
-                                            np.asarray(slot_mapping, np.int32), *caches]))
+    bias = [] if k_bias is None else [np.asarray(k_bias, np.float32)]
+    tensors = dict(zip(cache_write_inputs(k_bias is not None),
+                       [np.asarray(k_new, np.float32), np.asarray(v_new, np.float32),
+                        np.asarray(slot_mapping, np.int32), *caches, *bias]))
     run_abi(module, layout["abi"], {"T": np.shape(k_new)[0], "NB": caches[0].shape[0]}, tensors)
     return tuple(caches)
 

@@ -200,6 +200,10 @@ def test_kernel_targets_compile_the_paged_op_and_cache_write(tmp_path, capsys):
     write.write_text(example.read_text().split("func.func @attend")[0])
     for target in ("gfx942", "cuda"):
         assert cli.main(["compile", str(write), "--target", target, "-o", str(tmp_path / "k")]) == 0
-    # @write and @attend in one module: a kernel target compiles one function per module.
-    assert cli.main(["compile", str(example), "--target", "cuda", "-o", str(tmp_path / "k")]) == 1
-    assert "2 public function(s)" in capsys.readouterr().err
+    # @write and @attend in one module: each function's kernels and host function.
+    assert cli.main(["compile", str(example), "--target", "cuda", "-o", str(tmp_path / "k")]) == 0
+    # A function that is not a kernel function is named.
+    path.write_text(example.read_text() + "func.func @copy(%a: tensor<4xf32>) -> tensor<4xf32> {"
+                    "\n  return %a : tensor<4xf32>\n}\n")
+    assert cli.main(["compile", str(path), "--target", "cuda", "-o", str(tmp_path / "k")]) == 1
+    assert "@copy does not (this graph has 3 public function(s)" in capsys.readouterr().err
