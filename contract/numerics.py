@@ -1,0 +1,42 @@
+"""One value for the contract's numerics variants (docs/design.md §2c).
+
+Which INT8 terms q and W are quantized into, and how W is quantized per MMAC
+group, travel together as a `Numerics`: the options declare the fields, the
+target spec holds each kernel target's default, and the kernels, the
+references and the simulator take the value whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .constants import Q_TERMS, W_QUANTS, W_TERMS, QTerms, WQuant, WTerms
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The contract's variants; the defaults are the pipeline's (the cpu target's)."""
+
+    q_terms: QTerms = 2      # INT8 terms of q (a second one quantizes the residual)
+    w_quant: WQuant = "u8"   # W per MMAC group: symmetric s8, or u8 with its offset
+    w_terms: WTerms = 2      # INT8 terms of W per group (a second, signed, on the residual)
+
+    def __post_init__(self):
+        for name, allowed in (("q_terms", Q_TERMS), ("w_quant", W_QUANTS),
+                              ("w_terms", W_TERMS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"numerics {name}={value!r}: expected one of "
+                                 f"{', '.join(map(str, allowed))}")
+
+    @property
+    def unsigned_w(self) -> bool:
+        return self.w_quant == "u8"
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name.replace('_', '-')} {getattr(self, f.name)}"
+                         for f in fields(self))
+
+
+# The seed write-up's variant: one term each, symmetric W (docs/design.md §2c).
+SEED_NUMERICS = Numerics(q_terms=1, w_quant="s8", w_terms=1)
