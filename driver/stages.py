@@ -110,12 +110,12 @@ def make_linalg(c: Compilation) -> str:
 def make_kernel(c: Compilation) -> str:
     """The lane-level kernels (decode, paged decode, prefill, cache_write) of each public
     function and its host function, in one module (e.g. @write and @attend of one pool)."""
-    from int8attn.fragments import fragment_model
+    from int8attn.kernels.target_spec import target_spec
 
-    model = fragment_model(c.options.target)
+    spec = target_spec(c.options.target)
     module, owners, layouts = None, {}, {}
     for info, op in _kernel_entries(c):
-        kernels = _function_kernels(c, info, op, model)
+        kernels = _function_kernels(c, info, op, spec)
         layouts[info.name] = {"function": info.name, "mode": info.attention.mode,
                               **kernels.layout}
         if module is None:
@@ -128,11 +128,11 @@ def make_kernel(c: Compilation) -> str:
     return str(c.module)
 
 
-def _function_kernels(c: Compilation, info: FunctionInfo, attention: ir.Operation, model):
+def _function_kernels(c: Compilation, info: FunctionInfo, attention: ir.Operation, spec):
     """One function's kernels, with its host function built into their module."""
     with attention.location:
         try:
-            kernels = _build_kernels(info, model, c.options)
+            kernels = _build_kernels(info, spec, c.options)
         except (ValueError, KeyError) as error:
             raise DiagnosticError(attention.location, f"the {c.options.target} "
                                   f"{_kernel_name(info)} kernel: "
@@ -182,21 +182,25 @@ def _kernel_name(info: FunctionInfo) -> str:
     return "paged prefill" if rank == 4 else "paged decode"
 
 
-def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
+def _build_kernels(info: FunctionInfo, spec, options: CompileOptions):
     """The decode (dense or paged) or prefill kernels of the graph's attention."""
     from int8attn.kernels.decode import build_decode_kernels, dense_access, paged_access
     from int8attn.kernels.kv_access import (DenseShape, PagedPrefillShape, PagedShape,
                                             PrefillShape)
     from int8attn.kernels.prefill import build_prefill_kernels
 
-    call, target = info.attention, options.target
+    from int8attn.contract.numerics import Numerics
+
+    call = info.attention
     if call.mode == "cache_write":
         from int8attn.kernels.cache_write import CacheWriteShape, build_cache_write_kernels
 
         _, kv_heads, block_size, head_dim = info.arguments[call.argument("k_cache")].shape
         shape = CacheWriteShape(kv_heads, head_dim, block_size, "k_bias" in call.operands)
-        return build_cache_write_kernels(shape, model)
-    numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
+        return build_cache_write_kernels(shape, spec.model)
+    numerics = Numerics(*(options.resolved_numerics(name)
+                          for name in ("q_terms", "w_quant", "w_terms")))
+    chosen = {"numerics": numerics, "pv": options.pv}
     q_shape = info.arguments[call.argument("q")].shape
     q_heads, head_dim = q_shape[1], q_shape[-1]
     if call.mode == "paged":
@@ -205,19 +209,19 @@ def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
         if len(q_shape) == 4:           # chunked prefill over the pool
             shape = PagedPrefillShape(kv_heads, rows, q_shape[2], head_dim, block_size,
                                       call.softmax_scale)
-            return build_prefill_kernels(shape, model, target, options.pv, **numerics)
+            return build_prefill_kernels(shape, spec, **chosen)
         access = paged_access(PagedShape(kv_heads, rows, head_dim, block_size,
-                                         call.softmax_scale), model)
-        return build_decode_kernels(access, model, target, options.pv, **numerics)
+                                         call.softmax_scale), spec)
+        return build_decode_kernels(access, spec, **chosen)
     batch, kv_heads, tokens, _ = info.arguments[call.argument("k")].shape
     rows = q_heads // kv_heads
     if call.mode == "prefill":
         shape = PrefillShape(batch, kv_heads, rows, tokens, q_shape[2], head_dim,
                              call.softmax_scale)
-        return build_prefill_kernels(shape, model, target, options.pv, **numerics)
+        return build_prefill_kernels(shape, spec, **chosen)
     access = dense_access(DenseShape(batch, kv_heads, rows, tokens, head_dim,
-                                     call.softmax_scale), model)
-    return build_decode_kernels(access, model, target, options.pv, **numerics)
+                                     call.softmax_scale), spec)
+    return build_decode_kernels(access, spec, **chosen)
 
 
 def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:

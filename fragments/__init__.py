@@ -28,6 +28,7 @@ from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, SCA
                                       FragmentModel, FragmentModelName, ScaleGroupKind,
                                       VLoadScheme, bf16_pv_model,
                                       format_token_set, fragment_model)
+from int8attn.fragments.index_rules import INT_RULES, PackedRows, ceil_div
 from int8attn.fragments.layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from int8attn.fragments.linear_layout import LinearLayout, NotInvertible, NotLinear
 from int8attn.fragments.mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
@@ -40,6 +41,9 @@ from int8attn.fragments.token_axes import (NotADigitPermutation, TokenAxes, Toke
                                            token_axes)
 
 __all__ = [
+    "INT_RULES",
+    "PackedRows",
+    "ceil_div",
     "SCALE_GROUP_KINDS",
     "BF16_PV_INSTRUCTIONS",
     "OperandLayout",

@@ -134,6 +134,19 @@ class DecodeKernelLayout:
     def c_col(self, i: int) -> LaneMap:
         return LaneMap.fit(self.instruction.c.coords[:, i, 1])
 
+    # A lane's score elements: element (n, i) = register i of C tile n, numbered
+    # n * slots + i; the one place that numbering is made and taken apart.
+    def element(self, block: int, slot: int) -> int:
+        return block * self.instruction.c.slots + slot
+
+    def element_slot(self, element: int) -> int:
+        return element % self.instruction.c.slots
+
+    def element_token(self, element: int) -> LaneMap:
+        """Wave token of score element `element`, as a lane map."""
+        block, slot = divmod(element, self.instruction.c.slots)
+        return self.c_col(slot).shifted(block * self.instruction.n)
+
     def element_tokens(self) -> np.ndarray:
         """int [lanes, blocks*slots]: wave token of score element (n, i)."""
         c = self.instruction.c.coords
@@ -211,6 +224,18 @@ class DecodeKernelLayout:
         if not (ranks == ranks[:1]).all():
             raise ValueError("B lanes disagree on the positions of their slots")
         return ranks[0].tolist()
+
+    def qk_b_pieces(self, head_dim: int, step: int) -> list[tuple[int, int, int]]:
+        """(K load, first byte in it, length) of each B run at `step`, in register
+        order: the slices of the lane's K loads that make the B operand."""
+        width, slots = self.qk_b_width(head_dim), self.qk_b_slots(head_dim, step)
+        pieces = []
+        for first, length in self.instruction.b.runs(axis=0):
+            load, start = divmod(slots[first], width)
+            if start + length > width:
+                raise ValueError("a B run straddles two K loads")
+            pieces.append((load, start, length))
+        return pieces
 
     def qk_a_runs(self, head_dim: int, step: int) -> list[tuple[LaneMap, LaneMap, int]]:
         """(row, first head-dim index, length) of each A run at `step`, in register

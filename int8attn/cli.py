@@ -452,17 +452,19 @@ MODE_FLAGS = dict(sorted(mode_flags().items(), key=lambda item: (
 
 def _check_bench_shape(args, misuse) -> None:
     """The kernels' limits on the shape flags, before anything is compiled."""
-    from int8attn.fragments import FRAGMENT_MODELS
-    from int8attn.kernels.decode import ROWS
+    from int8attn.kernels.target_spec import target_spec
+
+    cuda = target_spec("cuda")
 
     if args.q_heads % args.kv_heads:
         misuse(f"--q-heads {args.q_heads} is not a multiple of --kv-heads {args.kv_heads} "
                f"(each KV head serves the same number of query heads)")
     rows = args.q_heads // args.kv_heads
-    if bench_kind(args.mode).query_heads_in_one_tile and rows > ROWS:
+    if bench_kind(args.mode).query_heads_in_one_tile and rows > cuda.tile_rows:
         misuse(f"--q-heads {args.q_heads} over --kv-heads {args.kv_heads} is {rows} query heads "
-               f"per KV head; the decode kernels' MMAC tile holds {ROWS} (raise --kv-heads)")
-    k = FRAGMENT_MODELS["cuda"].instruction.k
+               f"per KV head; the decode kernels' MMAC tile holds {cuda.tile_rows} "
+               f"(raise --kv-heads)")
+    k = cuda.model.instruction.k
     if args.head_dim % k:
         misuse(f"--head-dim {args.head_dim} is not a multiple of {k}, the K of the cuda "
                f"kernels' int8 mma.sync (e.g. 64 or 128)")

@@ -85,6 +85,9 @@ def evaluate(size: Size, sizes: dict[str, int]) -> int:
     return int(sizes[size])
 
 
+# A dense graph's arguments as its kernels take them (K, V and the scales padded
+# to whole partitions or tiles, V token-innermost), in order.
+DENSE_INPUTS = ("q", "k", "k_scale", "v", "v_scale")
 # The paged caches' argument names, in the order every paged kernel binds them.
 PAGED_INPUTS = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_tables",
                 "context_lens")

@@ -23,10 +23,10 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, func, linalg, tensor
 
 from int8attn.dialects import int8attn as d
-from int8attn.kernels.abi import PAGED_INPUTS, KernelABI
-from int8attn.kernels.decode import MERGE_KERNEL, PARTITION_KERNEL, ROWS, DecodeKernels
+from int8attn.kernels.abi import DENSE_INPUTS, PAGED_INPUTS, KernelABI
+from int8attn.kernels.decode import DecodeKernels
 from int8attn.kernels.executable import dispatch
-from int8attn.kernels.prefill import PREFILL_KERNEL, PrefillKernels
+from int8attn.kernels.prefill import PrefillKernels
 from int8attn.dialects import builders as build
 
 DYN = d.DYNAMIC
@@ -79,25 +79,18 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
     With `v_token_innermost`, v comes as [B, Hkv, D, S] (the kernel's layout, as
     a paged cache would hold it) and the per-call transpose disappears.
     """
-    access = kernels.access
     s = kernels.shape
-    b, hkv, dim, padded = s.batch, s.kv_heads, s.head_dim, access.padded
+    partition, merge = kernels.abi
 
     @func.FuncOp.from_py_func(q_type, *_dense_cache_types(s, v_token_innermost), name=name)
     def host(q, k, k_scale, v, v_scale):
-        k, k_scale, v_t, v_scale = _padded_caches(k, k_scale, v, v_scale, padded,
-                                                  v_token_innermost)
-        parts = [b, hkv, access.partitions]
-        grid = [build.index(access.partitions), build.index(hkv), build.index(b)]
-        o_part, m_part, l_part = dispatch(
-            PARTITION_KERNEL, grid,
-            [d.tensor(parts + [kernels.rows_out, dim], "f32"), d.tensor(parts + [ROWS], "f32"),
-             d.tensor(parts + [ROWS], "f32")],
-            [_f32(q), k, k_scale, v_t, v_scale])
-        (out,) = dispatch(MERGE_KERNEL, grid[1:],
-                          [d.tensor([b, hkv, kernels.rows_out, dim], "f32")],
-                          [o_part, m_part, l_part])
-        return _real_rows(out, s, kernels.rows_out, b)
+        caches = _padded_caches(k, k_scale, v, v_scale, kernels.access.padded,
+                                v_token_innermost)
+        values = dict(zip(DENSE_INPUTS, [_f32(q), *caches]))
+        values.update(zip((b.name for b in partition.outputs),
+                          _abi_dispatch(partition, {}, values, [])))
+        (out,) = _abi_dispatch(merge, {}, values, [])
+        return _real_rows(out, s, kernels.rows_out, s.batch)
 
 
 class _PagedArguments:
@@ -181,17 +174,14 @@ def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.T
                                 v_token_innermost: bool = False) -> None:
     """func.func @name(q, k, k_scale, v, v_scale) of a causal prefill graph (v as
     [B, Hkv, D, S] with `v_token_innermost`)."""
-    s, padded = kernels.shape, kernels.access.padded
-    b, hkv, dim = s.batch, s.kv_heads, s.head_dim
+    s = kernels.shape
+    (prefill,) = kernels.abi
 
     @func.FuncOp.from_py_func(q_type, *_dense_cache_types(s, v_token_innermost), name=name)
     def host(q, k, k_scale, v, v_scale):
-        k, k_scale, v_t, v_scale = _padded_caches(k, k_scale, v, v_scale, padded,
-                                                  v_token_innermost)
-        grid = [build.index(kernels.row_blocks), build.index(hkv), build.index(b)]
-        (out,) = dispatch(PREFILL_KERNEL, grid,
-                          [d.tensor([b, s.q_heads, s.query_tokens, dim], "f32")],
-                          [_f32(q), k, k_scale, v_t, v_scale])
+        caches = _padded_caches(k, k_scale, v, v_scale, kernels.access.padded,
+                                v_token_innermost)
+        (out,) = _abi_dispatch(prefill, {}, dict(zip(DENSE_INPUTS, [_f32(q), *caches])), [])
         return out
 
 

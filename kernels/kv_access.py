@@ -23,12 +23,12 @@ into memref indices and says which tokens are live:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
-from int8attn.kernels.lanes import Lanes, binding
+from .lanes import Lanes, binding
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,45 @@ def _bind_kv(args, lead: tuple, tokens, head_dim: int, zero):
             binding(args[4], lead + (tokens,), "f32", zero))
 
 
+@dataclass(frozen=True)
+class KVView:
+    """The bound cache of one workgroup: the memrefs, its (sequence, KV head), the
+    first token of the tile or partition it reads (`at` moves it), and the
+    run-time values the kernels read (`remaining`: tokens from `first` to the
+    length; `history`: a prefill's cached tokens before its queries)."""
+
+    lanes: Lanes
+    q: ir.Value
+    k: ir.Value
+    k_scale: ir.Value
+    v: ir.Value
+    v_scale: ir.Value
+    b: ir.Value
+    h: ir.Value
+    first: ir.Value
+    batch: object = None               # an int, or the run-time index value
+    partition_count: object = None
+    remaining: ir.Value | None = None
+    history: object = None             # an int, or the sequence's own (run time)
+
+    def at(self, first: ir.Value) -> "KVView":
+        return replace(self, first=first)
+
+    def guard(self) -> ir.Value | None:
+        """Does the workgroup have work (None: always)."""
+        return None
+
+    def stage(self) -> None:
+        """IR the view needs before its first read (published by the next barrier)."""
+
+    def token_row(self, local: ir.Value) -> list[ir.Value]:
+        """Indices of a token's K row (then the head-dim index) and of its scales."""
+        return [self.b, self.h, arith.addi(self.first, local)]
+
+    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
+        return [self.b, self.h, col, arith.addi(self.first, local)]
+
+
 class DenseKV:
     """K/V of one dense batch, padded by the host to `padded` tokens."""
 
@@ -126,30 +165,17 @@ class DenseKV:
     def argument_types(self, outputs: int) -> list[ir.Type]:
         return _types(*["!stream.binding"] * (self.inputs + outputs))
 
-    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
-        """Views of the inputs; returns the output arguments."""
+    def bind(self, lanes: Lanes, args, where) -> tuple[KVView, list[ir.Value]]:
+        """The view of partition `where` = (b, h, p), and the output arguments."""
         s, zero = self.shape, lanes.index(0)
-        self.lanes, (self.b, self.h, self.p) = lanes, where
+        b, h, p = where
         kv, d = (s.batch, s.kv_heads), s.head_dim
-        self.q = binding(args[0], (s.batch, s.q_heads, d), "f32", zero)
-        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, kv, self.padded, d, zero)
-        self.batch, self.partition_count = s.batch, self.partitions
-        self.first = lanes.affine((self.p, self.partition_tokens))
-        self.remaining = arith.subi(lanes.index(s.tokens), self.first)
-        return args[self.inputs:]
-
-    def guard(self):
-        return None
-
-    def stage(self) -> None:
-        pass
-
-    def token_row(self, local: ir.Value) -> list[ir.Value]:
-        """Indices of a token's K row (then the head-dim index) and of its scales."""
-        return [self.b, self.h, arith.addi(self.first, local)]
-
-    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
-        return [self.b, self.h, col, arith.addi(self.first, local)]
+        q = binding(args[0], (s.batch, s.q_heads, d), "f32", zero)
+        first = lanes.affine((p, self.partition_tokens))
+        view = KVView(lanes, q, *_bind_kv(args, kv, self.padded, d, zero), b, h, first,
+                      batch=s.batch, partition_count=self.partitions,
+                      remaining=arith.subi(lanes.index(s.tokens), first))
+        return view, args[self.inputs:]
 
     # merge -------------------------------------------------------------------
     merge_inputs = 0
@@ -157,31 +183,44 @@ class DenseKV:
     def merge_argument_types(self, partials: int) -> list[ir.Type]:
         return _types(*["!stream.binding"] * (partials + 1))
 
-    def bind_merge(self, lanes: Lanes, args, b) -> list[ir.Value]:
-        self.batch, self.partition_count = self.shape.batch, self.partitions
-        return args
-
-    def partitions_of(self, lanes: Lanes, b) -> ir.Value:
-        return lanes.index(self.partitions)
+    def bind_merge(self, lanes: Lanes, args, b):
+        """(batch, partition count, partitions of sequence b, [o, m, l, out])."""
+        return self.shape.batch, self.partitions, lanes.index(self.partitions), args
 
 
 class PrefillKV(DenseKV):
     """The dense cache of a prefill graph, padded by the host to whole tiles."""
 
-    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
+    def bind(self, lanes: Lanes, args, where) -> tuple[KVView, list[ir.Value]]:
         s, zero = self.shape, lanes.index(0)
-        self.lanes, (self.b, self.h) = lanes, where
+        b, h = where
         kv, d = (s.batch, s.kv_heads), s.head_dim
-        self.q = binding(args[0], (s.batch, s.q_heads, s.query_tokens, d), "f32", zero)
-        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, kv, self.padded, d, zero)
-        self.first = zero     # the kernel's tile loop moves it
-        self.batch, self.history = s.batch, s.tokens - s.query_tokens
-        return args[self.inputs:]
+        q = binding(args[0], (s.batch, s.q_heads, s.query_tokens, d), "f32", zero)
+        view = KVView(lanes, q, *_bind_kv(args, kv, self.padded, d, zero), b, h, zero,
+                      batch=s.batch, history=s.tokens - s.query_tokens)
+        return view, args[self.inputs:]
 
 
-class _PagedRows:
-    """K/V/scale indices of a tile token through its block: `_block(local)` is
-    (block, offset in the block) of the access's own token numbering."""
+def _block_size_hint(v_load_tokens: int) -> str:
+    return (f"; use a pool of {v_load_tokens}- or {2 * v_load_tokens}-token blocks, or "
+            f"--target cpu, which takes any block size")
+
+
+@dataclass(frozen=True)
+class PagedPrefillView(KVView):
+    """A chunked prefill's tokens through the block table; past the length, the
+    last used slot."""
+
+    tables: ir.Value = None
+    block_size: int = 0
+    last_slot: ir.Value = None
+
+    def _block(self, local: ir.Value):
+        bs = self.lanes.index(self.block_size)
+        token = arith.addi(self.first, local)
+        slot = arith.minui(arith.divui(token, bs), self.last_slot)
+        block = memref.load(self.tables, [self.b, slot])
+        return arith.index_cast(ir.IndexType.get(), block), arith.remui(token, bs)
 
     def token_row(self, local: ir.Value) -> list[ir.Value]:
         block, offset = self._block(local)
@@ -192,12 +231,7 @@ class _PagedRows:
         return [block, self.h, col, offset]
 
 
-def _block_size_hint(v_load_tokens: int) -> str:
-    return (f"; use a pool of {v_load_tokens}- or {2 * v_load_tokens}-token blocks, or "
-            f"--target cpu, which takes any block size")
-
-
-class PagedPrefillKV(_PagedRows):
+class PagedPrefillKV:
     """A chunked prefill's K/V through the block table (the pool as PagedKV's)."""
 
     def __init__(self, shape: PagedPrefillShape, tile_tokens: int, v_load_tokens: int):
@@ -214,31 +248,67 @@ class PagedPrefillKV(_PagedRows):
         return _types(*["!stream.binding"] * self.inputs, *["index"] * self.index_operands,
                       *["!stream.binding"] * outputs)
 
-    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
+    def bind(self, lanes: Lanes, args, where) -> tuple[KVView, list[ir.Value]]:
         s, zero = self.shape, lanes.index(0)
-        self.lanes, (self.b, self.h) = lanes, where
-        self.batch, blocks, width = args[self.inputs:self.inputs + 3]
+        b, h = where
+        batch, blocks, width = args[self.inputs:self.inputs + 3]
         d, bs, pool = s.head_dim, s.block_size, (blocks, s.kv_heads)
-        self.q = binding(args[0], (self.batch, s.q_heads, s.query_tokens, d), "f32", zero)
-        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, pool, bs, d, zero)
-        self.tables = binding(args[5], (self.batch, width), "i32", zero)
-        lengths = binding(args[6], (self.batch,), "i32", zero)
-        length = arith.index_cast(ir.IndexType.get(), memref.load(lengths, [self.b]))
-        self.history = arith.subi(length, lanes.index(s.query_tokens))
-        self.last_slot = arith.divui(arith.subi(length, lanes.index(1)), lanes.index(bs))
-        self.first = zero     # the kernel's tile loop moves it
-        return args[self.inputs + self.index_operands:]
+        q = binding(args[0], (batch, s.q_heads, s.query_tokens, d), "f32", zero)
+        caches = _bind_kv(args, pool, bs, d, zero)
+        tables = binding(args[5], (batch, width), "i32", zero)
+        lengths = binding(args[6], (batch,), "i32", zero)
+        length = arith.index_cast(ir.IndexType.get(), memref.load(lengths, [b]))
+        history = arith.subi(length, lanes.index(s.query_tokens))
+        last_slot = arith.divui(arith.subi(length, lanes.index(1)), lanes.index(bs))
+        view = PagedPrefillView(lanes, q, *caches, b, h, zero, batch=batch, history=history,
+                                tables=tables, block_size=bs, last_slot=last_slot)
+        return view, args[self.inputs + self.index_operands:]
+
+
+@dataclass(frozen=True)
+class PagedView(KVView):
+    """A decode partition's tokens through its block ids, staged in LDS once."""
+
+    tables: ir.Value = None
+    block_size: int = 0
+    length: ir.Value = None
+    block_ids: ir.Value = None          # LDS [blocks per partition] i32
+    blocks_per_partition: int = 0
+    partition: ir.Value = None
+
+    def guard(self) -> ir.Value:
+        """The workgroup's partition holds at least one of the sequence's tokens."""
+        return arith.cmpi(arith.CmpIPredicate.slt, self.first, self.length)
+
+    def stage(self) -> None:
+        """The partition's block ids into LDS, once; slots past the last used one
+        are replaced by the last used one (never read from the table). The
+        kernel's next barrier (after the query rows are quantized) publishes them."""
+        lanes, bs = self.lanes, self.block_size
+        count = self.blocks_per_partition
+        last_slot = arith.divui(arith.subi(self.length, lanes.index(1)), lanes.index(bs))
+        reader = arith.cmpi(arith.CmpIPredicate.ult, lanes.thread, lanes.index(count))
+        with lanes.when(reader):
+            slot = arith.minui(lanes.affine((self.partition, count), (lanes.thread, 1)),
+                               last_slot)
+            memref.store(memref.load(self.tables, [self.b, slot]), self.block_ids,
+                         [lanes.thread])
 
     def _block(self, local: ir.Value):
-        """(block, offset) of tile token `local`; past the length, the last used slot."""
-        bs = self.lanes.index(self.shape.block_size)
-        token = arith.addi(self.first, local)
-        slot = arith.minui(arith.divui(token, bs), self.last_slot)
-        block = memref.load(self.tables, [self.b, slot])
-        return arith.index_cast(ir.IndexType.get(), block), arith.remui(token, bs)
+        bs = self.lanes.index(self.block_size)
+        block = memref.load(self.block_ids, [arith.divui(local, bs)])
+        return arith.index_cast(ir.IndexType.get(), block), arith.remui(local, bs)
+
+    def token_row(self, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, offset]
+
+    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
+        block, offset = self._block(local)
+        return [block, self.h, col, offset]
 
 
-class PagedKV(_PagedRows):
+class PagedKV:
     """K/V through a block table; shapes of the batch known only at run time."""
 
     def __init__(self, shape: PagedShape, partition_tokens: int, v_load_tokens: int):
@@ -258,47 +328,24 @@ class PagedKV(_PagedRows):
         return _types(*["!stream.binding"] * self.inputs, *["index"] * self.index_operands,
                       *["!stream.binding"] * outputs)
 
-    def bind(self, lanes: Lanes, args, where) -> list[ir.Value]:
+    def bind(self, lanes: Lanes, args, where) -> tuple[KVView, list[ir.Value]]:
         s, zero = self.shape, lanes.index(0)
-        self.lanes, (self.b, self.h, self.p) = lanes, where
-        batch, blocks, width, self.partition_count = args[self.inputs:self.inputs + 4]
-        self.batch = batch
+        b, h, p = where
+        batch, blocks, width, partition_count = args[self.inputs:self.inputs + 4]
         d, bs, pool = s.head_dim, s.block_size, (blocks, s.kv_heads)
-        self.q = binding(args[0], (batch, s.q_heads, d), "f32", zero)
-        self.k, self.k_scale, self.v, self.v_scale = _bind_kv(args, pool, bs, d, zero)
-        self.tables = binding(args[5], (batch, width), "i32", zero)
-        self.lengths = binding(args[6], (batch,), "i32", zero)
-        self.length = self._length(lanes, self.b)
-        self.first = lanes.affine((self.p, self.partition_tokens))
-        self.remaining = arith.subi(self.length, self.first)
-        self.block_ids = lanes.shared([self.blocks_per_partition], "i32")
-        return args[self.inputs + self.index_operands:]
-
-    def _length(self, lanes, b):
-        return arith.index_cast(ir.IndexType.get(), memref.load(self.lengths, [b]))
-
-    def guard(self) -> ir.Value:
-        """The workgroup's partition holds at least one of the sequence's tokens."""
-        return arith.cmpi(arith.CmpIPredicate.slt, self.first, self.length)
-
-    def stage(self) -> None:
-        """The partition's block ids into LDS, once; slots past the last used one
-        are replaced by the last used one (never read from the table). The
-        kernel's next barrier (after the query rows are quantized) publishes them."""
-        lanes, bs = self.lanes, self.shape.block_size
-        last_slot = arith.divui(arith.subi(self.length, lanes.index(1)), lanes.index(bs))
-        reader = arith.cmpi(arith.CmpIPredicate.ult, lanes.thread,
-                            lanes.index(self.blocks_per_partition))
-        with lanes.when(reader):
-            slot = arith.minui(lanes.affine((self.p, self.blocks_per_partition),
-                                            (lanes.thread, 1)), last_slot)
-            memref.store(memref.load(self.tables, [self.b, slot]), self.block_ids,
-                         [lanes.thread])
-
-    def _block(self, local: ir.Value):
-        bs = self.lanes.index(self.shape.block_size)
-        block = memref.load(self.block_ids, [arith.divui(local, bs)])
-        return arith.index_cast(ir.IndexType.get(), block), arith.remui(local, bs)
+        q = binding(args[0], (batch, s.q_heads, d), "f32", zero)
+        caches = _bind_kv(args, pool, bs, d, zero)
+        tables = binding(args[5], (batch, width), "i32", zero)
+        lengths = binding(args[6], (batch,), "i32", zero)
+        length = _length(lengths, b)
+        first = lanes.affine((p, self.partition_tokens))
+        view = PagedView(lanes, q, *caches, b, h, first, batch=batch,
+                         partition_count=partition_count,
+                         remaining=arith.subi(length, first), tables=tables, block_size=bs,
+                         length=length,
+                         block_ids=lanes.shared([self.blocks_per_partition], "i32"),
+                         blocks_per_partition=self.blocks_per_partition, partition=p)
+        return view, args[self.inputs + self.index_operands:]
 
     # merge -------------------------------------------------------------------
     merge_inputs = 1          # context_lens
@@ -307,14 +354,16 @@ class PagedKV(_PagedRows):
         return _types(*["!stream.binding"] * (partials + 1), "index", "index",
                       "!stream.binding")
 
-    def bind_merge(self, lanes: Lanes, args, b) -> list[ir.Value]:
-        """args: o, m, l, context_lens, batch, partitions, out."""
-        self.batch, self.partition_count = args[4], args[5]
-        self.lengths = binding(args[3], (self.batch,), "i32", lanes.index(0))
-        return args[:3] + args[6:]
+    def bind_merge(self, lanes: Lanes, args, b):
+        """args: o, m, l, context_lens, batch, partitions, out. Returns (batch,
+        partition count, ceil(length / partition tokens) of sequence b, [o, m, l, out])."""
+        batch, partition_count = args[4], args[5]
+        lengths = binding(args[3], (batch,), "i32", lanes.index(0))
+        length = _length(lengths, b)
+        parts = arith.divui(arith.addi(length, lanes.index(self.partition_tokens - 1)),
+                            lanes.index(self.partition_tokens))
+        return batch, partition_count, parts, args[:3] + args[6:]
 
-    def partitions_of(self, lanes: Lanes, b) -> ir.Value:
-        """ceil(length / partition tokens) of sequence b."""
-        length = self._length(lanes, b)
-        return arith.divui(arith.addi(length, lanes.index(self.partition_tokens - 1)),
-                           lanes.index(self.partition_tokens))
+
+def _length(lengths: ir.Value, b: ir.Value) -> ir.Value:
+    return arith.index_cast(ir.IndexType.get(), memref.load(lengths, [b]))

@@ -103,6 +103,12 @@ class Lanes:
     def plus(self, value: ir.Value, amount: int) -> ir.Value:
         return value if amount == 0 else arith.addi(value, self.index(amount))
 
+    def div(self, value: ir.Value, amount: int) -> ir.Value:
+        return arith.divui(value, self.index(amount))
+
+    def rem(self, value: ir.Value, amount: int) -> ir.Value:
+        return arith.remui(value, self.index(amount))
+
     def affine(self, *terms) -> ir.Value:
         """sum of (value, scale) pairs and plain ints."""
         total, constant = None, 0

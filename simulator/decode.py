@@ -10,20 +10,15 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.fragments import FragmentModel, fragment_model
-from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build_decode_kernels,
-                                     dense_access, paged_access)
+from int8attn.contract.numerics import Numerics
+from int8attn.fragments import INT_RULES, FragmentModel, ceil_div
+from int8attn.kernels.decode import build_decode_kernels, dense_access, paged_access
+from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.kv_access import DenseShape, PagedShape
-from int8attn.kernels.abi import PAGED_INPUTS, paged_sizes
+from int8attn.kernels.abi import DENSE_INPUTS, PAGED_INPUTS, paged_sizes
 from int8attn.kernels.cache_write import inputs as cache_write_inputs
-from int8attn.simulator.run import dense_kernel_inputs, run_abi, run_executable
+from int8attn.simulator.run import dense_kernel_inputs, run_abi
 from int8attn.support.ir import new_context
-
-
-def _partials(batch, kv_heads, partitions, rows_out, head_dim):
-    parts = (batch, kv_heads, partitions)
-    return [np.zeros(parts + (rows_out, head_dim), np.float32),
-            np.zeros(parts + (ROWS,), np.float32), np.zeros(parts + (ROWS,), np.float32)]
 
 
 def _real_rows(out, q_heads):
@@ -32,18 +27,12 @@ def _real_rows(out, q_heads):
 
 
 def run_dense_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale):
-    """The dense graph's host work in numpy, its two kernels in the simulator."""
-    batch, q_heads, head_dim = q.shape
-    kv_heads, tokens = k.shape[1], k.shape[2]
+    """The dense graph's host work in numpy (K/V padded to whole partitions, V
+    token-innermost), its two kernels in the simulator as their KernelABI says."""
     unit = layout["partition_tokens"]
-    partitions = -(-tokens // unit)
-    padded = partitions * unit
-    inputs = dense_kernel_inputs(q, k, k_scale, v, v_scale, padded)
-    partials = _partials(batch, kv_heads, partitions, layout["rows_out"], head_dim)
-    run_executable(module, PARTITION_KERNEL, (partitions, kv_heads, batch), inputs + partials)
-    out = np.zeros((batch, kv_heads, layout["rows_out"], head_dim), np.float32)
-    run_executable(module, MERGE_KERNEL, (kv_heads, batch), partials + [out])
-    return _real_rows(out, q_heads)
+    padded = ceil_div(INT_RULES, k.shape[2], unit) * unit
+    tensors = dict(zip(DENSE_INPUTS, dense_kernel_inputs(q, k, k_scale, v, v_scale, padded)))
+    return _real_rows(run_abi(module, layout["abi"], {}, tensors)["out"], q.shape[1])
 
 
 def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v_cache, v_scale,
@@ -73,20 +62,21 @@ def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slo
 
 
 def _build(access, target, fragments, pv, numerics):
-    model = fragments or fragment_model(target)
-    built = build_decode_kernels(access(model), model, target, pv, **numerics)
+    spec = target_spec(target)
+    spec = spec.with_model(fragments) if fragments is not None else spec
+    built = build_decode_kernels(access(spec), spec, numerics=numerics, pv=pv)
     return built.module, built.layout
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",
                     fragments: FragmentModel | None = None, pv: str = "int8",
-                    **numerics) -> np.ndarray:
+                    numerics: Numerics | None = None) -> np.ndarray:
     """Output [B, Hq, D] of the dense decode kernels for `target`, run in the simulator.
 
     `fragments` overrides the model the kernels are generated from (the
     simulator's instruction semantics stay the real ones of `target`);
     `pv="bf16"` runs the BF16-PV baseline kernel (targets with a bf16 MMA);
-    `numerics` are q_terms / w_quant (docs/design.md §2c; default the seed's).
+    `numerics` are the contract's variants (docs/design.md §2c; default the target's).
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
@@ -101,7 +91,7 @@ def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: 
 def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                    softmax_scale: float, *, target: str = "gfx936",
                    fragments: FragmentModel | None = None, pv: str = "int8",
-                   **numerics) -> np.ndarray:
+                   numerics: Numerics | None = None) -> np.ndarray:
     """Output [B, Hq, D] of the paged decode kernels, run in the simulator."""
     q_heads, head_dim = q.shape[1:]
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]

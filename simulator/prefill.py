@@ -10,29 +10,33 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.fragments import FragmentModel, fragment_model
+from int8attn.contract.numerics import Numerics
+from int8attn.fragments import INT_RULES, FragmentModel, ceil_div
+from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
-from int8attn.kernels.prefill import PREFILL_KERNEL, build_prefill_kernels
-from int8attn.kernels.abi import PAGED_INPUTS
-from int8attn.simulator.run import dense_kernel_inputs, run_abi, run_executable
+from int8attn.kernels.prefill import build_prefill_kernels
+from int8attn.kernels.abi import DENSE_INPUTS, PAGED_INPUTS
+from int8attn.simulator.run import dense_kernel_inputs, run_abi
 from int8attn.support.ir import new_context
 
 
+def _spec(target: str, fragments: FragmentModel | None):
+    spec = target_spec(target)
+    return spec.with_model(fragments) if fragments is not None else spec
+
+
 def run_prefill_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale):
-    """The prefill graph's host work in numpy, its kernel in the simulator."""
-    batch, q_heads, query_tokens, head_dim = q.shape
-    kv_heads, tokens = k.shape[1], k.shape[2]
+    """The prefill graph's host work in numpy (K/V padded to whole tiles, V
+    token-innermost), its kernel in the simulator as its KernelABI says."""
     tile = layout["tile_tokens"]
-    inputs = dense_kernel_inputs(q, k, k_scale, v, v_scale, -(-tokens // tile) * tile)
-    out = np.zeros(q.shape, np.float32)
-    blocks = -(-query_tokens * (q_heads // kv_heads) // layout["rows_per_workgroup"])
-    run_executable(module, PREFILL_KERNEL, (blocks, kv_heads, batch), inputs + [out])
-    return out
+    padded = ceil_div(INT_RULES, k.shape[2], tile) * tile
+    tensors = dict(zip(DENSE_INPUTS, dense_kernel_inputs(q, k, k_scale, v, v_scale, padded)))
+    return run_abi(module, layout["abi"], {}, tensors)["out"]
 
 
 def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
                      target: str = "gfx936", fragments: FragmentModel | None = None,
-                     pv: str = "int8", **numerics) -> np.ndarray:
+                     pv: str = "int8", numerics: Numerics | None = None) -> np.ndarray:
     """Output [B, Hq, Sq, D] of the prefill kernel for `target`, run in the simulator
     (`fragments`, `pv` and `numerics` as for `simulate_decode`)."""
     batch, q_heads, query_tokens, head_dim = q.shape
@@ -40,8 +44,8 @@ def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
     shape = PrefillShape(batch, kv_heads, q_heads // kv_heads, tokens, query_tokens, head_dim,
                          float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
-        model = fragments or fragment_model(target)
-        built = build_prefill_kernels(shape, model, target, pv, **numerics)
+        built = build_prefill_kernels(shape, _spec(target, fragments), numerics=numerics,
+                                      pv=pv)
         return run_prefill_kernels(built.module, built.layout, q, k, k_scale, v, v_scale)
 
 
@@ -59,14 +63,14 @@ def run_paged_prefill_kernels(module: ir.Operation, layout: dict, q, k_cache, k_
 def simulate_paged_prefill(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                            softmax_scale: float, *, target: str = "gfx936",
                            fragments: FragmentModel | None = None, pv: str = "int8",
-                           **numerics) -> np.ndarray:
+                           numerics: Numerics | None = None) -> np.ndarray:
     """Output [B, Hq, Sq, D] of the chunked-prefill kernel over the block pool."""
     q_heads, query_tokens, head_dim = q.shape[1:]
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     shape = PagedPrefillShape(kv_heads, q_heads // kv_heads, query_tokens, head_dim, block_size,
                               float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
-        model = fragments or fragment_model(target)
-        built = build_prefill_kernels(shape, model, target, pv, **numerics)
+        built = build_prefill_kernels(shape, _spec(target, fragments), numerics=numerics,
+                                      pv=pv)
         return run_paged_prefill_kernels(built.module, built.layout, q, k_cache, k_scale,
                                          v_cache, v_scale, block_tables, context_lens)

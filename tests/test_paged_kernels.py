@@ -13,7 +13,8 @@ import pytest
 from accuracy import check_against_references
 from int8attn.driver.options import KERNEL_NUMERICS
 from conftest import seeded_rng
-from int8attn.fragments import fragment_model
+from int8attn.contract.numerics import Numerics
+from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.decode import build_decode_kernels, paged_access
 from int8attn.kernels.kv_access import PagedShape
 from int8attn.reference import sequence_cache
@@ -25,9 +26,9 @@ from test_paged import LENGTHS, counted_compiles, paged_batch  # noqa: F401 (fix
 
 
 def _kernels(target, q_heads, kv_heads, head_dim, block_size, scale):
-    model = fragment_model(target)
+    spec = target_spec(target)
     shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size, scale)
-    built = build_decode_kernels(paged_access(shape, model), model, target)
+    built = build_decode_kernels(paged_access(shape, spec), spec)
     return built.module, built.layout
 
 
@@ -80,7 +81,7 @@ def test_unused_table_slots_are_never_read():
 def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
     shape = PagedShape(2, 4, 64, 8, 0.125)
     with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match="block size 8"):
-        paged_access(shape, fragment_model("cuda"))
+        paged_access(shape, target_spec("cuda"))
 
 
 @pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(v_async=True),
@@ -95,11 +96,11 @@ def test_schedule_choices_do_not_change_a_bit(tuning):
     rng = seeded_rng(83)
     arrays = paged_batch(rng, [300, 17], 8, 2, 64, 16)
     shape = PagedShape(2, 4, 64, 16, 0.125)
-    model = fragment_model("cuda")
+    spec = target_spec("cuda")
     with new_context(), ir.Location.unknown():
         outs = []
         for choice in (DecodeTuning(), DecodeTuning(**tuning)):
-            built = build_decode_kernels(paged_access(shape, model), model, "cuda", "int8", choice)
+            built = build_decode_kernels(paged_access(shape, spec), spec, tuning=choice)
             outs.append(run_paged_kernels(built.module, built.layout, *arrays))
     assert np.array_equal(outs[0], outs[1])
 
@@ -113,11 +114,11 @@ def test_v_async_reads_v_only_after_the_wait(monkeypatch):
     rng = seeded_rng(85)
     arrays = paged_batch(rng, [300, 17], 8, 2, 64, 16)
     shape = PagedShape(2, 4, 64, 16, 0.125)
-    model = fragment_model("cuda")
+    spec = target_spec("cuda")
     monkeypatch.setattr(Lanes, "async_wait", lambda self, group: None)
     with new_context(), ir.Location.unknown():
-        built = build_decode_kernels(paged_access(shape, model), model, "cuda", "int8",
-                                     DecodeTuning(v_async=True))
+        built = build_decode_kernels(paged_access(shape, spec), spec,
+                                     tuning=DecodeTuning(v_async=True))
         out = run_paged_kernels(built.module, built.layout, *arrays)
     q, k, ks, v, vs, tables, lens = arrays
     dense = (q[:1], *sequence_cache(k, ks, v, vs, tables, lens, 0))
@@ -130,11 +131,10 @@ def test_v_async_reads_v_only_after_the_wait(monkeypatch):
 def test_v_async_is_refused_where_there_is_no_async_copy(target):
     from int8attn.kernels.decode import DecodeTuning
 
-    model = fragment_model(target)
+    spec = target_spec(target)
     shape = PagedShape(2, 4, 64, 16, 0.125)
     with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match="v_async"):
-        build_decode_kernels(paged_access(shape, model), model, target, "int8",
-                             DecodeTuning(v_async=True))
+        build_decode_kernels(paged_access(shape, spec), spec, tuning=DecodeTuning(v_async=True))
 
 
 @pytest.mark.parametrize("head_dim, workgroups", [(32, 7), (64, 7), (96, 6), (128, 6),
@@ -143,10 +143,10 @@ def test_the_cuda_occupancy_hint_follows_the_head_dim(head_dim, workgroups):
     # A lane's registers grow with D: the partition kernel asks the backend for
     # the measured workgroups per SM of its head dim (kernels/decode.py), and only
     # the partition kernel carries the hint.
-    model = fragment_model("cuda")
+    spec = target_spec("cuda")
     with new_context(), ir.Location.unknown():
         shape = PagedShape(2, 4, head_dim, 16, 0.125)
-        text = str(build_decode_kernels(paged_access(shape, model), model, "cuda").module)
+        text = str(build_decode_kernels(paged_access(shape, spec), spec).module)
     assert text.count("nvvm.minctasm") == 1
     assert f"nvvm.minctasm = {workgroups} : i32" in text
 
@@ -181,10 +181,10 @@ def test_a_split_merge_matches_both_references(target, splits, chunks):
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 257, 1000, 2100, 3000], 8, 2, 64, 16)
     shape = PagedShape(2, 4, 64, 16, 0.125)
-    model = fragment_model(target)
+    spec = target_spec(target)
     with new_context(), ir.Location.unknown():
-        built = build_decode_kernels(paged_access(shape, model), model, target, "int8",
-                                     DecodeTuning(merge_splits=splits, merge_unroll=2,
+        built = build_decode_kernels(paged_access(shape, spec), spec,
+                                     tuning=DecodeTuning(merge_splits=splits, merge_unroll=2,
                                                   merge_chunks=chunks))
         out = run_paged_kernels(built.module, built.layout, *arrays)
     _check(out, arrays, np.float32(0.125), target)
@@ -197,10 +197,10 @@ def test_a_split_merge_matches_both_references(target, splits, chunks):
 def test_a_merge_split_the_kernel_cannot_run_is_refused(tuning, message):
     from int8attn.kernels.decode import DecodeTuning
 
-    model = fragment_model("cuda")
+    spec = target_spec("cuda")
     with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match=message):
-        build_decode_kernels(paged_access(PagedShape(2, 4, 64, 16, 0.125), model), model, "cuda",
-                             "int8", DecodeTuning(**tuning))
+        build_decode_kernels(paged_access(PagedShape(2, 4, 64, 16, 0.125), spec), spec,
+                             tuning=DecodeTuning(**tuning))
 
 
 @pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
@@ -215,7 +215,8 @@ def test_every_numerics_variant_in_every_kernel(target, q_terms, w_quant, q_head
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 200, 700], q_heads, 2, 64, 16)
     numerics = dict(q_terms=q_terms, w_quant=w_quant)
-    out = simulate_paged(*arrays, 0.125, target=target, **numerics)
+    out = simulate_paged(*arrays, 0.125, target=target, 
+                         numerics=Numerics(w_terms=1, **numerics))
     _check(out, arrays, np.float32(0.125), target, **numerics)
 
 

@@ -18,7 +18,7 @@ from iree.compiler import ir
 from conftest import seeded_rng
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.driver.paged_decode import paged_attention_graph
-from int8attn.fragments import fragment_model
+from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.kv_access import PagedPrefillShape
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.runtime.module import InputError
@@ -52,7 +52,7 @@ def test_one_kernel_module_serves_ragged_batches(target, block_size):
                               block_size, scale)
     rng = seeded_rng(402 + block_size)
     with new_context(), ir.Location.unknown():
-        built = build_prefill_kernels(shape, fragment_model(target), target)
+        built = build_prefill_kernels(shape, target_spec(target))
         for lengths in BATCHES:
             arrays = paged_batch(rng, lengths, *HEADS, block_size, query_tokens=QUERY_TOKENS)
             out = run_paged_prefill_kernels(built.module, built.layout, *arrays)

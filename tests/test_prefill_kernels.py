@@ -22,7 +22,11 @@ from int8attn import reference as ref
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
 from int8attn.kernels.kv_access import PrefillShape
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.kernels.prefill import build_prefill_kernels
+from int8attn.kernels.target_spec import target_spec
+
+SEED = {f: getattr(SEED_NUMERICS, f) for f in ("q_terms", "w_quant", "w_terms")}
 from int8attn.simulator import simulate_prefill
 from int8attn.simulator import interpreter
 from int8attn.simulator.prefill import run_prefill_kernels
@@ -70,7 +74,8 @@ def test_simulated_prefill_matches_both_references(target, name):
 def test_every_numerics_variant_in_the_prefill_kernel(target, numerics):
     shape = (1, 8, 2, 150, 50, 64)
     args = prefill_inputs(311, *shape)
-    out = simulate_prefill(*args, 0.125, target=target, **numerics)
+    out = simulate_prefill(*args, 0.125, target=target,
+                           numerics=Numerics(**{**SEED, **numerics}))
     _check(out, args, target, **numerics)
 
 
@@ -159,7 +164,7 @@ def test_query_tokens_past_the_sequence_are_refused():
     with new_context(), ir.Location.unknown():
         shape = PrefillShape(1, 1, 4, 10, 11, 64, 0.125)
         with pytest.raises(ValueError, match="11 query tokens are more than the 10 tokens"):
-            build_prefill_kernels(shape, fragment_model("cuda"), "cuda")
+            build_prefill_kernels(shape, target_spec("cuda"))
 
 
 def test_one_kernel_module_runs_every_batch_element():
@@ -169,7 +174,7 @@ def test_one_kernel_module_runs_every_batch_element():
     args = prefill_inputs(317, 3, 4, 2, 90, 20, 64)
     args = (args[0] * rng.uniform(0.5, 2.0, (3, 1, 1, 1)).astype(np.float32), *args[1:])
     with new_context(), ir.Location.unknown():
-        built = build_prefill_kernels(shape, fragment_model("gfx942"), "gfx942")
+        built = build_prefill_kernels(shape, target_spec("gfx942"))
         out = run_prefill_kernels(built.module, built.layout, *args)
     _check(out, args, "gfx942")
 

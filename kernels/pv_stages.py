@@ -1,0 +1,220 @@
+"""The stages from the weights to a wave's output: quantize W per MMAC group,
+stage V, PV on the INT8 instruction (or the bf16 baseline's).
+
+Each stage is a function of a `StagePlan` and named fragments (stage_plan.py).
+"""
+
+from __future__ import annotations
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, memref, vector
+
+from ..contract import scalar_ir as contract
+from ..fragments import DecodeKernelLayout, thread_distribution
+from .kv_access import KVView
+from .lanes import c_element, load_vector, vector_type
+from .stage_plan import StagedW, StagePlan, VSource
+
+
+def quantize_w(plan: StagePlan, w: dict) -> StagedW:
+    """Per (row, MMAC) scale; Wq bytes and sW to LDS for the PV operands.
+
+    The scalar ops are the contract's (contract/scalar_ir.py), as in
+    lower-quantize: a zero or tiny group gives Wq = 0, a NaN/Inf group Wq = 0
+    and sW = NaN. The absmax is NaN-propagating in-lane and across the xor
+    shuffles, so every lane of a group sees the same a.
+    """
+    lanes, layout, model = plan.lanes, plan.layout, plan.model
+    unsigned = plan.numerics.unsigned_w
+    wq_lds = lanes.shared([plan.waves, plan.tile_rows, model.wave_tokens], "i8")
+    sw_lds = lanes.shared([plan.waves, plan.tile_rows, model.mmacs_per_wave], "f32")
+    c = contract.quantize_constants(lanes.f32, unsigned=unsigned)
+    value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
+    if plan.column_sums:
+        _store_ones_rows(plan, wq_lds, plan.column_sums[1])
+    for members in plan.live_classes(layout.group_keys()):
+        amax = c.zero
+        for e in members:
+            amax = contract.absmax_step(amax, w[e])
+        amax = lanes.xor_reduce(amax, layout.group_max_offsets(), contract.absmax_merge)
+        inverse = contract.quantize_inverse(amax, c, unsigned)
+        row = lanes.of_lane(plan.row_map(members[0]))
+        group = lanes.of_lane(layout.group_map(members[0]))
+        memref.store(contract.quantize_scale(amax, c, unsigned), sw_lds,
+                     [lanes.wave, row, group])
+        for e in members:
+            q = value_of(w[e], inverse, c)
+            token = lanes.of_lane(plan.token_in_wave(e))
+            memref.store(q, wq_lds, [lanes.wave, lanes.of_lane(plan.row_map(e)), token])
+    lanes.barrier()
+    return StagedW(wq_lds, sw_lds)
+
+
+def _store_ones_rows(plan: StagePlan, wq_lds: ir.Value, rows) -> None:
+    """Unsigned W: the A rows whose MMAC outputs are the column sums, all ones."""
+    lanes, one = plan.lanes, plan.lanes.i8(1)
+    _, slots = thread_distribution(rows, plan.model.wave_tokens, lanes.wave_size)
+    for row, token in slots:
+        memref.store(one, wq_lds, [lanes.wave, lanes.of_lane(row), lanes.of_lane(token)])
+
+
+def stage_bf16(plan: StagePlan, w: dict) -> StagedW:
+    """The BF16-PV baseline: W rounded to bf16 into LDS (no scales)."""
+    lanes = plan.lanes
+    w_lds = lanes.shared([plan.waves, plan.tile_rows, plan.model.wave_tokens], "bf16")
+    bf16 = ir.BF16Type.get()
+    for e, value in w.items():
+        memref.store(arith.truncf(bf16, value), w_lds,
+                     [lanes.wave, lanes.of_lane(plan.row_map(e)),
+                      lanes.of_lane(plan.token_in_wave(e))])
+    lanes.barrier()
+    return StagedW(w_lds)
+
+
+def _w_fragments(plan: StagePlan, layout: DecodeKernelLayout, w_lds: ir.Value,
+                 element: str) -> list[ir.Value]:
+    """The wave's A operand of each PV MMAC, read from W staged in LDS."""
+    lanes, inst = plan.lanes, layout.instruction
+    return [lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),
+                                                lanes.of_lane(token)], length, element)
+                            for row, token, length in layout.a_token_runs(t)],
+                           inst.a_vector)
+            for t in range(layout.model.mmacs_per_wave)]
+
+
+def _v_runs(layout: DecodeKernelLayout, loads, t: int) -> list[ir.Value]:
+    """The i8 runs of PV MMAC t's B operand, sliced out of the lane's V loads."""
+    return [vector.extract_strided_slice(vector_type(length, "i8"), loads[u], [offset],
+                                         [length], [1])
+            for u, offset, length in layout.v_runs_of_mmac(t)]
+
+
+def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
+    """A wave's O [tile][C slot] in f32 from Wq x Vq on the INT8 instruction,
+    rescaled by sW per MMAC; unsigned W adds 128 * sum Vq of the MMAC's tokens to
+    each int32 sum first. `v_tiles`: (tile, the lane's V loads) in tile order."""
+    lanes, layout = plan.lanes, plan.pv_layout
+    inst = layout.instruction
+    a = _w_fragments(plan, layout, staged.w, "i8")
+    live = plan.live_slots(plan.pv_dead)
+    o = []
+    for _, loads in v_tiles:
+        regs = [None] * inst.c.slots
+        for t in range(layout.model.mmacs_per_wave):
+            bv = lanes.assemble(_v_runs(layout, loads, t), inst.b_vector)
+            acc = plan.mma(layout, a[t], bv, lanes.zeros(inst.c_vector, "i32"))
+            sums = _column_sums(plan, acc, bv)
+            for i in live:
+                sw = memref.load(staged.scales, [lanes.wave, lanes.of_lane(layout.c_row(i)),
+                                                 lanes.index(t)])
+                value = c_element(acc, inst, i)
+                if sums is not None:
+                    value = contract.unsigned_offset(value, sums[i])
+                term = arith.mulf(arith.sitofp(ir.F32Type.get(), value), sw)
+                regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
+        o.append(regs)
+    return o
+
+
+def _column_sums(plan: StagePlan, acc: ir.Value, bv: ir.Value):
+    """{live C slot: int32 sum Vq of its column over the MMAC's tokens}, or None
+    for signed W."""
+    if not plan.numerics.unsigned_w:
+        return None
+    layout = plan.pv_layout
+    inst, live = layout.instruction, plan.live_slots(plan.pv_dead)
+    if plan.column_sums:
+        return {i: c_element(acc, inst, plan.column_sums[0][i]) for i in live}
+    ones = plan.mma(layout, plan.lanes.splat(inst.a_vector, "i8", 1), bv,
+                    plan.lanes.zeros(inst.c_vector, "i32"))
+    return {i: c_element(ones, inst, i) for i in live}
+
+
+def pv_bf16(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
+    """O with bf16 W x bf16(Vq) on the bf16 instruction, f32 accumulate."""
+    lanes, layout = plan.lanes, plan.pv_layout
+    inst = layout.instruction
+    a = _w_fragments(plan, layout, staged.w, "bf16")
+    o = []
+    for _, loads in v_tiles:
+        regs = [None] * inst.c.slots
+        for t in range(layout.model.mmacs_per_wave):
+            runs = []
+            for piece in _v_runs(layout, loads, t):
+                length = ir.VectorType(piece.type).shape[0]
+                as_f32 = arith.sitofp(vector_type(length, "f32"), piece)
+                runs.append(arith.truncf(vector_type(length, "bf16"), as_f32))
+            acc = plan.mma(layout, a[t], lanes.assemble(runs, inst.b_vector),
+                           lanes.zeros(inst.c_vector, "f32"))
+            for i in plan.live_slots(plan.pv_dead):
+                term = c_element(acc, inst, i)
+                regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
+        o.append(regs)
+    return o
+
+
+def pv_stage(plan: StagePlan, w: dict, v_tiles) -> list[list]:
+    """W to a wave's O: quantized on the INT8 instruction, or the bf16 baseline."""
+    if plan.pv == "int8":
+        return pv(plan, quantize_w(plan, w), v_tiles)
+    return pv_bf16(plan, stage_bf16(plan, w), v_tiles)
+
+
+# V ----------------------------------------------------------------------------
+def _v_pieces(plan: StagePlan, wave_token0: ir.Value, tiles=None):
+    """[load][tile]: (head-dim column, first token in the wave, first token in the
+    partition) of each of the lane's V loads, 16 bytes of consecutive tokens of
+    one head-dim column."""
+    lanes, layout = plan.lanes, plan.pv_layout
+    inst = layout.instruction
+    b_col = lanes.of_lane(layout.b_col())
+    tiles = tiles if tiles is not None else range(plan.head_dim // inst.n)
+    pieces = []
+    for u in range(layout.v_loads()):
+        in_wave = lanes.of_lane(layout.v_load_start(u))
+        start = lanes.affine((wave_token0, 1), (in_wave, 1))
+        pieces.append([(lanes.plus(b_col, tile * inst.n), in_wave, start) for tile in tiles])
+    return pieces
+
+
+def load_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value, tiles=None,
+           staged: ir.Value | None = None) -> list[list]:
+    """Each lane's V loads [load][tile], from the cache or from the LDS copy
+    `staged` [wave, head dim, wave token] (`stage_v`)."""
+    lanes, width = plan.lanes, plan.model.v_load.bytes_per_lane
+    if staged is not None:
+        return [[load_vector(staged, [lanes.wave, col, in_wave], width, "i8")
+                 for col, in_wave, _ in row] for row in _v_pieces(plan, wave_token0, tiles)]
+    return [[load_vector(kv.v, kv.v_row(col, start), width, "i8")
+             for col, _, start in row] for row in _v_pieces(plan, wave_token0, tiles)]
+
+
+def stage_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value) -> tuple:
+    """Start the asynchronous copies of the lane's V loads into LDS; (LDS, group).
+    Each lane reads back only what it copied, so the group's wait alone orders
+    the copies before the reads."""
+    lanes, width = plan.lanes, plan.model.v_load.bytes_per_lane
+    lds = lanes.shared([plan.waves, plan.head_dim, plan.model.wave_tokens], "i8")
+    copies = [lanes.async_copy(kv.v, kv.v_row(col, start), lds, [lanes.wave, col, in_wave],
+                               width)
+              for row in _v_pieces(plan, wave_token0) for col, in_wave, start in row]
+    return lds, lanes.async_group(copies)
+
+
+def v_tiles(plan: StagePlan, kv: KVView, wave_token0: ir.Value, source: VSource):
+    """(tile, the lane's V loads for its head-dim columns), in tile order."""
+    tiles = range(plan.head_dim // plan.pv_layout.instruction.n)
+    if source.staged is not None:
+        lds, group = source.staged
+        plan.lanes.async_wait(group)
+        loaded = load_v(plan, kv, wave_token0, staged=lds)
+    elif source.loaded is not None:
+        loaded = source.loaded
+    elif not source.per_tile:
+        loaded = load_v(plan, kv, wave_token0)
+    else:
+        for tile in tiles:
+            yield tile, [row[0] for row in load_v(plan, kv, wave_token0, [tile])]
+        return
+    for tile in tiles:
+        yield tile, [row[tile] for row in loaded]

@@ -1,0 +1,199 @@
+"""The stages up to the weights: quantize the query rows, QK, the row reductions.
+
+Each stage is a function of a `StagePlan` and named fragments (stage_plan.py);
+what differs between decode and prefill (which rows are staged, which tokens
+count) comes in as arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, math, memref, vector
+
+from ..contract import scalar_ir as contract
+from ..fragments import thread_distribution, xor_reduction_offsets
+from .kv_access import KVView
+from .lanes import c_element, load_vector, vector_type
+from .stage_plan import QOperands, Scores, StagedQ, StagePlan, class_of
+
+# (is `row` a real query row, its q indices but the head dim), for a staged row.
+RowSource = Callable[[ir.Value], tuple[ir.Value, list[ir.Value]]]
+
+
+def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) -> StagedQ:
+    """`rows` query rows, quantized per row (the contract's rule) into LDS: per
+    term, Qq [rows, D] i8 and sQ [rows] f32, rows past the real ones zero. The
+    second term (q-terms 2) quantizes the residual fma(-Qq1, s1, q)."""
+    lanes, d = plan.lanes, plan.head_dim
+    _, slots = thread_distribution(rows, d, lanes.threads)
+    row_map = slots[0][0]
+    offsets = xor_reduction_offsets(row_map(range(lanes.threads))[:, None])
+    row = lanes.of_lane(row_map, of=lanes.thread)
+    real, q_index = source(row)
+    c = contract.quantize_constants(lanes.f32)
+    cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
+    values = [arith.select(real, memref.load(q, q_index + [col]), c.zero) for col in cols]
+    terms = []
+    for _ in range(plan.numerics.q_terms):
+        qq_lds = lanes.shared([rows, d], "i8")
+        sq_lds = lanes.shared([rows], "f32")
+        amax = c.zero
+        for x in values:
+            amax = contract.absmax_step(amax, x)
+        amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
+        inverse = contract.quantize_inverse(amax, c)
+        scale = contract.quantize_scale(amax, c)
+        quantized = [contract.quantize_value(x, inverse, c) for x in values]
+        for qv, col in zip(quantized, cols):
+            memref.store(qv, qq_lds, [row, col])
+        memref.store(scale, sq_lds, [row])
+        terms.append((qq_lds, sq_lds))
+        values = [contract.q_residual(x, qv, scale) for x, qv in zip(values, quantized)]
+    lanes.barrier()
+    return StagedQ(tuple(terms))
+
+
+def q_operands(plan: StagePlan, staged: StagedQ,
+               staged_row: Callable[[ir.Value], ir.Value]) -> QOperands:
+    """The Q fragment of each term and K step (A, in the layout's head-dim order),
+    loaded once for all token blocks, and sQ of the rows the lane's C elements
+    hold. `staged_row` maps a row of the wave's tile to its staged row."""
+    lanes, inst, layout = plan.lanes, plan.instruction, plan.layout
+    d = plan.head_dim
+    sq_of_row = {}
+    for term, (_, sq) in enumerate(staged.terms):
+        for i in plan.live_slots(plan.dead):
+            key = (term, layout.c_row(i))
+            if key not in sq_of_row:
+                sq_of_row[key] = memref.load(sq, [staged_row(lanes.of_lane(key[1]))])
+    a_steps = tuple(
+        tuple(lanes.assemble([load_vector(qq, [staged_row(lanes.of_lane(row)),
+                                               lanes.of_lane(dim)], length, "i8")
+                              for row, dim, length in layout.qk_a_runs(d, step)],
+                             inst.a_vector) for step in range(d // inst.k))
+        for qq, _ in staged.terms)
+    return QOperands(a_steps, sq_of_row)
+
+
+def local_token(plan: StagePlan, wave_token0: ir.Value, element: int) -> ir.Value:
+    """Token (within the tile or partition) of score element `element` of the lane."""
+    lanes = plan.lanes
+    return lanes.affine((wave_token0, 1), (lanes.of_lane(plan.token_in_wave(element)), 1))
+
+
+def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
+       token_live: Callable[[int, ir.Value], ir.Value]) -> Scores:
+    """Scores of the lane's live C elements, -inf where `token_live(element,
+    local token)` is false.
+
+    K and Q are read in the layout's lane-contiguous head-dim order: each lane
+    loads its token's run of K bytes once (the layout's loads) and slices every
+    step's B operand out of it."""
+    lanes, inst, layout = plan.lanes, plan.instruction, plan.layout
+    d = plan.head_dim
+    steps = range(d // inst.k)
+    k_loads = [lanes.of_lane(first) for first in layout.qk_b_loads(d)]
+    width = layout.qk_b_width(d)
+    b_pieces = [layout.qk_b_pieces(d, step) for step in steps]
+    b_col = lanes.of_lane(layout.b_col())
+    values, live, v_scales = {}, {}, {}
+    for n in range(layout.blocks):
+        k_row = kv.token_row(lanes.affine((wave_token0, 1), (b_col, 1), n * inst.n))
+        loads = [load_vector(kv.k, k_row + [first], width, "i8") for first in k_loads]
+        # The block's K and V scales, issued with its K bytes (not after the MMAs,
+        # nor the V scales after the softmax's barriers).
+        elements = plan.live_elements(n)
+        rows = {e: kv.token_row(local_token(plan, wave_token0, e)) for e in elements}
+        k_scales = {e: memref.load(kv.k_scale, rows[e]) for e in elements}
+        v_scales.update({e: memref.load(kv.v_scale, rows[e]) for e in elements})
+        accs = [lanes.zeros(inst.c_vector, "i32") for _ in operands.a_steps]
+        for step in steps:
+            pieces = [vector.extract_strided_slice(vector_type(length, "i8"), loads[load],
+                                                   [start], [length], [1])
+                      for load, start, length in b_pieces[step]]
+            kb = lanes.assemble(pieces, inst.b_vector)
+            accs = [plan.mma(layout, a[step], kb, acc)
+                    for a, acc in zip(operands.a_steps, accs)]
+        for element in elements:
+            i = layout.element_slot(element)
+            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order.
+            score = None
+            for t, acc in enumerate(accs):
+                term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)),
+                                  operands.sq_of_row[(t, plan.row_map(element))])
+                score = term if score is None else arith.addf(score, term)
+            value = arith.mulf(score, k_scales[element])
+            value = arith.mulf(value, lanes.f32(plan.softmax_scale))
+            live[element] = token_live(element, local_token(plan, wave_token0, element))
+            values[element] = arith.select(live[element], value, lanes.f32(float("-inf")))
+    return Scores(values, live, v_scales)
+
+
+def row_reduce(plan: StagePlan, values: dict, members: list[int], combine) -> ir.Value:
+    """One row's reduction over the wave: in-lane over `members`, then xor shuffles
+    over the lanes that hold the same row."""
+    value = values[members[0]]
+    for e in members[1:]:
+        value = combine(value, values[e])
+    return plan.lanes.xor_reduce(value, plan.layout.row_max_offsets(), combine)
+
+
+def workgroup_reduce(plan: StagePlan, values: dict, classes, combine) -> list[ir.Value]:
+    """Per row class: reduce over the wave (`row_reduce`), then across the
+    workgroup's waves through LDS [wave, tile row]."""
+    lanes = plan.lanes
+    lds = lanes.shared([plan.waves * plan.tile_rows], "f32")
+    rows = []
+    for members in classes:
+        value = row_reduce(plan, values, members, combine)
+        row = lanes.of_lane(plan.row_map(members[0]))
+        rows.append(row)
+        memref.store(value, lds, [lanes.affine((lanes.wave, plan.tile_rows), (row, 1))])
+    lanes.barrier()
+    out = []
+    for row in rows:
+        total = None
+        for wave in range(plan.waves):
+            part = memref.load(lds, [lanes.plus(row, wave * plan.tile_rows)])
+            total = part if total is None else combine(total, part)
+        out.append(total)
+    return out
+
+
+def partition_softmax(plan: StagePlan, scores: Scores, classes):
+    """Decode: the partition's (m, l) per row class and W = P * sV, exactly 0 for
+    a dead token (whatever its slot's scale holds)."""
+    lanes = plan.lanes
+    m = workgroup_reduce(plan, scores.values, classes, arith.maximumf)
+    e = {i: math.exp(arith.subf(x, m[class_of(classes, i)]))
+         for i, x in scores.values.items()}
+    l = workgroup_reduce(plan, e, classes, arith.addf)
+    w = {}
+    for i, value in e.items():
+        p = arith.divf(value, l[class_of(classes, i)])
+        w[i] = arith.select(scores.live[i], arith.mulf(p, scores.v_scales[i]), lanes.f32(0.0))
+    return m, l, w
+
+
+def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
+    """Prefill: (m', alpha, l', W) of one tile, the contract's guarded online
+    softmax per row class: alpha = exp(m - m') (1 while m' = -inf),
+    p = exp(s - m'), l' = alpha l + sum p, W = p * sV."""
+    lanes = plan.lanes
+    m_new, alpha, l_new, p = [], [], [], {}
+    for c, members in enumerate(classes):
+        running = arith.maximumf(m[c], row_reduce(plan, scores.values, members,
+                                                  arith.maximumf))
+        dead = arith.cmpf(arith.CmpFPredicate.OEQ, running, lanes.f32(float("-inf")))
+        alpha.append(arith.select(dead, lanes.f32(1.0), math.exp(arith.subf(m[c], running))))
+        for e in members:
+            p[e] = arith.select(scores.live[e], math.exp(arith.subf(scores.values[e], running)),
+                                lanes.f32(0.0))
+        m_new.append(running)
+        l_new.append(arith.addf(arith.mulf(alpha[c], l[c]),
+                                row_reduce(plan, p, members, arith.addf)))
+    w = {e: arith.select(scores.live[e], arith.mulf(value, scores.v_scales[e]), lanes.f32(0.0))
+         for e, value in p.items()}
+    return m_new, alpha, l_new, w

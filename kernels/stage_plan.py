@@ -1,0 +1,145 @@
+"""What the stages of one lane-level kernel read, and the fragments they pass.
+
+A `StagePlan` is immutable: the builder of the kernel function (`Lanes`), the
+target spec, the QK and PV layouts derived from their atoms, the numerics and
+the shape. The stages (kernels/qk_stages.py, kernels/pv_stages.py) are plain
+functions of a plan and named fragments, returning named fragments; a kernel
+(decode, prefill) is a composition of them.
+
+A lane's score elements are numbered `block * slots + slot` over the wave's
+QK C tiles; which row and token an element holds is the layout's business
+(`DecodeKernelLayout.element_*`), read here through lane maps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from iree.compiler import ir
+
+from ..contract.numerics import Numerics
+from ..fragments import DecodeKernelLayout, LaneMap, element_classes
+from .lanes import Lanes
+from .target_spec import TargetSpec
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One kernel's builder, atoms, numerics and shape (module docstring)."""
+
+    lanes: Lanes
+    spec: TargetSpec
+    layout: DecodeKernelLayout       # QK's atom (scores, W groups)
+    pv_layout: DecodeKernelLayout    # PV's atom (QK's for INT8 PV, bf16 for the baseline)
+    numerics: Numerics
+    pv: str                          # "int8", or "bf16" for the baseline
+    head_dim: int
+    softmax_scale: float
+    rows_out: int                    # rows of a wave's tile that hold query rows
+    dead: frozenset = field(init=False)
+    pv_dead: frozenset = field(init=False)
+
+    def __post_init__(self):
+        # C registers that hold padding rows on every lane are never computed.
+        object.__setattr__(self, "dead", frozenset(self.layout.dead_c_slots(self.rows_out)))
+        object.__setattr__(self, "pv_dead",
+                           frozenset(self.pv_layout.dead_c_slots(self.rows_out)))
+
+    @property
+    def model(self):
+        return self.layout.model
+
+    @property
+    def instruction(self):
+        return self.layout.instruction
+
+    @property
+    def waves(self) -> int:
+        return self.model.waves_per_partition
+
+    @property
+    def tile_rows(self) -> int:
+        return self.instruction.m
+
+    @property
+    def column_sums(self):
+        """Unsigned W: where each live C element finds sum Vq (a ones row of A), or
+        None for one more MMAC with A all ones (`DecodeKernelLayout.column_sum_slots`)."""
+        if not self.numerics.unsigned_w:
+            return None
+        return self.pv_layout.column_sum_slots(self.rows_out)
+
+    def mma(self, layout: DecodeKernelLayout, a: ir.Value, b: ir.Value, c: ir.Value):
+        return self.spec.emit_mma(layout.instruction, a, b, c)
+
+    # score elements ------------------------------------------------------------
+    def live_slots(self, dead) -> list[int]:
+        return [i for i in range(self.instruction.c.slots) if i not in dead]
+
+    def live_classes(self, keys) -> list[list[int]]:
+        """Element classes with equal keys on every lane, padding-row classes left out."""
+        return [c for c in element_classes(keys)
+                if self.layout.element_slot(c[0]) not in self.dead]
+
+    def row_classes(self) -> list[list[int]]:
+        """The lane's live score elements by the row they hold."""
+        return self.live_classes(self.layout.element_rows())
+
+    def row_map(self, element: int) -> LaneMap:
+        return self.layout.c_row(self.layout.element_slot(element))
+
+    def token_in_wave(self, element: int) -> LaneMap:
+        return self.layout.element_token(element)
+
+    def live_elements(self, block: int) -> list[int]:
+        """The lane's computed score elements of QK C tile `block`."""
+        return [self.layout.element(block, i) for i in self.live_slots(self.dead)]
+
+
+def class_of(classes: list[list[int]], element: int) -> int:
+    return next(c for c, members in enumerate(classes) if element in members)
+
+
+@dataclass(frozen=True)
+class StagedQ:
+    """The quantized query rows in LDS, one (Qq [rows, D] i8, sQ [rows] f32) per term."""
+
+    terms: tuple[tuple[ir.Value, ir.Value], ...]
+
+
+@dataclass(frozen=True)
+class QOperands:
+    """Per term, the A operand of each K step; sQ of the rows the lane's C
+    elements hold, by (term, row map)."""
+
+    a_steps: tuple[tuple[ir.Value, ...], ...]
+    sq_of_row: dict
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A wave's scores {element: f32} (-inf where dead), whether each counts, and
+    the V scale of its token."""
+
+    values: dict
+    live: dict
+    v_scales: dict
+
+
+@dataclass(frozen=True)
+class StagedW:
+    """Quantized W in LDS [wave, row, token] and its scales [wave, row, group]
+    (bf16 baseline: W in bf16, no scales)."""
+
+    w: ir.Value
+    scales: ir.Value | None = None
+
+
+@dataclass(frozen=True)
+class VSource:
+    """Where PV finds the lane's V bytes: loaded already ([load][tile]), staged
+    into LDS by asynchronous copies (LDS, copy group), or loaded per tile."""
+
+    loaded: list | None = None
+    staged: tuple | None = None
+    per_tile: bool = False

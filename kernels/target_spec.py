@@ -1,0 +1,168 @@
+"""One `TargetSpec` per kernel target: what the kernels, the host side and the
+simulator read about a GPU.
+
+A spec holds the target's matrix-instruction atoms (the QK/PV fragment model,
+the other INT8 PV atoms it offers, the bf16 PV baseline's), how its backend
+spells an MMA, its wave size, its capabilities (an asynchronous copy into LDS,
+an occupancy hint) and the schedule measured on it. Adding a target is one row
+of `TARGET_SPECS`; adding an instruction to a target is one atom in its row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from iree.compiler import ir
+from iree.compiler.dialects import amdgpu, llvm, vector
+
+from ..contract.numerics import SEED_NUMERICS, Numerics
+from ..fragments import FragmentModel, MatrixInstruction, bf16_pv_model, fragment_model
+
+
+@dataclass(frozen=True)
+class DecodeTuning:
+    """Schedule choices of the partition kernel that do not change its results."""
+
+    v_early: bool = False    # issue the V loads right after QK, before the softmax
+    v_per_tile: bool = False  # load V for one 16-column tile just before its MMACs
+    # Copy the partition's V into LDS asynchronously before QK (cuda: cp.async), so
+    # that it streams in during QK and the softmax without holding registers; PV
+    # reads it from LDS.
+    v_async: bool = False
+    # Ask the backend to fit this many workgroups per SM / CU (it caps the registers
+    # per thread accordingly); 0 leaves the choice to it.
+    workgroups_per_sm: int = 0
+    merge_unroll: int = 8     # partitions each merge thread loads per loop iteration
+    merge_splits: int = 1     # thread groups of the merge, each over every splits-th partition
+    merge_chunks: int = 1     # merge workgroups per (KV head, sequence), each D / chunks columns
+
+
+def _vector_type(count: int, element: str) -> ir.VectorType:
+    return ir.VectorType.get([count], ir.Type.parse(element))
+
+
+def _accumulator_type(instruction: MatrixInstruction, c: ir.Value) -> ir.VectorType:
+    element = ir.VectorType(c.type).element_type
+    return ir.VectorType.get(list(instruction.c_vector), element)
+
+
+def _mma_sync(instruction: MatrixInstruction, a, b, c) -> ir.Value:
+    # nvgpu has no Python module: generic form (docs/design.md §9); mma.sync takes
+    # the bf16 and int8 fragments alike.
+    shape = ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d)
+                              for d in (instruction.m, instruction.n, instruction.k)])
+    return ir.Operation.create("nvgpu.mma.sync", results=[_accumulator_type(instruction, c)],
+                               operands=[a, b, c], attributes={"mmaShape": shape}).result
+
+
+def _mfma(instruction: MatrixInstruction, a, b, c) -> ir.Value:
+    return amdgpu.MFMAOp(instruction.m, instruction.n, instruction.k, a, b, c).result
+
+
+def _mmac_intrinsic(instruction: MatrixInstruction, a, b, c) -> ir.Value:
+    # The DTK builtin takes the 8 bytes of A and B as one i64 each.
+    def as_i64(fragment):
+        packed = vector.BitCastOp(_vector_type(1, "i64"), fragment).result
+        return vector.extract(packed, [], [0])
+
+    return llvm.CallIntrinsicOp(_accumulator_type(instruction, c), instruction.intrinsic,
+                                [as_i64(a), as_i64(b), c], [], []).result
+
+
+MmaEmitter = Callable[[MatrixInstruction, ir.Value, ir.Value, ir.Value], ir.Value]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A kernel target (module docstring)."""
+
+    name: str
+    model: FragmentModel            # QK's instruction and the V load scheme; the default PV atom
+    emit_mma: MmaEmitter            # how the backend spells one MMA of any of the atoms
+    pv_atoms: tuple[FragmentModel, ...] = ()   # further INT8 PV atoms (same V load scheme)
+    bf16_pv: FragmentModel | None = None       # the BF16-PV baseline's atom, if any
+    async_copy: bool = False                   # an asynchronous global -> LDS copy
+    occupancy_attribute: str | None = None     # the kernel attribute of workgroups per SM
+    tuning: DecodeTuning = field(default_factory=DecodeTuning)
+    # Workgroups per SM by head dim: (largest head dim, workgroups per SM), first
+    # match, the last row's value above it.
+    occupancy_by_head_dim: tuple[tuple[int, int], ...] = ()
+    # The numerics its kernels build when none is given (docs/design.md §2c).
+    numerics: Numerics = SEED_NUMERICS
+
+    @property
+    def wave_size(self) -> int:
+        return self.model.instruction.wave_size
+
+    @property
+    def tile_rows(self) -> int:
+        """Query rows of a wave's MMA tile: the QK instruction's M."""
+        return self.model.instruction.m
+
+    def with_model(self, model: FragmentModel) -> "TargetSpec":
+        """The same target generating from another model (tests of wrong layouts:
+        the simulator keeps the target's real instruction semantics)."""
+        return replace(self, model=model)
+
+    def pv_model(self, pv: str, atom: str | None = None) -> FragmentModel:
+        """PV's atom: the INT8 one named `atom` (default QK's), or the bf16 baseline's."""
+        if pv == "bf16":
+            if self.bf16_pv is None:
+                raise ValueError(f"--target {self.name} has no bf16 PV kernel")
+            return self.bf16_pv
+        if atom is None or atom == self.model.instruction.name:
+            return self.model
+        for model in self.pv_atoms:
+            if model.instruction.name == atom:
+                return model
+        known = [self.model.instruction.name] + [m.instruction.name for m in self.pv_atoms]
+        raise ValueError(f"--target {self.name} has no PV atom {atom!r} (it has: "
+                         f"{', '.join(known)})")
+
+    def default_tuning(self, head_dim: int) -> DecodeTuning:
+        """The measured schedule for a head dim of `head_dim`."""
+        table = self.occupancy_by_head_dim
+        if not table:
+            return self.tuning
+        fits = next((wps for bound, wps in table if head_dim <= bound), table[-1][1])
+        return replace(self.tuning, workgroups_per_sm=fits)
+
+    def check_tuning(self, tuning: DecodeTuning) -> None:
+        if tuning.v_async and not self.async_copy:
+            raise ValueError(f"--target {self.name} has no asynchronous copy into LDS for "
+                             f"the V stage (v_async; targets with one: "
+                             f"{', '.join(n for n, s in TARGET_SPECS.items() if s.async_copy)})")
+        if tuning.workgroups_per_sm and self.occupancy_attribute is None:
+            raise ValueError(f"--target {self.name} has no occupancy hint for the kernel")
+
+    def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
+        if not tuning.workgroups_per_sm:
+            return {}
+        return {self.occupancy_attribute: f"{tuning.workgroups_per_sm} : i32"}
+
+
+# Measured on the H200 (benchmarks/results-h200-paged.md); the AMD targets take
+# the target-independent choices only (nothing there is measured on hardware).
+TARGET_SPECS: dict[str, TargetSpec] = {
+    "gfx936": TargetSpec("gfx936", fragment_model("gfx936"), _mmac_intrinsic,
+                         tuning=DecodeTuning(merge_splits=4)),
+    "gfx942": TargetSpec("gfx942", fragment_model("gfx942"), _mfma,
+                         tuning=DecodeTuning(merge_splits=4)),
+    "cuda": TargetSpec(
+        "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),
+        async_copy=True, occupancy_attribute="nvvm.minctasm",
+        tuning=DecodeTuning(workgroups_per_sm=6, merge_chunks=4, merge_splits=16,
+                            merge_unroll=2),
+        # a lane's V loads and output accumulators grow with D: fewer workgroups
+        # fit without spilling
+        occupancy_by_head_dim=((64, 7), (128, 6), (256, 4))),
+}
+
+
+def target_spec(name: str) -> TargetSpec:
+    try:
+        return TARGET_SPECS[name]
+    except KeyError:
+        raise ValueError(f"no kernel target {name!r} (kernel targets: "
+                         f"{', '.join(TARGET_SPECS)})") from None
