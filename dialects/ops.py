@@ -19,7 +19,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
-from int8attn.fragments import FRAGMENT_MODELS
+from int8attn.fragments import pv_model_named, pv_model_names
 from int8attn.contract.constants import W_QUANTS
 from int8attn.support.diagnostics import DiagnosticError
 
@@ -509,7 +509,7 @@ class MMACTilesOp(Int8AttnOp):
         groups = c.grouped_weights(wq, v)
         if has_sums:
             c.column_sums(self.column_sums, wq, v)
-        model = FRAGMENT_MODELS[c.string_attr("fragment_model", tuple(sorted(FRAGMENT_MODELS)))]
+        model = pv_model_named(c.string_attr("fragment_model", tuple(sorted(pv_model_names()))))
         k = model.instruction.k
         c.that(groups.shape[1] == k,
                f"groups of {groups.shape[1]} tokens do not match the K={k} of {model.name}'s "

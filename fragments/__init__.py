@@ -19,15 +19,17 @@ token groups and shuffle partners by composition and inversion
 move onto the layouts in a later step.
 """
 
-from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
-                                             SM80_MMA_S8, MatrixInstruction, OperandLayout)
+from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
+                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
+                                             OperandLayout)
 from int8attn.fragments.kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
                                               thread_distribution, thread_groups,
                                               thread_runs, xor_reduction_offsets)
-from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, SCALE_GROUP_KINDS,
-                                      FragmentModel, FragmentModelName, ScaleGroupKind,
-                                      VLoadScheme, bf16_pv_model,
-                                      format_token_set, fragment_model)
+from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS,
+                                      SCALE_GROUP_KINDS, FragmentModel, FragmentModelName,
+                                      ScaleGroupKind, VLoadScheme, bf16_pv_model,
+                                      format_token_set, fragment_model, pv_model,
+                                      pv_model_named, pv_model_names)
 from int8attn.fragments.index_rules import INT_RULES, PackedRows, ceil_div
 from int8attn.fragments.layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from int8attn.fragments.linear_layout import LinearLayout, NotInvertible, NotLinear
@@ -54,11 +56,16 @@ __all__ = [
     "ScaleGroupKind",
     "GFX936_MMAC",
     "GFX942_MFMA",
+    "GFX942_MFMA_32X32X16",
     "SM80_MMA_S8",
     "SM80_MMA_BF16",
     "bf16_pv_model",
     "FRAGMENT_MODELS",
     "fragment_model",
+    "PV_ATOMS",
+    "pv_model",
+    "pv_model_named",
+    "pv_model_names",
     "format_token_set",
     "LaneMap",
     "DecodeKernelLayout",

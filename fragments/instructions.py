@@ -103,6 +103,22 @@ GFX942_MFMA = _wave64_16x16x32(
     "v_mfma_i32_16x16x32_i8", "llvm.amdgcn.mfma.i32.16x16x32.i8",
     lambda l, i: (4 * (l // 16) + i, l % 16))
 
+# gfx942 CDNA3, the 32x32 shape: 32 lanes per row (A) / column (B) of K bytes, two
+# K halves; C in 16 registers, rows in blocks of four: register i of lane l is
+# C[8(i / 4) + 4(l / 32) + i % 4][l % 32]. Source: AMD's matrix instruction calculator
+# (github.com/ROCm/amd_matrix_instruction_calculator, matrix_calculator.py at 2ef9189,
+# InstCalcGfx9 input/output register algorithms for cdna3 v_mfma_i32_32x32x16_i8), and
+# IREE's IREEGPUAttrs.cpp getSingleSubgroupLayout(MFMA_I32_32x32x16_I8) (mfmaLhs32xK(16),
+# mfmaRhsKx32(16), mfmaAcc32x32); docs/design.md §3.
+GFX942_MFMA_32X32X16 = MatrixInstruction(
+    name="v_mfma_i32_32x32x16_i8", intrinsic="llvm.amdgcn.mfma.i32.32x32x16.i8",
+    m=32, n=32, k=16, wave_size=64,
+    a=OperandLayout.from_table("A", 64, 8, lambda l, j: (l % 32, 8 * (l // 32) + j)),
+    b=OperandLayout.from_table("B", 64, 8, lambda l, j: (8 * (l // 32) + j, l % 32)),
+    c=OperandLayout.from_table(
+        "C", 64, 16, lambda l, i: (8 * (i // 4) + 4 * (l // 32) + i % 4, l % 32)),
+    a_vector=(8,), b_vector=(8,), c_vector=(16,))
+
 
 def _ptx_m16n8k32_a(l: int, s: int) -> tuple[int, int]:
     # registers a0..a3 of 4 bytes: rows {g, g+8, g, g+8}, k {4t.., 4t.., 16+4t.., 16+4t..}

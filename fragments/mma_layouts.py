@@ -29,8 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
-from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
-                                             SM80_MMA_S8, MatrixInstruction)
+from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
+                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction)
 from int8attn.fragments.linear_layout import LinearLayout
 from int8attn.fragments.model import FragmentModel
 
@@ -75,6 +75,14 @@ MMA_LAYOUTS: dict[str, MmaLayouts] = {
     # MFMA: C[4(l / 16) + i][l % 16]
     GFX942_MFMA.name: _amd_16x16x32(
         GFX942_MFMA.name, I("register", 4, "row") * I("lane", 16, "col") * I("lane", 4, "row")),
+    # MFMA 32x32x16: A[l % 32][8(l / 32) + j], B[8(l / 32) + j][l % 32],
+    # C[8(i / 4) + 4(l / 32) + i % 4][l % 32]
+    GFX942_MFMA_32X32X16.name: MmaLayouts(
+        GFX942_MFMA_32X32X16.name,
+        a=_operand(I("register", 8, "col") * I("lane", 32, "row") * I("lane", 2, "col")),
+        b=_operand(I("register", 8, "row") * I("lane", 32, "col") * I("lane", 2, "row")),
+        c=_operand(I("register", 4, "row") * I("lane", 32, "col") * I("lane", 2, "row")
+                   * I("register", 4, "row"))),
     # s8 m16n8k32: a_r byte j = (g + 8(r % 2), 16(r / 2) + 4t + j); b_r byte j = (16r + 4t + j, g)
     SM80_MMA_S8.name: MmaLayouts(
         SM80_MMA_S8.name,

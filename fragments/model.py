@@ -8,8 +8,8 @@ from functools import cached_property
 
 import numpy as np
 
-from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
-                                             SM80_MMA_S8, MatrixInstruction)
+from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
+                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction)
 from int8attn.fragments.token_axes import TokenAxes, token_axes
 
 # The names of the fragment models (the matrix instruction plus load scheme a
@@ -157,6 +157,54 @@ def bf16_pv_model(name: str) -> FragmentModel:
                        f"{', '.join(BF16_PV_INSTRUCTIONS)})")
     return FragmentModel(name, BF16_PV_INSTRUCTIONS[name], model.v_load,
                          model.wave_tokens, model.waves_per_partition)
+
+
+# The matrix instructions each target's kernels may run PV on (its "PV atoms"),
+# the target's own model's instruction first. An atom other than the first gives a
+# PV-only model (`pv_model`): the same V load scheme and wave, another instruction,
+# so another K and other W scale groups (docs/design.md §4).
+PV_ATOMS: dict[str, tuple[str, ...]] = {
+    "gfx936": (GFX936_MMAC.name,),
+    "gfx942": (GFX942_MFMA.name, GFX942_MFMA_32X32X16.name),
+    "cuda": (SM80_MMA_S8.name,),
+}
+assert all(atoms[0] == FRAGMENT_MODELS[t].instruction.name for t, atoms in PV_ATOMS.items())
+_PV_INSTRUCTIONS = {inst.name: inst for inst in
+                    (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16, SM80_MMA_S8)}
+_PV_MODELS: dict[tuple[str, str], FragmentModel] = {}
+
+
+def pv_model(target: str, atom: str | None = None) -> FragmentModel:
+    """The fragment model of `target`'s PV on matrix instruction `atom` (a name in
+    PV_ATOMS[target]); None or the target's own instruction gives `fragment_model(target)`.
+    Another atom's model is named "target:atom" (`pv_model_named` reads it back); it
+    is one object per (target, atom)."""
+    model = fragment_model(target)
+    if atom is None or atom == model.instruction.name:
+        return model
+    if atom not in PV_ATOMS[target]:
+        raise KeyError(f"{target} has no PV atom '{atom}' (its atoms: "
+                       f"{', '.join(PV_ATOMS[target])})")
+    key = (target, atom)
+    if key not in _PV_MODELS:
+        _PV_MODELS[key] = FragmentModel(f"{target}:{atom}", _PV_INSTRUCTIONS[atom], model.v_load,
+                                        model.wave_tokens, model.waves_per_partition)
+    return _PV_MODELS[key]
+
+
+def pv_model_names() -> tuple[str, ...]:
+    """Every PV model's name: the targets, and "target:atom" for their other atoms."""
+    return tuple(FRAGMENT_MODELS) + tuple(f"{t}:{a}" for t, atoms in PV_ATOMS.items()
+                                          for a in atoms[1:])
+
+
+def pv_model_named(name: str) -> FragmentModel:
+    """The model `pv_model` names `name`: a target ("gfx942") or "target:atom"."""
+    target, _, atom = name.partition(":")
+    if name not in pv_model_names():
+        raise KeyError(f"unknown PV fragment model '{name}'; known: "
+                       f"{', '.join(pv_model_names())}")
+    return pv_model(target, atom or None)
 
 
 def fragment_model(name: str) -> FragmentModel:

@@ -9,7 +9,8 @@ Checks, from the IR alone, every consumer of quantized W (`grouped_pv`,
 - the consumer reads V through the same `groups` table (K slot k of group g
   pairs W and V of the same token);
 - for `mmac_tiles`, those are the tokens the fragment model's MMAC really consumes
-  (the fragment model's groups for the block);
+  (the fragment model's groups for the block; the model is a target's, or a PV atom's
+  named "target:atom", `fragments.pv_model`);
 - unsigned W (`w_quant = "u8"`) and only it has column sums, produced by one
   `int8attn.column_sums` of the consumer's own V whose group g sums exactly
   the tokens the consumer's group g reads (as sets): the 128 * sum Vq offset
@@ -30,7 +31,7 @@ from iree.compiler import ir
 from int8attn.support.diagnostics import DiagnosticError, format_location
 from int8attn.dialects import int8attn as d
 from int8attn.support.ir import walk
-from int8attn.fragments import fragment_model, format_token_set
+from int8attn.fragments import format_token_set, pv_model_named
 
 
 def _producer(value: ir.Value, consumer, what: str) -> d.GroupQuantizeOp:
@@ -81,7 +82,7 @@ def _check_consumer(consumer: d.GroupedPVOp | d.MMACTilesOp) -> None:
     _check_column_sums(consumer, quantize)
     if isinstance(consumer, d.MMACTilesOp):
         model_name = consumer.fragment_model
-        real = fragment_model(model_name).token_groups(d.shape_of(consumer.v)[3])
+        real = pv_model_named(model_name).token_groups(d.shape_of(consumer.v)[3])
         g = _first_mismatch(consumed, real, as_sets=False)
         if g is not None:
             raise DiagnosticError(

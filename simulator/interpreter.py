@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.simulator.isa import matrix_instruction
+from int8attn.simulator.isa import matrix_instruction, table_for
 
 # bf16 values live in f32 arrays, rounded where the IR truncates to bf16.
 DTYPES = {"i1": np.bool_, "i8": np.int8, "i32": np.int32, "i64": np.int64, "index": np.int64,
@@ -396,6 +396,8 @@ class Machine:
 
     def op_amdgpu_mfma(self, op, operands):
         shape = tuple(ir.IntegerAttr(op.attributes[k]).value for k in ("m", "n", "k"))
-        if shape != (16, 16, 32):
-            raise SimulationError(f"unsupported amdgpu.mfma shape {shape}")
-        return self._matrix("gfx942", *operands)
+        try:
+            table = table_for("gfx942", shape)
+        except KeyError:
+            raise SimulationError(f"unsupported amdgpu.mfma shape {shape}") from None
+        return self._matrix(table, *operands)

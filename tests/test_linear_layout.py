@@ -7,9 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from int8attn.fragments import (FRAGMENT_MODELS, GFX936_MMAC, GFX942_MFMA, SM80_MMA_BF16,
-                                SM80_MMA_S8, DecodeKernelLayout, LaneMap, bf16_pv_model,
-                                format_token_set, fragment_model, xor_reduction_offsets)
+from int8attn.fragments import (FRAGMENT_MODELS, GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
+                                SM80_MMA_BF16, SM80_MMA_S8, DecodeKernelLayout, LaneMap,
+                                bf16_pv_model, format_token_set, fragment_model, pv_model,
+                                xor_reduction_offsets)
 from int8attn.fragments.layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from int8attn.fragments.linear_layout import LinearLayout, NotInvertible, NotLinear
 from int8attn.fragments.mma_layouts import (group_reduction_offsets, group_tokens,
@@ -18,10 +19,12 @@ from int8attn.fragments.mma_layouts import (group_reduction_offsets, group_token
                                             token_slots, v_load_layout, xor_partners)
 
 I = LinearLayout.identity
-INSTRUCTIONS = (GFX936_MMAC, GFX942_MFMA, SM80_MMA_S8, SM80_MMA_BF16)
-# Every fragment model the kernels build, and the bf16 PV twin and the 8-byte-load variant.
+INSTRUCTIONS = (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16, SM80_MMA_S8, SM80_MMA_BF16)
+# Every fragment model the kernels build, the bf16 PV twin, the 8-byte-load variant and
+# gfx942's 32x32x16 PV atom.
 MODELS = {**{name: fragment_model(name) for name in FRAGMENT_MODELS},
-          "cuda-bf16": bf16_pv_model("cuda"), "gfx936-8B": fragment_model("gfx936").with_v_load(8)}
+          "cuda-bf16": bf16_pv_model("cuda"), "gfx936-8B": fragment_model("gfx936").with_v_load(8),
+          "gfx942-32x32x16": pv_model("gfx942", GFX942_MFMA_32X32X16.name)}
 
 
 # -- random layouts --------------------------------------------------------------------
@@ -293,6 +296,7 @@ def test_operand_layouts_equal_the_tables(inst, operand):
 
 
 SIMULATOR_TARGETS = {GFX936_MMAC.name: "gfx936", GFX942_MFMA.name: "gfx942",
+                     GFX942_MFMA_32X32X16.name: "gfx942-32x32x16",
                      SM80_MMA_S8.name: "cuda", SM80_MMA_BF16.name: "cuda-bf16"}
 
 
