@@ -156,20 +156,24 @@ class DecodeKernelLayout:
         c = self.instruction.c.coords
         return np.concatenate([c[:, :, 0]] * self.blocks, 1)
 
-    def element_groups(self) -> np.ndarray:
-        return self.model.group_of_token(self.model.wave_tokens)[self.element_tokens()]
+    # W scale groups: the tokens one PV MMAC consumes, of PV's model (by default
+    # this layout's own; another PV atom's when PV runs on a second instruction).
+    def element_groups(self, pv: FragmentModel | None = None) -> np.ndarray:
+        model = pv or self.model
+        return model.group_of_token(self.model.wave_tokens)[self.element_tokens()]
 
-    def group_map(self, element: int) -> LaneMap:
-        return LaneMap.fit(self.element_groups()[:, element])
+    def group_map(self, element: int, pv: FragmentModel | None = None) -> LaneMap:
+        return LaneMap.fit(self.element_groups(pv)[:, element])
 
     def row_max_offsets(self) -> tuple[int, ...]:
         return xor_reduction_offsets(self.element_rows())
 
-    def group_keys(self) -> np.ndarray:
-        return self.element_rows() * self.model.mmacs_per_wave + self.element_groups()
+    def group_keys(self, pv: FragmentModel | None = None) -> np.ndarray:
+        mmacs = (pv or self.model).mmacs_per_wave
+        return self.element_rows() * mmacs + self.element_groups(pv)
 
-    def group_max_offsets(self) -> tuple[int, ...]:
-        return xor_reduction_offsets(self.group_keys())
+    def group_max_offsets(self, pv: FragmentModel | None = None) -> tuple[int, ...]:
+        return xor_reduction_offsets(self.group_keys(pv))
 
     # QK in lane-contiguous head-dim order. The dot product over D does not care
     # which d each (K step, K slot) pair multiplies, as long as A and B agree:
@@ -255,19 +259,22 @@ class DecodeKernelLayout:
         c = self.instruction.c.coords
         return [i for i in range(c.shape[1]) if (c[:, i, 0] >= rows).all()]
 
-    def column_sum_slots(self, rows: int) -> tuple[dict[int, int], list[int]] | None:
+    def column_sum_slots(self, rows: int,
+                         reserved=frozenset()) -> tuple[dict[int, int], list[int]] | None:
         """Unsigned W's column sums for free: ({live slot: dead slot in the same
         lane holding the same column on every lane}, the rows of those dead
         slots). With those rows of the A tile all ones, the MMAC puts sum Vq
         over its K tokens next to each live element. None where a live slot has
         no such partner (e.g. every row real): the kernel then runs one more
-        MMAC with A all ones."""
+        MMAC with A all ones. `reserved`: rows of the A tile that hold W (those of
+        another atom's scores, when PV runs on a second instruction)."""
         c = self.instruction.c.coords
         dead = self.dead_c_slots(rows)
         live = [i for i in range(c.shape[1]) if i not in dead]
         partner = {}
         for i in live:
-            same = [j for j in dead if (c[:, j, 1] == c[:, i, 1]).all()]
+            same = [j for j in dead if (c[:, j, 1] == c[:, i, 1]).all()
+                    and not set(c[:, j, 0].tolist()) & set(reserved)]
             if not same:
                 return None
             partner[i] = same[0]

@@ -134,7 +134,7 @@ def _store_partition(plan: StagePlan, o, out_o, where) -> None:
     output rows."""
     lanes, layout = plan.lanes, plan.pv_layout
     inst, d = layout.instruction, plan.head_dim
-    live = plan.live_slots(plan.pv_dead)
+    live = plan.pv_live_slots()
     rows = 1 + max(int(inst.c.coords[:, i, 0].max()) for i in live)
     o_lds = lanes.shared([plan.waves, rows, d], "f32")
     for tile, regs in enumerate(o):
@@ -203,7 +203,8 @@ def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
     check_decode_shape(access.shape, spec)
     tuning = tuning or spec.default_tuning(access.shape.head_dim)
     spec.check_tuning(tuning)
-    partition = PartitionKernel(access, spec, numerics or spec.numerics, pv, tuning, pv_atom)
+    partition = PartitionKernel(access, spec, spec.resolve_numerics(numerics), pv, tuning,
+                                pv_atom)
     merge = MergePlan.of(access.shape, partition.rows_out, spec.tile_rows, spec.wave_size,
                          partition.threads, tuning)
     module = ir.Module.create()

@@ -137,16 +137,26 @@ def _tile_count(plan: StagePlan, rows: _Rows, history):
     return ceil_div(lanes, lanes.plus(last_key, 1), plan.model.wave_tokens)
 
 
-def _pv_row_classes(plan: StagePlan, classes, slots) -> dict[int, int]:
-    """{PV C slot: the score row class holding its row on every lane}."""
+def _per_pv_slot(plan: StagePlan, values: list, classes, slots) -> dict:
+    """{PV C slot: the value (alpha, l) of the row it holds}, from the score row
+    class holding that row in the same lane; where PV's C layout puts rows in other
+    lanes than QK's (another PV atom), through LDS [wave, tile row]."""
+    lanes = plan.lanes
     found = {}
     for i in slots:
         row = plan.pv_layout.c_row(i)
         match = [c for c, members in enumerate(classes) if plan.row_map(members[0]) == row]
         if not match:
-            raise ValueError("a PV output row is not a row of the lane's scores")
-        found[i] = match[0]
-    return found
+            break
+        found[i] = values[match[0]]
+    else:
+        return found
+    lds = lanes.shared([plan.waves, plan.tile_rows], "f32")
+    for value, members in zip(values, classes):
+        memref.store(value, lds, [lanes.wave, lanes.of_lane(plan.row_map(members[0]))])
+    lanes.barrier()
+    return {i: memref.load(lds, [lanes.wave, lanes.of_lane(plan.pv_layout.c_row(i))])
+            for i in slots}
 
 
 def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, query_tokens):
@@ -154,8 +164,7 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
     element; returns (o [tile][slot], l per class)."""
     lanes = plan.lanes
     tiles = plan.head_dim // plan.pv_layout.instruction.n
-    slots = plan.live_slots(plan.pv_dead)
-    alpha_class = _pv_row_classes(plan, classes, slots)
+    slots = plan.pv_live_slots()
     count = len(classes)
     start = ([lanes.f32(float("-inf"))] * count + [lanes.f32(0.0)] * count
              + [lanes.f32(0.0)] * (tiles * len(slots)))
@@ -174,12 +183,12 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
         scores = qk(plan, operands, tile_kv, wave_token0, live)
         m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
         tile_o = pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0, VSource()))
+        alpha_of = _per_pv_slot(plan, alpha, classes, slots)
         o_new = []
         for tile in range(tiles):
             for u, i in enumerate(slots):
                 previous = o[tile * len(slots) + u]
-                o_new.append(arith.addf(arith.mulf(alpha[alpha_class[i]], previous),
-                                        tile_o[tile][i]))
+                o_new.append(arith.addf(arith.mulf(alpha_of[i], previous), tile_o[tile][i]))
         # The next tile's W overwrites the LDS this tile's PV read.
         lanes.barrier()
         scf.YieldOp(m_new + l_new + o_new)
@@ -194,20 +203,21 @@ def _store(plan: StagePlan, rows: _Rows, kv: KVView, o, l, classes, out) -> None
     """O = o / l for the real rows, into [B, Hq, Sq, D]."""
     lanes, s = plan.lanes, rows.shape
     inst = plan.pv_layout.instruction
-    slots = plan.live_slots(plan.pv_dead)
-    alpha_class = _pv_row_classes(plan, classes, slots)
-    for c in range(len(classes)):
-        members = [i for i in slots if alpha_class[i] == c]
-        if not members:
-            continue
-        packed = rows.packed(lanes.of_lane(plan.pv_layout.c_row(members[0])), lanes.wave)
+    slots = plan.pv_live_slots()
+    l_of = _per_pv_slot(plan, l, classes, slots)
+    # Slots of one row: stored under one guard.
+    by_row = {}
+    for i in slots:
+        by_row.setdefault(plan.pv_layout.c_row(i), []).append(i)
+    for row, members in by_row.items():
+        packed = rows.packed(lanes.of_lane(row), lanes.wave)
         with lanes.when(rows.real(packed)):
             token, head = rows.token_and_head(packed, clamp=False)
             q_head = lanes.affine((kv.h, s.rows), (head, 1))
             for tile, regs in enumerate(o):
                 for i in members:
                     col = lanes.plus(lanes.of_lane(plan.pv_layout.c_col(i)), tile * inst.n)
-                    memref.store(arith.divf(regs[i], l[c]), out, [kv.b, q_head, token, col])
+                    memref.store(arith.divf(regs[i], l_of[i]), out, [kv.b, q_head, token, col])
 
 
 @dataclass(frozen=True)
@@ -270,7 +280,7 @@ def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetS
     else:
         access = PrefillKV(shape, model.wave_tokens)
     # No occupancy hint: the kernel carries o, m and l across the tile loop.
-    kernel = PrefillKernel(access, spec, numerics or spec.numerics, pv, pv_atom)
+    kernel = PrefillKernel(access, spec, spec.resolve_numerics(numerics), pv, pv_atom)
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
         build_executable(PREFILL_KERNEL, access.argument_types(outputs=1), 3, kernel.build,

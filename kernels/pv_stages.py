@@ -24,22 +24,22 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     and sW = NaN. The absmax is NaN-propagating in-lane and across the xor
     shuffles, so every lane of a group sees the same a.
     """
-    lanes, layout, model = plan.lanes, plan.layout, plan.model
+    lanes, layout, groups = plan.lanes, plan.layout, plan.pv_layout.model
     unsigned = plan.numerics.unsigned_w
-    wq_lds = lanes.shared([plan.waves, plan.tile_rows, model.wave_tokens], "i8")
-    sw_lds = lanes.shared([plan.waves, plan.tile_rows, model.mmacs_per_wave], "f32")
+    wq_lds = lanes.shared([plan.waves, plan.w_rows, groups.wave_tokens], "i8")
+    sw_lds = lanes.shared([plan.waves, plan.tile_rows, groups.mmacs_per_wave], "f32")
     c = contract.quantize_constants(lanes.f32, unsigned=unsigned)
     value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
     if plan.column_sums:
         _store_ones_rows(plan, wq_lds, plan.column_sums[1])
-    for members in plan.live_classes(layout.group_keys()):
+    for members in plan.live_classes(layout.group_keys(groups)):
         amax = c.zero
         for e in members:
             amax = contract.absmax_step(amax, w[e])
-        amax = lanes.xor_reduce(amax, layout.group_max_offsets(), contract.absmax_merge)
+        amax = lanes.xor_reduce(amax, layout.group_max_offsets(groups), contract.absmax_merge)
         inverse = contract.quantize_inverse(amax, c, unsigned)
         row = lanes.of_lane(plan.row_map(members[0]))
-        group = lanes.of_lane(layout.group_map(members[0]))
+        group = lanes.of_lane(layout.group_map(members[0], groups))
         memref.store(contract.quantize_scale(amax, c, unsigned), sw_lds,
                      [lanes.wave, row, group])
         for e in members:
@@ -61,7 +61,7 @@ def _store_ones_rows(plan: StagePlan, wq_lds: ir.Value, rows) -> None:
 def stage_bf16(plan: StagePlan, w: dict) -> StagedW:
     """The BF16-PV baseline: W rounded to bf16 into LDS (no scales)."""
     lanes = plan.lanes
-    w_lds = lanes.shared([plan.waves, plan.tile_rows, plan.model.wave_tokens], "bf16")
+    w_lds = lanes.shared([plan.waves, plan.w_rows, plan.model.wave_tokens], "bf16")
     bf16 = ir.BF16Type.get()
     for e, value in w.items():
         memref.store(arith.truncf(bf16, value), w_lds,
@@ -96,7 +96,7 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     lanes, layout = plan.lanes, plan.pv_layout
     inst = layout.instruction
     a = _w_fragments(plan, layout, staged.w, "i8")
-    live = plan.live_slots(plan.pv_dead)
+    live = plan.pv_live_slots()
     o = []
     for _, loads in v_tiles:
         regs = [None] * inst.c.slots
@@ -122,7 +122,7 @@ def _column_sums(plan: StagePlan, acc: ir.Value, bv: ir.Value):
     if not plan.numerics.unsigned_w:
         return None
     layout = plan.pv_layout
-    inst, live = layout.instruction, plan.live_slots(plan.pv_dead)
+    inst, live = layout.instruction, plan.pv_live_slots()
     if plan.column_sums:
         return {i: c_element(acc, inst, plan.column_sums[0][i]) for i in live}
     ones = plan.mma(layout, plan.lanes.splat(inst.a_vector, "i8", 1), bv,
@@ -146,7 +146,7 @@ def pv_bf16(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
                 runs.append(arith.truncf(vector_type(length, "bf16"), as_f32))
             acc = plan.mma(layout, a[t], lanes.assemble(runs, inst.b_vector),
                            lanes.zeros(inst.c_vector, "f32"))
-            for i in plan.live_slots(plan.pv_dead):
+            for i in plan.pv_live_slots():
                 term = c_element(acc, inst, i)
                 regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
         o.append(regs)

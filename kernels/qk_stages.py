@@ -64,7 +64,7 @@ def q_operands(plan: StagePlan, staged: StagedQ,
     d = plan.head_dim
     sq_of_row = {}
     for term, (_, sq) in enumerate(staged.terms):
-        for i in plan.live_slots(plan.dead):
+        for i in plan.live_slots():
             key = (term, layout.c_row(i))
             if key not in sq_of_row:
                 sq_of_row[key] = memref.load(sq, [staged_row(lanes.of_lane(key[1]))])

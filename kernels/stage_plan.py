@@ -62,19 +62,31 @@ class StagePlan:
         return self.instruction.m
 
     @property
+    def w_rows(self) -> int:
+        """Rows of W in LDS: PV's A tile (its M), which may be taller than QK's."""
+        return max(self.tile_rows, self.pv_layout.instruction.m)
+
+    @property
     def column_sums(self):
         """Unsigned W: where each live C element finds sum Vq (a ones row of A), or
         None for one more MMAC with A all ones (`DecodeKernelLayout.column_sum_slots`)."""
         if not self.numerics.unsigned_w:
             return None
-        return self.pv_layout.column_sum_slots(self.rows_out)
+        c = self.instruction.c.coords
+        written = set(c[:, self.live_slots(), 0].ravel().tolist())
+        return self.pv_layout.column_sum_slots(self.rows_out, reserved=written)
 
     def mma(self, layout: DecodeKernelLayout, a: ir.Value, b: ir.Value, c: ir.Value):
         return self.spec.emit_mma(layout.instruction, a, b, c)
 
     # score elements ------------------------------------------------------------
-    def live_slots(self, dead) -> list[int]:
-        return [i for i in range(self.instruction.c.slots) if i not in dead]
+    def live_slots(self) -> list[int]:
+        """QK's C registers that hold a query row on some lane."""
+        return [i for i in range(self.instruction.c.slots) if i not in self.dead]
+
+    def pv_live_slots(self) -> list[int]:
+        """PV's C registers that hold a query row on some lane."""
+        return [i for i in range(self.pv_layout.instruction.c.slots) if i not in self.pv_dead]
 
     def live_classes(self, keys) -> list[list[int]]:
         """Element classes with equal keys on every lane, padding-row classes left out."""
@@ -93,7 +105,7 @@ class StagePlan:
 
     def live_elements(self, block: int) -> list[int]:
         """The lane's computed score elements of QK C tile `block`."""
-        return [self.layout.element(block, i) for i in self.live_slots(self.dead)]
+        return [self.layout.element(block, i) for i in self.live_slots()]
 
 
 def class_of(classes: list[list[int]], element: int) -> int:

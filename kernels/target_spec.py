@@ -17,7 +17,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, llvm, vector
 
 from ..contract.numerics import SEED_NUMERICS, Numerics
-from ..fragments import FragmentModel, MatrixInstruction, bf16_pv_model, fragment_model
+from ..fragments import (PV_ATOMS, FragmentModel, MatrixInstruction, bf16_pv_model,
+                         fragment_model, pv_model)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,15 @@ class TargetSpec:
         if tuning.workgroups_per_sm and self.occupancy_attribute is None:
             raise ValueError(f"--target {self.name} has no occupancy hint for the kernel")
 
+    def resolve_numerics(self, numerics: Numerics | None) -> Numerics:
+        """The numerics to build: as given, else the target's; the lane kernels
+        implement every variant but two-term W (cpu only so far)."""
+        numerics = numerics or self.numerics
+        if numerics.w_terms != 1:
+            raise ValueError(f"--target {self.name}'s kernels implement w-terms 1 only "
+                             f"(got {numerics.w_terms}); --target cpu implements 2")
+        return numerics
+
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         if not tuning.workgroups_per_sm:
             return {}
@@ -148,6 +158,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
     "gfx936": TargetSpec("gfx936", fragment_model("gfx936"), _mmac_intrinsic,
                          tuning=DecodeTuning(merge_splits=4)),
     "gfx942": TargetSpec("gfx942", fragment_model("gfx942"), _mfma,
+                         pv_atoms=tuple(pv_model("gfx942", a) for a in PV_ATOMS["gfx942"][1:]),
                          tuning=DecodeTuning(merge_splits=4)),
     "cuda": TargetSpec(
         "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.fragments import FragmentModel, fragment_model
+from int8attn.fragments import FragmentModel, pv_model_named
 from int8attn.reference.common import (F32, group_rows, quantization_inverse, quantize,
                                        quantize_q, quantize_w, visible, w_residual)
 from int8attn.reference.fragment import blocks_for
@@ -19,7 +19,7 @@ BF16_TIE_ULPS = 32
 
 
 def _groups(st, model, fragments: FragmentModel | None):
-    return (fragments or fragment_model(model)).token_groups(st.w.shape[-1])
+    return (fragments or pv_model_named(model)).token_groups(st.w.shape[-1])
 
 
 def _last_term(w_groups, w_quant: str, w_terms: int):

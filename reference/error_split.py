@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.fragments import fragment_model
+from int8attn.fragments import pv_model_named
 from int8attn.reference.common import F32, pad_tokens, quantize_w_terms, w_levels
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import blocks_for
@@ -61,7 +61,7 @@ def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: floa
         per_block = np.einsum("bhrnt,bhntd->bhrnd", p, per_token)
         return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
 
-    model = fragment_model(model)
+    model = pv_model_named(model)
     groups = model.token_groups(block_tokens)
     amax = np.abs(st.w[..., model.scale_groups(block_tokens, scale_groups)]).max(axis=-1)
     terms = quantize_w_terms(st.w[..., groups], w_quant, w_terms, amax)

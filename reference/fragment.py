@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from int8attn.fragments import FragmentModel, fragment_model
+from int8attn.fragments import FragmentModel, pv_model_named
 from int8attn.reference.common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
                                        int8_scores, pad_tokens, row_chunks)
 
@@ -135,7 +135,7 @@ def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
     else:
         st = prefill_blocks(scores, v, v_scale, block_tokens or 64)
     if pv == "int8":
-        model = fragments or fragment_model(model)
+        model = fragments or pv_model_named(model)
         groups = model.token_groups(st.w.shape[-1])
         scales = model.scale_groups(st.w.shape[-1], scale_groups)
         partial = int8_pv(st.w, st.v_blocks, groups,

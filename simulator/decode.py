@@ -61,22 +61,23 @@ def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slo
     return tuple(caches)
 
 
-def _build(access, target, fragments, pv, numerics):
+def _build(access, target, fragments, pv, numerics, pv_atom):
     spec = target_spec(target)
     spec = spec.with_model(fragments) if fragments is not None else spec
-    built = build_decode_kernels(access(spec), spec, numerics=numerics, pv=pv)
+    built = build_decode_kernels(access(spec), spec, numerics=numerics, pv=pv, pv_atom=pv_atom)
     return built.module, built.layout
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",
                     fragments: FragmentModel | None = None, pv: str = "int8",
-                    numerics: Numerics | None = None) -> np.ndarray:
+                    numerics: Numerics | None = None, pv_atom: str | None = None) -> np.ndarray:
     """Output [B, Hq, D] of the dense decode kernels for `target`, run in the simulator.
 
     `fragments` overrides the model the kernels are generated from (the
     simulator's instruction semantics stay the real ones of `target`);
     `pv="bf16"` runs the BF16-PV baseline kernel (targets with a bf16 MMA);
-    `numerics` are the contract's variants (docs/design.md §2c; default the target's).
+    `numerics` are the contract's variants (docs/design.md §2c; default the target's);
+    `pv_atom` names another INT8 PV instruction of the target (its `TargetSpec`).
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
@@ -84,14 +85,14 @@ def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: 
                        float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
         module, layout = _build(lambda m: dense_access(shape, m), target, fragments, pv,
-                                numerics)
+                                numerics, pv_atom)
         return run_dense_kernels(module, layout, q, k, k_scale, v, v_scale)
 
 
 def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                    softmax_scale: float, *, target: str = "gfx936",
                    fragments: FragmentModel | None = None, pv: str = "int8",
-                   numerics: Numerics | None = None) -> np.ndarray:
+                   numerics: Numerics | None = None, pv_atom: str | None = None) -> np.ndarray:
     """Output [B, Hq, D] of the paged decode kernels, run in the simulator."""
     q_heads, head_dim = q.shape[1:]
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
@@ -99,6 +100,6 @@ def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_
                        float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
         module, layout = _build(lambda m: paged_access(shape, m), target, fragments, pv,
-                                numerics)
+                                numerics, pv_atom)
         return run_paged_kernels(module, layout, q, k_cache, k_scale, v_cache, v_scale,
                                  block_tables, context_lens)

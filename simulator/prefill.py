@@ -36,16 +36,17 @@ def run_prefill_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_
 
 def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
                      target: str = "gfx936", fragments: FragmentModel | None = None,
-                     pv: str = "int8", numerics: Numerics | None = None) -> np.ndarray:
+                     pv: str = "int8", numerics: Numerics | None = None,
+                     pv_atom: str | None = None) -> np.ndarray:
     """Output [B, Hq, Sq, D] of the prefill kernel for `target`, run in the simulator
-    (`fragments`, `pv` and `numerics` as for `simulate_decode`)."""
+    (`fragments`, `pv`, `numerics` and `pv_atom` as for `simulate_decode`)."""
     batch, q_heads, query_tokens, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
     shape = PrefillShape(batch, kv_heads, q_heads // kv_heads, tokens, query_tokens, head_dim,
                          float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
         built = build_prefill_kernels(shape, _spec(target, fragments), numerics=numerics,
-                                      pv=pv)
+                                      pv=pv, pv_atom=pv_atom)
         return run_prefill_kernels(built.module, built.layout, q, k, k_scale, v, v_scale)
 
 
@@ -63,7 +64,7 @@ def run_paged_prefill_kernels(module: ir.Operation, layout: dict, q, k_cache, k_
 def simulate_paged_prefill(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                            softmax_scale: float, *, target: str = "gfx936",
                            fragments: FragmentModel | None = None, pv: str = "int8",
-                           numerics: Numerics | None = None) -> np.ndarray:
+                           numerics: Numerics | None = None, pv_atom: str | None = None) -> np.ndarray:
     """Output [B, Hq, Sq, D] of the chunked-prefill kernel over the block pool."""
     q_heads, query_tokens, head_dim = q.shape[1:]
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
@@ -71,6 +72,6 @@ def simulate_paged_prefill(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
                               float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
         built = build_prefill_kernels(shape, _spec(target, fragments), numerics=numerics,
-                                      pv=pv)
+                                      pv=pv, pv_atom=pv_atom)
         return run_paged_prefill_kernels(built.module, built.layout, q, k_cache, k_scale,
                                          v_cache, v_scale, block_tables, context_lens)
