@@ -4,7 +4,8 @@ The rule (README, "Layout"): module `int8attn.X.Y` is `X/Y.py` at the
 repository root, every subpackage a top-level folder; `int8attn/` holds only
 the entry points (API, CLIs) and what only they use. Module-level imports
 between int8attn modules form no cycle (imports inside functions are the
-deliberate way for an entry point to load something lazily).
+deliberate way for an entry point to load something lazily). No module is
+longer than 400 lines but those named in `LONG_MODULES`, each with its reason.
 
 The layers (docs/design.md, "Layers"): every import, lazy or not, absolute or
 relative, goes from a folder to one below it (`ALLOWED_IMPORTS`); the folders form
@@ -95,6 +96,47 @@ def test_every_module_folder_is_a_declared_package():
     declared = set(_package_dirs().values())
     for init in REPO.glob("*/__init__.py"):
         assert init.parent in declared, f"{init.parent.name}/ is not in pyproject's package-dir"
+
+
+# No package module is longer than this: a longer one is split along its seams (issue 23).
+# LONG_MODULES names the exceptions, each with the reason; one that is no longer long must
+# leave the list, so that the list cannot go stale.
+MAX_MODULE_LINES = 400
+LONG_MODULES: dict[str, str] = {}
+
+
+def module_length_problems(lengths: dict[str, int], long_modules: dict[str, str]) -> list[str]:
+    """A line per module (file path -> line count) over MAX_MODULE_LINES that is not in
+    `long_modules`, and per entry of `long_modules` that is no longer over it."""
+    problems = [f"{path} has {count} lines, more than {MAX_MODULE_LINES}: split it along its "
+                f"seams (or name it in LONG_MODULES, with the reason)"
+                for path, count in sorted(lengths.items())
+                if count > MAX_MODULE_LINES and path not in long_modules]
+    problems += [f"{path} is in LONG_MODULES ({reason}) but has "
+                 + (f"{lengths[path]} lines, at most {MAX_MODULE_LINES}" if path in lengths
+                    else "no module file")
+                 + ": take it off the list"
+                 for path, reason in sorted(long_modules.items())
+                 if lengths.get(path, 0) <= MAX_MODULE_LINES]
+    return problems
+
+
+def test_no_module_is_longer_than_400_lines():
+    lengths = {path.relative_to(REPO).as_posix(): len(path.read_text().splitlines())
+               for path in _modules().values()}
+    assert len(lengths) > 40 and "int8attn/cli.py" in lengths  # the walk sees the project
+    problems = module_length_problems(lengths, LONG_MODULES)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_length_check_can_fail():
+    lengths = {"a/long.py": 401, "a/short.py": 400, "a/listed.py": 500, "a/shrunk.py": 12}
+    listed = {"a/listed.py": "being split", "a/shrunk.py": "was split", "a/gone.py": "removed"}
+    problems = module_length_problems(lengths, listed)
+    assert [p.split(" ")[0] for p in problems] == ["a/long.py", "a/gone.py", "a/shrunk.py"]
+    assert "a/long.py has 401 lines" in problems[0]
+    assert "has no module file" in problems[1]
+    assert "(was split) but has 12 lines" in problems[2]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

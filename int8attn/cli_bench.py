@@ -1,0 +1,135 @@
+"""The `int8attn bench` command: its checks, then the bench kind's prepare and run.
+
+Every check comes before any compilation and needs no GPU: flags of another
+`--mode` (`MODE_FLAGS`), the kernels' shape limits, a `--from` folder that
+`--prepare-only` wrote, a writable `--prepare-only` folder, the `--out` paths.
+The kinds themselves (decode, paged, prefill) are the table in `bench_kinds`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from int8attn.bench_harness import BenchSettings, output_paths, write_results
+from int8attn.bench_kinds import BENCH_KINDS, bench_kind, mode_flags
+from int8attn.cli_errors import UserError
+from int8attn.support.files import OutputError, check_output_path
+
+
+# Flags that only one --mode reads (the others would ignore them): flag -> (name, mode),
+# from the table of kinds, checked in the order `int8attn bench --help` lists them (of
+# two misused, the first is named).
+_HELP_ORDER = ("--history", "--new-tokens", "--ragged-mean", "--numerics")
+MODE_FLAGS = dict(sorted(mode_flags().items(), key=lambda item: (
+    _HELP_ORDER.index(item[0]) if item[0] in _HELP_ORDER else len(_HELP_ORDER))))
+
+
+def _check_bench_shape(args, misuse) -> None:
+    """The kernels' limits on the shape flags, before anything is compiled."""
+    from int8attn.kernels.target_spec import target_spec
+
+    cuda = target_spec("cuda")
+
+    if args.q_heads % args.kv_heads:
+        misuse(f"--q-heads {args.q_heads} is not a multiple of --kv-heads {args.kv_heads} "
+               f"(each KV head serves the same number of query heads)")
+    rows = args.q_heads // args.kv_heads
+    if bench_kind(args.mode).query_heads_in_one_tile and rows > cuda.tile_rows:
+        misuse(f"--q-heads {args.q_heads} over --kv-heads {args.kv_heads} is {rows} query heads "
+               f"per KV head; the decode kernels' MMAC tile holds {cuda.tile_rows} "
+               f"(raise --kv-heads)")
+    k = cuda.model.instruction.k
+    if args.head_dim % k:
+        misuse(f"--head-dim {args.head_dim} is not a multiple of {k}, the K of the cuda "
+               f"kernels' int8 mma.sync (e.g. 64 or 128)")
+
+
+def _check_prepared(directory: Path, mode: str) -> None:
+    """`--from DIR` must hold what `--prepare-only DIR --mode MODE` writes."""
+    import json
+
+    kind = bench_kind(mode)
+    if not directory.exists():
+        raise UserError(f"--from folder '{directory}' does not exist; prepare it with "
+                        f"int8attn bench --mode {mode} --prepare-only {directory}")
+    if not directory.is_dir():
+        raise UserError(f"--from '{directory}' is not a folder; give the folder that "
+                        f"--prepare-only wrote")
+    manifest = directory / kind.manifest
+    if not manifest.is_file():
+        other = [m for m, k in BENCH_KINDS.items()
+                 if m != mode and (directory / k.manifest).is_file()]
+        hint = (f"it holds --mode {other[0]} modules (add --mode {other[0]})" if other else
+                f"prepare it with int8attn bench --mode {mode} --prepare-only {directory}")
+        raise UserError(f"--from folder '{directory}' has no {kind.manifest}, so no "
+                        f"--mode {mode} modules; {hint}")
+    try:
+        meta = json.loads(manifest.read_text())
+        files = kind.module_files(meta)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"--from folder '{directory}': {manifest.name} is damaged ({error}); "
+                        f"prepare the folder again with --prepare-only") from None
+    missing = [name for name in files if not (directory / name).is_file()]
+    if missing:
+        raise UserError(f"--from folder '{directory}' lacks {', '.join(missing)} that its "
+                        f"{manifest.name} lists; prepare the folder again with --prepare-only")
+
+
+def _check_prepare_folder(directory: Path) -> None:
+    """`--prepare-only DIR`: a folder (made if missing) that can be written."""
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--prepare-only '{directory}' is a file, not a folder; give a folder "
+                        f"to write the modules to (it is made if missing)")
+    existing = directory
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"--prepare-only '{directory}': '{existing}' is a file, so the folder "
+                        f"cannot be made; give another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--prepare-only '{directory}': '{existing}' is not writable; give a "
+                        f"folder you can write to")
+
+
+def cmd_bench(args) -> int:
+    import tempfile
+
+    misuse = args.misuse
+    kind = bench_kind(args.mode)
+    # Every check first: none needs a GPU, and a mistake must not cost a compilation.
+    for flag, (name, wanted) in MODE_FLAGS.items():
+        if getattr(args, name) is not None and kind.mode != wanted:
+            misuse(f"{flag} applies to --mode {wanted}, not --mode {kind.mode}")
+    if args.from_dir and args.prepare_only:
+        misuse("--prepare-only compiles the modules and --from runs compiled ones; give one")
+    settings = BenchSettings(
+        contexts=tuple(args.context), batch=args.batch, q_heads=args.q_heads,
+        kv_heads=args.kv_heads, head_dim=args.head_dim, iterations=args.iterations,
+        seed=args.seed, history=args.history, new_tokens=args.new_tokens,
+        ragged_mean=args.ragged_mean, numerics=args.numerics)
+    if args.from_dir:
+        directory = Path(args.from_dir)
+        _check_prepared(directory, kind.mode)
+    else:
+        _check_bench_shape(args, misuse)
+        if args.prepare_only:
+            _check_prepare_folder(Path(args.prepare_only))
+    outputs = [] if args.prepare_only else output_paths(args.out, kind.plot is not None)
+    for output in outputs:
+        try:
+            check_output_path(output)
+        except OutputError as error:
+            raise OutputError(f"--out {args.out}: {error}") from None
+    if not args.from_dir:
+        directory = Path(args.prepare_only or tempfile.mkdtemp(prefix="int8attn-bench-"))
+        kind.prepare(directory, settings)
+        if args.prepare_only:
+            return 0
+    try:
+        rows = kind.run(directory, settings)
+    except RuntimeError as error:
+        raise UserError(f"cannot run on CUDA here ({error}); compile with --prepare-only "
+                        f"and run with --from on a machine with an NVIDIA GPU") from None
+    write_results(rows, kind.markdown, args.out, kind.plot)
+    return 0

@@ -1,0 +1,277 @@
+"""The `int8attn compile`, `run` and `targets` commands.
+
+`compile` runs a graph (MLIR, or an ONNX model) through its target's stages and
+writes one stage's artifact; `run` compiles (cached) and executes it on given
+or random inputs, with the accuracy lines, the ONNX comparison and `--report`;
+`targets` lists what they choose from. Reading the graph and the inputs file,
+and the checks made before any work, are here too.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from int8attn.cli_errors import UserError
+from int8attn.driver.onnx_import import is_onnx, read_model
+from int8attn.driver.options import CompileOptions
+from int8attn.driver.targets import TARGETS, describe
+from int8attn.support.diagnostics import UsageError
+from int8attn.support.files import check_output_path, write_atomic
+from int8attn.support.options import given
+
+
+def _options(args) -> dict:
+    """The compile keywords the user gave (the rest keep CompileOptions' defaults)."""
+    return given(args, CompileOptions)
+
+
+def _read_graph(path: str) -> str | bytes:
+    if is_onnx(path):
+        return read_model(path)
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise UserError(f"graph file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"graph file '{path}' is a directory") from None
+    except UnicodeDecodeError:
+        raise UserError(f"graph file '{path}' is not MLIR text (not UTF-8)") from None
+    except OSError as error:
+        raise UserError(f"cannot read graph file '{path}': {error.strerror}") from None
+
+
+def _print_remarks(remarks, graph: str) -> None:
+    # An ONNX model's locations are node names: say which file they are in.
+    prefix = f"{graph}: " if is_onnx(graph) else ""
+    for line in remarks:
+        print(prefix + line, file=sys.stderr, flush=True)
+
+
+def _progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def cmd_targets(args) -> int:
+    print(describe())
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from int8attn.driver.compile import compile
+
+    _refuse_for_models(args)
+    options = CompileOptions(**_options(args))
+    target = TARGETS[options.target]
+    emit = args.emit or target.default_emit
+    target.chain(emit)  # refuses a stage the target does not have, before any work
+    if args.output != "-":
+        check_output_path(args.output, [args.graph])
+    source = _read_graph(args.graph)
+    compiled = compile(source, options, filename=args.graph, until=emit,
+                       save_stages=args.save_stages, print_ir_after_all=args.print_ir_after_all)
+    _print_remarks(compiled.remarks, args.graph)
+    artifact = compiled.last
+    if args.output == "-":
+        if isinstance(artifact, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(artifact)
+        else:
+            sys.stdout.write(artifact if artifact.endswith("\n") else artifact + "\n")
+        return 0
+    write_atomic(args.output, artifact if isinstance(artifact, bytes) or artifact.endswith("\n")
+                 else artifact + "\n", [args.graph])
+    stages = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in compiled.timings.items())
+    print(f"wrote {args.output} ({emit}, {len(artifact)} bytes; {stages})", file=sys.stderr)
+    return 0
+
+
+def _load_inputs(path: str, info) -> list[np.ndarray]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"inputs file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"inputs file '{path}' is a directory") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        raise UserError(f"inputs file '{path}' is not an .npz archive (or is damaged); write "
+                        f"one with numpy.savez(path, arg0=..., arg1=...)") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise UserError(f"inputs file '{path}' holds a single array (.npy), not an .npz "
+                        f"archive of the arguments; write one with numpy.savez(path, "
+                        f"arg0=..., arg1=...)")
+    with archive:
+        keys = set(archive.files)
+        arrays = []
+        for i, spec in enumerate(info.arguments):
+            # An ONNX model's inputs go by their names; arg<i> is always accepted.
+            named = [k for k in dict.fromkeys((info.argument_name(i), f"arg{i}")) if k in keys]
+            if len(named) != 1:
+                which = " or ".join(repr(k) for k in dict.fromkeys((info.argument_name(i),
+                                                                      f"arg{i}")))
+                has = "both" if named else "no array"
+                raise UserError(f"inputs file '{path}' has {has} {which} for argument {i} "
+                                f"({spec.describe()}) of @{info.name}; it has "
+                                f"{', '.join(sorted(keys)) or 'no arrays'}")
+            key = named[0]
+            try:
+                arrays.append(archive[key])
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+                raise UserError(f"array '{key}' of inputs file '{path}' cannot be read "
+                                f"without pickle ({error}); save plain numeric arrays") from None
+        expected = [info.argument_name(i) for i in range(len(info.arguments))]
+        extra = keys - set(expected) - {f"arg{i}" for i in range(len(info.arguments))}
+        if extra:
+            listed = (", ".join(expected) if info.argument_names else
+                      f"arg0..arg{len(expected) - 1}")
+            raise UserError(f"inputs file '{path}' has arrays {', '.join(sorted(extra))} that "
+                            f"are not arguments of @{info.name} (expected {listed})")
+    return arrays
+
+
+def _note_nonfinite_queries(info, arrays) -> None:
+    from int8attn.driver.graph import nonfinite_query_rows
+
+    bad, rows = nonfinite_query_rows(info, arrays)
+    if bad:
+        index = info.attention.argument_of[0]
+        print(f"note: arg{index} (q) holds NaN or Inf in {bad} of its {rows} rows; the results "
+              f"of exactly those rows are NaN (README: non-finite inputs)", file=sys.stderr)
+
+
+class _SlowProgress:
+    """Progress lines on stderr, once a step has run longer than `after` seconds."""
+
+    def __init__(self, after: float = 2.0):
+        self.start, self.after = time.perf_counter(), after
+
+    def __call__(self, message: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        if elapsed >= self.after:
+            print(f"  {message} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+
+
+def _accuracy(result, arrays, info, options) -> None:
+    from int8attn.driver.graph import error_stats, references
+
+    refs = references(info, arrays, pv=options.pv, model=options.fragment_model,
+                      partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
+                      scale_groups=options.scale_groups, q_terms=options.q_terms,
+                      w_quant=options.w_quant, w_terms=options.w_terms,
+                      progress=_SlowProgress())
+    variant = (f", q-terms {options.q_terms}, w-quant {options.w_quant}, w-terms "
+               f"{options.w_terms}") if options.pv == "int8" \
+        else f", q-terms {options.q_terms}"
+    print(f"accuracy of @{info.name} (target {options.target}, pv={options.pv}, fragment "
+          f"model {options.fragment_model}{variant}):")
+    for name, label in (("exact", "vs exact f32 reference      "),
+                        ("fragment", "vs fragment-level reference")):
+        stats = error_stats(result, refs[name])
+        print(f"  {label}  max abs {stats['max_abs']:.3e}   rms {stats['rms']:.3e}")
+
+
+def _executed_how(graph) -> str:
+    if graph.simulated:
+        return f"{graph.options.target} kernels simulated"
+    return f"ran on IREE {TARGETS[graph.options.target].runtime_driver}"
+
+
+def _refuse_what_would_not_fit(source: str, args) -> None:
+    """Random inputs too large for this machine are refused before compiling."""
+    from int8attn.driver.compile import compile
+    from int8attn.driver.graph import check_memory
+
+    graph = compile(source, CompileOptions(**_options(args)), filename=args.graph, until="graph")
+    for name, info in graph.functions.items():
+        if args.function in (None, name) and info.attention is not None:
+            check_memory(info, float_caches=True)
+
+
+def _refuse_for_models(args) -> None:
+    """Flags that do not apply to an ONNX model, refused before any work."""
+    if not is_onnx(args.graph):
+        return
+    if getattr(args, "report", False):
+        raise UsageError("--report splits the error of one int8attn.attention of the "
+                         "graph's arguments; an ONNX model is compared with onnxruntime "
+                         "instead (drop --report)")
+    if (args.target or "cpu") != "cpu":
+        raise UsageError(f"--target {args.target} compiles int8attn graphs to lane-level "
+                         f"kernels; an ONNX model (its float ops too) compiles with --target "
+                         f"cpu")
+
+
+def _compare_with_onnxruntime(model: bytes, info, arrays, outputs) -> None:
+    from int8attn.driver.onnx_inputs import comparison_lines, onnxruntime_outputs
+
+    expected = onnxruntime_outputs(model, info, arrays)
+    if expected is None:
+        print("note: install onnxruntime (pip install -e '.[onnx]') to compare with it",
+              file=sys.stderr)
+        return
+    print("vs onnxruntime (f32) on the same inputs:")
+    for line in comparison_lines(info, outputs, expected):
+        print(f"  {line}")
+
+
+def cmd_run(args) -> int:
+    import int8attn
+    from int8attn.driver.graph import random_inputs
+    from int8attn.driver.onnx_inputs import random_model_inputs
+
+    if args.output:
+        check_output_path(args.output, [args.graph, args.inputs])
+    if args.inputs and args.report:
+        raise UsageError("--report needs random inputs (it uses the float cache behind them); "
+                         "drop --inputs")
+    _refuse_for_models(args)
+    source = _read_graph(args.graph)
+    if not args.inputs and not is_onnx(args.graph):
+        _refuse_what_would_not_fit(source, args)
+    start = time.perf_counter()
+    graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
+                             simulate=args.simulate, save_stages=args.save_stages,
+                             **_options(args))
+    compile_seconds = time.perf_counter() - start
+    _print_remarks(graph.remarks, args.graph)
+    info = graph.entry(args.function)
+    if args.inputs:
+        arrays = _load_inputs(args.inputs, info)
+        _note_nonfinite_queries(info, arrays)
+    else:
+        seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        print(f"random inputs, seed {seed} (repeat with --seed {seed})", flush=True)
+        try:
+            if is_onnx(args.graph):
+                arrays, floats = random_model_inputs(info, seed), None
+            else:
+                arrays, floats = random_inputs(info, seed, float_caches=True)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+    outputs = graph.run(arrays, info.name)
+    cached = "cached module" if graph.cache_hit else "compiled"
+    print(f"@{info.name}: {cached} in {compile_seconds:.2f} s, {_executed_how(graph)} in "
+          f"{graph.timings['run'] * 1e3:.1f} ms", flush=True)
+    if args.output:
+        buffer = io.BytesIO()
+        names = [info.result_name(i) for i in range(len(outputs))]
+        np.savez(buffer, **dict(zip(names, outputs)))
+        write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
+        print(f"wrote {args.output} ({', '.join(names)})")
+    if not args.inputs and info.attention is not None:
+        _accuracy(outputs[info.attention.result_index], arrays, info, graph.options)
+    if is_onnx(args.graph):
+        _compare_with_onnxruntime(source, info, arrays, outputs)
+    if args.report:
+        from int8attn.report import print_report
+
+        if info.attention is None or graph.simulated or graph.options.target != "cpu":
+            raise UsageError("--report needs --target cpu and a graph returning one "
+                             "int8attn.attention of its arguments")
+        print_report(graph, source, args.graph, info, arrays, floats, outputs, graph.options)
+    return 0

@@ -1,0 +1,169 @@
+"""The `int8attn` command line: its subcommands, their flags and the flags' value types.
+
+`build_parser()` declares `compile`, `run`, `targets` and `bench`; the compile
+flags are the fields of `CompileOptions` the CLI offers (`CLI_OPTIONS`), the
+stages those of `driver.targets`. The commands themselves are in
+`cli_compile_run` and `cli_bench`; `cli.main` parses and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from int8attn.bench_kinds import BENCH_KINDS
+from int8attn.driver.options import CompileOptions
+from int8attn.driver.targets import STAGE_NAMES
+from int8attn.support.options import add_arguments
+
+# Flags of CompileOptions the CLI offers (v_token_innermost changes the
+# function's signature: a Python API / bench choice).
+CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "verify",
+               "partition_tokens", "tile_tokens", "q_terms", "w_quant", "w_terms", "contraction")
+
+
+
+def _add_compile_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("graph", help="MLIR file with int8attn.attention graphs, or an ONNX "
+                        "model (.onnx: its INT8-cache attention is raised, the rest goes to "
+                        "IREE; needs the onnx extra)")
+    add_arguments(parser, CompileOptions, only=CLI_OPTIONS)
+    parser.add_argument("--save-stages", metavar="DIR",
+                        help="write every stage's artifact to DIR (00-graph.mlir, ...), so a "
+                             "failing stage can be reproduced from its input")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="int8attn", description="Compile and run attention over an INT8 KV cache.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    compile_cmd = commands.add_parser(
+        "compile", help="compile a graph through its target's stages",
+        description="Run the target's chain of stages (int8attn targets lists them) up to "
+                    "--emit and write that stage's artifact.")
+    _add_compile_options(compile_cmd)
+    compile_cmd.add_argument("-o", "--output", required=True,
+                             help="output file ('-' writes to stdout)")
+    compile_cmd.add_argument("--emit", choices=STAGE_NAMES, default=None,
+                             help="stop after this stage and write its artifact (default: "
+                                  "vmfb on cpu, gfx942 and cuda; kernel on gfx936)")
+    compile_cmd.add_argument("--print-ir-after-all", action="store_true",
+                             help="print the IR to stderr after every pass")
+
+    run_cmd = commands.add_parser(
+        "run", help="compile (cached) and execute: IREE CPU/CUDA runtime or the lane simulator",
+        description="Without --inputs: random inputs from a printed seed and a report of "
+                    "the error against the exact and the fragment-level reference.")
+    _add_compile_options(run_cmd)
+    run_cmd.add_argument("--simulate", action="store_true",
+                         help="with --target gfx936, gfx942 or cuda: run the generated "
+                              "lane-level kernels in the lane simulator")
+    run_cmd.add_argument("--inputs", help="npz with the arguments as arg0, arg1, ... (an ONNX "
+                         "model's: its input names, or arg0, ...)")
+    run_cmd.add_argument("--output", help="npz to write the results to (result0, ...; an ONNX "
+                         "model's: its output names)")
+    run_cmd.add_argument("--function", help="public function to call (default: the only one)")
+    run_cmd.add_argument("--seed", type=_seed, default=None,
+                         help="seed of the random inputs (default: drawn and printed)")
+    run_cmd.add_argument("--no-cache", action="store_true",
+                         help="compile even if the module cache has this graph")
+    run_cmd.add_argument("--report", action="store_true",
+                         help="split the error against exact attention on the float cache "
+                              "into its INT8-QK, V-cache and W-quantization terms, and "
+                              "compare INT8 PV with BF16 and f32 PV (random inputs)")
+
+    commands.add_parser("targets", help="list the targets and their stages",
+                        description="Print each target's chain of stages and what runs it.")
+
+    bench_cmd = commands.add_parser(
+        "bench", help="time the decode kernels on a GPU (cuda) against BF16 PV and torch SDPA",
+        description="Compile (sm_80 PTX) and run the INT8-PV and BF16-PV decode kernels "
+                    "through IREE's CUDA runtime; check them against the fragment-level "
+                    "reference; time them, torch SDPA on a bf16 KV cache and a device copy. "
+                    "Writes a Markdown table, a JSON file and a PNG plot.")
+    bench_cmd.add_argument("--target", choices=("cuda",), default="cuda")
+    bench_cmd.add_argument("--mode", choices=tuple(BENCH_KINDS), default="decode",
+                           help="decode: dense batches, one module per context; paged: one "
+                                "module for uniform batches at each --context, a ragged batch "
+                                "(lengths uniform on [1, 2*mean-1]) and B=1 at the longest; "
+                                "prefill: causal Sq = S at each --context and a history case "
+                                "(--history cached + --new-tokens new tokens), TFLOP/s on the "
+                                "causal work")
+    bench_cmd.add_argument("--history", type=_count, default=None, metavar="TOKENS",
+                           help="--mode prefill: cached tokens of the history case "
+                                "(default 8192)")
+    bench_cmd.add_argument("--new-tokens", type=_count, default=None, metavar="TOKENS",
+                           help="--mode prefill: new tokens of the history case (default 512; "
+                                "0 leaves the case out)")
+    bench_cmd.add_argument("--ragged-mean", type=_positive, default=None, metavar="TOKENS",
+                           help="--mode paged: mean length of the ragged batch (default 8192)")
+    bench_cmd.add_argument("--seed", type=_seed, default=0,
+                           help="--mode paged: seed of the lengths, tables and data")
+    bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default=None,
+                           help="--mode paged: the kernels' q-terms / w-quant: the seed's (1, s8; "
+                                "the kernel targets' default) or the cpu pipeline's defaults "
+                                "(its q-terms and w-quant; the kernels have one W term)")
+    bench_cmd.add_argument("--context", type=_contexts, default=(4096, 8192, 16384),
+                           help="comma-separated context lengths (default 4096,8192,16384)")
+    bench_cmd.add_argument("--batch", type=_positive, default=None,
+                           help="batch size (default 16 for decode and paged, 1 for prefill)")
+    bench_cmd.add_argument("--q-heads", type=_positive, default=32)
+    bench_cmd.add_argument("--kv-heads", type=_positive, default=8)
+    bench_cmd.add_argument("--head-dim", type=_positive, default=128)
+    bench_cmd.add_argument("--iterations", type=_positive, default=50)
+    bench_cmd.add_argument("--prepare-only", metavar="DIR",
+                           help="only compile the modules into DIR (for a GPU machine "
+                                "without IREE's compiler)")
+    bench_cmd.add_argument("--from", dest="from_dir", metavar="DIR",
+                           help="run modules compiled earlier with --prepare-only")
+    bench_cmd.add_argument("--out", default="bench-cuda", metavar="PREFIX",
+                           help="writes PREFIX.md, PREFIX.json and PREFIX.png")
+    bench_cmd.set_defaults(misuse=bench_cmd.error)   # a usage message and exit status 2
+    return parser
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+    if not 0 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**63, got {value}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+
+
+def _positive(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    """`--context 4096,8192`: positive token counts, comma-separated."""
+    items = text.split(",")
+    for item in items:
+        if not item.strip():
+            raise argparse.ArgumentTypeError(
+                f"'{text}' has an empty item; give token counts separated by single commas, "
+                f"e.g. 4096,8192")
+        if not item.strip().isdigit() or int(item) < 1:
+            where = f"'{item}' in '{text}'" if len(items) > 1 else f"'{item}'"
+            raise argparse.ArgumentTypeError(
+                f"{where} is not a positive token count; give whole numbers of tokens "
+                f"separated by commas, e.g. 4096,8192 (no suffixes such as 4k)")
+    return tuple(int(item) for item in items)
