@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from int8attn.fragments.instructions import MatrixInstruction
+from int8attn.fragments.mma_layouts import (MmaLayouts, mma_layouts, score_group_layout,
+                                            score_layout, xor_partners)
 from int8attn.fragments.model import FragmentModel
 
 # The widest vector load of every target (bytes per lane): K rows are read in
@@ -95,10 +97,27 @@ class DecodeKernelLayout:
     """Everything the decode kernel generator needs, derived from one FragmentModel.
 
     A wave's scores are `blocks` MMAC C tiles (16 rows x n tokens each); element
-    (n, i) of lane l is row `c_row[i](l)`, wave token `n*N + c_col[i](l)`.
+    (n, i) of lane l is row `c_row[i](l)`, wave token `n*N + c_col[i](l)`. The
+    operand lane maps, the scores' rows, tokens and W groups and the shuffle
+    partners come from the linear layouts (fragments/mma_layouts.py): the
+    instruction's operands composed with the V load scheme.
     """
 
     model: FragmentModel
+
+    @property
+    def layouts(self) -> MmaLayouts:
+        return mma_layouts(self.instruction)
+
+    def _lane_map(self, operand: str, register: int, out: str) -> LaneMap:
+        lanes = np.arange(self.instruction.wave_size)
+        return LaneMap.fit(self.layouts.operand(operand).apply(register=register,
+                                                                lane=lanes)[out])
+
+    def _scores(self, layout, out: str) -> np.ndarray:
+        """int [lanes, blocks*slots]: output `out` of score element (n, i) of each lane."""
+        table = layout.table(["lane", "block", "register"], [out])
+        return table.reshape(table.shape[0], -1)
 
     @property
     def instruction(self) -> MatrixInstruction:
@@ -123,16 +142,15 @@ class DecodeKernelLayout:
                 for first, length in self.instruction.b.runs(axis=0)]
 
     def b_col(self) -> LaneMap:
-        cols = self.instruction.b.coords[:, :, 1]
-        if not (cols == cols[:, :1]).all():
+        if any(basis["col"] for basis in self.layouts.b.bases("register")):
             raise ValueError("a lane's B slots span several columns")
-        return LaneMap.fit(cols[:, 0])
+        return self._lane_map("b", 0, "col")
 
     def c_row(self, i: int) -> LaneMap:
-        return LaneMap.fit(self.instruction.c.coords[:, i, 0])
+        return self._lane_map("c", i, "row")
 
     def c_col(self, i: int) -> LaneMap:
-        return LaneMap.fit(self.instruction.c.coords[:, i, 1])
+        return self._lane_map("c", i, "col")
 
     # A lane's score elements: element (n, i) = register i of C tile n, numbered
     # n * slots + i; the one place that numbering is made and taken apart.
@@ -149,31 +167,30 @@ class DecodeKernelLayout:
 
     def element_tokens(self) -> np.ndarray:
         """int [lanes, blocks*slots]: wave token of score element (n, i)."""
-        c = self.instruction.c.coords
-        return np.concatenate([n * self.instruction.n + c[:, :, 1] for n in range(self.blocks)], 1)
+        return self._scores(score_layout(self.model), "token")
 
     def element_rows(self) -> np.ndarray:
-        c = self.instruction.c.coords
-        return np.concatenate([c[:, :, 0]] * self.blocks, 1)
+        return self._scores(score_layout(self.model), "row")
 
     # W scale groups: the tokens one PV MMAC consumes, of PV's model (by default
     # this layout's own; another PV atom's when PV runs on a second instruction).
     def element_groups(self, pv: FragmentModel | None = None) -> np.ndarray:
-        model = pv or self.model
-        return model.group_of_token(self.model.wave_tokens)[self.element_tokens()]
+        return self._scores(score_group_layout(self.model, pv), "group")
 
     def group_map(self, element: int, pv: FragmentModel | None = None) -> LaneMap:
         return LaneMap.fit(self.element_groups(pv)[:, element])
 
     def row_max_offsets(self) -> tuple[int, ...]:
-        return xor_reduction_offsets(self.element_rows())
+        """Lanes that hold the same rows (softmax max and sum)."""
+        return xor_partners(score_layout(self.model), ["row"])
 
     def group_keys(self, pv: FragmentModel | None = None) -> np.ndarray:
         mmacs = (pv or self.model).mmacs_per_wave
         return self.element_rows() * mmacs + self.element_groups(pv)
 
     def group_max_offsets(self, pv: FragmentModel | None = None) -> tuple[int, ...]:
-        return xor_reduction_offsets(self.group_keys(pv))
+        """Lanes that hold the same rows and W groups (the absmax per group)."""
+        return xor_partners(score_group_layout(self.model, pv), ["row", "group"])
 
     # QK in lane-contiguous head-dim order. The dot product over D does not care
     # which d each (K step, K slot) pair multiplies, as long as A and B agree:

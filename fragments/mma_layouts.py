@@ -25,12 +25,14 @@ tests/test_linear_layout.py checks the two element by element.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
 from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
-                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction)
+                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
+                                             OperandLayout)
 from int8attn.fragments.linear_layout import LinearLayout
 from int8attn.fragments.model import FragmentModel
 
@@ -103,12 +105,37 @@ MMA_LAYOUTS: dict[str, MmaLayouts] = {
 
 
 def mma_layouts(instruction: MatrixInstruction | str) -> MmaLayouts:
-    name = instruction if isinstance(instruction, str) else instruction.name
-    try:
-        return MMA_LAYOUTS[name]
-    except KeyError:
-        raise KeyError(f"no linear layouts for '{name}' (known: "
-                       f"{', '.join(MMA_LAYOUTS)})") from None
+    """An instruction's operand layouts: the ones written here for its name, when they
+    reproduce its lane tables; else fitted from its tables (a model built on altered
+    tables, as the tests of wrong layouts do, gets the layouts of what it says)."""
+    if isinstance(instruction, str):
+        try:
+            return MMA_LAYOUTS[instruction]
+        except KeyError:
+            raise KeyError(f"no linear layouts for '{instruction}' (known: "
+                           f"{', '.join(MMA_LAYOUTS)})") from None
+    return _layouts_of(instruction)
+
+
+@lru_cache(maxsize=None)
+def _layouts_of(instruction: MatrixInstruction) -> MmaLayouts:
+    written = MMA_LAYOUTS.get(instruction.name)
+    operands = {"a": instruction.a, "b": instruction.b, "c": instruction.c}
+    if written is not None and all(
+            np.array_equal(written.operand(k).table(["lane", "register"], ["row", "col"]),
+                           table.coords) for k, table in operands.items()):
+        return written
+    return MmaLayouts(instruction.name, *(fit_operand(t) for t in operands.values()))
+
+
+def fit_operand(table: OperandLayout) -> LinearLayout:
+    """(register, lane) -> (row, col) of a lane table; NotLinear if it has none."""
+    rows = int(table.coords[..., 0].max()) + 1
+    cols = int(table.coords[..., 1].max()) + 1
+    size = lambda n: 1 << (n - 1).bit_length()
+    return LinearLayout.from_function(
+        {"register": table.slots, "lane": table.lanes}, {"row": size(rows), "col": size(cols)},
+        lambda register, lane: dict(zip(("row", "col"), map(int, table.coords[lane, register]))))
 
 
 # -- the V load scheme and the tokens of each K slot ------------------------------------
@@ -219,10 +246,11 @@ def score_layout(model: FragmentModel) -> LinearLayout:
         ("register", "block", "lane"))
 
 
-def score_group_layout(model: FragmentModel) -> LinearLayout:
-    """(register, block, lane) -> (row, k, group): the W scale group of each score."""
+def score_group_layout(model: FragmentModel, pv: FragmentModel | None = None) -> LinearLayout:
+    """(register, block, lane) -> (row, k, group): the W scale group of each score, the
+    groups of PV's model `pv` (default `model`'s own: QK and PV on one instruction)."""
     rows = I("row", score_layout(model).out_size("row"))
-    return score_layout(model).compose(rows * token_slots(model))
+    return score_layout(model).compose(rows * token_slots(pv or model))
 
 
 def xor_partners(layout: LinearLayout, keep: Sequence[str], dim: str = "lane") -> tuple[int, ...]:
@@ -237,6 +265,7 @@ def row_reduction_offsets(model: FragmentModel) -> tuple[int, ...]:
     return xor_partners(score_layout(model), ["row"])
 
 
-def group_reduction_offsets(model: FragmentModel) -> tuple[int, ...]:
+def group_reduction_offsets(model: FragmentModel,
+                            pv: FragmentModel | None = None) -> tuple[int, ...]:
     """W absmax per (row, MMAC): lanes that hold the same rows and groups."""
-    return xor_partners(score_group_layout(model), ["row", "group"])
+    return xor_partners(score_group_layout(model, pv), ["row", "group"])

@@ -27,7 +27,24 @@ def memref_type(shape, element: str, workgroup: bool = False) -> ir.MemRefType:
     return ir.MemRefType.get(list(shape), ir.Type.parse(element), memory_space=space)
 
 
-class Lanes:
+class IndexOps:
+    """The index rules' builder over `arith` (fragments/index_rules.py): constants
+    from `constant`, so a host function and a kernel body share the rules."""
+
+    def __init__(self, constant):
+        self.index = constant
+
+    def plus(self, value: ir.Value, amount: int) -> ir.Value:
+        return value if amount == 0 else arith.addi(value, self.index(amount))
+
+    def div(self, value: ir.Value, amount: int) -> ir.Value:
+        return arith.divui(value, self.index(amount))
+
+    def rem(self, value: ir.Value, amount: int) -> ir.Value:
+        return arith.remui(value, self.index(amount))
+
+
+class Lanes(IndexOps):
     """Builds per-lane values of a workgroup of `threads` threads in waves."""
 
     def __init__(self, threads: int, wave_size: int):
@@ -99,15 +116,6 @@ class Lanes:
         if value is None:
             return self.index(lane_map.offset)
         return value if lane_map.offset == 0 else arith.addi(value, self.index(lane_map.offset))
-
-    def plus(self, value: ir.Value, amount: int) -> ir.Value:
-        return value if amount == 0 else arith.addi(value, self.index(amount))
-
-    def div(self, value: ir.Value, amount: int) -> ir.Value:
-        return arith.divui(value, self.index(amount))
-
-    def rem(self, value: ir.Value, amount: int) -> ir.Value:
-        return arith.remui(value, self.index(amount))
 
     def affine(self, *terms) -> ir.Value:
         """sum of (value, scale) pairs and plain ints."""
