@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
+from int8attn.fragments.cache_layout import paged_ir_rules
 from int8attn.kernels.lanes import Lanes, binding
 
 
@@ -90,12 +91,10 @@ class PagedPrefillShape:
 def pool_slot(lanes: Lanes, slot: ir.Value, blocks: ir.Value, block_size: int):
     """(block, offset, inside) of a pool slot (i32, block * BS + offset): the one place
     the slot number of `cache_write`'s slot_mapping is split; `inside` is false for a
-    negative slot (skipped) or one past the pool's NB * BS slots."""
+    negative slot (skipped) or one past the pool's NB * BS slots (the paged
+    `CacheLayout`'s rule)."""
     index = arith.index_cast(ir.IndexType.get(), slot)
-    bs = lanes.index(block_size)
-    nonnegative = arith.cmpi(arith.CmpIPredicate.sge, index, lanes.index(0))
-    below = arith.cmpi(arith.CmpIPredicate.slt, index, arith.muli(blocks, bs))
-    return arith.divui(index, bs), arith.remui(index, bs), arith.andi(nonnegative, below)
+    return paged_ir_rules(block_size, lanes.index).pool_slot(index, blocks)
 
 
 def _types(*names) -> list[ir.Type]:
@@ -225,17 +224,16 @@ class PagedPrefillKV(_PagedRows):
         lengths = binding(args[6], (self.batch,), "i32", zero)
         length = arith.index_cast(ir.IndexType.get(), memref.load(lengths, [self.b]))
         self.history = arith.subi(length, lanes.index(s.query_tokens))
-        self.last_slot = arith.divui(arith.subi(length, lanes.index(1)), lanes.index(bs))
+        self.last_slot = paged_ir_rules(bs, lanes.index).last_table_slot(length)
         self.first = zero     # the kernel's tile loop moves it
         return args[self.inputs + self.index_operands:]
 
     def _block(self, local: ir.Value):
         """(block, offset) of tile token `local`; past the length, the last used slot."""
-        bs = self.lanes.index(self.shape.block_size)
+        rules = paged_ir_rules(self.shape.block_size, self.lanes.index)
         token = arith.addi(self.first, local)
-        slot = arith.minui(arith.divui(token, bs), self.last_slot)
-        block = memref.load(self.tables, [self.b, slot])
-        return arith.index_cast(ir.IndexType.get(), block), arith.remui(token, bs)
+        return rules.address(token, lambda slot: arith.index_cast(
+            ir.IndexType.get(), memref.load(self.tables, [self.b, slot])), self.last_slot)
 
 
 class PagedKV(_PagedRows):
@@ -286,7 +284,7 @@ class PagedKV(_PagedRows):
         are replaced by the last used one (never read from the table). The
         kernel's next barrier (after the query rows are quantized) publishes them."""
         lanes, bs = self.lanes, self.shape.block_size
-        last_slot = arith.divui(arith.subi(self.length, lanes.index(1)), lanes.index(bs))
+        last_slot = paged_ir_rules(bs, lanes.index).last_table_slot(self.length)
         reader = arith.cmpi(arith.CmpIPredicate.ult, lanes.thread,
                             lanes.index(self.blocks_per_partition))
         with lanes.when(reader):
@@ -296,9 +294,9 @@ class PagedKV(_PagedRows):
                          [lanes.thread])
 
     def _block(self, local: ir.Value):
-        bs = self.lanes.index(self.shape.block_size)
-        block = memref.load(self.block_ids, [arith.divui(local, bs)])
-        return arith.index_cast(ir.IndexType.get(), block), arith.remui(local, bs)
+        return paged_ir_rules(self.shape.block_size, self.lanes.index).address(
+            local, lambda slot: arith.index_cast(ir.IndexType.get(),
+                                                 memref.load(self.block_ids, [slot])))
 
     # merge -------------------------------------------------------------------
     merge_inputs = 1          # context_lens
