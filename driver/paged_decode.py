@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from int8attn.fragments.cache_layout import CacheLayout
 from int8attn.runtime.module import InputError, aligned_empty
 
 
@@ -75,10 +76,9 @@ def paged_decode_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: i
 
 def _cache_types(kv_heads, head_dim, block_size, blocks="?") -> list[str]:
     """k_cache, k_scale, v_cache (token-innermost), v_scale of a pool of `blocks`."""
-    return [f"{blocks}x{kv_heads}x{block_size}x{head_dim}xi8",
-            f"{blocks}x{kv_heads}x{block_size}xf32",
-            f"{blocks}x{kv_heads}x{head_dim}x{block_size}xi8",
-            f"{blocks}x{kv_heads}x{block_size}xf32"]
+    shapes = CacheLayout.paged(block_size).shapes(blocks, kv_heads, head_dim)
+    return ["x".join(map(str, shape)) + f"x{element}"
+            for shape, element in zip(shapes, ("i8", "f32", "i8", "f32"))]
 
 
 def _arguments(types) -> str:
@@ -117,10 +117,10 @@ class PagedCache:
                  seed: int = 0):
         rng = np.random.default_rng(seed)
         self.block_size = block_size
-        self.k_cache = aligned_empty((blocks, kv_heads, block_size, head_dim), np.int8)
-        self.v_cache = aligned_empty((blocks, kv_heads, head_dim, block_size), np.int8)
-        self.k_scale = aligned_empty((blocks, kv_heads, block_size), np.float32)
-        self.v_scale = aligned_empty((blocks, kv_heads, block_size), np.float32)
+        self.layout = CacheLayout.paged(block_size)
+        k, ks, v, vs = self.layout.shapes(blocks, kv_heads, head_dim)
+        self.k_cache, self.v_cache = aligned_empty(k, np.int8), aligned_empty(v, np.int8)
+        self.k_scale, self.v_scale = aligned_empty(ks, np.float32), aligned_empty(vs, np.float32)
         for cache in (self.k_cache, self.v_cache):
             cache[...] = rng.integers(-127, 128, cache.shape, dtype=np.int8)
         self.k_scale[...] = np.nan
@@ -154,8 +154,7 @@ class PagedCache:
 
     def check_room(self, counts: dict[int, int]) -> None:
         """Free blocks enough for `counts[s]` more tokens of each sequence s, together."""
-        needed = {s: -(-(self.lengths[s] + n) // self.block_size) - len(self.tables[s])
-                  for s, n in counts.items()}
+        needed = {s: self._needed(s, n) for s, n in counts.items()}
         if sum(needed.values()) > len(self.free):
             short = {s: n for s, n in needed.items() if n}
             raise PoolExhausted(f"sequences {sorted(short)} need {sum(needed.values())} more "
@@ -173,6 +172,11 @@ class PagedCache:
             self.tables, self.lengths, self.free, self.next_sequence = saved
             raise
 
+    def _needed(self, sequence: int, count: int) -> int:
+        """More blocks `sequence` needs for `count` more tokens."""
+        return (self.layout.blocks_needed(self.lengths[sequence] + count)
+                - len(self.tables[sequence]))
+
     def add_sequence(self) -> int:
         sequence = self.next_sequence
         self.next_sequence += 1
@@ -186,17 +190,15 @@ class PagedCache:
         self.check_room({sequence: count})
         start = self.lengths[sequence]
         table = self.tables[sequence]
-        needed = -(-(start + count) // self.block_size) - len(table)
-        table += [self.free.pop() for _ in range(needed)]
+        table += [self.free.pop() for _ in range(self._needed(sequence, count))]
         self.lengths[sequence] = start + count
         return self.slots(sequence, np.arange(start, start + count))
 
     def slots(self, sequence: int, tokens) -> np.ndarray:
         """i32 slots of token positions `tokens` of `sequence` (blocks already held)."""
         self.check_sequences([sequence])
-        tokens = np.asarray(tokens, np.int64)
-        blocks = np.array(self.tables[sequence], np.int64)[tokens // self.block_size]
-        return (blocks * self.block_size + tokens % self.block_size).astype(np.int32)
+        table = np.array(self.tables[sequence], np.int64)
+        return self.layout.token_slots(table, np.asarray(tokens, np.int64)).astype(np.int32)
 
     def release(self, sequence: int) -> None:
         """Return a finished sequence's blocks to the free list."""

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from int8attn.fragments.cache_layout import EVERY, CacheLayout
 from int8attn.reference import quantize_cache
-from int8attn.reference.paged import sequence_slots
 from int8attn.runtime.module import InputError
 
 
@@ -39,7 +39,8 @@ def _label(info, name: str) -> str:
 
 def read_tokens(block_tables, context_lens, block_size: int):
     """(block, offset) of every token the call reads, all sequences together."""
-    slots = [sequence_slots(block_tables, context_lens, b, block_size)
+    layout = CacheLayout.paged(block_size)
+    slots = [layout.sequence_addresses(block_tables[b], context_lens[b])
              for b in range(len(context_lens))]
     none = np.zeros(0, np.int64)                 # an empty batch reads no token
     return (np.concatenate([none, *(s[0] for s in slots)]),
@@ -65,7 +66,8 @@ def check_paged_arguments(info, arrays, *, scales: bool = True) -> None:
                          f"{tables.shape[0]} and context_lens {lens.shape[0]}; they must agree "
                          f"(one row of each per sequence)")
     blocks, block_size = _pool(info, ops)
-    capacity = tables.shape[1] * block_size
+    layout = CacheLayout.paged(block_size)
+    capacity = layout.capacity(tables.shape[1])
     # A chunked prefill's queries are each sequence's last Sq tokens.
     shortest = q.shape[2] if q.ndim == 4 else 1
     for b, length in enumerate(lens):
@@ -73,21 +75,24 @@ def check_paged_arguments(info, arrays, *, scales: bool = True) -> None:
             raise InputError(f"{_label(info, 'context_lens')}: sequence {b} has length "
                              f"{int(length)}, outside [{shortest}, {capacity}] "
                              f"({_length_hint(int(length), shortest, tables.shape[1], block_size)})")
-        used = -(-int(length) // block_size)
+        used = layout.blocks_needed(int(length))
         ids = tables[b, :used]
         bad = np.flatnonzero((ids < 0) | (ids >= blocks))
         if bad.size:
             slot = int(bad[0])
+            # the slot's tokens: from those of the slots before it to its last used one
+            first, end = layout.capacity(slot), min(layout.capacity(slot + 1), int(length))
             raise InputError(f"{_label(info, 'block_tables')}: sequence {b}, slot {slot} "
-                             f"(tokens {slot * block_size}..{min((slot + 1) * block_size, int(length)) - 1}) "
+                             f"(tokens {first}..{end - 1}) "
                              f"holds block {int(ids[slot])}, not a block of the pool [0, {blocks})")
     if scales:
-        _check_read_scales(info, ops, *read_tokens(tables, lens, block_size))
+        _check_read_scales(info, ops, layout, *read_tokens(tables, lens, block_size))
 
 
 def _length_hint(length: int, shortest: int, slots: int, block_size: int) -> str:
     """Why a sequence's length is refused, and what to do about it."""
-    if length > slots * block_size or shortest > slots * block_size:
+    capacity = CacheLayout.paged(block_size).capacity(slots)
+    if length > capacity or shortest > capacity:
         return (f"its block table has {slots} slots of {block_size} tokens: give it a wider "
                 f"table or a shorter length")
     if shortest > 1:
@@ -97,10 +102,10 @@ def _length_hint(length: int, shortest: int, slots: int, block_size: int) -> str
             "first, or leave the sequence out of the batch")
 
 
-def _check_read_scales(info, ops, block, offset) -> None:
+def _check_read_scales(info, ops, layout, block, offset) -> None:
     """The scales of every token a call reads are finite and >= 0."""
     for name in ("k_scale", "v_scale"):
-        scales = ops[name][block, :, offset]              # [tokens read, Hkv]
+        scales = ops[name][layout.scale_index(block, EVERY, offset)]   # [tokens read, Hkv]
         for problem, bad in (("NaN", np.isnan(scales)), ("Inf", np.isinf(scales)),
                              ("a negative value", scales < 0)):
             if bad.any():
@@ -120,8 +125,9 @@ def check_value_layout(info, arrays) -> None:
     index = info.attention.argument("v_cache")
     _, kv_heads, head_dim, block_size = info.arguments[index].shape
     shape = np.shape(arrays[index])
-    if head_dim != block_size and len(shape) == 4 and shape[1:] == (kv_heads, block_size,
-                                                                      head_dim):
+    token_major = CacheLayout.paged(block_size, v_token_innermost=False)
+    if head_dim != block_size and len(shape) == 4 and shape[1:] == token_major.v_shape(
+            None, kv_heads, block_size, head_dim)[1:]:
         raise InputError(f"{_label(info, 'v_cache')} has shape {list(shape)}, the token-major "
                          f"layout [NB, Hkv, BS, D]; the paged value cache is token-innermost "
                          f"[NB, Hkv, D, BS] = [?, {kv_heads}, {head_dim}, {block_size}] (vLLM's "
@@ -138,17 +144,18 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
     _, kv_heads, block_size, head_dim = spec["k_cache"].shape
     batch = spec["q"].shape[0] or 6
     slots = spec["block_tables"].shape[1]
-    longest = slots * block_size if slots else 1100
+    layout = CacheLayout.paged(block_size)
+    longest = layout.capacity(slots) if slots else 1100
     edges = [1, block_size - 1, block_size, block_size + 1, 255, 256, 257, 1000]
     lengths = np.array([edges[i] if i < len(edges) and rng.random() < 0.7 else
                         rng.integers(1, longest + 1) for i in range(batch)])
     query_tokens = spec["q"].shape[2] if len(spec["q"].shape) == 4 else 1
     lengths = np.clip(lengths, query_tokens, max(longest, query_tokens))
-    needed = -(-lengths // block_size)
+    needed = layout.blocks_needed(lengths)
     pool = spec["k_cache"].shape[0]
     while pool is not None and needed.sum() > pool:      # a static pool: shorten to fit
         lengths = np.maximum(lengths // 2, query_tokens)
-        needed = -(-lengths // block_size)
+        needed = layout.blocks_needed(lengths)
     slots = slots or int(needed.max()) + 1
     pool = pool or int(needed.sum()) + 2
     order = rng.permutation(pool)
@@ -185,6 +192,7 @@ def check_cache_write_arguments(info, arrays) -> None:
                          f"{tokens['v_new']} and slot_mapping {tokens['slot_mapping']}; they "
                          f"must agree (one row of each per new token)")
     blocks, block_size = _pool(info, ops)
+    layout = CacheLayout.paged(block_size)
     if "k_bias" in ops:
         bad = np.argwhere(~np.isfinite(ops["k_bias"]))
         if bad.size:
@@ -192,22 +200,24 @@ def check_cache_write_arguments(info, arrays) -> None:
                              f"{[int(i) for i in bad[0]]}; the key channel bias is "
                              f"subtracted from every new key and must be finite")
     slots = ops["slot_mapping"].astype(np.int64)
-    bad = np.flatnonzero(slots >= blocks * block_size)
+    _, _, inside = layout.pool_slots(slots, blocks)
+    bad = np.flatnonzero(layout.kept(slots) & ~inside)
     if bad.size:
         token = int(bad[0])
         raise InputError(f"{_label(info, 'slot_mapping')}: token {token} writes slot "
                          f"{int(slots[token])}, outside the pool's slots [0, "
-                         f"{blocks * block_size}) ({blocks} blocks of {block_size} tokens; a "
+                         f"{layout.capacity(blocks)}) ({blocks} blocks of {block_size} tokens; a "
                          f"negative slot skips its token)")
-    live = np.flatnonzero(slots >= 0)
+    live = np.flatnonzero(layout.kept(slots))
     order = live[np.argsort(slots[live], kind="stable")]
     same = np.flatnonzero(slots[order][1:] == slots[order][:-1])
     if same.size:
         first, second = sorted(int(t) for t in order[same[0]:same[0] + 2])
         slot = int(slots[first])
+        block, offset = (int(x) for x in layout.split_slots(slot))
         raise InputError(f"{_label(info, 'slot_mapping')}: tokens {first} and {second} both "
-                         f"write slot {slot} (block {slot // block_size}, offset "
-                         f"{slot % block_size}); which one the cache would hold is ambiguous")
+                         f"write slot {slot} (block {block}, offset {offset}); which one the "
+                         f"cache would hold is ambiguous")
     _check_new_rows(info, ops, slots)
 
 
@@ -242,8 +252,9 @@ def random_cache_write_inputs(info, seed: int) -> list[np.ndarray]:
     spec = {name: info.arguments[i] for name, i in zip(call.operands, call.argument_of)}
     pool, kv_heads, block_size, head_dim = spec["k_cache"].shape
     pool = pool or 64
-    tokens = spec["k_new"].shape[0] or min(16, pool * block_size)
-    slots = rng.choice(pool * block_size, tokens, replace=False).astype(np.int32)
+    capacity = CacheLayout.paged(block_size).capacity(pool)
+    tokens = spec["k_new"].shape[0] or min(16, capacity)
+    slots = rng.choice(capacity, tokens, replace=False).astype(np.int32)
     if tokens > 1:
         slots[rng.integers(tokens)] = -1
     k, k_scale = quantize_cache(rng.standard_normal((pool, kv_heads, block_size, head_dim))

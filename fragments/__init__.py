@@ -30,7 +30,8 @@ from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_
                                       ScaleGroupKind, VLoadScheme, bf16_pv_model,
                                       format_token_set, fragment_model, pv_model,
                                       pv_model_named, pv_model_names)
-from int8attn.fragments.index_rules import INT_RULES, PackedRows, ceil_div
+from int8attn.fragments.index_rules import (NUMPY_OPS, TEXT_OPS, IndexOps, PackedRows,
+                                            arith_ops, ceil_div)
 from int8attn.fragments.layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from int8attn.fragments.linear_layout import LinearLayout, NotInvertible, NotLinear
 from int8attn.fragments.mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
@@ -43,7 +44,10 @@ from int8attn.fragments.token_axes import (NotADigitPermutation, TokenAxes, Toke
                                            token_axes)
 
 __all__ = [
-    "INT_RULES",
+    "NUMPY_OPS",
+    "TEXT_OPS",
+    "IndexOps",
+    "arith_ops",
     "PackedRows",
     "ceil_div",
     "SCALE_GROUP_KINDS",

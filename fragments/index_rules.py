@@ -1,32 +1,79 @@
-"""Index rules that are no lane layout: mixed-radix packings and rounding.
+"""Index arithmetic as a builder, and the index rules that are no lane layout.
 
-Like the layouts' `emit_layout`, each rule is written once over a small
-builder, so numpy, Python ints and the kernels' IR share it: the builder has
-`plus(v, int)`, `div(v, int)` and `rem(v, int)` on index values (`INT_RULES`
-evaluates on ints or numpy arrays; a kernel passes its `Lanes`).
+Every rule that turns an index into another (the paged cache's addresses in
+cache_layout.py, the packed query rows and the rounding up here) is written once
+against `IndexOps`, in the style of `layout_emit.CallableBuilder`: `NUMPY_OPS`
+evaluates it on Python ints, numpy arrays or torch tensors, `TEXT_OPS` writes it
+out, and `arith_ops` emits it as `arith` ops on IR values (a kernel passes
+`lanes.ops`, a lowering `arith_ops(build.index)`).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 
 @dataclass(frozen=True)
-class IntRules:
-    """The rules' builder on Python ints and numpy integer arrays."""
+class IndexOps:
+    """Index arithmetic as functions (any value type): the builder the rules are written
+    against. `div`, `rem`, `min` and `lt` are of the builder's signedness (the rules
+    apply them to non-negative values, where both agree); `sge` and `slt` are signed."""
 
-    plus: Callable[[Any, int], Any] = lambda v, n: v + n
-    div: Callable[[Any, int], Any] = lambda v, n: v // n
-    rem: Callable[[Any, int], Any] = lambda v, n: v % n
+    const: Callable[[int], Any]
+    add: Callable[[Any, Any], Any]
+    sub: Callable[[Any, Any], Any]
+    mul: Callable[[Any, Any], Any]
+    div: Callable[[Any, Any], Any]
+    rem: Callable[[Any, Any], Any]
+    min: Callable[[Any, Any], Any]
+    lt: Callable[[Any, Any], Any]
+    sge: Callable[[Any, Any], Any]
+    slt: Callable[[Any, Any], Any]
+    and_: Callable[[Any, Any], Any]
 
 
-INT_RULES = IntRules()
+NUMPY_OPS = IndexOps(
+    const=lambda c: c, add=operator.add, sub=operator.sub, mul=operator.mul,
+    div=operator.floordiv, rem=operator.mod, min=np.minimum, lt=operator.lt,
+    sge=operator.ge, slt=operator.lt, and_=operator.and_)
+"""Python ints, numpy arrays (elementwise) and, but for `min`, torch tensors."""
+
+TEXT_OPS = IndexOps(
+    const=str, add=lambda a, b: f"({a} + {b})", sub=lambda a, b: f"({a} - {b})",
+    mul=lambda a, b: f"({a} * {b})", div=lambda a, b: f"({a} / {b})",
+    rem=lambda a, b: f"({a} % {b})", min=lambda a, b: f"min({a}, {b})",
+    lt=lambda a, b: f"({a} < {b})", sge=lambda a, b: f"({a} >= {b})",
+    slt=lambda a, b: f"({a} < {b})", and_=lambda a, b: f"({a} & {b})")
 
 
-def ceil_div(builder, value, divisor: int):
-    """ceil(value / divisor) of a non-negative value: whole tiles covering it."""
-    return builder.div(builder.plus(value, divisor - 1), divisor)
+def arith_ops(const: Callable[[int], Any], *, signed: bool = False) -> IndexOps:
+    """The rules as `arith` ops on IR values at the current insertion point; `const(n)`
+    makes the constants (the caller's: `lanes.index` hoists and reuses them, a
+    lowering's `build.index` writes one in place; their type is the values' type)."""
+    from iree.compiler.dialects import arith
+
+    predicate = arith.CmpIPredicate
+
+    def compare(which):
+        return lambda a, b: arith.cmpi(which, a, b)
+
+    return IndexOps(
+        const=const, add=arith.addi, sub=arith.subi, mul=arith.muli,
+        div=arith.divsi if signed else arith.divui,
+        rem=arith.remsi if signed else arith.remui,
+        min=arith.minsi if signed else arith.minui,
+        lt=compare(predicate.slt if signed else predicate.ult),
+        sge=compare(predicate.sge), slt=compare(predicate.slt), and_=arith.andi)
+
+
+def ceil_div(ops: IndexOps, count, unit: int):
+    """ceil(count / unit) of a count >= 0: blocks of a length, partitions or tiles of it."""
+    return ops.div(ops.add(count, ops.const(unit - 1)), ops.const(unit))
+
 
 
 @dataclass(frozen=True)
@@ -36,6 +83,6 @@ class PackedRows:
 
     group: int
 
-    def split(self, builder, row):
+    def split(self, ops: IndexOps, row):
         """(query token, head in the group) of packed row `row`."""
-        return builder.div(row, self.group), builder.rem(row, self.group)
+        return ops.div(row, ops.const(self.group)), ops.rem(row, ops.const(self.group))

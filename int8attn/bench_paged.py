@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from int8attn.bench_harness import (
     BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
     measure, nan_or, report, run_cases)
+from int8attn.fragments.cache_layout import CacheLayout
 
 PV = ("int8", "bf16")
 BLOCK_SIZE = 16
@@ -79,7 +80,8 @@ def cases(batch: int, contexts, mean: int, seed: int, pvs=PV) -> list[PagedCase]
 
 def batch_arrays(rng, lengths, q_heads, kv_heads, head_dim, block_size):
     """q and a pool holding exactly the sequences' blocks, in shuffled order."""
-    needed = [-(-n // block_size) for n in lengths]
+    layout = CacheLayout.paged(block_size)
+    needed = [layout.blocks_needed(n) for n in lengths]
     pool = sum(needed)
     order = rng.permutation(pool).astype(np.int32)
     tables = np.zeros((len(lengths), max(needed)), np.int32)
@@ -87,9 +89,9 @@ def batch_arrays(rng, lengths, q_heads, kv_heads, head_dim, block_size):
     for b, n in enumerate(needed):
         tables[b, :n] = order[start:start + n]
         start += n
-    shape = (pool, kv_heads, block_size)
-    k = rng.integers(-127, 128, shape + (head_dim,), dtype=np.int8)
-    v = rng.integers(-127, 128, (pool, kv_heads, head_dim, block_size), dtype=np.int8)
+    k_shape, shape, v_shape, _ = layout.shapes(pool, kv_heads, head_dim)
+    k = rng.integers(-127, 128, k_shape, dtype=np.int8)
+    v = rng.integers(-127, 128, v_shape, dtype=np.int8)
     k_scale = rng.uniform(0.5, 1.5, shape).astype(np.float32) / 127
     v_scale = rng.uniform(0.5, 1.5, shape).astype(np.float32) / 127
     q = rng.standard_normal((len(lengths), q_heads, head_dim), dtype=np.float32)
@@ -101,7 +103,7 @@ def bytes_read(arrays) -> int:
     _, kv_heads, block_size, head_dim = k.shape
     tokens = int(lengths.astype(np.int64).sum())
     per_token = kv_heads * (2 * head_dim + 2 * 4)
-    slots = sum(-(-int(n) // block_size) for n in lengths) * 4
+    slots = sum(CacheLayout.paged(block_size).blocks_needed(int(n)) for n in lengths) * 4
     return tokens * per_token + slots + q.nbytes + q.nbytes  # + the output
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..fragments import NUMPY_OPS, ceil_div
+
 Size = int | str
 
 
@@ -93,13 +95,9 @@ PAGED_INPUTS = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_tables",
                 "context_lens")
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def paged_sizes(batch: int, blocks: int, width: int, block_size: int,
                 partition_tokens: int) -> dict[str, int]:
     """B, NB, MB and the partition count P = ceil(MB * BS / partition tokens), as the
     paged host function computes them."""
     return {"B": batch, "NB": blocks, "MB": width,
-            "P": ceil_div(width * block_size, partition_tokens)}
+            "P": ceil_div(NUMPY_OPS, width * block_size, partition_tokens)}

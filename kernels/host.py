@@ -25,9 +25,8 @@ from iree.compiler.dialects import arith, func, linalg, tensor
 from int8attn.dialects import int8attn as d
 from int8attn.kernels.abi import DENSE_INPUTS, PAGED_INPUTS, KernelABI
 from int8attn.kernels.decode import DecodeKernels
-from int8attn.fragments import ceil_div
+from int8attn.fragments import arith_ops, ceil_div
 from int8attn.kernels.executable import dispatch
-from int8attn.kernels.lanes import IndexOps
 from int8attn.kernels.prefill import PrefillKernels
 from int8attn.dialects import builders as build
 
@@ -146,7 +145,7 @@ def _abi_dispatch(abi: KernelABI, sizes: dict[str, ir.Value], values: dict[str, 
 def _paged_sizes(args: "_PagedArguments", shape, partition_tokens: int) -> dict:
     """B, NB, MB as read off the arguments, and P = ceil(MB * BS / partition tokens)."""
     tokens = arith.muli(args.width, build.index(shape.block_size))
-    parts = ceil_div(IndexOps(build.index), tokens, partition_tokens)
+    parts = ceil_div(arith_ops(build.index), tokens, partition_tokens)
     return {"B": args.batch, "NB": args.blocks, "MB": args.width, "P": parts}
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
+from ..fragments import ceil_div
+from ..fragments.cache_layout import paged_ir_rules
 from .lanes import Lanes, binding
 
 
@@ -90,12 +92,10 @@ class PagedPrefillShape:
 def pool_slot(lanes: Lanes, slot: ir.Value, blocks: ir.Value, block_size: int):
     """(block, offset, inside) of a pool slot (i32, block * BS + offset): the one place
     the slot number of `cache_write`'s slot_mapping is split; `inside` is false for a
-    negative slot (skipped) or one past the pool's NB * BS slots."""
+    negative slot (skipped) or one past the pool's NB * BS slots (the paged
+    `CacheLayout`'s rule)."""
     index = arith.index_cast(ir.IndexType.get(), slot)
-    bs = lanes.index(block_size)
-    nonnegative = arith.cmpi(arith.CmpIPredicate.sge, index, lanes.index(0))
-    below = arith.cmpi(arith.CmpIPredicate.slt, index, arith.muli(blocks, bs))
-    return arith.divui(index, bs), arith.remui(index, bs), arith.andi(nonnegative, below)
+    return paged_ir_rules(block_size, lanes.index).pool_slot(index, blocks)
 
 
 def _types(*names) -> list[ir.Type]:
@@ -216,11 +216,11 @@ class PagedPrefillView(KVView):
     last_slot: ir.Value = None
 
     def _block(self, local: ir.Value):
-        bs = self.lanes.index(self.block_size)
         token = arith.addi(self.first, local)
-        slot = arith.minui(arith.divui(token, bs), self.last_slot)
-        block = memref.load(self.tables, [self.b, slot])
-        return arith.index_cast(ir.IndexType.get(), block), arith.remui(token, bs)
+        return paged_ir_rules(self.block_size, self.lanes.index).address(
+            token, lambda slot: arith.index_cast(ir.IndexType.get(),
+                                                 memref.load(self.tables, [self.b, slot])),
+            self.last_slot)
 
     def token_row(self, local: ir.Value) -> list[ir.Value]:
         block, offset = self._block(local)
@@ -259,7 +259,7 @@ class PagedPrefillKV:
         lengths = binding(args[6], (batch,), "i32", zero)
         length = arith.index_cast(ir.IndexType.get(), memref.load(lengths, [b]))
         history = arith.subi(length, lanes.index(s.query_tokens))
-        last_slot = arith.divui(arith.subi(length, lanes.index(1)), lanes.index(bs))
+        last_slot = paged_ir_rules(bs, lanes.index).last_table_slot(length)
         view = PagedPrefillView(lanes, q, *caches, b, h, zero, batch=batch, history=history,
                                 tables=tables, block_size=bs, last_slot=last_slot)
         return view, args[self.inputs + self.index_operands:]
@@ -286,7 +286,7 @@ class PagedView(KVView):
         kernel's next barrier (after the query rows are quantized) publishes them."""
         lanes, bs = self.lanes, self.block_size
         count = self.blocks_per_partition
-        last_slot = arith.divui(arith.subi(self.length, lanes.index(1)), lanes.index(bs))
+        last_slot = paged_ir_rules(bs, lanes.index).last_table_slot(self.length)
         reader = arith.cmpi(arith.CmpIPredicate.ult, lanes.thread, lanes.index(count))
         with lanes.when(reader):
             slot = arith.minui(lanes.affine((self.partition, count), (lanes.thread, 1)),
@@ -295,9 +295,9 @@ class PagedView(KVView):
                          [lanes.thread])
 
     def _block(self, local: ir.Value):
-        bs = self.lanes.index(self.block_size)
-        block = memref.load(self.block_ids, [arith.divui(local, bs)])
-        return arith.index_cast(ir.IndexType.get(), block), arith.remui(local, bs)
+        return paged_ir_rules(self.block_size, self.lanes.index).address(
+            local, lambda slot: arith.index_cast(ir.IndexType.get(),
+                                                 memref.load(self.block_ids, [slot])))
 
     def token_row(self, local: ir.Value) -> list[ir.Value]:
         block, offset = self._block(local)
@@ -360,8 +360,7 @@ class PagedKV:
         batch, partition_count = args[4], args[5]
         lengths = binding(args[3], (batch,), "i32", lanes.index(0))
         length = _length(lengths, b)
-        parts = arith.divui(arith.addi(length, lanes.index(self.partition_tokens - 1)),
-                            lanes.index(self.partition_tokens))
+        parts = ceil_div(lanes.ops, length, self.partition_tokens)
         return batch, partition_count, parts, args[:3] + args[6:]
 
 

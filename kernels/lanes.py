@@ -11,7 +11,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, llvm, memref, scf, stream, vector
 
-from int8attn.fragments import LaneMap, MatrixInstruction
+from int8attn.fragments import IndexOps, LaneMap, MatrixInstruction, arith_ops
 
 
 def index_type() -> ir.Type:
@@ -27,24 +27,7 @@ def memref_type(shape, element: str, workgroup: bool = False) -> ir.MemRefType:
     return ir.MemRefType.get(list(shape), ir.Type.parse(element), memory_space=space)
 
 
-class IndexOps:
-    """The index rules' builder over `arith` (fragments/index_rules.py): constants
-    from `constant`, so a host function and a kernel body share the rules."""
-
-    def __init__(self, constant):
-        self.index = constant
-
-    def plus(self, value: ir.Value, amount: int) -> ir.Value:
-        return value if amount == 0 else arith.addi(value, self.index(amount))
-
-    def div(self, value: ir.Value, amount: int) -> ir.Value:
-        return arith.divui(value, self.index(amount))
-
-    def rem(self, value: ir.Value, amount: int) -> ir.Value:
-        return arith.remui(value, self.index(amount))
-
-
-class Lanes(IndexOps):
+class Lanes:
     """Builds per-lane values of a workgroup of `threads` threads in waves."""
 
     def __init__(self, threads: int, wave_size: int):
@@ -58,6 +41,11 @@ class Lanes(IndexOps):
         self._head = ir.InsertionPoint(self.thread.owner)
         self.lane = arith.andi(self.thread, self.index(wave_size - 1))
         self.wave = arith.shrui(self.thread, self.index(wave_size.bit_length() - 1))
+
+    @property
+    def ops(self) -> IndexOps:
+        """The index rules' builder (fragments/index_rules.py) on this kernel's values."""
+        return arith_ops(self.index)
 
     # constants -------------------------------------------------------------
     def index(self, value: int) -> ir.Value:
@@ -116,6 +104,9 @@ class Lanes(IndexOps):
         if value is None:
             return self.index(lane_map.offset)
         return value if lane_map.offset == 0 else arith.addi(value, self.index(lane_map.offset))
+
+    def plus(self, value: ir.Value, amount: int) -> ir.Value:
+        return value if amount == 0 else arith.addi(value, self.index(amount))
 
     def affine(self, *terms) -> ir.Value:
         """sum of (value, scale) pairs and plain ints."""

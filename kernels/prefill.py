@@ -34,7 +34,7 @@ from iree.compiler.dialects import arith, memref, scf
 
 from ..contract import scalar_ir as contract
 from ..contract.numerics import Numerics
-from ..fragments import INT_RULES, PackedRows, ceil_div
+from ..fragments import NUMPY_OPS, PackedRows, ceil_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
 from .executable import build_executable
@@ -77,7 +77,7 @@ class _Rows:
         s, lanes = self.shape, self.plan.lanes
         if clamp:
             packed = arith.minui(packed, lanes.index(s.query_tokens * s.rows - 1))
-        return PackedRows(s.rows).split(lanes, packed)
+        return PackedRows(s.rows).split(lanes.ops, packed)
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _tile_count(plan: StagePlan, rows: _Rows, history):
     token, _ = rows.token_and_head(lanes.affine((rows.block, rows.rows), rows.rows - 1))
     last_key = (lanes.plus(token, history) if isinstance(history, int)
                 else arith.addi(token, history))
-    return ceil_div(lanes, lanes.plus(last_key, 1), plan.model.wave_tokens)
+    return ceil_div(lanes.ops, lanes.plus(last_key, 1), plan.model.wave_tokens)
 
 
 def _per_pv_slot(plan: StagePlan, values: list, classes, slots) -> dict:
@@ -256,7 +256,7 @@ class PrefillKernels:
     @property
     def row_blocks(self) -> int:
         s = self.shape
-        return ceil_div(INT_RULES, s.query_tokens * s.rows, self.rows_per_workgroup)
+        return ceil_div(NUMPY_OPS, s.query_tokens * s.rows, self.rows_per_workgroup)
 
 
 def check_prefill_shape(shape: PrefillShape | PagedPrefillShape, spec: TargetSpec) -> None:

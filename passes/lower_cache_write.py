@@ -43,6 +43,7 @@ from iree.compiler.dialects import arith, tensor
 
 from int8attn.dialects import int8attn as d
 from int8attn.dialects import builders as build
+from int8attn.fragments.cache_layout import CacheLayout, arith_ops
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.ir import walk
 
@@ -77,19 +78,20 @@ def _skip_masked(values: ir.Value, slots: ir.Value, sentinel: ir.Value) -> ir.Va
                          _empty(_dims(values), d.element_of(values)), body)
 
 
-def _indices(slots: ir.Value, sizes: list, block_size: int, order: str) -> ir.Value:
+def _indices(slots: ir.Value, sizes: list, layout: CacheLayout, order: tuple) -> ir.Value:
     """i32 [T, Hkv, (D,) depth]: per update the cache coordinates, `order` naming them
-    (b block, h head, d head-dim element, o offset in the block); slot 0 for a skip."""
+    (b block, h head, d head-dim element, o offset in the block: a prefix of one of the
+    layout's index tuples); slot 0 for a skip."""
     depth = len(order)
     dims = "thd"[:len(sizes)] + "j"
 
     def body(slot, _):
-        live = arith.cmpi(arith.CmpIPredicate.sge, slot, _i32(0))
-        slot = arith.select(live, slot, _i32(0))
+        # The layout's slot rules on i32 (signed: a skipped slot is negative).
+        rules = layout.rules(arith_ops(_i32, signed=True))
+        slot = arith.select(rules.kept(slot), slot, _i32(0))
         loop = lambda dim: arith.index_cast(ir.IntegerType.get_signless(32),
                                             build.loop_index(dim))
-        coordinate = {"b": lambda: arith.divsi(slot, _i32(block_size)),
-                      "o": lambda: arith.remsi(slot, _i32(block_size)),
+        coordinate = {"b": lambda: rules.slot_block(slot), "o": lambda: rules.slot_offset(slot),
                       "h": lambda: loop(1), "d": lambda: loop(2)}
         j = build.loop_index(len(sizes))
         value = coordinate[order[-1]]()
@@ -99,6 +101,12 @@ def _indices(slots: ir.Value, sizes: list, block_size: int, order: str) -> ir.Va
         return value
 
     return build.generic([slots], ["t"], dims, _empty(sizes + [depth], "i32"), body)
+
+
+def _scattered(index: tuple) -> tuple:
+    """The coordinates an update is scattered at: a cache index tuple without its
+    trailing head-dim element, which a row update ([..., D]) covers."""
+    return index[:-1] if index[-1] == "d" else index
 
 
 def _scatter(updates: ir.Value, indices: ir.Value, cache: ir.Value) -> ir.Value:
@@ -130,6 +138,14 @@ def _flatten(value: ir.Value) -> ir.Value:
     return build.collapse(value, [list(range(rank - 1)), [rank - 1]])
 
 
+def _updates(values: ir.Value, order: tuple) -> ir.Value:
+    """values [T, Hkv(, D)] as the scatter's updates at indices of `order`: one element
+    each where the order names the head-dim element, else rows [T*Hkv(, D)]."""
+    if "d" in order:
+        return build.collapse(values, [list(range(len(d.shape_of(values))))])
+    return _flatten(values)
+
+
 def lower_cache_write(op: d.CacheWriteOp, rewriter):
     block_size = op.block_size
     with rewriter.ip, op.location:
@@ -148,12 +164,21 @@ def lower_cache_write(op: d.CacheWriteOp, rewriter):
         s_skip = build.f32(SKIP_SCALE)
         kq, vq = (_skip_masked(x, slots, q_skip) for x in (kq, vq))
         ks, vs = (_skip_masked(x, slots, s_skip) for x in (ks, vs))
-        rows_at = _flatten(_indices(slots, sizes[:2], block_size, "bho"))    # [T*Hkv, 3]
-        elements_at = _flatten(_indices(slots, sizes, block_size, "bhdo"))  # [T*Hkv*D, 4]
-        k_cache = _scatter(_flatten(kq), rows_at, op.k_cache)
-        k_scale = _scatter(build.collapse(ks, [[0, 1]]), rows_at, op.k_scale)
-        v_cache = _scatter(build.collapse(vq, [[0, 1, 2]]), elements_at, op.v_cache)
-        v_scale = _scatter(build.collapse(vs, [[0, 1]]), rows_at, op.v_scale)
+        # Where each cache's updates go, from the layout's index tuples: K rows and the
+        # scales per (token, head), V token-innermost per element.
+        layout = CacheLayout.paged(block_size)
+        names = ("b", "h", "o", "d")
+        k_at, v_at = (_scattered(index(*names)) for index in (layout.k_index, layout.v_index))
+        scale_at = layout.scale_index(*names[:3])
+        indices = {}
+        for order in (k_at, scale_at, v_at):       # [T*Hkv(*D), depth], once per order
+            if order not in indices:
+                extent = sizes if "d" in order else sizes[:2]
+                indices[order] = _flatten(_indices(slots, extent, layout, order))
+        k_cache = _scatter(_updates(kq, k_at), indices[k_at], op.k_cache)
+        k_scale = _scatter(_updates(ks, scale_at), indices[scale_at], op.k_scale)
+        v_cache = _scatter(_updates(vq, v_at), indices[v_at], op.v_cache)
+        v_scale = _scatter(_updates(vs, scale_at), indices[scale_at], op.v_scale)
     rewriter.replace_op(op, [k_cache, k_scale, v_cache, v_scale])
 
 

@@ -7,9 +7,9 @@ Rewrites `int8attn.paged_attention` (B, NB, MB possibly dynamic) into
       len = context_lens[b]
       for p in [0, ceil(len / T)):                       (scf.for carrying M, L, O)
         k, k_scale, v, v_scale = the partition's T tokens, gathered through
-            block_tables[b, t // BS], slot t % BS; a token past len reads the
-            sequence's last used table slot (never an unused one) and its
-            scales are 0
+            block_tables[b, t // BS], slot t % BS (the paged CacheLayout's rules,
+            fragments/cache_layout.py); a token past len reads the sequence's
+            last used table slot (never an unused one) and its scales are 0
         scores = f32(qq . k) * sq * k_scale * softmax_scale;  -inf past len
             (q-terms=2: (f32(qq1 . k) * s1 + f32(qq2 . k) * s2) * k_scale * softmax_scale)
         m_p, l_p, P = partition softmax;  O_p = int8attn.pv(P, v, v_scale)
@@ -45,6 +45,7 @@ from int8attn.passes.int8_qk import group_query_rows, int8_scores, quantize_q, u
 from int8attn.passes.prefill_online_softmax import causal_mask, online_softmax_tile
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.contract.constants import QTerms
+from int8attn.fragments.cache_layout import CacheLayout, arith_ops, ceil_div
 from int8attn.support.options import TypedOptions, option
 
 
@@ -54,25 +55,29 @@ def _index_of(tensor_value: ir.Value, indices) -> ir.Value:
 
 
 class _Sequence:
-    """Addresses of sequence `b`'s tokens in the block pool (docs/design.md §2b)."""
+    """Addresses of sequence `b`'s tokens in the block pool: the paged `CacheLayout`'s
+    rules, emitted (docs/design.md §2b)."""
 
     def __init__(self, op: d.PagedAttentionOp, b: ir.Value, length: ir.Value):
         self.op, self.b, self.length = op, b, length
-        self.block_size = build.index(op.block_size)
+        self.layout = CacheLayout.paged(op.block_size)
+        self.rules = self.layout.rules(arith_ops(build.index))
+        # The block size constant, made here once: every rule of the sequence reuses it.
+        self.block_size = self.rules.bs
         # The last table slot the sequence uses: tokens past its length read this one.
-        self.last_slot = arith.divui(arith.subi(length, build.index(1)), self.block_size)
+        self.last_slot = self.rules.last_table_slot(length)
 
     def address(self, token: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
         """(block, offset, token < length) of a token of the sequence."""
-        slot = arith.minui(arith.divui(token, self.block_size), self.last_slot)
-        block = _index_of(self.op.block_tables, [self.b, slot])
-        live = arith.cmpi(arith.CmpIPredicate.ult, token, self.length)
-        return block, arith.remui(token, self.block_size), live
+        block = self.rules.block(token, lambda slot: _index_of(self.op.block_tables,
+                                                               [self.b, slot]), self.last_slot)
+        live = self.rules.live(token, self.length)
+        return block, self.rules.offset(token), live
 
     def gather(self, start: ir.Value, tokens: int, what: str) -> ir.Value:
         """The partition's `tokens` tokens of k ([1,Hkv,T,D]), v ([1,Hkv,1,T,D]) or of a
         scale ([1,Hkv,1,T], 0 past the length)."""
-        op = self.op
+        op, layout = self.op, self.layout
         kv_heads, head_dim = d.shape_of(op.k_cache)[1], d.shape_of(op.k_cache)[3]
         shapes = {"k": [1, kv_heads, tokens, head_dim], "v": [1, kv_heads, 1, tokens, head_dim],
                   "k_scale": [1, kv_heads, 1, tokens], "v_scale": [1, kv_heads, 1, tokens]}
@@ -85,22 +90,23 @@ class _Sequence:
             head, t = loops[1], loops[token_dim]
             block, offset, live = self.address(arith.addi(start, t))
             if what == "k":
-                return tensor.ExtractOp(op.k_cache, [block, head, offset, loops[3]]).result
-            if what == "v":  # token-innermost blocks
-                return tensor.ExtractOp(op.v_cache, [block, head, loops[4], offset]).result
+                at = layout.k_index(block, head, offset, loops[3])
+                return tensor.ExtractOp(op.k_cache, list(at)).result
+            if what == "v":
+                at = layout.v_index(block, head, offset, loops[4])
+                return tensor.ExtractOp(op.v_cache, list(at)).result
             scales = op.k_scale if what == "k_scale" else op.v_scale
-            value = tensor.ExtractOp(scales, [block, head, offset]).result
+            value = tensor.ExtractOp(scales, list(layout.scale_index(block, head, offset))).result
             return arith.select(live, value, build.f32(0.0))
 
         dims = "abcde"[:len(shape)]
         return build.generic([], [], dims, build.empty(shape, element), body)
 
 
-def _masked_scores(scores: ir.Value, start: ir.Value, length: ir.Value) -> ir.Value:
-    """scores [1,Hkv,R,T] with -inf at tokens start + t >= length."""
+def _masked_scores(scores: ir.Value, start: ir.Value, seq: _Sequence) -> ir.Value:
+    """scores [1,Hkv,R,T] with -inf at tokens start + t past the sequence's length."""
     def body(s, _):
-        token = arith.addi(start, build.loop_index(3))
-        live = arith.cmpi(arith.CmpIPredicate.ult, token, length)
+        live = seq.rules.live(arith.addi(start, build.loop_index(3)), seq.length)
         return arith.select(live, s, build.f32(float("-inf")))
 
     return build.generic([scores], ["bhrt"], "bhrt", build.empty(d.shape_of(scores), "f32"), body)
@@ -111,8 +117,7 @@ def _partition(op, seq: _Sequence, terms, p, tokens: int):
     start = arith.muli(p, build.index(tokens))
     k = seq.gather(start, tokens, "k")
     k_scale = build.collapse(seq.gather(start, tokens, "k_scale"), [[0], [1], [2, 3]])
-    scores = _masked_scores(int8_scores(terms, k, k_scale, op.softmax_scale), start,
-                            seq.length)
+    scores = _masked_scores(int8_scores(terms, k, k_scale, op.softmax_scale), start, seq)
     batch, kv_heads, rows, _ = d.shape_of(scores)
     m, l, probs = partition_softmax(build.expand(scores, [[0], [1], [2], [3, 4]],
                                                  [batch, kv_heads, rows, 1, tokens]))
@@ -143,7 +148,7 @@ def _merge(state, part):
 
 def _count(length: ir.Value, unit: int) -> ir.Value:
     """ceil(length / unit)."""
-    return arith.divui(arith.addi(length, build.index(unit - 1)), build.index(unit))
+    return ceil_div(arith_ops(build.index), length, unit)
 
 
 def _decode_sequence(op, seq: _Sequence, terms, state, partition_tokens: int):

@@ -2,9 +2,9 @@
 
 Sequence b attends to its tokens 0 .. len_b - 1 exactly as a dense decode
 over those tokens: its K and V are gathered through its block table (token t
-in block `block_tables[b, t // BS]`, slot `t % BS`) into a dense [1, Hkv,
-len_b, D] cache, and the dense references run on that. Table slots past a
-sequence's length are not read.
+in block `block_tables[b, t // BS]`, slot `t % BS`: the paged `CacheLayout`,
+fragments/cache_layout.py) into a dense [1, Hkv, len_b, D] cache, and the dense
+references run on that. Table slots past a sequence's length are not read.
 
 `paged_cache_write` is `int8attn.cache_write`: each new token's rows quantized
 with the contract's `quantize` and stored at its slot (a negative slot skips it).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from int8attn.fragments.cache_layout import EVERY, CacheLayout
 from int8attn.reference.common import quantize
 from int8attn.reference.key_bias import subtract_bias
 from int8attn.reference.exact import exact_attention
@@ -22,19 +23,16 @@ from int8attn.reference.fragment import fragment_attention
 
 def sequence_slots(block_tables, context_lens, b: int, block_size: int):
     """(block, offset) of each of sequence b's tokens 0 .. len_b - 1 (docs/design.md §2b)."""
-    tokens = np.arange(int(context_lens[b]))
-    return np.asarray(block_tables[b])[tokens // block_size], tokens % block_size
+    return CacheLayout.paged(block_size).sequence_addresses(block_tables[b], context_lens[b])
 
 
 def sequence_cache(k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, b: int):
     """Sequence b's dense (k [1,Hkv,len,D], k_scale [1,Hkv,len], v, v_scale)."""
-    blocks, offsets = sequence_slots(block_tables, context_lens, b, k_cache.shape[2])
-    k = k_cache[blocks, :, offsets, :].transpose(1, 0, 2)[None]          # [1, Hkv, len, D]
-    v = v_cache[blocks, :, :, offsets].transpose(1, 0, 2)[None]          # [1, Hkv, len, D]
-    ks = k_scale[blocks, :, offsets].T[None]                             # [1, Hkv, len]
-    vs = v_scale[blocks, :, offsets].T[None]
-    return (np.ascontiguousarray(k), np.ascontiguousarray(ks), np.ascontiguousarray(v),
-            np.ascontiguousarray(vs))
+    layout = CacheLayout.paged(k_cache.shape[2])
+    blocks, offsets = layout.sequence_addresses(block_tables[b], context_lens[b])
+    # [len, Hkv, D] and [len, Hkv] rows -> [1, Hkv, len, D] and [1, Hkv, len]
+    rows = layout.token_rows(k_cache, k_scale, v_cache, v_scale, blocks, offsets)
+    return tuple(np.ascontiguousarray(np.swapaxes(x, 0, 1)[None]) for x in rows)
 
 
 def _per_sequence(attend, q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens):
@@ -69,15 +67,14 @@ def paged_cache_write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_s
     skipped (vLLM's padding)."""
     k_cache, k_scale, v_cache, v_scale = (np.array(a, copy=True) for a in
                                           (k_cache, k_scale, v_cache, v_scale))
-    block_size = k_cache.shape[2]
+    layout = CacheLayout.paged(k_cache.shape[2])
     kq, ks = quantize(subtract_bias(k_new, k_bias, head_axis=1))   # [T, Hkv, D], [T, Hkv]
     vq, vs = quantize(np.asarray(v_new, np.float32))
-    for i, slot in enumerate(np.asarray(slot_mapping)):
-        if slot < 0:
-            continue
-        block, offset = divmod(int(slot), block_size)
-        k_cache[block, :, offset, :] = kq[i]
-        k_scale[block, :, offset] = ks[i]
-        v_cache[block, :, :, offset] = vq[i]
-        v_scale[block, :, offset] = vs[i]
+    slots = np.asarray(slot_mapping)
+    for i in np.flatnonzero(layout.kept(slots)):
+        block, offset = (int(x) for x in layout.split_slots(slots[i]))
+        k_cache[layout.k_index(block, EVERY, offset, EVERY)] = kq[i]
+        k_scale[layout.scale_index(block, EVERY, offset)] = ks[i]
+        v_cache[layout.v_index(block, EVERY, offset, EVERY)] = vq[i]
+        v_scale[layout.scale_index(block, EVERY, offset)] = vs[i]
     return k_cache, k_scale, v_cache, v_scale

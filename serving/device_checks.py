@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from int8attn.fragments.cache_layout import CacheLayout
 from int8attn.serving.tensors import torch_module
 
 POOLS = ("k_cache", "v_cache")
@@ -37,15 +38,16 @@ def _attend_ok(ops) -> bool:
     if batch == 0:
         return True
     blocks, block_size = ops["k_cache"].shape[0], ops["k_cache"].shape[2]
+    rules = CacheLayout.paged(block_size).rules()      # its operators work on torch tensors
     shortest = q.shape[2] if q.dim() == 4 else 1
     device = tables.device
     lens = lens.long()
-    ok = ((lens >= shortest) & (lens <= width * block_size)).all()
-    used = torch.arange(width, device=device)[None, :] * block_size < lens[:, None]
+    ok = ((lens >= shortest) & (lens <= rules.capacity(width))).all()
+    used = torch.arange(width, device=device)[None, :] < rules.blocks_needed(lens)[:, None]
     ids_ok = ((tables >= 0) & (tables < blocks)) | ~used
     ok = ok & ids_ok.all()
     safe = torch.where(used & ids_ok, tables, torch.zeros_like(tables)).long()
-    tokens = torch.arange(width * block_size, device=device).view(1, width, block_size)
+    tokens = torch.arange(rules.capacity(width), device=device).view(1, width, block_size)
     read = (tokens < lens[:, None, None])[:, :, None, :]          # [B, MB, 1, BS]
     for name in ("k_scale", "v_scale"):
         scales = ops[name][safe]                                   # [B, MB, Hkv, BS]
@@ -62,10 +64,10 @@ def _write_ok(ops) -> bool:
         return False
     if slots.shape[0] == 0:
         return True
-    capacity = ops["k_cache"].shape[0] * ops["k_cache"].shape[2]
+    rules = CacheLayout.paged(ops["k_cache"].shape[2]).rules()
     slots = slots.long()
-    live = slots >= 0
-    ok = (slots < capacity).all()
+    live = rules.kept(slots)
+    ok = (slots < rules.capacity(ops["k_cache"].shape[0])).all()
     kept = torch.sort(torch.where(live, slots, torch.full_like(slots, -1))).values
     ok = ok & ~((kept[1:] == kept[:-1]) & (kept[1:] >= 0)).any()
     keys = k_new.float() - ops["k_bias"] if "k_bias" in ops else k_new.float()

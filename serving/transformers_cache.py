@@ -31,6 +31,7 @@ import numpy as np
 
 from int8attn.contract.constants import QUANTIZE_MIN_ABSMAX
 from int8attn.driver.paged_decode import PoolExhausted
+from int8attn.fragments.cache_layout import EVERY, CacheLayout
 from int8attn.runtime.module import InputError
 from int8attn.serving.tensors import torch_module
 
@@ -62,12 +63,11 @@ class PagedLayer(cache_utils.CacheLayerMixin):
     def __init__(self, owner, blocks, kv_heads, block_size, head_dim, device):
         super().__init__()
         self.owner = weakref.proxy(owner)       # no cycle: the pool goes with the cache
-        shape = (blocks, kv_heads, block_size)
-        self.k_cache = torch.zeros(*shape, head_dim, dtype=torch.int8, device=device)
-        self.v_cache = torch.zeros(blocks, kv_heads, head_dim, block_size, dtype=torch.int8,
-                                   device=device)
-        self.k_scale = torch.full(shape, float("nan"), device=device)
-        self.v_scale = torch.full(shape, float("nan"), device=device)
+        k, ks, v, vs = CacheLayout.paged(block_size).shapes(blocks, kv_heads, head_dim)
+        self.k_cache = torch.zeros(k, dtype=torch.int8, device=device)
+        self.v_cache = torch.zeros(v, dtype=torch.int8, device=device)
+        self.k_scale = torch.full(ks, float("nan"), device=device)
+        self.v_scale = torch.full(vs, float("nan"), device=device)
         self.device, self.is_initialized, self.written = torch.device(device), True, -1
 
     @property
@@ -125,6 +125,7 @@ class PagedInt8Cache(cache_utils.Cache):
             raise InputError(f"write must be 'kernel', 'torch' or 'auto', got {write!r}")
         self.attention, self.chunk, self.validate, self.writer = attention, chunk, validate, write
         self.block_size, self.blocks = attention.block_size, blocks
+        self.layout = CacheLayout.paged(self.block_size)
         self.device = torch.device(device)
         super().__init__(layers=[PagedLayer(self, blocks, kv_heads, self.block_size, head_dim,
                                             self.device) for _ in range(layers)])
@@ -182,7 +183,7 @@ class PagedInt8Cache(cache_utils.Cache):
             self.tables, self.lengths = [[] for _ in range(B)], np.zeros(B, np.int64)
         new = real.sum(1).astype(np.int64)
         before = self.lengths.copy()
-        need = [-(-int(before[b] + new[b]) // self.block_size) - len(self.tables[b])
+        need = [self.layout.blocks_needed(int(before[b] + new[b])) - len(self.tables[b])
                 for b in range(B)]
         if sum(need) > len(self.free):
             raise PoolExhausted(f"this step needs {sum(need)} more blocks, {len(self.free)} are "
@@ -234,14 +235,14 @@ class _Step:
 
     def __init__(self, cache: PagedInt8Cache, S: int, before, new):
         self.cache, self.S, self.B = cache, S, len(new)
-        BS, C, device = cache.block_size, cache.chunk, cache.device
+        C, device = cache.chunk, cache.device
         slots = np.full((self.B, S), -1, np.int64)
         decode, chunks, keep = [], [], []   # (b, s, length); (b, s_end, length); (b, s, flat)
         for b in range(self.B):
             n, start = int(new[b]), int(before[b])
             table = np.asarray(cache.tables[b], np.int64)
             positions = start + np.arange(n)
-            slots[b, S - n:] = table[positions // BS] * BS + positions % BS
+            slots[b, S - n:] = cache.layout.token_slots(table, positions)
             if C is None or n < C:
                 decode += [(b, S - n + j, start + j + 1) for j in range(n)]
                 continue
@@ -254,9 +255,9 @@ class _Step:
                 owned_from = e
         slots = slots.reshape(-1)
         self.slots = _to(slots.astype(np.int32), device)
-        real = np.nonzero(slots >= 0)[0]
+        real = np.nonzero(cache.layout.kept(slots))[0]
         self.real, self.blocks, self.offsets = (_to(a, device) for a in
-                                                (real, slots[real] // BS, slots[real] % BS))
+                                                (real, *cache.layout.split_slots(slots[real])))
         self.decode = self._rows(decode, device)
         self.chunks = self._rows(chunks, device)
         if chunks:
@@ -310,8 +311,9 @@ def torch_cache_write(k_new, v_new, blocks, offsets, k_cache, k_scale, v_cache, 
     (blocks[i], offsets[i]), in place: bit for bit what the kernel writes
     (tests/test_transformers_attention.py). The cache's fallback where no cache_write
     package was compiled. Rows must be finite (the cache checks when validating)."""
-    for new, cache, scale, v_layout in ((k_new, k_cache, k_scale, False),
-                                        (v_new, v_cache, v_scale, True)):
+    layout = CacheLayout.paged(k_cache.shape[2])
+    for new, cache, scale, index in ((k_new, k_cache, k_scale, layout.k_index),
+                                     (v_new, v_cache, v_scale, layout.v_index)):
         amax = new.abs().amax(-1)                               # NaN-propagating
         ok = (amax >= QUANTIZE_MIN_ABSMAX) & (amax < float("inf"))
         inverse = torch.where(ok, 127 / torch.where(ok, amax, 1), 0)
@@ -319,11 +321,8 @@ def torch_cache_write(k_new, v_new, blocks, offsets, k_cache, k_scale, v_cache, 
         q = torch.where(ok[..., None], levels, 0).to(torch.int8)
         s = torch.where(amax == float("inf"), float("nan"), amax / 127)
         s = torch.where(s < torch.finfo(torch.float32).tiny, 0, s)   # as the kernels flush
-        if v_layout:
-            cache[blocks, :, :, offsets] = q
-        else:
-            cache[blocks, :, offsets] = q
-        scale[blocks, :, offsets] = s
+        cache[index(blocks, EVERY, offsets, EVERY)] = q
+        scale[layout.scale_index(blocks, EVERY, offsets)] = s
 
 
 def _to(array, device):

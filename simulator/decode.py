@@ -11,7 +11,7 @@ import numpy as np
 from iree.compiler import ir
 
 from int8attn.contract.numerics import Numerics
-from int8attn.fragments import INT_RULES, FragmentModel, ceil_div
+from int8attn.fragments import NUMPY_OPS, FragmentModel, ceil_div
 from int8attn.kernels.decode import build_decode_kernels, dense_access, paged_access
 from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.kv_access import DenseShape, PagedShape
@@ -30,7 +30,7 @@ def run_dense_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_sc
     """The dense graph's host work in numpy (K/V padded to whole partitions, V
     token-innermost), its two kernels in the simulator as their KernelABI says."""
     unit = layout["partition_tokens"]
-    padded = ceil_div(INT_RULES, k.shape[2], unit) * unit
+    padded = ceil_div(NUMPY_OPS, k.shape[2], unit) * unit
     tensors = dict(zip(DENSE_INPUTS, dense_kernel_inputs(q, k, k_scale, v, v_scale, padded)))
     return _real_rows(run_abi(module, layout["abi"], {}, tensors)["out"], q.shape[1])
 

@@ -11,7 +11,7 @@ import numpy as np
 from iree.compiler import ir
 
 from int8attn.contract.numerics import Numerics
-from int8attn.fragments import INT_RULES, FragmentModel, ceil_div
+from int8attn.fragments import NUMPY_OPS, FragmentModel, ceil_div
 from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
 from int8attn.kernels.prefill import build_prefill_kernels
@@ -29,7 +29,7 @@ def run_prefill_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_
     """The prefill graph's host work in numpy (K/V padded to whole tiles, V
     token-innermost), its kernel in the simulator as its KernelABI says."""
     tile = layout["tile_tokens"]
-    padded = ceil_div(INT_RULES, k.shape[2], tile) * tile
+    padded = ceil_div(NUMPY_OPS, k.shape[2], tile) * tile
     tensors = dict(zip(DENSE_INPUTS, dense_kernel_inputs(q, k, k_scale, v, v_scale, padded)))
     return run_abi(module, layout["abi"], {}, tensors)["out"]
 
