@@ -30,8 +30,8 @@ from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_
                                       ScaleGroupKind, VLoadScheme, bf16_pv_model,
                                       format_token_set, fragment_model, pv_model,
                                       pv_model_named, pv_model_names)
-from int8attn.fragments.index_rules import (NUMPY_OPS, TEXT_OPS, IndexOps, PackedRows,
-                                            arith_ops, ceil_div)
+from int8attn.fragments.index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
+                                            PackedRows, arith_ops, ceil_div)
 from int8attn.fragments.layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from int8attn.fragments.linear_layout import LinearLayout, NotInvertible, NotLinear
 from int8attn.fragments.mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
@@ -47,6 +47,7 @@ __all__ = [
     "NUMPY_OPS",
     "TEXT_OPS",
     "IndexOps",
+    "HeadMajorRows",
     "arith_ops",
     "PackedRows",
     "ceil_div",

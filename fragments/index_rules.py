@@ -86,3 +86,14 @@ class PackedRows:
     def split(self, ops: IndexOps, row):
         """(query token, head in the group) of packed row `row`."""
         return ops.div(row, ops.const(self.group)), ops.rem(row, ops.const(self.group))
+
+
+@dataclass(frozen=True)
+class HeadMajorRows:
+    """The tensor-level pipeline's rows of a KV head: row r is head r // query_tokens
+    of the GQA group, query token r % query_tokens (its scores [B, Hkv, G * Sq, T])."""
+
+    query_tokens: int
+
+    def query_token(self, ops: IndexOps, row):
+        return ops.rem(row, ops.const(self.query_tokens))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
-from ..fragments import ceil_div
+from ..fragments import NUMPY_OPS, ceil_div
 from ..fragments.cache_layout import paged_ir_rules
 from .lanes import Lanes, binding
 
@@ -156,7 +156,7 @@ class DenseKV:
     def __init__(self, shape: DenseShape, partition_tokens: int):
         self.shape = shape
         self.partition_tokens = partition_tokens
-        self.partitions = -(-shape.tokens // partition_tokens)
+        self.partitions = ceil_div(NUMPY_OPS, shape.tokens, partition_tokens)
         self.padded = self.partitions * partition_tokens
 
     inputs = 5                # q, k, k_scale, v, v_scale

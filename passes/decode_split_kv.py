@@ -24,6 +24,7 @@ from int8attn.dialects import int8attn as d
 from int8attn.dialects import builders as build
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
+from int8attn.fragments import NUMPY_OPS, ceil_div
 
 
 def _max(x, acc):
@@ -54,7 +55,7 @@ def split_kv(op: d.SoftmaxPVOp, rewriter, partition_tokens: int):
     scores, v, v_scale = op.scores, op.v, op.v_scale
     batch, kv_heads, rows, tokens = d.shape_of(scores)
     head_dim = d.shape_of(v)[-1]
-    blocks = -(-tokens // partition_tokens)
+    blocks = ceil_div(NUMPY_OPS, tokens, partition_tokens)
     padded = blocks * partition_tokens
     stats = [batch, kv_heads, rows, blocks]
     probs_shape = stats + [partition_tokens]

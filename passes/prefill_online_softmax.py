@@ -28,6 +28,7 @@ from iree.compiler.dialects import arith, math, scf
 from int8attn.dialects import int8attn as d
 from int8attn.dialects import builders as build
 from int8attn.contract import scalar_ir as contract
+from int8attn.fragments import NUMPY_OPS, HeadMajorRows, arith_ops, ceil_div
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
 
@@ -43,7 +44,7 @@ def causal_mask(scores: ir.Value, query_tokens: int, history: int | ir.Value,
         row, token = build.loop_index(2), build.loop_index(3)
         if first is not None:
             token = arith.addi(first, token)
-        query_token = arith.remui(row, build.index(query_tokens))
+        query_token = HeadMajorRows(query_tokens).query_token(arith_ops(build.index), row)
         visible = contract.causal_visible(token, query_token, history, build.index)
         return arith.select(visible, score, neg_inf)
 
@@ -94,7 +95,7 @@ def online_softmax(op: d.SoftmaxPVOp, rewriter, tile_tokens: int):
     query_tokens = op.query_tokens
     batch, kv_heads, rows, tokens = d.shape_of(scores)
     head_dim = d.shape_of(v)[-1]
-    tiles = -(-tokens // tile_tokens)
+    tiles = ceil_div(NUMPY_OPS, tokens, tile_tokens)
     padded = tiles * tile_tokens
     state = [batch, kv_heads, rows]
     with rewriter.ip, op.location:

@@ -24,7 +24,7 @@ from iree.compiler.dialects import arith
 
 from int8attn.support.diagnostics import DiagnosticError
 from int8attn.dialects import int8attn as d
-from int8attn.fragments import FragmentModelName, fragment_model
+from int8attn.fragments import NUMPY_OPS, FragmentModelName, ceil_div, fragment_model
 from int8attn.dialects import builders as build
 from int8attn.passes.rewrite import apply_patterns
 from int8attn.support.options import TypedOptions, option
@@ -39,11 +39,12 @@ def to_mmac_tiles(op: d.GroupedPVOp, rewriter, model_name: str):
             f"{model_name}'s {instruction.name} consumes K={instruction.k}")
     head_dim = d.shape_of(v)[-1]
     if head_dim % instruction.n:
+        padded = ceil_div(NUMPY_OPS, head_dim, instruction.n) * instruction.n
         raise DiagnosticError(
             op.location, f"head dim {head_dim} is not a multiple of N={instruction.n} of "
             f"{model_name}'s {instruction.name}, which computes {instruction.n} head-dim columns "
-            f"at a time; pad D to {-(-head_dim // instruction.n) * instruction.n} with zero "
-            f"columns, or use a float PV (--pv bf16 or --pv f32)")
+            f"at a time; pad D to {padded} with zero columns, or use a float PV (--pv bf16 "
+            f"or --pv f32)")
     with rewriter.ip, op.location:
         acc = d.mmac_tiles(wq, v, groups, fragment_model=model_name, column_sums=op.column_sums)
         out = build.generic(

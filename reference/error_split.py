@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.fragments import pv_model_named
+from int8attn.fragments import NUMPY_OPS, ceil_div, pv_model_named
 from int8attn.reference.common import F32, pad_tokens, quantize_w_terms, w_levels
 from int8attn.reference.exact import exact_attention
 from int8attn.reference.fragment import blocks_for
@@ -33,7 +33,7 @@ TERMS = ("q_quantization", "k_cache", "v_cache", "w_quantization")
 
 def _blocks_of(x: np.ndarray, block_tokens: int) -> np.ndarray:
     """[B,Hkv,S,...] -> [B,Hkv,N,T,...], zero-padded."""
-    blocks = -(-x.shape[2] // block_tokens)
+    blocks = ceil_div(NUMPY_OPS, x.shape[2], block_tokens)
     padded = pad_tokens(x, 2, blocks * block_tokens, 0)
     return padded.reshape(x.shape[:2] + (blocks, block_tokens) + x.shape[3:])
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from int8attn.fragments import FragmentModel, pv_model_named
+from int8attn.fragments import NUMPY_OPS, FragmentModel, ceil_div, pv_model_named
 from int8attn.reference.common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
                                        int8_scores, pad_tokens, row_chunks)
 
@@ -36,7 +36,7 @@ class Blocks:
 
 def _split(scores, v, v_scale, block_tokens):
     batch, kv_heads, rows, tokens = scores.shape
-    blocks = -(-tokens // block_tokens)
+    blocks = ceil_div(NUMPY_OPS, tokens, block_tokens)
     padded = blocks * block_tokens
     head_dim = v.shape[-1]
     scores = pad_tokens(scores, 3, padded, -np.inf).reshape(
