@@ -164,12 +164,51 @@ SLOW_TESTS = {
 # and in the whole suite, not in `-m "not slow"`.
 # FAST_FILES: every test of the file is fast. FAST_TESTS: file -> its fast test
 # functions. A file or name that does not exist is an error.
-FAST_FILES: set[str] = set()
+FAST_FILES = {
+    "test_attention_match.py", "test_bench_harness.py", "test_dialect_ops.py",
+    "test_fragments.py", "test_layout.py", "test_linear_layout.py", "test_reference.py",
+    "test_reference_chunks.py",
+}
 FAST_TESTS = {
+    "test_bad_inputs.py": {"test_misuse_is_a_usage_error"},
+    "test_cache_write_kernels.py": {"test_cache_write_kernel_refuses_what_it_cannot_do"},
+    "test_cli_bad_inputs.py": {
+        "test_an_output_that_cannot_be_a_file_is_refused_first",
+        "test_bench_bad_paths_are_named_before_any_work",
+        "test_bench_from_a_good_folder_gets_past_the_checks",
+        "test_bench_misuse_is_a_usage_error_before_any_work"},
     "test_fast_tier.py": {
         "test_the_guard_fails_fast_tests_that_compile_or_simulate",
         "test_the_guard_is_on_when_the_marks_select_only_fast_tests",
         "test_the_guard_knows_an_iree_tool_from_its_command"},
+    "test_serving.py": {"test_torch_ops_trace_under_fake_tensors"},
+    "test_transformers_attention.py": {"test_bad_setups_are_named"},
+    # in slow files
+    "test_key_bias.py": {"test_subtracting_a_channel_bias_is_exact_for_attention"},
+    "test_kernels.py": {"test_isa_tables_agree_with_the_fragment_model"},
+    "test_mmac_lowering.py": {
+        "test_token_axes_merge_runs_and_keep_odd_factors",
+        "test_token_axes_of_gfx936_partition", "test_token_axes_rebuild_the_fragment_groups",
+        "test_token_axes_refuse_tables_that_are_no_digit_permutation"},
+    "test_paged_kernels.py": {
+        "test_a_merge_split_the_kernel_cannot_run_is_refused",
+        "test_the_cuda_occupancy_hint_follows_the_head_dim",
+        "test_the_kernel_refuses_a_block_size_the_v_loads_straddle",
+        "test_v_async_is_refused_where_there_is_no_async_copy"},
+    "test_prefill_kernels.py": {
+        "test_bench_counts_the_causal_pairs", "test_query_tokens_past_the_sequence_are_refused"},
+    "test_scale_groups.py": {"test_contiguous_groups_are_the_logical_runs"},
+    "test_targets.py": {
+        "test_an_option_that_does_not_apply_is_refused_with_the_reason",
+        "test_defaults_that_equal_the_kernels_own_are_accepted",
+        "test_kernel_limits_are_located_errors", "test_targets_command_prints_the_table",
+        "test_the_cache_key_covers_every_option",
+        "test_the_cache_key_covers_every_source_file_recursively",
+        "test_the_table_has_every_target_and_each_chain_starts_at_the_graph",
+        "test_written_files_get_the_mode_a_plain_write_gives"},
+    "test_w_quant.py": {"test_unsigned_rule_on_one_group"},
+    "test_w_terms.py": {"test_two_term_rule_on_a_peaked_group",
+                        "test_two_term_w_keeps_nan_zero_and_tiny_groups_to_themselves"},
 }
 
 
