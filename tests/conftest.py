@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+import fast_tier
+
+_GUARD = pytest.StashKey[list]()    # [site folder, saved PYTHONPATH, hits.log offset read]
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Property-based tests: `quick` runs in CI (fixed, derandomized examples);
@@ -144,9 +148,141 @@ SLOW_TESTS = {
 }
 
 
+# The fast tier (`pytest -m fast`, marker `fast`): tests that need neither IREE
+# compilation (no iree-compile, not even the CPU probe; no vmfb) nor the lane
+# simulator: numpy, the references, the fragment model, IR built and checked in
+# Python, the error paths caught before anything compiles. Decided per test under
+# the guard: while a run selects the tier, fast_tier.py makes compiling or simulating
+# fail the test ("mark it slow or unmark fast"); `INT8ATTN_FAST_TIER_GUARD=1 pytest
+# tests/test_x.py` runs a file under the guard to show which of its tests qualify.
+# A test qualifies as a whole (every parameter). Kept out although they qualify, so
+# that the tier stays well under 2 minutes on a loaded 2-core machine: tests that
+# start commands (int8attn, int8attn-opt, python; ~1-3 s of interpreter and imports
+# each), the lit suite above all (test_lit.py, ~1-1.5 minutes of int8attn-opt runs);
+# the one exception is test_fast_tier.py's guarded run, the tier's own check.
+# The `slow` mark stays per file, so the fast tests of slow files run in `-m fast`
+# and in the whole suite, not in `-m "not slow"`.
+# FAST_FILES: every test of the file is fast. FAST_TESTS: file -> its fast test
+# functions. A file or name that does not exist is an error.
+FAST_FILES = {
+    "test_attention_match.py", "test_bench_harness.py", "test_dialect_ops.py",
+    "test_fragments.py", "test_layout.py", "test_linear_layout.py", "test_reference.py",
+    "test_reference_chunks.py",
+}
+FAST_TESTS = {
+    "test_bad_inputs.py": {"test_misuse_is_a_usage_error"},
+    "test_cache_write_kernels.py": {"test_cache_write_kernel_refuses_what_it_cannot_do"},
+    "test_cli_bad_inputs.py": {
+        "test_an_output_that_cannot_be_a_file_is_refused_first",
+        "test_bench_bad_paths_are_named_before_any_work",
+        "test_bench_from_a_good_folder_gets_past_the_checks",
+        "test_bench_misuse_is_a_usage_error_before_any_work"},
+    "test_fast_tier.py": {
+        "test_the_guard_fails_fast_tests_that_compile_or_simulate",
+        "test_the_guard_is_on_when_the_marks_select_only_fast_tests",
+        "test_the_guard_knows_an_iree_tool_from_its_command"},
+    "test_serving.py": {"test_torch_ops_trace_under_fake_tensors"},
+    "test_transformers_attention.py": {"test_bad_setups_are_named"},
+    # in slow files
+    "test_key_bias.py": {"test_subtracting_a_channel_bias_is_exact_for_attention"},
+    "test_kernels.py": {"test_isa_tables_agree_with_the_fragment_model"},
+    "test_mmac_lowering.py": {
+        "test_token_axes_merge_runs_and_keep_odd_factors",
+        "test_token_axes_of_gfx936_partition", "test_token_axes_rebuild_the_fragment_groups",
+        "test_token_axes_refuse_tables_that_are_no_digit_permutation"},
+    "test_paged_kernels.py": {
+        "test_a_merge_split_the_kernel_cannot_run_is_refused",
+        "test_the_cuda_occupancy_hint_follows_the_head_dim",
+        "test_the_kernel_refuses_a_block_size_the_v_loads_straddle",
+        "test_v_async_is_refused_where_there_is_no_async_copy"},
+    "test_prefill_kernels.py": {
+        "test_bench_counts_the_causal_pairs", "test_query_tokens_past_the_sequence_are_refused"},
+    "test_scale_groups.py": {"test_contiguous_groups_are_the_logical_runs"},
+    "test_targets.py": {
+        "test_an_option_that_does_not_apply_is_refused_with_the_reason",
+        "test_defaults_that_equal_the_kernels_own_are_accepted",
+        "test_kernel_limits_are_located_errors", "test_targets_command_prints_the_table",
+        "test_the_cache_key_covers_every_option",
+        "test_the_cache_key_covers_every_source_file_recursively",
+        "test_the_table_has_every_target_and_each_chain_starts_at_the_graph",
+        "test_written_files_get_the_mode_a_plain_write_gives"},
+    "test_w_quant.py": {"test_unsigned_rule_on_one_group"},
+    "test_w_terms.py": {"test_two_term_rule_on_a_peaked_group",
+                        "test_two_term_w_keeps_nan_zero_and_tiny_groups_to_themselves"},
+}
+
+
+def pytest_configure(config):
+    if (fast_tier.requires_fast(config.getoption("markexpr") or "")
+            or os.environ.get(fast_tier.FORCE_VARIABLE) == "1"):
+        import tempfile
+
+        site = Path(tempfile.mkdtemp(prefix=fast_tier.SITE_PREFIX))
+        log = site / "hits.log"
+        log.touch()
+        config.stash[_GUARD] = [site, os.environ.get("PYTHONPATH"), 0]
+        os.environ["PYTHONPATH"] = fast_tier.write_site(site, log)
+        fast_tier.install(str(log))
+
+
+def pytest_unconfigure(config):
+    if _GUARD in config.stash:
+        import shutil
+
+        site, pythonpath, _ = config.stash[_GUARD]
+        shutil.rmtree(site, ignore_errors=True)
+        if pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
+
+
+def pytest_report_header(config):
+    if _GUARD in config.stash:
+        return "fast-tier guard on: compiling or simulating fails the test (tests/fast_tier.py)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under the guard: a test whose phase compiled or simulated (here or in a
+    command it started) fails, even if it caught the error."""
+    report = (yield).get_result()
+    state = item.config.stash.get(_GUARD, None)
+    if state is not None:
+        with open(state[0] / "hits.log") as f:
+            f.seek(state[2])
+            hits = f.read()
+            state[2] = f.tell()
+        if hits:
+            # a command that lit started does not know the test: this one started it
+            hits = hits.replace("fast-tier test ? ", f"fast-tier test {item.nodeid} ")
+            if report.passed or report.skipped:
+                report.outcome = "failed"
+                report.longrepr = hits
+            else:
+                report.sections.append(("fast-tier guard", hits))
+
+
+def _defines(module, name: str) -> bool:
+    return hasattr(module, name) or any(
+        isinstance(v, type) and hasattr(v, name) for v in vars(module).values())
+
+
 def pytest_collection_modifyitems(config, items):
+    modules = {}
     for item in items:
         file = item.path.name
         test = f"{file}::{item.originalname}"
         if file in SLOW_FILES or test in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+        if file in FAST_FILES or item.originalname in FAST_TESTS.get(file, ()):
+            item.add_marker(pytest.mark.fast)
+        if getattr(item, "module", None) is not None:
+            modules[file] = item.module
+    here = Path(__file__).parent
+    stale = [f for f in sorted(FAST_FILES | set(FAST_TESTS)) if not (here / f).is_file()]
+    stale += [f"{file}::{name}" for file, names in FAST_TESTS.items() if file in modules
+              for name in sorted(names) if not _defines(modules[file], name)]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py FAST_FILES / FAST_TESTS name files or "
+                                f"tests that do not exist: {stale}")
