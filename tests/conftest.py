@@ -165,9 +165,9 @@ SLOW_TESTS = {
 # FAST_FILES: every test of the file is fast. FAST_TESTS: file -> its fast test
 # functions. A file or name that does not exist is an error.
 FAST_FILES = {
-    "test_attention_match.py", "test_bench_harness.py", "test_dialect_ops.py",
-    "test_fragments.py", "test_layout.py", "test_linear_layout.py", "test_reference.py",
-    "test_reference_chunks.py",
+    "test_attention_match.py", "test_bench_harness.py", "test_cache_layout.py",
+    "test_dialect_ops.py", "test_fragments.py", "test_index_arithmetic.py", "test_layout.py",
+    "test_linear_layout.py", "test_reference.py", "test_reference_chunks.py",
 }
 FAST_TESTS = {
     "test_bad_inputs.py": {"test_misuse_is_a_usage_error"},
@@ -181,6 +181,19 @@ FAST_TESTS = {
         "test_the_guard_fails_fast_tests_that_compile_or_simulate",
         "test_the_guard_is_on_when_the_marks_select_only_fast_tests",
         "test_the_guard_knows_an_iree_tool_from_its_command"},
+    "test_mfma_32x32.py": {
+        "test_the_atom_is_registered_beside_the_targets_own_model",
+        "test_the_tables_are_the_vendors_formulas",
+        "test_the_simulators_table_is_found_by_target_and_shape",
+        "test_the_fragment_tables_agree_with_the_simulators_isa_table",
+        "test_one_mma_through_the_isa_table_equals_the_fragment_model_matmul",
+        "test_the_linear_layouts_reproduce_the_tables",
+        "test_the_v_load_layout_follows_the_16_byte_loads",
+        "test_the_derived_token_groups_are_the_four_sets",
+        "test_each_set_is_what_one_mma_consumes",
+        "test_the_fragment_reference_on_the_atom_matches_the_exact_reference",
+        "test_the_verifier_proves_the_atoms_groups"},
+    "test_pv_atom_kernels.py": {"test_the_target_spec_offers_the_atom"},
     "test_serving.py": {"test_torch_ops_trace_under_fake_tensors"},
     "test_transformers_attention.py": {"test_bad_setups_are_named"},
     # in slow files
