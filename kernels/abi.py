@@ -57,6 +57,12 @@ class KernelABI:
         x, y, z = (evaluate(g, sizes) for g in self.grid)
         return x, y, z
 
+    def argument_types(self) -> list[str]:
+        """The kernel function's parameters: a binding per input, an index per push
+        constant, a binding per output (MLIR type names)."""
+        return (["!stream.binding"] * len(self.inputs) + ["index"] * len(self.constants)
+                + ["!stream.binding"] * len(self.outputs))
+
     def constant_values(self, sizes: dict[str, int]) -> list[int]:
         return [evaluate(c, sizes) for c in self.constants]
 

@@ -30,8 +30,8 @@ from iree.compiler.dialects import arith, memref
 
 from int8attn.fragments import FragmentModel
 from int8attn.kernels.abi import KernelABI
-from int8attn.kernels.executable import build_executable
-from int8attn.kernels.kv_access import _types, pool_slot
+from int8attn.kernels.executable import build_kernel
+from int8attn.kernels.kv_access import pool_slot
 from int8attn.kernels.lanes import Lanes, binding, workgroup_id
 from int8attn.contract import scalar_ir as contract
 
@@ -89,11 +89,10 @@ def build_cache_write_kernels(shape: CacheWriteShape, model: FragmentModel) -> C
     wave = model.instruction.wave_size
     check_cache_write_shape(shape, wave)
     module = ir.Module.create()
-    argument_types = _types(*["!stream.binding"] * len(shape.inputs), "index", "index")
+    built = CacheWriteKernels(module.operation, shape, wave)
     with ir.InsertionPoint(module.body):
-        build_executable(CACHE_WRITE_KERNEL, argument_types, 2,
-                         lambda args: _write_body(args, shape, wave), wave, wave)
-    return CacheWriteKernels(module.operation, shape, wave)
+        build_kernel(built.abi[0], lambda args: _write_body(args, shape, wave), wave)
+    return built
 
 
 def _write_body(args, shape: CacheWriteShape, wave: int) -> None:

@@ -33,7 +33,7 @@ from iree.compiler.dialects import arith, memref
 from ..contract.numerics import Numerics
 from ..fragments import DecodeKernelLayout, thread_distribution
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
-from .executable import build_executable
+from .executable import build_kernel
 from .kv_access import DenseKV, KVView, PagedKV
 from .lanes import Lanes, binding, workgroup_id
 from .merge import MergePlan, build_merge
@@ -207,15 +207,11 @@ def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
                                 pv_atom)
     merge = MergePlan.of(access.shape, partition.rows_out, spec.tile_rows, spec.wave_size,
                          partition.threads, tuning)
+    abi = decode_abi(access, partition, merge)
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
-        build_executable(PARTITION_KERNEL, access.argument_types(outputs=3), 3,
-                         partition.build, partition.threads, spec.wave_size,
-                         spec.kernel_attributes(tuning))
-        build_executable(MERGE_KERNEL, access.merge_argument_types(partials=3), 2,
-                         lambda args: build_merge(merge, access, args), merge.threads,
-                         spec.wave_size, leading=[merge.chunks])
-    abi = decode_abi(access, partition, merge)
+        build_kernel(abi[0], partition.build, spec.wave_size, spec.kernel_attributes(tuning))
+        build_kernel(abi[1], lambda args: build_merge(merge, access, args), spec.wave_size)
     return DecodeKernels(module.operation, access, partition.rows_out, spec.tile_rows, abi)
 
 

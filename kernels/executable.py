@@ -22,6 +22,16 @@ def translation_info(threads: int, wave_size: int) -> ir.Attribute:
         f"workgroup_size = [{threads}, 1, 1] subgroup_size = {wave_size}>")
 
 
+def build_kernel(abi, body: Callable[[list[ir.Value]], None], wave_size: int,
+                 attributes: dict[str, str] | None = None) -> ir.Operation:
+    """The executable of a kernel as its `KernelABI` declares it: the parameters, the
+    workload (the grid counts the export does not fix itself), the workgroup size."""
+    fixed = [int(count) for count in abi.grid[:abi.leading]]
+    return build_executable(abi.kernel, [ir.Type.parse(t) for t in abi.argument_types()],
+                            len(abi.workload), body, abi.threads, wave_size, attributes,
+                            leading=fixed)
+
+
 def build_executable(name: str, argument_types: Sequence[ir.Type], workload_rank: int,
                      body: Callable[[list[ir.Value]], None], threads: int,
                      wave_size: int, attributes: dict[str, str] | None = None,

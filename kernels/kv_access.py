@@ -98,10 +98,6 @@ def pool_slot(lanes: Lanes, slot: ir.Value, blocks: ir.Value, block_size: int):
     return paged_ir_rules(block_size, lanes.index).pool_slot(index, blocks)
 
 
-def _types(*names) -> list[ir.Type]:
-    return [ir.Type.parse(n) for n in names]
-
-
 def _bind_kv(args, lead: tuple, tokens, head_dim: int, zero):
     """k [*lead, tokens, D] i8, k_scale [*lead, tokens], v [*lead, D, tokens] i8
     (token-innermost), v_scale [*lead, tokens] from arguments 1..4."""
@@ -162,8 +158,6 @@ class DenseKV:
     inputs = 5                # q, k, k_scale, v, v_scale
     index_operands = 0
 
-    def argument_types(self, outputs: int) -> list[ir.Type]:
-        return _types(*["!stream.binding"] * (self.inputs + outputs))
 
     def bind(self, lanes: Lanes, args, where) -> tuple[KVView, list[ir.Value]]:
         """The view of partition `where` = (b, h, p), and the output arguments."""
@@ -178,11 +172,6 @@ class DenseKV:
         return view, args[self.inputs:]
 
     # merge -------------------------------------------------------------------
-    merge_inputs = 0
-
-    def merge_argument_types(self, partials: int) -> list[ir.Type]:
-        return _types(*["!stream.binding"] * (partials + 1))
-
     def bind_merge(self, lanes: Lanes, args, b):
         """(batch, partition count, partitions of sequence b, [o, m, l, out])."""
         return self.shape.batch, self.partitions, lanes.index(self.partitions), args
@@ -244,9 +233,6 @@ class PagedPrefillKV:
     inputs = 7                # q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens
     index_operands = 3        # batch, pool blocks, table width
 
-    def argument_types(self, outputs: int) -> list[ir.Type]:
-        return _types(*["!stream.binding"] * self.inputs, *["index"] * self.index_operands,
-                      *["!stream.binding"] * outputs)
 
     def bind(self, lanes: Lanes, args, where) -> tuple[KVView, list[ir.Value]]:
         s, zero = self.shape, lanes.index(0)
@@ -324,9 +310,6 @@ class PagedKV:
     inputs = 7                # q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens
     index_operands = 4        # batch, pool blocks, table width, partitions
 
-    def argument_types(self, outputs: int) -> list[ir.Type]:
-        return _types(*["!stream.binding"] * self.inputs, *["index"] * self.index_operands,
-                      *["!stream.binding"] * outputs)
 
     def bind(self, lanes: Lanes, args, where) -> tuple[KVView, list[ir.Value]]:
         s, zero = self.shape, lanes.index(0)
@@ -348,12 +331,6 @@ class PagedKV:
         return view, args[self.inputs + self.index_operands:]
 
     # merge -------------------------------------------------------------------
-    merge_inputs = 1          # context_lens
-
-    def merge_argument_types(self, partials: int) -> list[ir.Type]:
-        return _types(*["!stream.binding"] * (partials + 1), "index", "index",
-                      "!stream.binding")
-
     def bind_merge(self, lanes: Lanes, args, b):
         """args: o, m, l, context_lens, batch, partitions, out. Returns (batch,
         partition count, ceil(length / partition tokens) of sequence b, [o, m, l, out])."""

@@ -37,7 +37,7 @@ from ..contract.numerics import Numerics
 from ..fragments import NUMPY_OPS, PackedRows, ceil_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
-from .executable import build_executable
+from .executable import build_kernel
 from .kv_access import (KVView, PagedPrefillKV, PagedPrefillShape, PrefillKV, PrefillShape)
 from .lanes import Lanes, binding, workgroup_id
 from .pv_stages import pv_stage, v_tiles
@@ -282,7 +282,7 @@ def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetS
     # No occupancy hint: the kernel carries o, m and l across the tile loop.
     kernel = PrefillKernel(access, spec, spec.resolve_numerics(numerics), pv, pv_atom)
     module = ir.Module.create()
+    built = PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
     with ir.InsertionPoint(module.body):
-        build_executable(PREFILL_KERNEL, access.argument_types(outputs=1), 3, kernel.build,
-                         kernel.threads, spec.wave_size)
-    return PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
+        build_kernel(built.abi[0], kernel.build, spec.wave_size)
+    return built
