@@ -1,14 +1,17 @@
 """Where a decode kernel finds the K/V of a token: a dense or a paged cache.
 
-The partition kernel asks for tokens by their index inside its partition
-(`local`, from the fragment model's lane maps); an access object turns that
-into memref indices and says which tokens are live:
+A kernel asks for tokens by their index inside its partition or tile (`local`,
+from the fragment model's lane maps). An access object binds the kernel's
+arguments into a frozen `KVView` (the memrefs, the workgroup's sequence and KV
+head, the run-time lengths), which turns a token into memref indices; the
+prefill kernel moves a view to each tile with `view.at(first)`. The paged
+address rules are the `CacheLayout`'s (fragments/cache_layout.py):
 
   DenseKV  [B, Hkv, S_pad, D] K, [B, Hkv, D, S_pad] V (host-padded to whole
            partitions); S is static, every partition is live.
   PrefillKV  the dense cache of a prefill graph, [B, Hkv, S_pad, D] K and
-           [B, Hkv, D, S_pad] V (host-padded to whole tiles); the kernel moves
-           `first` to each tile it visits, liveness is the causal mask.
+           [B, Hkv, D, S_pad] V (host-padded to whole tiles); the kernel's
+           view moves to each tile it visits, liveness is the causal mask.
   PagedPrefillKV  a chunked prefill over the block pool: each sequence's last
            Sq tokens are its queries; tokens through the block table as for
            PagedKV (a token past the length reads the last used slot), the
@@ -196,20 +199,15 @@ def _block_size_hint(v_load_tokens: int) -> str:
 
 
 @dataclass(frozen=True)
-class PagedPrefillView(KVView):
-    """A chunked prefill's tokens through the block table; past the length, the
-    last used slot."""
+class _PoolView(KVView):
+    """A view of the block pool: a token's K, V and scales at the (block, offset)
+    its `_block` gives ([NB, Hkv, BS, D], [NB, Hkv, D, BS], [NB, Hkv, BS])."""
 
     tables: ir.Value = None
     block_size: int = 0
-    last_slot: ir.Value = None
 
     def _block(self, local: ir.Value):
-        token = arith.addi(self.first, local)
-        return paged_ir_rules(self.block_size, self.lanes.index).address(
-            token, lambda slot: arith.index_cast(ir.IndexType.get(),
-                                                 memref.load(self.tables, [self.b, slot])),
-            self.last_slot)
+        raise NotImplementedError
 
     def token_row(self, local: ir.Value) -> list[ir.Value]:
         block, offset = self._block(local)
@@ -218,6 +216,21 @@ class PagedPrefillView(KVView):
     def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
         block, offset = self._block(local)
         return [block, self.h, col, offset]
+
+
+@dataclass(frozen=True)
+class PagedPrefillView(_PoolView):
+    """A chunked prefill's tokens through the block table; past the length, the
+    last used slot."""
+
+    last_slot: ir.Value = None
+
+    def _block(self, local: ir.Value):
+        token = arith.addi(self.first, local)
+        return paged_ir_rules(self.block_size, self.lanes.index).address(
+            token, lambda slot: arith.index_cast(ir.IndexType.get(),
+                                                 memref.load(self.tables, [self.b, slot])),
+            self.last_slot)
 
 
 class PagedPrefillKV:
@@ -252,11 +265,9 @@ class PagedPrefillKV:
 
 
 @dataclass(frozen=True)
-class PagedView(KVView):
+class PagedView(_PoolView):
     """A decode partition's tokens through its block ids, staged in LDS once."""
 
-    tables: ir.Value = None
-    block_size: int = 0
     length: ir.Value = None
     block_ids: ir.Value = None          # LDS [blocks per partition] i32
     blocks_per_partition: int = 0
@@ -284,14 +295,6 @@ class PagedView(KVView):
         return paged_ir_rules(self.block_size, self.lanes.index).address(
             local, lambda slot: arith.index_cast(ir.IndexType.get(),
                                                  memref.load(self.block_ids, [slot])))
-
-    def token_row(self, local: ir.Value) -> list[ir.Value]:
-        block, offset = self._block(local)
-        return [block, self.h, offset]
-
-    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
-        block, offset = self._block(local)
-        return [block, self.h, col, offset]
 
 
 class PagedKV:
