@@ -15,6 +15,7 @@ from typing import Literal, get_args
 from int8attn.fragments import FragmentModelName
 from int8attn.pipelines import PipelineOptions
 from int8attn.contract.constants import QTerms, WQuant, WTerms
+from int8attn.contract.numerics import Numerics
 from int8attn.support.cpu_vectors import VectorISA
 from int8attn.support.options import check_fields, option
 
@@ -88,6 +89,12 @@ class CompileOptions(PipelineOptions):
         if self.target == "cpu":
             return getattr(PipelineOptions, name)
         return KERNEL_NUMERICS[name]
+
+    @property
+    def numerics(self) -> Numerics:
+        """The resolved `Numerics`: q_terms / w_quant / w_terms as given, each one not
+        given the target's default."""
+        return Numerics(**{name: self.resolved_numerics(name) for name in KERNEL_NUMERICS})
 
     def resolved(self) -> "CompileOptions":
         return replace(self, fragment_model=self.resolved_fragment_model(),
