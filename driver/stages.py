@@ -196,7 +196,8 @@ def _build_kernels(info: FunctionInfo, model, options: CompileOptions):
         _, kv_heads, block_size, head_dim = info.arguments[call.argument("k_cache")].shape
         shape = CacheWriteShape(kv_heads, head_dim, block_size, "k_bias" in call.operands)
         return build_cache_write_kernels(shape, model)
-    numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
+    # The kernel builders still take q_terms / w_quant (w-terms 1 only: targets.py refuses 2).
+    numerics = dict(q_terms=options.numerics.q_terms, w_quant=options.numerics.w_quant)
     q_shape = info.arguments[call.argument("q")].shape
     q_heads, head_dim = q_shape[1], q_shape[-1]
     if call.mode == "paged":

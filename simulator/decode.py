@@ -10,13 +10,15 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
+from int8attn.contract.numerics import Numerics
 from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.decode import (MERGE_KERNEL, PARTITION_KERNEL, ROWS, build_decode_kernels,
                                      dense_access, paged_access)
 from int8attn.kernels.kv_access import DenseShape, PagedShape
 from int8attn.kernels.abi import PAGED_INPUTS, paged_sizes
 from int8attn.kernels.cache_write import inputs as cache_write_inputs
-from int8attn.simulator.run import dense_kernel_inputs, run_abi, run_executable
+from int8attn.simulator.run import (KERNEL_DEFAULT_NUMERICS, dense_kernel_inputs, kernel_numerics,
+                                    run_abi, run_executable)
 from int8attn.support.ir import new_context
 
 
@@ -72,21 +74,22 @@ def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slo
     return tuple(caches)
 
 
-def _build(access, target, fragments, pv, numerics):
+def _build(access, target, fragments, pv, numerics: Numerics):
     model = fragments or fragment_model(target)
-    built = build_decode_kernels(access(model), model, target, pv, **numerics)
+    built = build_decode_kernels(access(model), model, target, pv, **kernel_numerics(numerics))
     return built.module, built.layout
 
 
 def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: str = "gfx936",
                     fragments: FragmentModel | None = None, pv: str = "int8",
-                    **numerics) -> np.ndarray:
+                    numerics: Numerics = KERNEL_DEFAULT_NUMERICS) -> np.ndarray:
     """Output [B, Hq, D] of the dense decode kernels for `target`, run in the simulator.
 
     `fragments` overrides the model the kernels are generated from (the
     simulator's instruction semantics stay the real ones of `target`);
     `pv="bf16"` runs the BF16-PV baseline kernel (targets with a bf16 MMA);
-    `numerics` are q_terms / w_quant (docs/design.md §2c; default the seed's).
+    `numerics` is the variant the kernels are built for (docs/design.md §2c; default the
+    kernel targets', the seed's; w-terms 1 only).
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, tokens = k.shape[1], k.shape[2]
@@ -101,8 +104,9 @@ def simulate_decode(q, k, k_scale, v, v_scale, softmax_scale: float, *, target: 
 def simulate_paged(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                    softmax_scale: float, *, target: str = "gfx936",
                    fragments: FragmentModel | None = None, pv: str = "int8",
-                   **numerics) -> np.ndarray:
-    """Output [B, Hq, D] of the paged decode kernels, run in the simulator."""
+                   numerics: Numerics = KERNEL_DEFAULT_NUMERICS) -> np.ndarray:
+    """Output [B, Hq, D] of the paged decode kernels, run in the simulator
+    (`fragments`, `pv` and `numerics` as for `simulate_decode`)."""
     q_heads, head_dim = q.shape[1:]
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size,

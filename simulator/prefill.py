@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
+from int8attn.contract.numerics import Numerics
 from int8attn.fragments import FragmentModel, fragment_model
 from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
 from int8attn.kernels.prefill import PREFILL_KERNEL, build_prefill_kernels
 from int8attn.kernels.abi import PAGED_INPUTS
-from int8attn.simulator.run import dense_kernel_inputs, run_abi, run_executable
+from int8attn.simulator.run import (KERNEL_DEFAULT_NUMERICS, dense_kernel_inputs, kernel_numerics,
+                                    run_abi, run_executable)
 from int8attn.support.ir import new_context
 
 
@@ -32,7 +34,8 @@ def run_prefill_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_
 
 def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
                      target: str = "gfx936", fragments: FragmentModel | None = None,
-                     pv: str = "int8", **numerics) -> np.ndarray:
+                     pv: str = "int8",
+                     numerics: Numerics = KERNEL_DEFAULT_NUMERICS) -> np.ndarray:
     """Output [B, Hq, Sq, D] of the prefill kernel for `target`, run in the simulator
     (`fragments`, `pv` and `numerics` as for `simulate_decode`)."""
     batch, q_heads, query_tokens, head_dim = q.shape
@@ -41,7 +44,7 @@ def simulate_prefill(q, k, k_scale, v, v_scale, softmax_scale: float, *,
                          float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
         model = fragments or fragment_model(target)
-        built = build_prefill_kernels(shape, model, target, pv, **numerics)
+        built = build_prefill_kernels(shape, model, target, pv, **kernel_numerics(numerics))
         return run_prefill_kernels(built.module, built.layout, q, k, k_scale, v, v_scale)
 
 
@@ -59,14 +62,15 @@ def run_paged_prefill_kernels(module: ir.Operation, layout: dict, q, k_cache, k_
 def simulate_paged_prefill(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
                            softmax_scale: float, *, target: str = "gfx936",
                            fragments: FragmentModel | None = None, pv: str = "int8",
-                           **numerics) -> np.ndarray:
-    """Output [B, Hq, Sq, D] of the chunked-prefill kernel over the block pool."""
+                           numerics: Numerics = KERNEL_DEFAULT_NUMERICS) -> np.ndarray:
+    """Output [B, Hq, Sq, D] of the chunked-prefill kernel over the block pool
+    (`fragments`, `pv` and `numerics` as for `simulate_decode`)."""
     q_heads, query_tokens, head_dim = q.shape[1:]
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     shape = PagedPrefillShape(kv_heads, q_heads // kv_heads, query_tokens, head_dim, block_size,
                               float(np.float32(softmax_scale)))
     with new_context(), ir.Location.unknown():
         model = fragments or fragment_model(target)
-        built = build_prefill_kernels(shape, model, target, pv, **numerics)
+        built = build_prefill_kernels(shape, model, target, pv, **kernel_numerics(numerics))
         return run_paged_prefill_kernels(built.module, built.layout, q, k_cache, k_scale,
                                          v_cache, v_scale, block_tables, context_lens)

@@ -7,9 +7,26 @@ import re
 import numpy as np
 from iree.compiler import ir
 
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.reference.common import pad_tokens
 from int8attn.support.ir import walk
 from int8attn.simulator.interpreter import Machine, SimulationError
+
+
+# The numerics the simulated kernels are built with when none are given: the kernel
+# targets' default, driver.options.KERNEL_NUMERICS (the simulator sits below the
+# driver, so it names the same value; tests/test_numerics_value.py checks they agree).
+# Once the kernels' target spec holds that default, this reads it from there.
+KERNEL_DEFAULT_NUMERICS = SEED_NUMERICS
+
+
+def kernel_numerics(numerics: Numerics) -> dict:
+    """The kernel builders' keywords for `numerics` (q_terms, w_quant); the lane kernels
+    quantize W in one INT8 term, so another w-terms is refused rather than ignored."""
+    if numerics.w_terms != 1:
+        raise ValueError(f"the lane kernels implement w-terms 1 only, not {numerics.w_terms} "
+                         f"(docs/design.md §2c)")
+    return dict(q_terms=numerics.q_terms, w_quant=numerics.w_quant)
 
 
 def _executable(module: ir.Operation, name: str) -> ir.Operation:
