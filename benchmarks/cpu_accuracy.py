@@ -20,6 +20,7 @@ import numpy as np
 
 import int8attn
 from int8attn import reference as ref
+from int8attn.contract.numerics import Numerics
 from int8attn.driver.graph import attention_graph, error_stats, random_inputs
 from int8attn.pipelines import PipelineOptions
 
@@ -47,24 +48,25 @@ def main(argv=None) -> int:
     parser.add_argument("--w-quant", choices=("s8", "u8"), default=PipelineOptions.w_quant)
     parser.add_argument("--w-terms", type=int, choices=(1, 2), default=PipelineOptions.w_terms)
     args = parser.parse_args(argv)
-    variant = {"q_terms": args.q_terms, "w_quant": args.w_quant, "w_terms": args.w_terms}
+    variant = Numerics(q_terms=args.q_terms, w_quant=args.w_quant, w_terms=args.w_terms)
     print(f"{args.mode}: B=1 Hq={args.q_heads} Hkv={args.kv_heads} D={args.head_dim}, "
-          f"q-terms {args.q_terms}, w-quant {args.w_quant}, w-terms {args.w_terms}",
-          file=sys.stderr)
+          f"{variant.describe()}", file=sys.stderr)
     print("| S | Sq | seed | int8 vs f32 PV max / rms | int8 vs bf16 PV max / rms | "
           "vs fragment ref max (beyond tie slack) | vs exact max / rms |")
     print("|--:|--:|--:|--:|--:|--:|--:|")
     for tokens, query_tokens in cases(args):
         source = attention_graph(1, args.q_heads, args.kv_heads, tokens, args.head_dim,
                                  mode=args.mode, query_tokens=query_tokens)
-        graphs = {pv: int8attn.compile(source, pv=pv, **variant) for pv in ("int8", "bf16", "f32")}
+        graphs = {pv: int8attn.compile(source, pv=pv, numerics=variant)
+                  for pv in ("int8", "bf16", "f32")}
         info = graphs["int8"].entry()
         for seed in (int(s) for s in args.seeds.split(",")):
             inputs = random_inputs(info, seed)
             out = {pv: g(*inputs) for pv, g in graphs.items()}
             scale = info.attention.softmax_scale
-            fragment_err = np.abs(out["int8"] - ref.fragment_attention(*inputs, scale, **variant))
-            slack = ref.rounding_tie_slack(*inputs, scale, **variant)
+            fragment_err = np.abs(out["int8"] - ref.fragment_attention(*inputs, scale,
+                                                                       numerics=variant))
+            slack = ref.rounding_tie_slack(*inputs, scale, numerics=variant)
             beyond = np.maximum(fragment_err - slack, 0).max()
             vs_f32 = error_stats(out["int8"], out["f32"])
             vs_bf16 = error_stats(out["int8"], out["bf16"])

@@ -38,10 +38,11 @@ import numpy as np
 
 import int8attn
 from int8attn import reference as ref
+from int8attn.contract.numerics import Numerics
 from int8attn.driver.graph import attention_graph
 
-# (w-quant, q-terms, w-terms)
-VARIANTS = [(w, t, 1) for w in ("s8", "u8") for t in (1, 2)] + [("s8", 2, 2), ("u8", 2, 2)]
+VARIANTS = [Numerics(q_terms=t, w_quant=w, w_terms=1) for w in ("s8", "u8") for t in (1, 2)] + \
+    [Numerics(q_terms=2, w_quant=w, w_terms=2) for w in ("s8", "u8")]
 DECODE = (32, 8, 128)
 PREFILL = (8, 2, 128)
 
@@ -96,11 +97,10 @@ def run_family(family: Family, seeds, compiled) -> list[dict]:
                              query_tokens=family.tokens if family.mode == "prefill" else 1,
                              softmax_scale=scale)
 
-    def module(pv, w_quant, q_terms, w_terms=1):
-        key = (source, pv, w_quant, q_terms, w_terms)
+    def module(pv, numerics: Numerics):
+        key = (source, pv, numerics)
         if key not in compiled:
-            compiled[key] = int8attn.compile(source, pv=pv, w_quant=w_quant, q_terms=q_terms,
-                                             w_terms=w_terms)
+            compiled[key] = int8attn.compile(source, pv=pv, numerics=numerics)
         return compiled[key]
 
     worst = {v: {"f32pv": 0.0, "exact": 0.0, "float": 0.0} for v in VARIANTS}
@@ -112,15 +112,16 @@ def run_family(family: Family, seeds, compiled) -> list[dict]:
         exact = ref.exact_attention(*args, scale).astype(np.float64)
         ones = np.ones(keys.shape[:3], np.float32)
         floating = ref.exact_attention(q, keys, ones, values, ones, scale).astype(np.float64)
-        f32 = {t: module("f32", "s8", t)(*args) for t in (1, 2)}
+        f32 = {t: module("f32", Numerics(q_terms=t, w_quant="s8", w_terms=1))(*args)
+               for t in (1, 2)}
         for variant in VARIANTS:
-            w_quant, q_terms, w_terms = variant
-            out = module("int8", w_quant, q_terms, w_terms)(*args).astype(np.float64)
+            out = module("int8", variant)(*args).astype(np.float64)
             errs = worst[variant]
-            for name, other in (("f32pv", f32[q_terms]), ("exact", exact), ("float", floating)):
+            for name, other in (("f32pv", f32[variant.q_terms]), ("exact", exact),
+                                ("float", floating)):
                 errs[name] = max(errs[name], float(np.abs(out - other).max()))
-    return [{"family": family.name, "w_quant": w, "q_terms": t, "w_terms": n, **worst[w, t, n]}
-            for w, t, n in VARIANTS]
+    return [{"family": family.name, "w_quant": v.w_quant, "q_terms": v.q_terms,
+             "w_terms": v.w_terms, **worst[v]} for v in VARIANTS]
 
 
 def main(argv=None) -> int:

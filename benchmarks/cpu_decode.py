@@ -29,20 +29,24 @@ scheduler gave to others (cache and memory contention still show).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
 
+from int8attn.contract.numerics import Numerics
 from int8attn.driver.compile import compile
 from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.options import CompileOptions
+from int8attn.pipelines import PIPELINE_NUMERICS
 from int8attn.runtime import LoadedModule
 
-# (pv, q_terms, w_quant, w_terms[, contraction]); None: the pipeline's default.
-MODULES = (("int8", None, None, None), ("bf16", None, None, None), ("f32", None, None, None))
-NUMERICS = tuple(("int8", t, w, 1) for t in (1, 2) for w in ("s8", "u8")) + \
-    tuple(("int8", 2, w, 2) for w in ("s8", "u8"))
+# (pv, numerics[, contraction]); numerics None: the pipeline's default.
+MODULES = (("int8", None), ("bf16", None), ("f32", None))
+NUMERICS = tuple(("int8", Numerics(q_terms=t, w_quant=w, w_terms=1))
+                 for t in (1, 2) for w in ("s8", "u8")) + \
+    tuple(("int8", Numerics(q_terms=2, w_quant=w, w_terms=2)) for w in ("s8", "u8"))
 
 
 def measure(tokens: int, args) -> list[dict]:
@@ -53,24 +57,24 @@ def measure(tokens: int, args) -> list[dict]:
     rows, runs = [], []
     modules = NUMERICS if args.numerics else MODULES
     if args.w_terms and not args.numerics:
-        modules = tuple(("int8", None, None, int(t)) for t in args.w_terms.split(",")) + \
-            MODULES[1:]
+        modules = tuple(("int8", dataclasses.replace(PIPELINE_NUMERICS, w_terms=int(t)))
+                        for t in args.w_terms.split(",")) + MODULES[1:]
     if args.contractions and not args.numerics:
         modules = tuple((*m, c) for m in modules if m[0] == "int8"
                         for c in args.contractions.split(",")) + \
             tuple(m for m in modules if m[0] != "int8")
     cpus = args.target_cpus.split(",") if args.target_cpus else ["host"]
     modules = tuple((*m, cpu) for cpu in cpus for m in modules)
-    for pv, q_terms, w_quant, w_terms, *contraction, target_cpu in modules:
+    for pv, numerics, *contraction, target_cpu in modules:
         print(f"  S={tokens} pv={pv} {' '.join(contraction)} {target_cpu}...", file=sys.stderr,
               flush=True)
-        options = CompileOptions(pv=pv, q_terms=q_terms, w_quant=w_quant, w_terms=w_terms,
+        options = CompileOptions(pv=pv, **(dataclasses.asdict(numerics) if numerics else {}),
                                  target_cpu=target_cpu,
                                  **({"contraction": contraction[0]} if contraction else {}))
         compiled = compile(source, options, filename=f"decode_{tokens}.mlir")
         info, vmfb = compiled.functions["decode"], compiled.artifacts["vmfb"]
         passes = sum(compiled.timings[s] for s in ("graph", "algorithm", "linalg"))
-        resolved = options.resolved()
+        resolved = options.numerics
         label = pv if pv != "int8" else \
             f"int8 q{resolved.q_terms} {resolved.w_quant} w{resolved.w_terms}" + \
             "".join(f" {c}" for c in contraction)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cpu_accuracy_variants import DECODE, FAMILIES, PREFILL, float_inputs  # noqa: E402
 
 from int8attn import reference as ref  # noqa: E402
+from int8attn.contract.numerics import Numerics  # noqa: E402
 from int8attn.fragments import fragment_model  # noqa: E402
 from int8attn.reference.fragment import blocks_for  # noqa: E402
 
@@ -109,7 +110,7 @@ def w_errors(family, seed):
     scale = family.scale if family.scale is not None else head_dim ** -0.5
     k, k_scale = ref.quantize_keys(keys, ref.channel_bias(keys) if family.bias else None)
     v, v_scale = ref.quantize_cache(values)
-    st = blocks_for(q, k, k_scale, v, v_scale, scale, q_terms=2)
+    st = blocks_for(q, k, k_scale, v, v_scale, scale, numerics=Numerics(q_terms=2))
     groups = fragment_model("gfx936").token_groups(st.w.shape[-1])
     w = st.w[..., groups].astype(np.float64)                        # [B,Hkv,R,N,G,K]
     vg = st.v_blocks[:, :, :, groups, :].astype(np.float64)         # [B,Hkv,N,G,K,D]

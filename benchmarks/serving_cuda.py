@@ -23,6 +23,7 @@ the step timings include it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -74,9 +75,9 @@ def check_against_references(attn, torch, out, q, pool, numerics) -> dict:
     for b in range(q_h.shape[0]):
         dense = (q_h[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lengths, b))
         expected = fragment_attention(*dense, attn.softmax_scale, model="cuda", pv="int8",
-                                      **numerics)
+                                      numerics=numerics)
         slack = rounding_tie_slack(*dense, attn.softmax_scale, model="cuda", pv="int8",
-                                   **numerics)
+                                   numerics=numerics)
         err = np.abs(got[b:b + 1] - expected)
         ok &= bool((err <= 5e-5 + slack).all())
         worst_fragment = max(worst_fragment, float(err.max()))
@@ -282,7 +283,7 @@ def run(folder: Path, out_dir: Path | None) -> dict:
     dev = torch.device("cuda")
     attn = PagedAttention.load(folder)
     numerics = attn.numerics
-    results = {"device": torch.cuda.get_device_name(), "numerics": numerics}
+    results = {"device": torch.cuda.get_device_name(), "numerics": dataclasses.asdict(numerics)}
     lengths = [1, 15, 16, 17, 255, 256, 257, 1000, 4096, 4097, 8191, 3, 640, 2048, 100, 9999]
     pool = random_pool(torch, rng, 4000, lengths, dev)
     q = torch.randn(len(lengths), HQ, D, device=dev)

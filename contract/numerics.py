@@ -25,7 +25,8 @@ class Numerics:
         for name, allowed in (("q_terms", Q_TERMS), ("w_quant", W_QUANTS),
                               ("w_terms", W_TERMS)):
             value = getattr(self, name)
-            if value not in allowed:
+            # exactly one of the choices: not True for 1, 2.0 for 2 or "2" for 2
+            if not any(type(value) is type(choice) and value == choice for choice in allowed):
                 raise ValueError(f"numerics {name}={value!r}: expected one of "
                                  f"{', '.join(map(str, allowed))}")
 

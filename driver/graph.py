@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from iree.compiler import ir
 
+from int8attn.contract.numerics import Numerics
 from int8attn.dialects import int8attn as d
 from int8attn.driver.onnx_import import INPUT_NAMES, OUTPUT_NAMES
 from int8attn.passes.onnx_ops import builtin_type, onnx_name
@@ -225,12 +226,13 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
 
 def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                partition_tokens: int = 256, tile_tokens: int = 64,
-               scale_groups: str = "fragment", q_terms: int = 1, w_quant: str = "s8",
-               w_terms: int = 1, progress=None) -> dict[str, np.ndarray]:
+               scale_groups: str = "fragment", numerics: Numerics = Numerics(),
+               progress=None) -> dict[str, np.ndarray]:
     """The exact and the fragment-level reference for the attention result.
 
-    `progress` (a callable taking a short string) gets a line after each chunk of
-    query rows of the dense references.
+    `numerics` is the module's variant (`graph.options.numerics`), default the
+    contract's `Numerics()`. `progress` (a callable taking a short string) gets a line
+    after each chunk of query rows of the dense references.
     """
     call = info.attention
     if call.mode == "cache_write":   # exact: the numpy quantization of the written tokens
@@ -249,8 +251,7 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
                                                      model=model,
                                                      partition_tokens=partition_tokens,
                                                      scale_groups=scale_groups,
-                                                     q_terms=q_terms, w_quant=w_quant,
-                                                     w_terms=w_terms)}
+                                                     numerics=numerics)}
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     return {
         "exact": exact_attention(q, k, k_scale, v, v_scale, call.softmax_scale,
@@ -258,8 +259,7 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
         "fragment": fragment_attention(q, k, k_scale, v, v_scale, call.softmax_scale, pv=pv,
                                        model=model, partition_tokens=partition_tokens,
                                        tile_tokens=tile_tokens, scale_groups=scale_groups,
-                                       q_terms=q_terms, w_quant=w_quant, w_terms=w_terms,
-                                       progress=progress),
+                                       numerics=numerics, progress=progress),
     }
 
 

@@ -9,22 +9,27 @@ stage table (`driver.targets`); an option that does not apply is refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
 from int8attn.fragments import FragmentModelName
-from int8attn.pipelines import PipelineOptions
+from int8attn.pipelines import PIPELINE_NUMERICS, PipelineOptions
 from int8attn.contract.constants import QTerms, WQuant, WTerms
+from int8attn.contract.numerics import Numerics
+from int8attn.kernels.target_spec import TARGET_SPECS
 from int8attn.support.cpu_vectors import VectorISA
 from int8attn.support.options import check_fields, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)
-# The numerics a kernel target resolves these options to when they are not given
-# (the kernels implement every q-terms / w-quant variant; these are the seed's,
-# whose H200 timings the README reports; w-terms 2 is cpu only so far); --target
-# cpu resolves them to the pipeline's defaults.
-KERNEL_NUMERICS = {"q_terms": 1, "w_quant": "s8", "w_terms": 1}
+# The numerics a kernel target resolves the q-terms / w-quant / w-terms options to
+# when they are not given: its target spec's (kernels/target_spec.py; the seed's,
+# whose H200 timings the README reports, on every kernel target so far, which the
+# option help states as one value); --target cpu resolves them to the pipeline's
+# defaults (`Numerics()`).
+_KERNEL_DEFAULTS = {name: spec.numerics for name, spec in TARGET_SPECS.items()}
+assert len(set(_KERNEL_DEFAULTS.values())) == 1, "the option help states one kernel default"
+KERNEL_NUMERICS: Numerics = next(iter(_KERNEL_DEFAULTS.values()))
 
 
 @dataclass(frozen=True)
@@ -42,15 +47,15 @@ class CompileOptions(PipelineOptions):
     q_terms: QTerms | None = option(
         None, "INT8 terms of q: 1, or 2 (a second term quantizes the f32 residual q - Qq1*s1; "
         f"docs/design.md §2c). Default: {PipelineOptions.q_terms} on cpu (the pipeline's), "
-        f"{KERNEL_NUMERICS['q_terms']} on the kernel targets")
+        f"{KERNEL_NUMERICS.q_terms} on the kernel targets")
     w_quant: WQuant | None = option(
         None, "W per MMAC group: s8, or u8 (255 levels as u - 128, offset compensated by 128 * "
         f"sum Vq; docs/design.md §2c). Default: {PipelineOptions.w_quant} on cpu (the pipeline's), "
-        f"{KERNEL_NUMERICS['w_quant']} on the kernel targets")
+        f"{KERNEL_NUMERICS.w_quant} on the kernel targets")
     w_terms: WTerms | None = option(
         None, "INT8 terms of W per MMAC group: 1, or 2 (a second, signed term quantizes the f32 "
         f"residual W - level*sW1; docs/design.md §2c). Default: {PipelineOptions.w_terms} on cpu "
-        f"(the pipeline's), {KERNEL_NUMERICS['w_terms']} on the kernel targets, which "
+        f"(the pipeline's), {KERNEL_NUMERICS.w_terms} on the kernel targets, which "
         "implement only 1")
     target_cpu: str = option(
         "host", "cpu only: the CPU IREE compiles for (--iree-llvmcpu-target-cpu): host (this "
@@ -65,13 +70,12 @@ class CompileOptions(PipelineOptions):
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")
 
     def pipeline_options(self) -> PipelineOptions:
-        """The named pipeline's options, with the fragment model resolved."""
+        """The named pipeline's options, with the fragment model and numerics resolved."""
         return PipelineOptions(
             pv=self.pv, fragment_model=self.resolved_fragment_model(),
             scale_groups=self.scale_groups, verify=self.verify,
             partition_tokens=self.partition_tokens, tile_tokens=self.tile_tokens,
-            q_terms=self.resolved_numerics("q_terms"), w_quant=self.resolved_numerics("w_quant"),
-            w_terms=self.resolved_numerics("w_terms"), contraction=self.contraction,
+            **asdict(self.numerics), contraction=self.contraction,
             vector_isa=self.vector_isa or PipelineOptions.vector_isa)
 
     def resolved_fragment_model(self) -> str:
@@ -79,19 +83,23 @@ class CompileOptions(PipelineOptions):
             return self.fragment_model
         return self.target if self.target in get_args(FragmentModelName) else "gfx936"
 
-    def resolved_numerics(self, name: str):
-        """q_terms / w_quant / w_terms: as given, else the kernels' (kernel targets) or the
-        pipeline's default (cpu)."""
-        value = getattr(self, name)
-        if value is not None:
-            return value
-        if self.target == "cpu":
-            return getattr(PipelineOptions, name)
-        return KERNEL_NUMERICS[name]
+    @property
+    def default_numerics(self) -> Numerics:
+        """The target's numerics: the pipeline's (PIPELINE_NUMERICS, the contract's
+        `Numerics()`) on cpu, else the kernel target's spec's."""
+        return PIPELINE_NUMERICS if self.target == "cpu" else _KERNEL_DEFAULTS[self.target]
+
+    @property
+    def numerics(self) -> Numerics:
+        """The resolved `Numerics`: q_terms / w_quant / w_terms as given, each one not
+        given the target's (`default_numerics`)."""
+        given = {name: getattr(self, name) for name in asdict(self.default_numerics)}
+        return replace(self.default_numerics,
+                       **{name: value for name, value in given.items() if value is not None})
 
     def resolved(self) -> "CompileOptions":
         return replace(self, fragment_model=self.resolved_fragment_model(),
-                       **{name: self.resolved_numerics(name) for name in KERNEL_NUMERICS})
+                       **asdict(self.numerics))
 
     def __post_init__(self):
         check_fields(self)

@@ -62,8 +62,7 @@ def main(argv=None) -> int:
     print(f"{how} (@write and @attend) once, in {time.perf_counter() - start:.1f} s")
     cache = PagedCache(args.blocks, HKV, BS, D, seed=args.seed)
     decoder = PagedDecoder(graph, cache)
-    numerics = {"q_terms": graph.options.q_terms, "w_quant": graph.options.w_quant,
-                "w_terms": graph.options.w_terms}
+    numerics = graph.options.numerics               # the module's, for the references
 
     sequences = []
     for length in PROMPTS:
@@ -101,10 +100,10 @@ def check_step(step, out, q, arrays, tables, lens, numerics, seconds) -> bool:
     """One step's outputs against both references; prints the line, returns ok."""
     operands = (q, *arrays, tables, lens)
     exact_err = np.abs(out - exact_paged_attention(*operands, SCALE)).max(axis=(1, 2))
-    fragment = fragment_paged_attention(*operands, SCALE, **numerics)
+    fragment = fragment_paged_attention(*operands, SCALE, numerics=numerics)
     frag_err = np.abs(out.astype(np.float64) - fragment).max(axis=(1, 2))
     ties = [rounding_tie_slack(q[b:b + 1], *sequence_cache(*arrays, tables, lens, b),
-                               SCALE, **numerics).max() for b in range(len(lens))]
+                               SCALE, numerics=numerics).max() for b in range(len(lens))]
     ok = all(e <= FRAGMENT_TOL + t for e, t in zip(frag_err, ties))
     print(f"step {step}: lengths {lens.tolist()}, write+attend {seconds * 1e3:.1f} ms, "
           f"max abs vs exact {exact_err.max():.3e}, vs fragment {frag_err.max():.3e} "
@@ -124,7 +123,7 @@ def run_cuda(args, rng) -> int:
         return 0
     attn = (PagedAttention.load(args.packages) if args.packages else
             PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda"))
-    numerics = getattr(attn, "numerics", None) or {"q_terms": 1, "w_quant": "s8"}
+    numerics = attn.numerics                        # its kernels' (as saved, if loaded)
     cache = PagedCache(args.blocks, HKV, BS, D, seed=args.seed)   # the bookkeeping
     pool = [torch.from_numpy(a).cuda() for a in cache.arrays]      # garbage, on the GPU
     host = lambda: [t.cpu().numpy() for t in pool]

@@ -5,7 +5,8 @@
     graph = int8attn.compile(source, target="gfx936", simulate=True)   # lane simulator
 
 The keywords are the fields of `CompileOptions` (declared once, shared with
-the CLI). Every call checks its inputs first (`driver.graph.check_arguments`),
+the CLI); `numerics=` (a `Numerics`) gives its q_terms, w_quant and w_terms at
+once. Every call checks its inputs first (`driver.graph.check_arguments`),
 whichever executes it: IREE's CPU or CUDA runtime, or the lane simulator.
 Compiled modules are cached by content and options (`int8attn.runtime.ModuleCache`).
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from int8attn.contract.numerics import Numerics
 from int8attn.driver.compile import compile as compile_stages
 from int8attn.driver.cpu_target import UnknownTargetCPU, check_runnable_here
 from int8attn.driver.graph import FunctionInfo, check_arguments
@@ -143,13 +145,31 @@ class CompiledGraph:
         Path(path).write_bytes(self.vmfb if self.vmfb is not None else self.kernel_ir.encode())
 
 
+def option_keywords(numerics: Numerics | None = None, **options) -> dict:
+    """The keywords with `numerics` (a `Numerics`), if given, as the three CompileOptions
+    fields it declares (q_terms, w_quant, w_terms); given with any of them, refused."""
+    if numerics is None:
+        return options
+    if not isinstance(numerics, Numerics):
+        raise OptionRefused(f"numerics must be an int8attn.contract.numerics.Numerics, "
+                            f"not {type(numerics).__name__}")
+    fields = dataclasses.asdict(numerics)
+    both = [name for name in fields if options.get(name) is not None]
+    if both:
+        raise OptionRefused(f"numerics= and {', '.join(f'{n}=' for n in both)} both given: "
+                            f"pass the variant once")
+    return {**options, **fields}
+
+
 def compile_options(**options) -> CompileOptions:
-    """CompileOptions from keywords, with an unknown keyword named as such."""
+    """CompileOptions from keywords (`numerics=` as `option_keywords` expands it), with an
+    unknown keyword named as such."""
+    options = option_keywords(**options)
     known = [f.name for f in dataclasses.fields(CompileOptions)]
     unknown = [k for k in options if k not in known]
     if unknown:
         raise OptionRefused(f"unknown option {', '.join(map(repr, unknown))} (options: "
-                            f"{', '.join(known)})")
+                            f"{', '.join(known + ['numerics'])})")
     return CompileOptions(**options)
 
 
@@ -157,8 +177,9 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
             simulate: bool = False, save_stages: str | Path | None = None,
             progress=None, **options) -> CompiledGraph:
     """Compile MLIR text, or an ONNX model's bytes, for `target` (keywords: the
-    fields of CompileOptions). `graph.remarks` says which attention of a model
-    was raised into int8attn's pipeline and why any other was not.
+    fields of CompileOptions, or `numerics=` for its three numerics fields; the
+    resolved variant is `graph.options.numerics`). `graph.remarks` says which
+    attention of a model was raised into int8attn's pipeline and why any other was not.
 
     `simulate=True` (kernel targets) runs calls in the lane simulator instead
     of on the target's GPU.

@@ -15,6 +15,7 @@ module holds the decode kind's part: its cases, inputs, one case's run and its c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -25,10 +26,14 @@ import numpy as np
 from int8attn.bench_harness import (
     BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
     measure, nan_or, report, run_cases)
+from int8attn.contract.numerics import SEED_NUMERICS
 
 # (name, PV precision, V token-innermost)
 VARIANTS = {"int8": ("int8", True), "bf16": ("bf16", True), "int8_transpose_v": ("int8", False)}
-
+# The numerics `prepare` compiles the modules with and `run` checks them against: the
+# seed's, the kernel targets' default (driver.options.KERNEL_NUMERICS), whose timings
+# the README reports.
+NUMERICS = SEED_NUMERICS
 
 MANIFEST = "manifest.json"   # what `prepare` wrote: the shapes, for `run`
 
@@ -77,7 +82,8 @@ def prepare(directory: Path, contexts, batch: int, q_heads: int, kv_heads: int,
     for tokens in contexts:
         source = decode_graph(batch, q_heads, kv_heads, tokens, head_dim)
         for variant, (pv, innermost) in VARIANTS.items():
-            options = CompileOptions(target="cuda", pv=pv, v_token_innermost=innermost)
+            options = CompileOptions(target="cuda", pv=pv, v_token_innermost=innermost,
+                                     **dataclasses.asdict(NUMERICS))
             compiled = compile(source, options, filename=f"decode_{tokens}.mlir", until="ptx")
             vmfb, ptx = compiled.artifacts["vmfb"], compiled.artifacts["ptx"]
             (directory / _name(variant, tokens)).write_bytes(vmfb)
@@ -111,9 +117,11 @@ def references(arrays, scale) -> tuple[dict, dict]:
     """(the fragment reference per PV precision, the INT8 rounding-tie slack)."""
     from int8attn.reference import fragment_attention, rounding_tie_slack
 
-    expected = {pv: _per_sequence(fragment_attention, *arrays, scale, model="cuda", pv=pv)
+    expected = {pv: _per_sequence(fragment_attention, *arrays, scale, model="cuda", pv=pv,
+                                  numerics=NUMERICS)
                 for pv in ("int8", "bf16")}
-    slack = {"int8": _per_sequence(rounding_tie_slack, *arrays, scale, model="cuda"), "bf16": 0}
+    slack = {"int8": _per_sequence(rounding_tie_slack, *arrays, scale, model="cuda",
+                                   numerics=NUMERICS), "bf16": 0}
     return expected, slack
 
 

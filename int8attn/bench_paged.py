@@ -13,6 +13,7 @@ sequence checked against the fragment-level reference.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from int8attn.bench_harness import (
     BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
     measure, nan_or, report, run_cases)
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.fragments.cache_layout import CacheLayout
 
 PV = ("int8", "bf16")
@@ -45,9 +47,16 @@ def module_files(meta: dict) -> list[str]:
     return [f"paged_{pv}.vmfb" for pv in PV]
 
 
+def manifest_numerics(meta: dict) -> Numerics:
+    """The numerics of the modules a manifest describes: its q_terms and w_quant (the
+    seed's where a manifest predates them), w-terms 1 (the kernels')."""
+    return dataclasses.replace(SEED_NUMERICS, **{name: meta[name] for name in
+                                                 ("q_terms", "w_quant") if name in meta})
+
+
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
-            block_size: int = BLOCK_SIZE, q_terms: int | None = None,
-            w_quant: str | None = None) -> None:
+            block_size: int = BLOCK_SIZE, *, numerics: Numerics | None = None) -> None:
+    """Compile the paged modules for cuda with `numerics` (default: the kernel target's)."""
     from int8attn.driver.compile import compile
     from int8attn.driver.options import CompileOptions
     from int8attn.driver.paged_decode import paged_attention_graph
@@ -55,16 +64,18 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
     directory.mkdir(parents=True, exist_ok=True)
     source = paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
                                    softmax_scale=float(np.float32(head_dim ** -0.5)))
+    given = {} if numerics is None else dataclasses.asdict(numerics)
     for pv in PV:
-        options = CompileOptions(target="cuda", pv=pv, q_terms=q_terms, w_quant=w_quant)
-        numerics = {name: options.resolved_numerics(name) for name in ("q_terms", "w_quant")}
+        options = CompileOptions(target="cuda", pv=pv, **given)
+        # the manifest's numerics: the kernels' q-terms and w-quant (their w-terms is 1)
+        resolved = dict(q_terms=options.numerics.q_terms, w_quant=options.numerics.w_quant)
         compiled = compile(source, options, filename="paged.mlir", until="ptx")
         (directory / f"paged_{pv}.vmfb").write_bytes(compiled.artifacts["vmfb"])
         (directory / f"paged_{pv}.ptx").write_text(compiled.artifacts["ptx"])
         print(f"prepared paged {pv}: one module for every batch", flush=True)
     (directory / MANIFEST).write_text(json.dumps(dict(
         q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
-        **numerics)))
+        **resolved)))
 
 
 def cases(batch: int, contexts, mean: int, seed: int, pvs=PV) -> list[PagedCase]:
@@ -107,18 +118,19 @@ def bytes_read(arrays) -> int:
     return tokens * per_token + slots + q.nbytes + q.nbytes  # + the output
 
 
-def check(out, arrays, scale, pv, q_terms=1, w_quant="s8") -> Check:
+def check(out, arrays, scale, pv, numerics: Numerics = SEED_NUMERICS) -> Check:
     """The checker hook: (max abs error, all within 5e-5 + tie slack) of every sequence
-    against the fragment-level reference (one sequence per worker process)."""
+    against the fragment-level reference of `numerics`, the modules' (one sequence per
+    worker process)."""
     from int8attn.reference import fragment_attention, rounding_tie_slack, sequence_cache
 
     q, k, ks, v, vs, tables, lengths = arrays
-    numerics = dict(model="cuda", pv=pv, q_terms=q_terms, w_quant=w_quant)
+    contract = dict(model="cuda", pv=pv, numerics=numerics)
 
     def one(b):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lengths, b))
-        expected = fragment_attention(*dense, scale, **numerics)
-        slack = rounding_tie_slack(*dense, scale, **numerics) if pv == "int8" else 0
+        expected = fragment_attention(*dense, scale, **contract)
+        slack = rounding_tie_slack(*dense, scale, **contract) if pv == "int8" else 0
         err = np.abs(out[b:b + 1] - expected)
         return float(err.max()), bool((err <= 5e-5 + slack).all())
 
@@ -163,7 +175,7 @@ def run_case(case: PagedCase, rng, meta: dict, directories: list[Path], function
                           meta["head_dim"], meta["block_size"])
     device_args = device.put(arrays)
     scale = float(np.float32(meta["head_dim"] ** -0.5))
-    numerics = meta.get("q_terms", 1), meta.get("w_quant", "s8")
+    numerics = manifest_numerics(meta)
     sdpa = sdpa_seconds(arrays, timer)
     rows = []
     for d in directories:
@@ -175,7 +187,7 @@ def run_case(case: PagedCase, rng, meta: dict, directories: list[Path], function
             row["modules"] = d.name
         for pv in case.variants:
             measure(row, pv, functions[d][pv], device_args,
-                    lambda out: check(out, arrays, scale, pv, *numerics), timer,
+                    lambda out: check(out, arrays, scale, pv, numerics), timer,
                     record="kernels")
         row["torch_sdpa_bf16_padded_s"] = sdpa
         rows.append(row)
@@ -256,12 +268,14 @@ def markdown(rows: list[dict]) -> str:
 
 
 def _prepare(directory: Path, settings: BenchSettings) -> None:
-    numerics = {}
+    numerics = None                                   # the kernel target's (the seed's)
     if settings.numerics not in (None, "seed"):
-        from int8attn.pipelines import PipelineOptions
+        from int8attn.pipelines import PIPELINE_NUMERICS
 
-        numerics = dict(q_terms=PipelineOptions.q_terms, w_quant=PipelineOptions.w_quant)
-    prepare(directory, settings.q_heads, settings.kv_heads, settings.head_dim, **numerics)
+        # the cpu pipeline's q-terms and w-quant; the kernels implement w-terms 1 only
+        numerics = dataclasses.replace(PIPELINE_NUMERICS, w_terms=1)
+    prepare(directory, settings.q_heads, settings.kv_heads, settings.head_dim,
+            numerics=numerics)
 
 
 def _run(directory: Path, settings: BenchSettings) -> list[dict]:

@@ -159,14 +159,13 @@ class _SlowProgress:
 def _accuracy(result, arrays, info, options) -> None:
     from int8attn.driver.graph import error_stats, references
 
+    numerics = options.numerics
     refs = references(info, arrays, pv=options.pv, model=options.fragment_model,
                       partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
-                      scale_groups=options.scale_groups, q_terms=options.q_terms,
-                      w_quant=options.w_quant, w_terms=options.w_terms,
+                      scale_groups=options.scale_groups, numerics=numerics,
                       progress=_SlowProgress())
-    variant = (f", q-terms {options.q_terms}, w-quant {options.w_quant}, w-terms "
-               f"{options.w_terms}") if options.pv == "int8" \
-        else f", q-terms {options.q_terms}"
+    variant = f", {numerics.describe()}" if options.pv == "int8" \
+        else f", q-terms {numerics.q_terms}"
     print(f"accuracy of @{info.name} (target {options.target}, pv={options.pv}, fragment "
           f"model {options.fragment_model}{variant}):")
     for name, label in (("exact", "vs exact f32 reference      "),

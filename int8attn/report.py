@@ -37,11 +37,9 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
                         call.softmax_scale, result, model=options.fragment_model,
                         partition_tokens=options.partition_tokens,
                         tile_tokens=options.tile_tokens, scale_groups=options.scale_groups,
-                        q_terms=options.q_terms, w_quant=options.w_quant,
-                        w_terms=options.w_terms)
+                        numerics=options.numerics)
     print(f"error split against exact attention on the float cache (unquantized q, K, V), "
-          f"pv={options.pv}, q-terms {options.q_terms}, w-quant {options.w_quant}, "
-          f"w-terms {options.w_terms}, "
+          f"pv={options.pv}, {options.numerics.describe()}, "
           f"scale groups {options.scale_groups}:")
     print(_line(_LABELS["total"], split["total"]))
     for term in TERMS:

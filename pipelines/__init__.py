@@ -14,8 +14,9 @@ Only the PV part differs between `pv` values:
                    verify-scale-groups             (+ lower-mmac-tiles)
     pv=bf16|f32:   float-pv
 
-The defaults (q-terms=2, w-quant=u8, w-terms=2) are what the accuracy benchmark
-over data families favours (benchmarks/results-cpu-accuracy-variants.md): two-term
+The defaults (q-terms=2, w-quant=u8, w-terms=2: `PIPELINE_NUMERICS`, the contract's
+`Numerics()`; `options.numerics` is the three as one value) are what the accuracy
+benchmark over data families favours (benchmarks/results-cpu-accuracy-variants.md): two-term
 Q removes the Q term, two-term W the W term (what one INT8 W term leaves is half a
 step a/510 on the weights next to a big one, which a peaked softmax makes large;
 benchmarks/results-numpy-w-rounding.md), so what stays is the K/V cache's
@@ -42,10 +43,13 @@ from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCa
 from int8attn.passes.lower_mmac_tiles import Contraction
 from int8attn.pipelines.manager import PipelineError, UpstreamPass
 from int8attn.contract.constants import PV_MODES, PVKind, QTerms, WQuant, WTerms
+from int8attn.contract.numerics import Numerics
 from int8attn.support.cpu_vectors import VectorISA
 from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
+# The pipeline's (the cpu target's) numerics when not given: the contract's `Numerics()`.
+PIPELINE_NUMERICS = Numerics()
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,16 @@ class PipelineOptions(TypedOptions):
                           "grouping)", flag="--no-verify")
     partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
     tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
-    q_terms: QTerms = option(2, "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
+    q_terms: QTerms = option(PIPELINE_NUMERICS.q_terms,
+                             "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
                              "quantizes the f32 residual q - Qq1*s1: one more int8 QK dot, "
                              "~250x less Q quantization error; docs/design.md §2c)")
-    w_quant: WQuant = option("u8", "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
+    w_quant: WQuant = option(PIPELINE_NUMERICS.w_quant,
+                             "W per MMAC group (pv=int8): s8 (symmetric, 127 levels) or "
                              "u8 (255 levels as u - 128, offset compensated exactly by 128 * "
                              "the group's sum of Vq; half the W rounding error; docs/design.md §2c)")
-    w_terms: WTerms = option(2, "INT8 terms of W per MMAC group (pv=int8): 1, or 2 (a second, "
+    w_terms: WTerms = option(PIPELINE_NUMERICS.w_terms,
+                             "INT8 terms of W per MMAC group (pv=int8): 1, or 2 (a second, "
                              "signed term quantizes the f32 residual W - level*sW1 over the "
                              "same tokens: one more MMAC per group, ~250x less W rounding "
                              "error; docs/design.md §2c)")
@@ -82,6 +89,11 @@ class PipelineOptions(TypedOptions):
     vector_isa: VectorISA = option(
         "sse", "contraction=mmt4d: the SIMD register file of the CPU IREE compiles for (sse, "
         "avx, avx512, neon; support/cpu_vectors.py); the driver derives it from --target-cpu")
+
+    @property
+    def numerics(self) -> Numerics:
+        """q_terms, w_quant and w_terms as one `Numerics` (the references' argument)."""
+        return Numerics(q_terms=self.q_terms, w_quant=self.w_quant, w_terms=self.w_terms)
 
     def __post_init__(self):
         super().__post_init__()

@@ -10,8 +10,13 @@ the compiler -- int32 sums per group, rescale, merge. It is the one reference
 implementation of the contract; compiled modules must match it to f32 rounding.
 
 `error_model` says how far the INT8 results may be from those, per output.
+
+The numerics variant travels whole as a `Numerics` (contract/numerics.py): every
+function here that depends on it takes `numerics=`, default the contract's
+`Numerics()` (q-terms 2, w-quant u8, w-terms 2); `SEED_NUMERICS` is the seed's.
 """
 
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.reference.common import (PV_MODES, Q_TERMS, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
                                        QTerms, WQuant, WTerms, quantize, quantize_cache,
                                        quantize_q, quantize_w, quantize_w_terms, round_to_bf16,
@@ -27,7 +32,7 @@ from int8attn.reference.fragment import fragment_attention, fragment_softmax_pv
 from int8attn.reference.paged import (exact_paged_attention, fragment_paged_attention,
                                       paged_cache_write, sequence_cache)
 
-__all__ = ["TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
+__all__ = ["Numerics", "SEED_NUMERICS", "TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
            "W_OFFSET", "W_QUANTS", "WQuant", "quantize_w", "W_TERMS", "WTerms",
            "quantize_w_terms", "w_residual", "TIE_WINDOW", "quantize",
            "quantize_cache", "round_to_bf16", "channel_bias", "quantize_keys", "subtract_bias",

@@ -9,6 +9,7 @@ import numpy as np
 from int8attn.contract.constants import (  # noqa: F401  (the references' names)
     PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
     QTerms, WQuant, WTerms)
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
 
 F32 = np.float32
 # About how many bytes of intermediates the references hold at once: they work
@@ -147,12 +148,14 @@ def pad_tokens(x: np.ndarray, axis: int, size: int, value) -> np.ndarray:
 
 
 def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
-                q_terms: int = 1) -> np.ndarray:
+                numerics: Numerics = Numerics()) -> np.ndarray:
     """INT8 QK in f32, [B,Hkv,R,S] (the grouped rows `rows`), masked tokens -inf.
 
-    `(f32(sum Qq1*Kq)*s1 [+ f32(sum Qq2*Kq)*s2]) * sK * softmax_scale`, in that order.
+    `(f32(sum Qq1*Kq)*s1 [+ f32(sum Qq2*Kq)*s2]) * sK * softmax_scale`, in that order
+    (`numerics.q_terms` terms).
     """
-    terms = quantize_q(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows], q_terms)
+    terms = quantize_q(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows],
+                       numerics.q_terms)
     keys = np.swapaxes(k, -1, -2)
     qk = None
     for qq, sq in terms:
@@ -191,32 +194,31 @@ def w_residual(w: np.ndarray, wq: np.ndarray, sw: np.ndarray, w_quant: str) -> n
     return exact.astype(F32)
 
 
-def quantize_w_terms(w_groups: np.ndarray, w_quant: str = "s8", w_terms: int = 1,
+def quantize_w_terms(w_groups: np.ndarray, numerics: Numerics = Numerics(),
                      amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """W groups (last axis) as `w_terms` INT8 terms [(Wq1, sW1), (Wq2, sW2)]: the first
-    by `w_quant` (against `amax`, default the group's own), the second always signed
-    (`quantize`) on `w_residual` over the same group: W ~ level1*sW1 + Wq2*sW2."""
-    if w_terms not in W_TERMS:
-        raise ValueError(f"w terms must be one of {W_TERMS}, got {w_terms!r}")
-    first = quantize_w(w_groups, w_quant, amax)
-    if w_terms == 1:
+    """W groups (last axis) as `numerics.w_terms` INT8 terms [(Wq1, sW1), (Wq2, sW2)]:
+    the first by `numerics.w_quant` (against `amax`, default the group's own), the second
+    always signed (`quantize`) on `w_residual` over the same group: W ~ level1*sW1 + Wq2*sW2."""
+    first = quantize_w(w_groups, numerics.w_quant, amax)
+    if numerics.w_terms == 1:
         return [first]
-    return [first, quantize(w_residual(w_groups, *first, w_quant))]
+    return [first, quantize(w_residual(w_groups, *first, numerics.w_quant))]
 
 
-def int8_pv(w, v_blocks, groups, scale_groups=None, w_quant: str = "s8",
-            w_terms: int = 1) -> np.ndarray:
+def int8_pv(w, v_blocks, groups, scale_groups=None,
+            numerics: Numerics = Numerics()) -> np.ndarray:
     """sum_g f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment model's groups.
 
     `scale_groups` (default `groups`) are the token sets the scales come from;
-    `w_quant="u8"` adds the offset compensation over the group's own tokens.
-    `w_terms=2` adds the second (signed, residual) term's own sum over the same
+    `numerics.w_quant="u8"` adds the offset compensation over the group's own tokens.
+    `numerics.w_terms=2` adds the second (signed, residual) term's own sum over the same
     groups: O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, each sum over
     the groups in order from zero, then the two added (f32).
     """
+    w_quant = numerics.w_quant
     w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
     amax = None if scale_groups is None else np.abs(w[..., scale_groups]).max(axis=-1)
-    terms = quantize_w_terms(w_groups, w_quant, w_terms, amax)
+    terms = quantize_w_terms(w_groups, numerics, amax)
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
     assert groups.shape[1] * 256 * 128 < 2**31, "int32 accumulator overflow"
     total = None

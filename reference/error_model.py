@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from int8attn.contract.numerics import Numerics
 from int8attn.fragments import FragmentModel, pv_model_named
 from int8attn.reference.common import (F32, group_rows, quantization_inverse, quantize,
                                        quantize_q, quantize_w, visible, w_residual)
@@ -22,10 +23,11 @@ def _groups(st, model, fragments: FragmentModel | None):
     return (fragments or pv_model_named(model)).token_groups(st.w.shape[-1])
 
 
-def _last_term(w_groups, w_quant: str, w_terms: int):
+def _last_term(w_groups, numerics: Numerics):
     """The values the last INT8 term of W quantizes, its levels per step and its scale:
     W itself (one term), or the residual (two terms, signed: 127 levels)."""
-    if w_terms == 1:
+    w_quant = numerics.w_quant
+    if numerics.w_terms == 1:
         return w_groups, 255 if w_quant == "u8" else 127, quantize_w(w_groups, w_quant)[1]
     first = quantize_w(w_groups, w_quant)
     residual = w_residual(w_groups, *first, w_quant)
@@ -33,8 +35,8 @@ def _last_term(w_groups, w_quant: str, w_terms: int):
 
 
 def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
-                               model: str = "gfx936", fragments=None, w_quant: str = "s8",
-                               w_terms: int = 1, **block_sizes):
+                               model: str = "gfx936", fragments=None,
+                               numerics: Numerics = Numerics(), **block_sizes):
     """Hard bound and standard deviation of INT8 PV minus f32 PV.
 
     They differ only by the W rounding term sum_n omega_n sum_i eW_i Vq_i with
@@ -42,14 +44,16 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
     |eW| at sW/2 with the worst signs; the standard deviation takes eW uniform
     in [-sW/2, sW/2]. A group whose max a is below QUANTIZE_MIN_ABSMAX is set to
     zero (|eW| <= a): that deterministic part is added to both. Shaped like q.
-    sW is a/127 (w_quant s8) or a/255 (u8: the offset compensation is exact).
+    sW is a/127 (w-quant s8) or a/255 (u8: the offset compensation is exact).
     With two-term W the error is the second term's rounding of the residual
     r = W - level1*sW1: the same, with sW = max|r|/127 and a = max|r| (the first
-    term's rounding is carried exactly into r).
+    term's rounding is carried exactly into r). `numerics` is the module's variant
+    (its q-terms sets the W values); `block_sizes` as for `blocks_for`.
     """
-    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
+    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, numerics=numerics,
+                    **block_sizes)
     groups = _groups(st, model, fragments)
-    values, _, sw = _last_term(st.w[..., groups], w_quant, w_terms)   # sw: [B,Hkv,R,N,G]
+    values, _, sw = _last_term(st.w[..., groups], numerics)           # sw: [B,Hkv,R,N,G]
     amax = np.abs(values.astype(np.float64)).max(axis=-1)
     flushed = quantization_inverse(amax) == 0
     v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)     # [B,Hkv,N,G,K,D]
@@ -64,16 +68,17 @@ def w_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, 
 
 
 def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
-                       model: str = "gfx936", fragments=None, w_quant: str = "s8",
-                       w_terms: int = 1, **block_sizes) -> np.ndarray:
+                       model: str = "gfx936", fragments=None,
+                       numerics: Numerics = Numerics(), **block_sizes) -> np.ndarray:
     """Per output: how much W elements sitting on a rounding tie may move it.
 
     pv=int8: a tie that rounds the other way changes Wq by 1, so the output by
-    omega_n * sW * |Vq| (sW = a/127, or a/255 with w_quant u8). pv=bf16: a W next to a bf16 midpoint moves by one bf16
-    ulp (<= 2^-7 |W|). pv=f32 has no rounding of W. Returns the sum over all
-    tie elements (usually zero), shaped like q: the fragment-level comparison
-    allows exactly that. `block_sizes` as for `blocks_for` (partition_tokens,
-    tile_tokens, q_terms: the W values are those of that contract).
+    omega_n * sW * |Vq| (sW = a/127, or a/255 with w-quant u8). pv=bf16: a W next to a
+    bf16 midpoint moves by one bf16 ulp (<= 2^-7 |W|). pv=f32 has no rounding of W.
+    Returns the sum over all tie elements (usually zero), shaped like q: the
+    fragment-level comparison allows exactly that. `numerics` is the module's variant
+    (its q-terms sets the W values); `block_sizes` as for `blocks_for` (partition_tokens,
+    tile_tokens).
 
     Two-term W: the same few-ulp differences of W, TIE_WINDOW first-term steps
     sW1 wide, are TIE_WINDOW * sW1 / sW2 (~ 0.05) steps of the second term, whose
@@ -83,7 +88,9 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     """
     if pv == "f32":
         return np.zeros(q.shape)
-    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
+    w_quant, w_terms = numerics.w_quant, numerics.w_terms
+    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, numerics=numerics,
+                    **block_sizes)
     if pv == "bf16":
         low_bits = (st.w.view(np.uint32) & 0xFFFF).astype(np.int64)
         near = np.abs(low_bits - 0x8000) <= BF16_TIE_ULPS
@@ -101,7 +108,7 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     if w_terms == 1:
         moves = ties * step1[..., None]
     else:
-        residual, _, sw2 = _last_term(w_groups, w_quant, w_terms)
+        residual, _, sw2 = _last_term(w_groups, numerics)
         amax2 = np.abs(residual).max(axis=-1)
         steps2 = residual.astype(np.float64) * quantization_inverse(amax2)[..., None]
         sw2 = sw2.astype(np.float64)
@@ -114,14 +121,16 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
 
 
-def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float,
-                              **block_sizes):
+def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
+                              numerics: Numerics = Numerics(), **block_sizes):
     """Hard bound and standard deviation of BF16 PV minus f32 PV, shaped like q.
 
     bf16 keeps 8 significant bits: |W - bf16(W)| <= 2^-8 |W|, uniform in that
-    interval for the standard deviation.
+    interval for the standard deviation. `numerics` is the module's variant (its
+    q-terms sets the W values).
     """
-    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, **block_sizes)
+    st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, numerics=numerics,
+                    **block_sizes)
     half_ulp = np.abs(st.w.astype(np.float64)) * 2.0 ** -8
     v_blocks = st.v_blocks.astype(np.float64)
     worst = np.einsum("bhrnt,bhntd->bhrnd", half_ulp, np.abs(v_blocks))
@@ -131,7 +140,7 @@ def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float,
     return bound.reshape(q.shape), sigma.reshape(q.shape)
 
 
-def _q_error(rows, q_terms: int) -> tuple[np.ndarray, np.ndarray]:
+def _q_error(rows, numerics: Numerics) -> tuple[np.ndarray, np.ndarray]:
     """Per query row: (the step sQ whose rounding is q's error, the largest |eQ_d|).
 
     One term: eQ = q - Qq1*s1, |eQ| <= s1/2. Two terms (docs/design.md §2c): the first
@@ -139,6 +148,7 @@ def _q_error(rows, q_terms: int) -> tuple[np.ndarray, np.ndarray]:
     |eQ| <= s2/2, plus the f32 rounding of r (<= 2^-24 |r| <= 2^-25 s1). A row that
     quantizes to zero (absmax below QUANTIZE_MIN_ABSMAX) is off by its absmax.
     """
+    q_terms = numerics.q_terms
     rows = np.asarray(rows, dtype=F32)
     terms = quantize_q(rows, q_terms)
     values = rows if q_terms == 1 else rows.astype(np.float64) - \
@@ -152,19 +162,20 @@ def _q_error(rows, q_terms: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
-                                q_terms: int = 1) -> np.ndarray:
+                                numerics: Numerics = Numerics()) -> np.ndarray:
     """Standard deviation of the INT8-QK error in the output, shaped like q.
 
     Quantizing a query row perturbs each score by d_i = scale * sum_d eQ_d K_id
     with eQ uniform in [-sQ/2, sQ/2], so sd(d_i) = scale * sQ * |K_i| / sqrt(12).
     To first order the output moves by sum_i P_i d_i (V_i - O), whose standard
     deviation this returns (exact softmax P and output O on the dequantized cache).
-    `q_terms=2`: sQ is the second term's step s2 (`_q_error`).
+    `numerics.q_terms=2`: sQ is the second term's step s2 (`_q_error`); W's variant
+    plays no part.
     """
     k_deq = k.astype(np.float64) * k_scale[..., None]
     v_deq = v.astype(np.float64) * v_scale[..., None]
     rows = group_rows(np.asarray(q, dtype=np.float64), k.shape[1])
-    sq, _ = _q_error(rows, q_terms)
+    sq, _ = _q_error(rows, numerics)
     scale = float(F32(softmax_scale))
     scores = np.einsum("bhrd,bhsd->bhrs", rows, k_deq) * scale
     scores = np.where(visible(q.shape, k.shape[1], k.shape[2]), scores, -np.inf)
@@ -182,12 +193,12 @@ def qk_quantization_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float,
 
 
 def qk_quantization_error_bound(q, k, k_scale, v, v_scale, softmax_scale: float, *,
-                                q_terms: int = 1):
+                                numerics: Numerics = Numerics()):
     """Hard bounds on the INT8-QK error in the output, shaped like q.
 
     Each score moves by |d_i| <= delta_i = scale * sK_i * max|eQ| * sum_d |Kq_id|
     (plus f32 rounding of the score), max|eQ| = sQ/2 for one term (`_q_error`
-    for two). With delta the row's largest, every
+    for two: `numerics.q_terms`). With delta the row's largest, every
     softmax weight changes by a factor within e^(+-2 delta), so the output moves
     by at most (e^(2 delta) - 1) * h, h the half range of the visible V_d.
     Returns (that bound, the part of it beyond the first-order term of
@@ -198,7 +209,7 @@ def qk_quantization_error_bound(q, k, k_scale, v, v_scale, softmax_scale: float,
     k64 = k.astype(np.float64)
     v_deq = v.astype(np.float64) * v_scale[..., None]
     rows = group_rows(np.asarray(q, dtype=F32), k.shape[1])
-    _, largest = _q_error(rows, q_terms)
+    _, largest = _q_error(rows, numerics)
     scale = float(F32(softmax_scale))
     k_deq = k64 * k_scale[..., None]
     scores = np.abs(np.einsum("bhrd,bhsd->bhrs", rows.astype(np.float64), k_deq)) * scale

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from int8attn.contract.numerics import Numerics
 from int8attn.fragments import NUMPY_OPS, ceil_div, pv_model_named
 from int8attn.reference.common import F32, pad_tokens, quantize_w_terms, w_levels
 from int8attn.reference.exact import exact_attention
@@ -40,15 +41,15 @@ def _blocks_of(x: np.ndarray, block_tokens: int) -> np.ndarray:
 
 def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: float,
                 output: np.ndarray, *, model: str = "gfx936", partition_tokens: int = 256,
-                tile_tokens: int = 64, scale_groups: str = "fragment", q_terms: int = 1,
-                w_quant: str = "s8", w_terms: int = 1) -> dict[str, np.ndarray]:
+                tile_tokens: int = 64, scale_groups: str = "fragment",
+                numerics: Numerics = Numerics()) -> dict[str, np.ndarray]:
     """The terms above (each shaped like q), plus `total` and `exact`.
 
-    `scale_groups`, `q_terms`, `w_quant` and `w_terms` must be the module's ("contiguous"
-    to split the seed's bug).
+    `scale_groups` and `numerics` must be the module's ("contiguous" to split the
+    seed's bug).
     """
     st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens=partition_tokens,
-                    tile_tokens=tile_tokens, q_terms=q_terms)
+                    tile_tokens=tile_tokens, numerics=numerics)
     block_tokens = st.w.shape[-1]
     ones = np.ones_like(k_scale, dtype=np.float32)
     exact = exact_attention(q, k_float, ones, v_float, ones, softmax_scale).astype(np.float64)
@@ -64,10 +65,10 @@ def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: floa
     model = pv_model_named(model)
     groups = model.token_groups(block_tokens)
     amax = np.abs(st.w[..., model.scale_groups(block_tokens, scale_groups)]).max(axis=-1)
-    terms = quantize_w_terms(st.w[..., groups], w_quant, w_terms, amax)
+    terms = quantize_w_terms(st.w[..., groups], numerics, amax)
     e_w = -st.w[..., groups].astype(np.float64)
     for term, (wq, sw) in enumerate(terms):
-        levels = w_levels(wq, w_quant if term == 0 else "s8").astype(np.float64)
+        levels = w_levels(wq, numerics.w_quant if term == 0 else "s8").astype(np.float64)
         e_w = e_w + levels * sw[..., None].astype(np.float64)
     v_groups = st.v_blocks[:, :, :, groups, :].astype(np.float64)
     w_term = np.einsum("bhrn,bhrnd->bhrd", st.omega,

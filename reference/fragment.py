@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from int8attn.contract.numerics import Numerics
 from int8attn.fragments import NUMPY_OPS, FragmentModel, ceil_div, pv_model_named
 from int8attn.reference.common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
                                        int8_scores, pad_tokens, row_chunks)
@@ -81,8 +82,9 @@ def prefill_blocks(scores, v, v_scale, tile_tokens) -> Blocks:
 
 
 def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256,
-               tile_tokens=64, q_terms=1) -> Blocks:
-    scores = int8_scores(q, k, k_scale, softmax_scale, q_terms=q_terms)
+               tile_tokens=64, numerics: Numerics = Numerics()) -> Blocks:
+    """The blocks of decode (q [B,Hq,D]) or prefill; W's values follow `numerics.q_terms`."""
+    scores = int8_scores(q, k, k_scale, softmax_scale, numerics=numerics)
     if q.ndim == 3:
         return decode_blocks(scores, v, v_scale, partition_tokens)
     return prefill_blocks(scores, v, v_scale, tile_tokens)
@@ -91,15 +93,16 @@ def blocks_for(q, k, k_scale, v, v_scale, softmax_scale, *, partition_tokens=256
 def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: str = "int8",
                        model: str = "gfx936", partition_tokens: int = 256,
                        tile_tokens: int = 64, fragments: FragmentModel | None = None,
-                       scale_groups: str = "fragment", q_terms: int = 1, w_quant: str = "s8",
-                       w_terms: int = 1, progress: Callable[[str], None] | None = None) -> np.ndarray:
+                       scale_groups: str = "fragment", numerics: Numerics = Numerics(),
+                       progress: Callable[[str], None] | None = None) -> np.ndarray:
     """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
 
     `fragments` overrides the named model (e.g. another V-load scheme);
     `scale_groups="contiguous"` reproduces the seed's bug like the compiler does;
-    `q_terms=2` quantizes q in two INT8 terms, `w_quant="u8"` quantizes W unsigned
-    with the exact offset compensation, `w_terms=2` adds a second (signed) INT8 term
-    of W on its residual (docs/design.md §2c).
+    `numerics` is the variant (docs/design.md §2c), default the contract's `Numerics()`
+    (q-terms 2, w-quant u8, w-terms 2; `SEED_NUMERICS` is the seed's): q in `q_terms`
+    INT8 terms, W unsigned (u8, the offset compensated exactly) or symmetric (s8), in
+    `w_terms` INT8 terms (the second signed, on the first's residual).
     Works through the query rows in chunks (common.row_chunks), calling
     `progress` with a short line after each.
     """
@@ -110,23 +113,23 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     per_token = _BYTES_PER_SCORE + 16 * head_dim // max(block_tokens, 1)
     for chunk in row_chunks(out.shape[2], batch * kv_heads * tokens * per_token,
                             progress, "fragment reference", batch * kv_heads):
-        scores = int8_scores(q, k, k_scale, softmax_scale, chunk, q_terms=q_terms)
+        scores = int8_scores(q, k, k_scale, softmax_scale, chunk, numerics=numerics)
         out[:, :, chunk] = fragment_softmax_pv(scores, v, v_scale, mode, pv=pv, model=model,
                                                block_tokens=block_tokens, fragments=fragments,
-                                               scale_groups=scale_groups, w_quant=w_quant,
-                                               w_terms=w_terms)
+                                               scale_groups=scale_groups, numerics=numerics)
     return out.reshape(q.shape)
 
 
 def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
                         model: str = "gfx936", block_tokens: int | None = None,
                         fragments: FragmentModel | None = None,
-                        scale_groups: str = "fragment", w_quant: str = "s8",
-                        w_terms: int = 1) -> np.ndarray:
+                        scale_groups: str = "fragment",
+                        numerics: Numerics = Numerics()) -> np.ndarray:
     """Softmax and PV of the contract on given scores [B,Hkv,R,S] (-inf = masked).
 
     Returns [B,Hkv,R,D]; `block_tokens` is the partition (decode, 256) or
-    tile (prefill, 64) size.
+    tile (prefill, 64) size; `numerics` as for `fragment_attention` (its w-quant and
+    w-terms apply here: the scores already hold q's terms).
     """
     if pv not in PV_MODES:
         raise ValueError(f"pv must be one of {PV_MODES}, got {pv!r}")
@@ -140,7 +143,7 @@ def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
         scales = model.scale_groups(st.w.shape[-1], scale_groups)
         partial = int8_pv(st.w, st.v_blocks, groups,
                           None if scale_groups == "fragment" else scales,
-                          w_quant, w_terms)                                 # [B,Hkv,R,N,D]
+                          numerics)                                         # [B,Hkv,R,N,D]
     else:
         partial = float_pv(st.w, st.v_blocks, pv)
     if mode == "decode":

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from int8attn.contract.numerics import Numerics
 from int8attn.reference.common import quantize_cache
 
 OPSET = 18
@@ -236,18 +237,12 @@ def run_onnxruntime(model, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return dict(zip(names, session.run(names, inputs)))
 
 
-def contract_attention(outputs: dict, layer: int, q_terms: int | None = None,
-                       w_quant: str | None = None,
-                       w_terms: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def contract_attention(outputs: dict, layer: int,
+                       numerics: Numerics = Numerics()) -> tuple[np.ndarray, np.ndarray]:
     """(the contract's attention of layer `layer`, its rounding-tie slack), from the
-    q and caches among `outputs` (a run's outputs by name); the numerics default
-    to the cpu pipeline's, which compiled models use."""
-    from int8attn.pipelines import PipelineOptions
+    q and caches among `outputs` (a run's outputs by name); `numerics` default to the
+    contract's, the cpu pipeline's, which compiled models use."""
     from int8attn.reference import fragment_attention, rounding_tie_slack
-
-    numerics = dict(q_terms=PipelineOptions.q_terms if q_terms is None else q_terms,
-                    w_quant=PipelineOptions.w_quant if w_quant is None else w_quant,
-                    w_terms=PipelineOptions.w_terms if w_terms is None else w_terms)
 
     q = outputs[f"q_{layer}"]
     operands = [outputs[f"present_{n}_{layer}"] for n in ("k", "k_scale", "v", "v_scale")]
@@ -255,8 +250,8 @@ def contract_attention(outputs: dict, layer: int, q_terms: int | None = None,
     decode = q.shape[2] == 1
     q = q[:, :, 0] if decode else q
     scale = q.shape[-1] ** -0.5
-    out = fragment_attention(q, *operands, scale, **numerics)
-    slack = rounding_tie_slack(q, *operands, scale, **numerics)
+    out = fragment_attention(q, *operands, scale, numerics=numerics)
+    slack = rounding_tie_slack(q, *operands, scale, numerics=numerics)
     return (out[:, :, None], slack[:, :, None]) if decode else (out, slack)
 
 

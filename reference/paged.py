@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from int8attn.contract.numerics import Numerics
 from int8attn.fragments.cache_layout import EVERY, CacheLayout
 from int8attn.reference.common import quantize
 from int8attn.reference.key_bias import subtract_bias
@@ -51,10 +52,12 @@ def exact_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, c
 
 
 def fragment_paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens,
-                             softmax_scale: float, **contract) -> np.ndarray:
+                             softmax_scale: float, *, numerics: Numerics = Numerics(),
+                             **contract) -> np.ndarray:
     """The numerics contract of every sequence (partitions over its own length);
-    `contract` as for `fragment_attention` (pv, model, partition_tokens, q_terms, ...)."""
-    return _per_sequence(lambda *a: fragment_attention(*a, softmax_scale, **contract), q,
+    `numerics` and `contract` as for `fragment_attention` (pv, model, partition_tokens, ...)."""
+    return _per_sequence(lambda *a: fragment_attention(*a, softmax_scale, numerics=numerics,
+                                                       **contract), q,
                          k_cache, k_scale, v_cache, v_scale, block_tables, context_lens)
 
 

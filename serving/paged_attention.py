@@ -30,11 +30,13 @@ the IREE compiler runs what another machine compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
+from int8attn.contract.numerics import Numerics
 from int8attn.driver.paged_decode import cache_write_graph, paged_attention_graph
 from int8attn.runtime.module import InputError
 from int8attn.serving.executors import CudaExecutor, HostExecutor
@@ -47,7 +49,8 @@ SETTINGS = "paged_attention.json"
 
 class PagedAttention:
     """One model's paged attention and cache write, compiled for `target`
-    ('cuda' or 'cpu'); `options` are CompileOptions fields (numerics, pv)."""
+    ('cuda' or 'cpu'); `options` are CompileOptions fields (pv, q_terms, w_quant, ...:
+    plain values, saved as JSON); `numerics` is the variant they resolve to."""
 
     def __init__(self, q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
                  softmax_scale: float | None = None, target: str = "cuda", **options):
@@ -57,6 +60,7 @@ class PagedAttention:
             raise InputError(f"{q_heads} query heads do not group over {kv_heads} KV heads")
         self.q_heads, self.kv_heads, self.head_dim = q_heads, kv_heads, head_dim
         self.block_size, self.target, self.options = block_size, target, dict(options)
+        self._saved_numerics: Numerics | None = None
         self.softmax_scale = (float(np.float32(head_dim ** -0.5)) if softmax_scale is None
                               else float(softmax_scale))
         self._executors: dict = {}
@@ -103,11 +107,7 @@ class PagedAttention:
         kinds = [DECODE] + [WRITE] * write + [("prefill", int(n)) for n in query_tokens]
         for kind in kinds:
             self.executor(kind).package.save(folder / _kind_name(kind))
-        from int8attn.driver.options import CompileOptions
-
-        resolved = CompileOptions(target="cuda", **self.options)
-        settings = {"numerics": {n: resolved.resolved_numerics(n)
-                                 for n in ("q_terms", "w_quant")},
+        settings = {"numerics": dataclasses.asdict(self.numerics),
                     "q_heads": self.q_heads, "kv_heads": self.kv_heads,
                     "head_dim": self.head_dim, "block_size": self.block_size,
                     "softmax_scale": self.softmax_scale, "options": self.options,
@@ -127,10 +127,21 @@ class PagedAttention:
         attn = cls(settings["q_heads"], settings["kv_heads"], settings["head_dim"],
                    settings["block_size"], softmax_scale=settings["softmax_scale"],
                    target="cuda", **settings["options"])
-        attn.numerics = settings.get("numerics", {})
+        if "numerics" in settings:       # folders saved before w_terms was written: 1
+            attn._saved_numerics = Numerics(**{"w_terms": 1, **settings["numerics"]})
         for name in settings["kinds"]:
             attn._executors[_kind_of(name)] = CudaExecutor(KernelPackage.load(folder / name))
         return attn
+
+    @property
+    def numerics(self) -> Numerics:
+        """The `Numerics` its kernels are built with: as saved (loaded kernels), else
+        its options resolved for its target."""
+        if self._saved_numerics is not None:
+            return self._saved_numerics
+        from int8attn.api import compile_options
+
+        return compile_options(target=self.target, **self.options).numerics
 
     # calls -----------------------------------------------------------------
     def __call__(self, q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, *,

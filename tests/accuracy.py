@@ -19,45 +19,41 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn import reference as ref
-from int8attn.pipelines import PipelineOptions
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 
 FRAGMENT_TOL = 1.25e-5  # x max|V|
 FLOAT_SLACK = 5e-7      # x max|V|: f32 rounding of module and references
 SIGMAS = 6.0
+# What the INT8-QK bounds and the bf16 rounding model are evaluated with, whatever the
+# module's variant: one-term Q (its bounds still hold for two terms, docstring below).
+ONE_TERM_Q = SEED_NUMERICS
 
 
-def pv_rounding_scale(args, scale, pv, q_terms=1, w_quant="s8", w_terms=1):
-    """(hard bound, sd) of the pv's W rounding vs f32 PV."""
+def pv_rounding_scale(args, scale, pv, numerics: Numerics):
+    """(hard bound, sd) of the pv's W rounding vs f32 PV (int8: of `numerics`' W)."""
     if pv == "int8":
-        return ref.w_quantization_error_scale(*args, scale, q_terms=q_terms, w_quant=w_quant,
-                                              w_terms=w_terms)
+        return ref.w_quantization_error_scale(*args, scale, numerics=numerics)
     if pv == "bf16":
-        return ref.bf16_rounding_error_scale(*args, scale)
+        return ref.bf16_rounding_error_scale(*args, scale, numerics=ONE_TERM_Q)
     return np.zeros(args[0].shape), np.zeros(args[0].shape)
 
 
-def check_against_references(out, args, scale, pv="int8", q_terms=None,
-                             w_quant=None, model="gfx936", w_terms=None) -> dict[str, float]:
+def check_against_references(out, args, scale, pv="int8", numerics: Numerics = Numerics(),
+                             model="gfx936") -> dict[str, float]:
     """Assert every tolerance above; return the measured errors (relative to max|V|).
 
-    With `q_terms=2` the one-term INT8-QK bounds still hold (the two-term Q error
-    is smaller: |q - Qq1*s1 - Qq2*s2| <= s2/2 <= s1/254), so they stay as they are.
-    With `w_quant="u8"` the W rounding bounds use its step sW = a/255; with
-    `w_terms=2` the second term's step max|r|/127 (r the first term's residual).
-    Unset (None), q_terms, w_quant and w_terms are the cpu pipeline's defaults
-    (PipelineOptions).
+    `numerics` is the module's variant, default the contract's `Numerics()` (the cpu
+    pipeline's). With q-terms 2 the one-term INT8-QK bounds still hold (the two-term
+    Q error is smaller: |q - Qq1*s1 - Qq2*s2| <= s2/2 <= s1/254), so they stay as they
+    are (ONE_TERM_Q). With w-quant u8 the W rounding bounds use its step sW = a/255;
+    with w-terms 2 the second term's step max|r|/127 (r the first term's residual).
     """
-    q_terms = PipelineOptions.q_terms if q_terms is None else q_terms
-    w_quant = PipelineOptions.w_quant if w_quant is None else w_quant
-    w_terms = PipelineOptions.w_terms if w_terms is None else w_terms
     q, k, k_scale, v, v_scale = args
     value_scale = float(np.abs(v.astype(np.float64) * v_scale[..., None]).max())
     assert np.isfinite(out).all(), "non-finite output for finite inputs"
-    fragment = ref.fragment_attention(*args, scale, pv=pv, q_terms=q_terms, w_quant=w_quant,
-                                      w_terms=w_terms, model=model)
+    fragment = ref.fragment_attention(*args, scale, pv=pv, numerics=numerics, model=model)
     exact = ref.exact_attention(*args, scale).astype(np.float64)
-    ties = ref.rounding_tie_slack(*args, scale, pv=pv, q_terms=q_terms, w_quant=w_quant,
-                                  w_terms=w_terms, model=model)
+    ties = ref.rounding_tie_slack(*args, scale, pv=pv, numerics=numerics, model=model)
     frag_err = np.abs(out.astype(np.float64) - fragment)
     frag_tol = FRAGMENT_TOL * value_scale + ties
     assert (frag_err <= frag_tol).all(), \
@@ -65,11 +61,12 @@ def check_against_references(out, args, scale, pv="int8", q_terms=None,
 
     exact_err = np.abs(out - exact)
     slack = FLOAT_SLACK * value_scale
-    w_bound, w_sd = pv_rounding_scale(args, scale, pv, q_terms, w_quant, w_terms)
-    qk_hard, qk_beyond_first_order = ref.qk_quantization_error_bound(*args, scale)
+    w_bound, w_sd = pv_rounding_scale(args, scale, pv, numerics)
+    qk_hard, qk_beyond_first_order = ref.qk_quantization_error_bound(*args, scale,
+                                                                     numerics=ONE_TERM_Q)
     hard = w_bound * (1 + 1e-4) + qk_hard + frag_tol + slack
     assert (exact_err <= hard).all(), f"vs exact: beyond the hard bound by {(exact_err - hard).max():.3e}"
-    qk_sd = ref.qk_quantization_error_scale(*args, scale)
+    qk_sd = ref.qk_quantization_error_scale(*args, scale, numerics=ONE_TERM_Q)
     statistical = SIGMAS * np.sqrt(qk_sd ** 2 + w_sd ** 2) + qk_beyond_first_order + ties + slack
     worst = float(np.max(exact_err / np.where(statistical > 0, statistical, np.inf),
                          initial=0.0, where=exact_err > 0))

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+from int8attn.contract.numerics import SEED_NUMERICS  # noqa: F401  (the tests' name for it)
+
 import fast_tier
 
 _GUARD = pytest.StashKey[list]()    # [site folder, saved PYTHONPATH, hits.log offset read]
@@ -61,23 +63,18 @@ def seeded_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-# The seed's numerics (one-term Q, s8 W in one term): what the reference functions
-# default to and the lane kernels implement by default; the cpu pipeline's defaults
-# are PipelineOptions'.
-SEED_NUMERICS = {"q_terms": 1, "w_quant": "s8", "w_terms": 1}
-
-
 @lru_cache(maxsize=None)
-def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8", **numerics):
-    """`numerics` (q_terms, w_quant, w_terms) default to the seed's contract (SEED_NUMERICS),
-    which the reference functions' defaults state; the files using these helpers test
-    that path, test_numerics.py also the pipeline's defaults."""
+def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8",
+                    numerics=SEED_NUMERICS):
+    """`numerics` (a Numerics) default to the seed's contract (SEED_NUMERICS, one-term Q,
+    s8 W in one term), which the files using this helper pass to the references too;
+    test_numerics.py also tests the pipeline's defaults (`Numerics()`)."""
     import int8attn
     from int8attn.driver.graph import decode_graph
 
     source = decode_graph(batch, q_heads, kv_heads, tokens, head_dim)
     return int8attn.compile(source, filename=f"decode_{tokens}.mlir", pv=pv, cache=False,
-                            **{**SEED_NUMERICS, **numerics})
+                            numerics=numerics)
 
 
 @lru_cache(maxsize=None)

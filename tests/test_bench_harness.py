@@ -343,21 +343,21 @@ class FakeTimer(Timer):
 
 class FakeDevice:
     """Each module file names what the module computes ('int8 1': INT8 PV, V
-    token-innermost); its function returns the fragment reference, off by `error` in
-    every 7th element."""
+    token-innermost); its function returns the fragment reference (the seed's numerics,
+    the benches' modules'), off by `error` in every 7th element."""
 
     def __init__(self, error=1e-6):
         self.error, self.loaded = np.float32(error), []
 
     def load(self, path, function):
-        from int8attn.reference import fragment_attention, sequence_cache
+        from int8attn.reference import SEED_NUMERICS, fragment_attention, sequence_cache
 
         self.loaded.append(Path(path).name)
         pv, *innermost = Path(path).read_text().split()
 
         def reference(q, k, ks, v, vs):
             return fragment_attention(q, k, ks, v, vs, float(np.float32(q.shape[-1] ** -0.5)),
-                                      model="cuda", pv=pv)
+                                      model="cuda", pv=pv, numerics=SEED_NUMERICS)
 
         def fn(*args):
             if function == "paged":

@@ -9,10 +9,16 @@ import pytest
 from accuracy import check_against_references
 from conftest import compiled_attention, seeded_rng
 from int8attn import reference as ref
+from int8attn.contract.numerics import SEED_NUMERICS
 from int8attn.runtime import InputError
 
 DECODE = (1, 4, 2, 300, 1, 64)      # B, Hq, Hkv, S, Sq, D
 PREFILL = (1, 4, 2, 150, 37, 64)
+# compiled_attention's modules have the pipeline's numerics (`Numerics()`, which
+# check_against_references assumes); three direct reference calls below were written
+# against the seed's (the references' old default) and keep it: their margins (a
+# one-hot softmax, the s8 one-term W bound, a NaN row) hold for either.
+SEED_ONLY_HERE = SEED_NUMERICS
 
 
 def make_inputs(seed, mode, shape):
@@ -88,7 +94,7 @@ def test_huge_k_scale_gives_a_one_hot_softmax():
     args = make_inputs(45, "decode", DECODE)
     args[2] = (args[2] * np.float32(1e20)).astype(np.float32)
     out = compiled_attention("decode", DECODE)(*args)
-    fragment = ref.fragment_attention(*args, DECODE[-1] ** -0.5)
+    fragment = ref.fragment_attention(*args, DECODE[-1] ** -0.5, numerics=SEED_ONLY_HERE)
     assert np.isfinite(out).all() and np.abs(out - fragment).max() <= 1e-6 * np.abs(fragment).max()
     v_deq = (args[3] * args[4][..., None])[0]              # [Hkv, S, D]
     rows = out[0].reshape(2, 2, -1)                        # [Hkv, rows per KV head, D]
@@ -108,7 +114,8 @@ def test_rows_whose_scores_are_all_equal_average_v(mode, shape):
         out = check(label, mode, shape, case)
         if mode == "decode":
             mean = (case[3] * case[4][..., None]).mean(axis=2)[0, 0]   # head 1 reads KV head 0
-            bound, _ = ref.w_quantization_error_scale(*case, shape[-1] ** -0.5)
+            bound, _ = ref.w_quantization_error_scale(*case, shape[-1] ** -0.5,
+                                                      numerics=SEED_ONLY_HERE)
             assert (np.abs(out[0, 1] - mean) <= bound[0, 1] * (1 + 1e-4) + 1e-6).all()
 
 
@@ -143,7 +150,8 @@ def test_nonfinite_q_gives_nan_in_exactly_its_rows(mode, shape, bad):
     expected[row] = True
     assert np.array_equal(nan_rows, expected)
     assert np.array_equal(out[~expected], clean[~expected])          # other rows: bitwise equal
-    assert np.isnan(ref.fragment_attention(q, *args[1:], shape[-1] ** -0.5)[row]).all()
+    assert np.isnan(ref.fragment_attention(q, *args[1:], shape[-1] ** -0.5,
+                                           numerics=SEED_ONLY_HERE)[row]).all()
 
 
 @pytest.mark.parametrize("index, name", [(2, "k_scale"), (4, "v_scale")])

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import decode_inputs, seeded_rng
 from int8attn import reference as ref
+from int8attn.contract.numerics import SEED_NUMERICS  # the simulated kernels' default
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
 from int8attn.driver.graph import decode_graph
 from int8attn.simulator import simulate_decode
@@ -44,8 +45,8 @@ def test_simulated_kernels_match_the_fragment_reference(target, shape):
     args = decode_inputs(sum(shape), *shape)
     scale = shape[-1] ** -0.5
     out = simulate_decode(*args, scale, target=target)
-    fragment = ref.fragment_attention(*args, scale, model=target)
-    slack = ref.rounding_tie_slack(*args, scale, model=target)
+    fragment = ref.fragment_attention(*args, scale, model=target, numerics=SEED_NUMERICS)
+    slack = ref.rounding_tie_slack(*args, scale, model=target, numerics=SEED_NUMERICS)
     err = np.abs(out - fragment)
     assert (err <= FRAGMENT_TOL + slack).all(), f"{target} {shape}: {err.max():.3e}"
     print(f"{target} {shape}: simulated kernel vs fragment reference max abs {err.max():.3e}")
@@ -59,7 +60,7 @@ def test_a_wrong_layout_fails_the_comparison():
     wrong = FragmentModel("gfx936", dataclasses.replace(GFX936_MMAC, c=GFX942_MFMA.c),
                           VLoadScheme(16))
     out = simulate_decode(*args, 0.125, target="gfx936", fragments=wrong)
-    fragment = ref.fragment_attention(*args, 0.125)
+    fragment = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
     assert not np.isfinite(out).all() or np.abs(out - fragment).max() > 1e-2
 
 
@@ -70,8 +71,8 @@ def test_the_load_scheme_sets_the_groups_end_to_end():
     args = decode_inputs(51, *shape)
     eight = fragment_model("gfx936").with_v_load(8)
     out = simulate_decode(*args, 0.125, target="gfx936", fragments=eight)
-    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight)
-    interleaved = ref.fragment_attention(*args, 0.125)
+    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight, numerics=SEED_NUMERICS)
+    interleaved = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
     assert np.abs(out - contiguous).max() <= FRAGMENT_TOL
     assert np.abs(out - interleaved).max() > 10 * np.abs(out - contiguous).max()
 
@@ -108,7 +109,7 @@ def test_run_simulate_with_inputs_and_output(tmp_path):
     run("int8attn", "run", path, "--target", "gfx936", "--simulate", "--inputs",
         tmp_path / "in.npz", "--output", tmp_path / "out.npz", check_rc=0)
     with np.load(tmp_path / "out.npz") as out:
-        expected = ref.fragment_attention(*arrays, 0.125)
+        expected = ref.fragment_attention(*arrays, 0.125, numerics=SEED_NUMERICS)
         assert np.abs(out["result0"] - expected).max() <= FRAGMENT_TOL
     report = run("int8attn", "run", path, "--target", "gfx942", "--simulate", "--seed", "1",
                  check_rc=0).stdout

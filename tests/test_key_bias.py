@@ -71,7 +71,7 @@ def test_channel_bias_cuts_the_additive_outlier_error(mode, tokens, query_tokens
     scale = D ** -0.5
     graph = int8attn.compile(attention_graph(1, HQ, HKV, tokens, D, mode=mode,
                                              query_tokens=query_tokens),
-                             pv="f32", q_terms=2, cache=False)
+                             pv="f32", numerics=ref.Numerics(q_terms=2), cache=False)
     ones = np.ones(keys.shape[:3], np.float32)
     exact = ref.exact_attention(q, keys, ones, values, ones, scale).astype(np.float64)
     v, v_scale = ref.quantize_cache(values)

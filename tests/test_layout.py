@@ -314,10 +314,7 @@ ALLOWED_IMPORTS = {
     "support": set(),
     "contract": {"support"},
     "fragments": {"support", "contract"},
-    "reference": {"support", "contract", "fragments",
-                  # onnx_decoder's check reads the cpu pipeline's default numerics
-                  # (a Numerics value per target, issue 23 item 5, moves them below)
-                  "pipelines"},
+    "reference": {"support", "contract", "fragments"},
     "dialects": {"support", "contract", "fragments"},
     "passes": {"support", "contract", "fragments", "dialects"},
     "kernels": {"support", "contract", "fragments", "dialects"},

@@ -1,7 +1,7 @@
 """Compiled decode modules against both references.
 
-The seed's numerics (one-term Q, s8 W in one term: conftest.SEED_NUMERICS, what the
-reference functions default to), and the pipeline's defaults (two-term Q, u8 W in
+The seed's numerics (one-term Q, s8 W in one term: SEED_NUMERICS, which these tests
+pass to the references), and the pipeline's defaults (two-term Q, u8 W in
 two terms) on the
 issue-13 targets: Gaussian decode 4K/8K/16K, 32 query rows, INT8 PV vs f32 PV
 <= 7e-4 and vs exact <= 1e-3 max abs (tests/accuracy.py's tolerances as well).
@@ -25,10 +25,11 @@ import pytest
 from accuracy import check_against_references
 from conftest import compiled_decode, decode_inputs
 from int8attn import reference as ref
+from int8attn.contract.numerics import SEED_NUMERICS
 from int8attn.pipelines import PipelineOptions
 
-DEFAULTS = {"q_terms": PipelineOptions.q_terms, "w_quant": PipelineOptions.w_quant,
-            "w_terms": PipelineOptions.w_terms}
+DEFAULTS = PipelineOptions().numerics
+SEED = SEED_NUMERICS
 
 FRAGMENT_TOL = 5e-5
 SIGMAS = 6.0
@@ -40,14 +41,14 @@ def _check_decode(seed, shape, pv="int8"):
     args = decode_inputs(seed, *shape)
     scale = head_dim ** -0.5
     out = compiled_decode(*shape, pv=pv)(*args)
-    fragment = ref.fragment_attention(*args, scale, pv=pv)
+    fragment = ref.fragment_attention(*args, scale, pv=pv, numerics=SEED)
     exact = ref.exact_attention(*args, scale)
-    slack = ref.rounding_tie_slack(*args, scale) if pv == "int8" else 0
+    slack = ref.rounding_tie_slack(*args, scale, numerics=SEED) if pv == "int8" else 0
     frag_err = np.abs(out - fragment)
     assert (frag_err <= FRAGMENT_TOL + slack).all(), \
         f"vs fragment reference {frag_err.max():.3e} (seed {seed})"
-    sd_qk = ref.qk_quantization_error_scale(*args, scale)
-    bound, sd_w = ref.w_quantization_error_scale(*args, scale)
+    sd_qk = ref.qk_quantization_error_scale(*args, scale, numerics=SEED)
+    bound, sd_w = ref.w_quantization_error_scale(*args, scale, numerics=SEED)
     sd_total = np.sqrt(sd_qk ** 2 + (sd_w ** 2 if pv == "int8" else 0))
     exact_err = np.abs(out - exact)
     worst = (exact_err / (SIGMAS * sd_total + FLOAT_SLACK)).max()
@@ -71,9 +72,9 @@ def test_decode_gqa_d128_int8_against_f32_pv(tokens):
 def test_decode_defaults_meet_the_issue_13_targets(tokens):
     shape = (1, 32, 8, tokens, 128)
     args = decode_inputs(tokens, *shape)
-    out = compiled_decode(*shape, **DEFAULTS)(*args)
+    out = compiled_decode(*shape, numerics=DEFAULTS)(*args)
     check_against_references(out, args, 128 ** -0.5)
-    vs_f32 = np.abs(out - compiled_decode(*shape, pv="f32", **DEFAULTS)(*args)).max()
+    vs_f32 = np.abs(out - compiled_decode(*shape, pv="f32", numerics=DEFAULTS)(*args)).max()
     vs_exact = np.abs(out - ref.exact_attention(*args, 128 ** -0.5)).max()
     print(f"S={tokens} defaults {DEFAULTS}: int8 vs f32 PV {vs_f32:.3e}, vs exact {vs_exact:.3e}")
     assert vs_f32 <= 7e-4 and vs_exact <= 1e-3, (vs_f32, vs_exact)
@@ -124,7 +125,7 @@ def test_groups_matter_numerically():
     scale = 64 ** -0.5
     out = compiled_decode(*shape)(*args)
     contiguous = fragment_model("gfx936").with_v_load(8)
-    other = ref.fragment_attention(*args, scale, fragments=contiguous)
-    same = ref.fragment_attention(*args, scale)
+    other = ref.fragment_attention(*args, scale, fragments=contiguous, numerics=SEED)
+    same = ref.fragment_attention(*args, scale, numerics=SEED)
     assert np.abs(out - same).max() <= FRAGMENT_TOL
     assert np.abs(out - other).max() > 10 * np.abs(out - same).max()

@@ -107,10 +107,10 @@ def test_attention_forms_against_onnxruntime(form):
     scales = [inputs[f"{r}_scale"].reshape(inputs[f"{r}_int8"].shape[:3]) for r in "kv"]
     q = inputs["q"][:, :, 0] if FORMS[form].query_tokens == 1 else inputs["q"]
     operands = (q, inputs["k_int8"], scales[0], inputs["v_int8"], scales[1], 0.25)
-    numerics = {n: graph.options.resolved_numerics(n) for n in ("q_terms", "w_quant", "w_terms")}
-    fragment = ref.fragment_attention(*operands, **numerics)
+    numerics = graph.options.numerics
+    fragment = ref.fragment_attention(*operands, numerics=numerics)
     exact = ref.exact_attention(*operands)
-    slack = ref.rounding_tie_slack(*operands, **numerics)
+    slack = ref.rounding_tie_slack(*operands, numerics=numerics)
     out = out[:, :, 0] if q.ndim == 3 else out
     assert (np.abs(out - fragment) <= FRAGMENT_TOL + slack).all()
     expected = expected[:, :, 0] if q.ndim == 3 else expected

@@ -61,14 +61,14 @@ def paged_batch(rng, lengths, q_heads, kv_heads, head_dim, block_size, spare_blo
             np.array(lengths, np.int32)]
 
 
-def check_every_sequence(out, arrays, scale, **numerics):
+def check_every_sequence(out, arrays, scale, **contract):
     """Each sequence of a paged batch against both references on its gathered cache
-    (`numerics`: model, q_terms, w_quant, ... as check_against_references takes them)."""
+    (`contract`: model, numerics, as check_against_references takes them)."""
     q, k, ks, v, vs, tables, lens = arrays
     assert out.shape == q.shape
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, **numerics)
+        check_against_references(out[b:b + 1], dense, scale, **contract)
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,8 @@ def _compile(target, **shape):
 
 
 def _check(out, arrays, target):
-    numerics = {} if target == "cpu" else dict(model=target, **KERNEL_NUMERICS)
-    check_every_sequence(out, arrays, SCALE, **numerics)
+    contract = {} if target == "cpu" else dict(model=target, numerics=KERNEL_NUMERICS)
+    check_every_sequence(out, arrays, SCALE, **contract)
 
 
 @pytest.fixture(scope="module", params=EXECUTORS)

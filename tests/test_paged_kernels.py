@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from accuracy import check_against_references
+from int8attn.contract.numerics import Numerics
 from int8attn.driver.options import KERNEL_NUMERICS
 from conftest import seeded_rng
-from int8attn.contract.numerics import Numerics
 from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.decode import build_decode_kernels, paged_access
 from int8attn.kernels.kv_access import PagedShape
@@ -32,13 +32,12 @@ def _kernels(target, q_heads, kv_heads, head_dim, block_size, scale):
     return built.module, built.layout
 
 
-def _check(out, arrays, scale, target, **numerics):
+def _check(out, arrays, scale, target, numerics: Numerics = KERNEL_NUMERICS):
     q, k, ks, v, vs, tables, lens = arrays
     assert out.shape == q.shape
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, model=target,
-                                 **{**KERNEL_NUMERICS, **numerics})
+        check_against_references(out[b:b + 1], dense, scale, model=target, numerics=numerics)
 
 
 @pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
@@ -123,7 +122,7 @@ def test_v_async_reads_v_only_after_the_wait(monkeypatch):
     q, k, ks, v, vs, tables, lens = arrays
     dense = (q[:1], *sequence_cache(k, ks, v, vs, tables, lens, 0))
     from int8attn.reference import fragment_attention
-    expected = fragment_attention(*dense, 0.125, model="cuda")
+    expected = fragment_attention(*dense, 0.125, model="cuda", numerics=KERNEL_NUMERICS)
     assert not np.allclose(out[:1], expected, atol=1e-3)
 
 
@@ -165,7 +164,7 @@ def test_the_driver_compiles_one_kernel_module_for_every_batch(counted_compiles)
         for b in range(len(lengths)):
             dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
             check_against_references(out[b:b + 1], dense, np.float32(0.125), model="cuda",
-                                     **KERNEL_NUMERICS)
+                                     numerics=KERNEL_NUMERICS)
     assert len(counted_compiles) - before == 1
 
 
@@ -214,10 +213,9 @@ def test_every_numerics_variant_in_every_kernel(target, q_terms, w_quant, q_head
     seed = 90 + q_terms + len(w_quant) + q_heads
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 200, 700], q_heads, 2, 64, 16)
-    numerics = dict(q_terms=q_terms, w_quant=w_quant)
-    out = simulate_paged(*arrays, 0.125, target=target, 
-                         numerics=Numerics(w_terms=1, **numerics))
-    _check(out, arrays, np.float32(0.125), target, **numerics)
+    numerics = Numerics(q_terms=q_terms, w_quant=w_quant, w_terms=1)   # the kernels' w-terms
+    out = simulate_paged(*arrays, 0.125, target=target, numerics=numerics)
+    _check(out, arrays, np.float32(0.125), target, numerics)
 
 
 def test_bench_prepares_one_paged_module_per_pv(tmp_path):

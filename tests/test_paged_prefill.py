@@ -56,7 +56,8 @@ def test_one_kernel_module_serves_ragged_batches(target, block_size):
         for lengths in BATCHES:
             arrays = paged_batch(rng, lengths, *HEADS, block_size, query_tokens=QUERY_TOKENS)
             out = run_paged_prefill_kernels(built.module, built.layout, *arrays)
-            check_every_sequence(out, arrays, np.float32(scale), model=target, **KERNEL_NUMERICS)
+            check_every_sequence(out, arrays, np.float32(scale), model=target,
+                                 numerics=KERNEL_NUMERICS)
 
 
 def test_the_driver_runs_the_kernel_on_the_pool():
@@ -75,7 +76,7 @@ def test_the_driver_runs_the_kernel_on_the_pool():
     assert abi["grid"][1:] == [HEADS[1], "B"]
     arrays = paged_batch(seeded_rng(403), [40, 200], *HEADS, 16, query_tokens=QUERY_TOKENS)
     check_every_sequence(graph(*arrays), arrays, np.float32(HEADS[2] ** -0.5), model="cuda",
-           **KERNEL_NUMERICS)
+                         numerics=KERNEL_NUMERICS)
 
 
 def test_a_sequence_shorter_than_its_chunk_is_refused():

@@ -19,14 +19,12 @@ from iree.compiler import ir
 from accuracy import check_against_references
 from conftest import seeded_rng
 from int8attn import reference as ref
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
 from int8attn.kernels.kv_access import PrefillShape
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.target_spec import target_spec
-
-SEED = {f: getattr(SEED_NUMERICS, f) for f in ("q_terms", "w_quant", "w_terms")}
 from int8attn.simulator import simulate_prefill
 from int8attn.simulator import interpreter
 from int8attn.simulator.prefill import run_prefill_kernels
@@ -49,10 +47,9 @@ SHAPES = {
 }
 
 
-def _check(out, args, target, **numerics):
+def _check(out, args, target, numerics: Numerics = KERNEL_NUMERICS, pv="int8"):
     scale = np.float32(args[0].shape[-1] ** -0.5)
-    return check_against_references(out, args, scale, model=target,
-                                    **{**KERNEL_NUMERICS, **numerics})
+    return check_against_references(out, args, scale, pv, numerics=numerics, model=target)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -68,15 +65,15 @@ def test_simulated_prefill_matches_both_references(target, name):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("numerics", [{"q_terms": 2}, {"w_quant": "u8"},
-                                      {"q_terms": 2, "w_quant": "u8"}],
+@pytest.mark.parametrize("numerics", [Numerics(q_terms=2, w_quant="s8", w_terms=1),
+                                      Numerics(q_terms=1, w_quant="u8", w_terms=1),
+                                      Numerics(q_terms=2, w_quant="u8", w_terms=1)],
                          ids=["q2", "u8", "q2_u8"])
 def test_every_numerics_variant_in_the_prefill_kernel(target, numerics):
     shape = (1, 8, 2, 150, 50, 64)
     args = prefill_inputs(311, *shape)
-    out = simulate_prefill(*args, 0.125, target=target,
-                           numerics=Numerics(**{**SEED, **numerics}))
-    _check(out, args, target, **numerics)
+    out = simulate_prefill(*args, 0.125, target=target, numerics=numerics)
+    _check(out, args, target, numerics)
 
 
 def test_the_bf16_twin_matches_its_references():
@@ -96,7 +93,7 @@ def test_a_wrong_layout_fails_the_comparison():
     wrong = FragmentModel("gfx936", dataclasses.replace(GFX936_MMAC, c=GFX942_MFMA.c),
                           VLoadScheme(16))
     out = simulate_prefill(*args, 0.125, target="gfx936", fragments=wrong)
-    fragment = ref.fragment_attention(*args, 0.125)
+    fragment = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
     assert not np.isfinite(out).all() or np.abs(out - fragment).max() > 1e-2
 
 
@@ -107,8 +104,8 @@ def test_the_load_scheme_sets_the_prefill_groups():
     args = prefill_inputs(314, *shape)
     eight = fragment_model("gfx936").with_v_load(8)
     out = simulate_prefill(*args, 0.125, target="gfx936", fragments=eight)
-    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight)
-    interleaved = ref.fragment_attention(*args, 0.125)
+    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight, numerics=SEED_NUMERICS)
+    interleaved = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
     assert np.abs(out - contiguous).max() <= 5e-5
     assert np.abs(out - interleaved).max() > 10 * np.abs(out - contiguous).max()
 

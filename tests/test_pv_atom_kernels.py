@@ -29,9 +29,7 @@ NUMERICS = [SEED_NUMERICS, Numerics(q_terms=2, w_quant="u8", w_terms=1)]
 
 def _check(out, args, numerics, model=MODEL):
     scale = np.float32(args[0].shape[-1] ** -0.5)
-    return check_against_references(out, args, scale, model=model,
-                                    q_terms=numerics.q_terms, w_quant=numerics.w_quant,
-                                    w_terms=numerics.w_terms)
+    return check_against_references(out, args, scale, numerics=numerics, model=model)
 
 
 def test_the_target_spec_offers_the_atom():

@@ -26,10 +26,13 @@ import int8attn
 from accuracy import check_against_references
 from conftest import seeded_rng
 from int8attn import reference as ref
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.driver.graph import attention_graph
 from test_paged import LENGTHS, paged_batch, paged_graph
 
 MIN_REDUCTION = 40.0
+# q in one or two INT8 terms, W as the seed's (s8, one term): the variant under test alone.
+Q_TERMS = {1: SEED_NUMERICS, 2: Numerics(q_terms=2, w_quant="s8", w_terms=1)}
 # (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode.
 SHAPES = {"decode": (1, 8, 2, 1000, 1, 64), "prefill": (1, 4, 2, 300, 64, 64)}
 
@@ -39,8 +42,8 @@ def _compiled(mode, pv, q_terms):
     batch, q_heads, kv_heads, tokens, query_tokens, head_dim = SHAPES[mode]
     source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
                              query_tokens=query_tokens)
-    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, q_terms=q_terms,
-                            w_quant="s8", w_terms=1, cache=False)
+    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, numerics=Q_TERMS[q_terms],
+                            cache=False)
 
 
 def _inputs(seed, mode, key_outliers):
@@ -64,7 +67,7 @@ def test_two_terms_match_the_fragment_reference(mode, key_outliers):
     args = _inputs(7 + key_outliers, mode, key_outliers)
     scale = SHAPES[mode][-1] ** -0.5
     errors = check_against_references(_compiled(mode, "int8", 2)(*args), args, scale,
-                                      q_terms=2, w_quant="s8", w_terms=1)
+                                      numerics=Q_TERMS[2])
     print(f"{mode} q_terms=2: {errors}")
 
 
@@ -86,16 +89,15 @@ def test_paged_two_terms_match_the_fragment_reference():
     q_heads, kv_heads, head_dim, block_size = 4, 2, 32, 16
     arrays = paged_batch(seeded_rng(5), LENGTHS[:6], q_heads, kv_heads, head_dim, block_size)
     scale = head_dim ** -0.5
-    graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size), q_terms=2,
-                             w_quant="s8", w_terms=1, cache=False)
+    graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size),
+                             numerics=Q_TERMS[2], cache=False)
     out = graph(*arrays)
     q, k, ks, v, vs, tables, lens = arrays
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *ref.sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, q_terms=2, w_quant="s8",
-                                 w_terms=1)
-    fragment = ref.fragment_paged_attention(*arrays, scale, q_terms=2)
-    one_term = ref.fragment_paged_attention(*arrays, scale, q_terms=1)
+        check_against_references(out[b:b + 1], dense, scale, numerics=Q_TERMS[2])
+    fragment = ref.fragment_paged_attention(*arrays, scale, numerics=Q_TERMS[2])
+    one_term = ref.fragment_paged_attention(*arrays, scale, numerics=Q_TERMS[1])
     # The two contracts differ, so a module that ignored q_terms would be caught above.
     assert np.abs(fragment - one_term).max() > 10 * np.abs(out - fragment).max()
 
@@ -113,14 +115,14 @@ def test_two_terms_keep_the_quantize_rule_for_nan_zero_and_tiny_rows():
     args[0] = q
     scale = SHAPES["decode"][-1] ** -0.5
     out = _compiled("decode", "int8", 2)(*args)
-    fragment = ref.fragment_attention(*args, scale, q_terms=2)
+    fragment = ref.fragment_attention(*args, scale, numerics=Q_TERMS[2])
     assert np.isnan(out[0, [0, 3]]).all() and np.isnan(fragment[0, [0, 3]]).all()
     finite = np.ones(q.shape[:2], bool)
     finite[0, [0, 3]] = False
     assert np.isfinite(out[finite]).all()
     assert np.abs(out[finite] - fragment[finite]).max() <= 1e-4
     np.testing.assert_array_equal(fragment[0, 1:3], ref.fragment_attention(
-        *args, scale, q_terms=1)[0, 1:3])
+        *args, scale, numerics=Q_TERMS[1])[0, 1:3])
 
 
 # Prefill with a large softmax_scale (B 1, Hq 8, Hkv 2, S 1000, Sq 65, D 64; Gaussian q, K,
@@ -173,9 +175,8 @@ def test_a_large_softmax_scale_leaves_the_two_term_q_error_and_no_more():
                              query_tokens=query_tokens, softmax_scale=LARGE_SCALE)
     graphs = {pv: int8attn.compile(source, filename="prefill_scale_10.mlir", pv=pv, cache=False)
               for pv in ("int8", "f32")}
-    numerics = {n: graphs["int8"].options.resolved_numerics(n)
-                for n in ("q_terms", "w_quant", "w_terms")}
-    assert numerics["q_terms"] == 2
+    numerics = graphs["int8"].options.numerics
+    assert numerics.q_terms == 2
     for seed in (0, 1):
         rng = seeded_rng(seed)
         q = rng.standard_normal((batch, q_heads, query_tokens, head_dim)).astype(np.float32)
@@ -188,28 +189,26 @@ def test_a_large_softmax_scale_leaves_the_two_term_q_error_and_no_more():
         value_scale = float(np.abs(v.astype(np.float64) * v_scale[..., None]).max())
         rounding = _score_rounding_slack(args, LARGE_SCALE)
         # 1. The module is the contract, to f32 rounding (amplified by the scale).
-        fragment = ref.fragment_attention(*args, LARGE_SCALE, **numerics)
-        ties = ref.rounding_tie_slack(*args, LARGE_SCALE, **numerics)
+        fragment = ref.fragment_attention(*args, LARGE_SCALE, numerics=numerics)
+        ties = ref.rounding_tie_slack(*args, LARGE_SCALE, numerics=numerics)
         assert (np.abs(out - fragment) <= 1.25e-5 * value_scale + ties + rounding).all(), \
             f"seed {seed}: vs fragment {np.abs(out - fragment).max():.3e}"
         # 2. None of the error is W's: INT8 PV is f32 PV to W's own (two-term) bound and
         # f32 rounding of the PV sums (accuracy.FLOAT_SLACK).
-        w_bound, _ = ref.w_quantization_error_scale(
-            *args, LARGE_SCALE, q_terms=2, w_quant=numerics["w_quant"],
-            w_terms=numerics["w_terms"])
+        w_bound, _ = ref.w_quantization_error_scale(*args, LARGE_SCALE, numerics=numerics)
         assert (np.abs(out - out_f32) <= w_bound * (1 + 1e-4) + ties + 2 * rounding
                 + 5e-7 * value_scale).all(), f"{np.abs(out - out_f32).max():.3e}"
         # 3. The error vs exact is the two-term INT8-QK error: within its hard bound, and
         # within 6 sd of its first-order model plus the second-order remainder.
         exact = ref.exact_attention(*args, LARGE_SCALE).astype(np.float64)
         error = np.abs(out_f32 - exact)
-        hard, beyond = ref.qk_quantization_error_bound(*args, LARGE_SCALE, q_terms=2)
-        sd = ref.qk_quantization_error_scale(*args, LARGE_SCALE, q_terms=2)
+        hard, beyond = ref.qk_quantization_error_bound(*args, LARGE_SCALE, numerics=numerics)
+        sd = ref.qk_quantization_error_scale(*args, LARGE_SCALE, numerics=numerics)
         slack = 1.25e-5 * value_scale + rounding
         assert (error <= hard + slack).all(), f"seed {seed}: {(error - hard).max():.3e}"
         assert (error <= 6 * sd + beyond + slack).all()
         # 4. The bound is not vacuous: the one-term contract's error breaks it.
-        one_term = ref.fragment_attention(*args, LARGE_SCALE, pv="f32", q_terms=1)
+        one_term = ref.fragment_attention(*args, LARGE_SCALE, pv="f32", numerics=Q_TERMS[1])
         assert (np.abs(one_term - exact) > hard + slack).sum() > 100
         print(f"seed {seed}: max abs vs exact {np.abs(out - exact).max():.3e} (pv=f32 "
               f"{error.max():.3e}), vs fragment {np.abs(out - fragment).max():.3e}, "

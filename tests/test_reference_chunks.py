@@ -15,6 +15,11 @@ from int8attn import reference as ref
 from int8attn.reference import common
 
 UNCHUNKED = 1 << 62
+SEED = ref.SEED_NUMERICS                   # the numerics these tests were written with
+
+
+def _fragment(*args, **kwargs):
+    return ref.fragment_attention(*args, numerics=SEED, **kwargs)
 
 
 def _inputs(seed, q_shape, kv_heads, tokens, *, nan_row=False):
@@ -32,9 +37,9 @@ def _inputs(seed, q_shape, kv_heads, tokens, *, nan_row=False):
 def _all_references(args, scale):
     out = {"exact": ref.exact_attention(*args, scale)}
     for pv in ref.PV_MODES:
-        out[pv] = ref.fragment_attention(*args, scale, pv=pv)
-    out["contiguous"] = ref.fragment_attention(*args, scale, scale_groups="contiguous")
-    out["cuda"] = ref.fragment_attention(*args, scale, model="cuda")
+        out[pv] = _fragment(*args, scale, pv=pv)
+    out["contiguous"] = _fragment(*args, scale, scale_groups="contiguous")
+    out["cuda"] = _fragment(*args, scale, model="cuda")
     return out
 
 
@@ -99,7 +104,7 @@ def test_int8_sums_are_exact_integer_sums(head_dim):
     expected_pv = np.zeros((1, 2, 3, 2, 16), np.float32)
     for g in range(2):
         expected_pv += acc[:, :, :, :, g].astype(np.float32) * sw[:, :, :, :, g, None]
-    assert np.array_equal(common.int8_pv(w, v_blocks, groups), expected_pv)
+    assert np.array_equal(common.int8_pv(w, v_blocks, groups, numerics=SEED), expected_pv)
 
 
 def _counts(messages, what):
@@ -114,7 +119,7 @@ def test_progress_is_called_per_chunk_with_monotone_counts(monkeypatch, q_shape,
     args = _inputs(13, q_shape, kv_heads, tokens)
     q_rows = int(np.prod(q_shape[:-1]))
     monkeypatch.setattr(common, "CHUNK_BYTES", 30_000)
-    for what, run in (("exact", ref.exact_attention), ("fragment", ref.fragment_attention)):
+    for what, run in (("exact", ref.exact_attention), ("fragment", _fragment)):
         messages = []
         run(*args, 0.125, progress=messages.append)
         counts = _counts(messages, what)
@@ -132,10 +137,11 @@ def test_references_pass_progress_through():
     info = FunctionInfo("prefill", specs, (specs[0],),
                         AttentionCall((0, 1, 2, 3, 4), "prefill", 0.125, 0))
     messages = []
-    refs = references(info, list(args), pv="int8", model="gfx936", progress=messages.append)
+    refs = references(info, list(args), pv="int8", model="gfx936", numerics=SEED,
+                      progress=messages.append)
     assert _counts([m for m in messages if m.startswith("exact")], "exact")[-1] == (24, 24)
     assert _counts([m for m in messages if m.startswith("fragment")], "fragment")[-1] == (24, 24)
-    assert np.array_equal(refs["fragment"], ref.fragment_attention(*args, 0.125))
+    assert np.array_equal(refs["fragment"], _fragment(*args, 0.125))
 
 
 def test_reference_memory_stays_near_the_problem_size(monkeypatch):
@@ -149,7 +155,7 @@ def test_reference_memory_stays_near_the_problem_size(monkeypatch):
     q, k, k_scale, v, v_scale = args = _inputs(15, (1, 8, 1024, 64), 2, 1024)
     io_bytes = sum(a.nbytes for a in args) + q.nbytes
     monkeypatch.setattr(common, "CHUNK_BYTES", 4 << 20)
-    for run in (ref.exact_attention, ref.fragment_attention):
+    for run in (ref.exact_attention, _fragment):
         tracemalloc.start()
         try:
             run(*args, 0.125)

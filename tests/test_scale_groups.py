@@ -56,9 +56,9 @@ def test_error_split_terms_add_up(mode, query_tokens, tokens, scale_groups, q_te
                                   w_terms):
     import int8attn
 
+    numerics = ref.Numerics(q_terms=q_terms, w_quant=w_quant, w_terms=w_terms)
     source = attention_graph(1, 8, 2, tokens, 64, mode=mode, query_tokens=query_tokens)
-    graph = int8attn.compile(source, scale_groups=scale_groups, verify=False, q_terms=q_terms,
-                             w_quant=w_quant, w_terms=w_terms)
+    graph = int8attn.compile(source, scale_groups=scale_groups, verify=False, numerics=numerics)
     info = graph.entry()
     from int8attn.driver.graph import random_inputs
 
@@ -66,11 +66,9 @@ def test_error_split_terms_add_up(mode, query_tokens, tokens, scale_groups, q_te
     out = graph(*arrays)
     scale = info.attention.softmax_scale
     split = ref.error_split(*arrays, floats["k"], floats["v"], scale, out,
-                            scale_groups=scale_groups, q_terms=q_terms, w_quant=w_quant,
-                            w_terms=w_terms)
+                            scale_groups=scale_groups, numerics=numerics)
     residual = np.abs(split["total"] - sum(split[t] for t in ref.TERMS))
-    slack = ref.rounding_tie_slack(*arrays, scale, q_terms=q_terms, w_quant=w_quant,
-                                   w_terms=w_terms) \
+    slack = ref.rounding_tie_slack(*arrays, scale, numerics=numerics) \
         if scale_groups == "fragment" else 0
     assert (residual <= 5e-5 + slack).all(), residual.max()
     # every term is real: none is zero, the total is not one of them alone (two-term Q

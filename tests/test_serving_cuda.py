@@ -47,20 +47,10 @@ def batch():
     return q, pool
 
 
-def numerics(attn):
-    """The kernels' numerics: saved with loaded packages, else resolved by the compiler."""
-    if getattr(attn, "numerics", None):
-        return attn.numerics
-    from int8attn.driver.options import CompileOptions
-
-    resolved = CompileOptions(target="cuda", **attn.options)
-    return {n: resolved.resolved_numerics(n) for n in ("q_terms", "w_quant")}
-
-
 def test_ragged_batch_meets_both_references(attn, batch):
     q, pool = batch
     out = attn(q, *pool)
-    checked = bench.check_against_references(attn, torch, out, q, pool, numerics(attn))
+    checked = bench.check_against_references(attn, torch, out, q, pool, attn.numerics)
     assert checked["within_fragment_tolerance"], checked
     assert checked["exact_max_abs"] < 2e-2, checked    # the seed's numerics on Gaussian q
 

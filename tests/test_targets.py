@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import pytest
 import int8attn
 from conftest import REPO, seeded_rng
 from int8attn import cli
+from int8attn.contract.numerics import Numerics
 from int8attn.driver.graph import decode_graph, random_inputs
 from int8attn.driver.options import KERNEL_NUMERICS, CompileOptions
 from int8attn.driver.targets import TARGETS
@@ -256,25 +258,26 @@ def test_numerics_defaults_follow_the_target():
     # cpu: the pipeline's defaults (two-term Q, u8 W); a kernel target: what its
     # kernels implement, so it compiles without flags.
     cpu = int8attn.compile(SMALL).options
-    assert (cpu.q_terms, cpu.w_quant, cpu.w_terms) == (
-        PipelineOptions.q_terms, PipelineOptions.w_quant, PipelineOptions.w_terms)
+    assert cpu.numerics == PipelineOptions().numerics == Numerics()
+    assert (cpu.q_terms, cpu.w_quant, cpu.w_terms) == astuple(Numerics())  # resolved fields
     for target in KERNEL_TARGETS:
         options = TARGETS[target].check(CompileOptions(target=target))
-        assert (options.q_terms, options.w_quant, options.w_terms) == \
-            tuple(KERNEL_NUMERICS.values())
+        assert options.numerics == KERNEL_NUMERICS
+        assert (options.q_terms, options.w_quant, options.w_terms) == astuple(KERNEL_NUMERICS)
     assert cli.main(["run", "--target", "gfx936", "--simulate", "--seed", "1",
                      str(REPO / "examples" / "decode.mlir")]) == 0
 
 
 def test_cpu_and_every_simulated_kernel_agree_on_the_same_inputs():
-    graph = int8attn.compile(SMALL, **KERNEL_NUMERICS)
+    graph = int8attn.compile(SMALL, numerics=KERNEL_NUMERICS)
     arrays = random_inputs(graph.entry(), seed=12)
     cpu = graph(*arrays)
     for target in KERNEL_TARGETS:
         sim = int8attn.compile(SMALL, target=target, simulate=True)(*arrays)
         # Different fragment models group W differently: agree to the W rounding.
         assert np.abs(sim - cpu).max() < 2e-2, target
-        same_groups = int8attn.compile(SMALL, fragment_model=target, **KERNEL_NUMERICS)(*arrays)
+        same_groups = int8attn.compile(SMALL, fragment_model=target,
+                                       numerics=KERNEL_NUMERICS)(*arrays)
         assert np.abs(sim - same_groups).max() <= 5e-5, target
 
 

@@ -26,10 +26,13 @@ import int8attn
 from accuracy import check_against_references
 from conftest import seeded_rng
 from int8attn import reference as ref
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.driver.graph import attention_graph
 from test_paged import LENGTHS, paged_batch, paged_graph
 
 MAX_RATIO = 0.65
+# W signed or unsigned, q and W in one term each (the seed's): the variant under test alone.
+W_QUANT = {"s8": SEED_NUMERICS, "u8": Numerics(q_terms=1, w_quant="u8", w_terms=1)}
 # (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode.
 SHAPES = {"decode": (1, 8, 2, 1000, 1, 64), "prefill": (1, 4, 2, 300, 64, 64)}
 
@@ -39,8 +42,8 @@ def _compiled(mode, pv, w_quant):
     batch, q_heads, kv_heads, tokens, query_tokens, head_dim = SHAPES[mode]
     source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
                              query_tokens=query_tokens)
-    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, w_quant=w_quant,
-                            q_terms=1, w_terms=1, cache=False)
+    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, numerics=W_QUANT[w_quant],
+                            cache=False)
 
 
 def _inputs(seed, mode):
@@ -73,11 +76,11 @@ def test_unsigned_w_matches_the_fragment_reference(mode):
     args = _inputs(13, mode)
     scale = SHAPES[mode][-1] ** -0.5
     out = _compiled(mode, "int8", "u8")(*args)
-    errors = check_against_references(out, args, scale, q_terms=1, w_quant="u8", w_terms=1)
+    errors = check_against_references(out, args, scale, numerics=W_QUANT["u8"])
     print(f"{mode} w_quant=u8: {errors}")
     # The two contracts differ, so a module that ignored w_quant would fail above.
-    signed = ref.fragment_attention(*args, scale, w_quant="s8")
-    unsigned = ref.fragment_attention(*args, scale, q_terms=1, w_quant="u8")
+    signed = ref.fragment_attention(*args, scale, numerics=W_QUANT["s8"])
+    unsigned = ref.fragment_attention(*args, scale, numerics=W_QUANT["u8"])
     assert np.abs(signed - unsigned).max() > 10 * np.abs(out - unsigned).max()
 
 
@@ -95,14 +98,13 @@ def test_paged_unsigned_w_matches_the_fragment_reference():
     q_heads, kv_heads, head_dim, block_size = 4, 2, 32, 16
     arrays = paged_batch(seeded_rng(6), LENGTHS[:6], q_heads, kv_heads, head_dim, block_size)
     scale = head_dim ** -0.5
-    graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size), w_quant="u8",
-                             q_terms=1, w_terms=1, cache=False)
+    graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size),
+                             numerics=W_QUANT["u8"], cache=False)
     out = graph(*arrays)
     q, k, ks, v, vs, tables, lens = arrays
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *ref.sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, q_terms=1, w_quant="u8",
-                                 w_terms=1)
+        check_against_references(out[b:b + 1], dense, scale, numerics=W_QUANT["u8"])
 
 
 def test_unsigned_w_keeps_nan_zero_and_tiny_rows_to_themselves():
@@ -116,7 +118,7 @@ def test_unsigned_w_keeps_nan_zero_and_tiny_rows_to_themselves():
     args[0] = q
     scale = SHAPES["decode"][-1] ** -0.5
     out = _compiled("decode", "int8", "u8")(*args)
-    fragment = ref.fragment_attention(*args, scale, q_terms=1, w_quant="u8")
+    fragment = ref.fragment_attention(*args, scale, numerics=W_QUANT["u8"])
     assert np.isnan(out[0, 0]).all() and np.isnan(fragment[0, 0]).all()
     assert np.isfinite(out[0, 1:]).all()
     assert np.abs(out[0, 1:] - fragment[0, 1:]).max() <= 1e-4

@@ -33,6 +33,7 @@ import int8attn
 from accuracy import FLOAT_SLACK, check_against_references
 from conftest import seeded_rng
 from int8attn import reference as ref
+from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.driver.graph import attention_graph
 from test_paged import LENGTHS, paged_batch, paged_graph
 
@@ -42,13 +43,18 @@ MIN_OUTLIER_GAIN = 20.0
 SHAPES = {"decode": (1, 8, 2, 1000, 1, 64), "prefill": (1, 4, 2, 300, 64, 64)}
 
 
+def _w(w_quant, w_terms) -> Numerics:
+    """Two-term Q (the pipeline's) with W as given: the variant under test."""
+    return Numerics(q_terms=2, w_quant=w_quant, w_terms=w_terms)
+
+
 @lru_cache(maxsize=None)
-def _compiled(mode, pv, w_quant, w_terms, q_terms=2):
+def _compiled(mode, pv, numerics: Numerics):
     batch, q_heads, kv_heads, tokens, query_tokens, head_dim = SHAPES[mode]
     source = attention_graph(batch, q_heads, kv_heads, tokens, head_dim, mode=mode,
                              query_tokens=query_tokens)
-    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, w_quant=w_quant,
-                            q_terms=q_terms, w_terms=w_terms, cache=False)
+    return int8attn.compile(source, filename=f"{mode}.mlir", pv=pv, numerics=numerics,
+                            cache=False)
 
 
 def _inputs(seed, mode, key_outliers=False):
@@ -75,8 +81,8 @@ def test_two_term_rule_on_a_peaked_group(w_quant):
     rng = seeded_rng(4)
     w = np.abs(rng.standard_normal((3, 32))).astype(np.float32) * np.float32(0.01)
     w[:, 5] = np.float32(0.8)
-    one = ref.quantize_w_terms(w, w_quant, 1)
-    two = ref.quantize_w_terms(w, w_quant, 2)
+    one = ref.quantize_w_terms(w, _w(w_quant, 1))
+    two = ref.quantize_w_terms(w, _w(w_quant, 2))
     assert np.array_equal(one[0][0], two[0][0]) and np.array_equal(one[0][1], two[0][1])
     (wq1, sw1), (wq2, sw2) = two
     level = wq1.astype(np.int64) + (ref.W_OFFSET if w_quant == "u8" else 0)
@@ -99,12 +105,12 @@ def test_two_term_rule_on_a_peaked_group(w_quant):
 def test_two_term_w_keeps_nan_zero_and_tiny_groups_to_themselves():
     w = np.array([[1.0, np.nan, 0.5], [0, 0, 0], [2.0 ** -120] * 3], np.float32)
     for w_quant in ("s8", "u8"):
-        (wq1, sw1), (wq2, sw2) = ref.quantize_w_terms(w, w_quant, 2)
+        (wq1, sw1), (wq2, sw2) = ref.quantize_w_terms(w, _w(w_quant, 2))
         assert np.isnan(sw1[0]) and np.isnan(sw2[0]) and (wq2[0] == 0).all()
         level = wq1[1:].astype(int) + (ref.W_OFFSET if w_quant == "u8" else 0)
         assert (level == 0).all() and (wq2[1:] == 0).all()
-    with pytest.raises(ValueError, match="w terms must be one of"):
-        ref.quantize_w_terms(w, "u8", 3)
+    with pytest.raises(ValueError, match="numerics w_terms=3: expected one of 1, 2"):
+        ref.quantize_w_terms(w, Numerics(w_quant="u8", w_terms=3))
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
@@ -112,28 +118,29 @@ def test_two_term_w_keeps_nan_zero_and_tiny_groups_to_themselves():
 def test_two_term_w_matches_the_fragment_reference(mode, w_quant):
     args = _inputs(17, mode)
     scale = SHAPES[mode][-1] ** -0.5
-    out = _compiled(mode, "int8", w_quant, 2)(*args)
-    errors = check_against_references(out, args, scale, q_terms=2, w_quant=w_quant, w_terms=2)
+    out = _compiled(mode, "int8", _w(w_quant, 2))(*args)
+    errors = check_against_references(out, args, scale, numerics=_w(w_quant, 2))
     print(f"{mode} w_quant={w_quant} w_terms=2: {errors}")
     # The contracts differ by far more than the match: a module that ignored w_terms
     # (one W term) would fail above.
-    one = ref.fragment_attention(*args, scale, q_terms=2, w_quant=w_quant, w_terms=1)
-    two = ref.fragment_attention(*args, scale, q_terms=2, w_quant=w_quant, w_terms=2)
+    one = ref.fragment_attention(*args, scale, numerics=_w(w_quant, 1))
+    two = ref.fragment_attention(*args, scale, numerics=_w(w_quant, 2))
     assert np.abs(one - two).max() > 10 * np.abs(out - two).max()
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
 def test_two_term_w_cuts_the_pv_error(mode):
     args = _inputs(31, mode)
-    f32 = _compiled(mode, "f32", "s8", 1)(*args)
-    err = {t: float(np.abs(_compiled(mode, "int8", "u8", t)(*args) - f32).max()) for t in (1, 2)}
+    f32 = _compiled(mode, "f32", _w("s8", 1))(*args)
+    err = {t: float(np.abs(_compiled(mode, "int8", _w("u8", t))(*args) - f32).max())
+           for t in (1, 2)}
     print(f"{mode}: INT8 PV vs f32 PV max abs {err[1]:.3e} (u8, one term) -> {err[2]:.3e} "
           f"(two terms), {err[1] / err[2]:.0f}x")
     assert err[2] * MIN_REDUCTION <= err[1], err
     scale = SHAPES[mode][-1] ** -0.5
-    bound, _ = ref.w_quantization_error_scale(*args, scale, q_terms=2, w_quant="u8", w_terms=2)
+    bound, _ = ref.w_quantization_error_scale(*args, scale, numerics=_w("u8", 2))
     value_scale = float(np.abs(args[3].astype(np.float64) * args[4][..., None]).max())
-    out = _compiled(mode, "int8", "u8", 2)(*args).astype(np.float64)
+    out = _compiled(mode, "int8", _w("u8", 2))(*args).astype(np.float64)
     assert (np.abs(out - f32) <= bound * (1 + 1e-4) + FLOAT_SLACK * value_scale).all()
 
 
@@ -142,27 +149,27 @@ def test_key_outliers_error_falls_from_the_seeds_numerics(mode):
     args = _inputs(43, mode, key_outliers=True)
     scale = SHAPES[mode][-1] ** -0.5
     exact = ref.exact_attention(*args, scale).astype(np.float64)
-    seed = _compiled(mode, "int8", "s8", 1, q_terms=1)(*args)
-    best = _compiled(mode, "int8", "u8", 2)(*args)
-    one_term = _compiled(mode, "int8", "u8", 1)(*args)
+    seed = _compiled(mode, "int8", SEED_NUMERICS)(*args)
+    best = _compiled(mode, "int8", _w("u8", 2))(*args)
+    one_term = _compiled(mode, "int8", _w("u8", 1))(*args)
     err = {name: float(np.abs(out - exact).max())
            for name, out in (("seed", seed), ("u8 one term", one_term), ("u8 two terms", best))}
     print(f"{mode}, key outliers, vs exact: {err}, {err['seed'] / err['u8 two terms']:.0f}x")
     assert err["u8 two terms"] * MIN_OUTLIER_GAIN <= err["seed"], err
-    check_against_references(best, args, scale, q_terms=2, w_quant="u8", w_terms=2)
+    check_against_references(best, args, scale, numerics=_w("u8", 2))
 
 
 def test_paged_two_term_w_matches_the_fragment_reference():
     q_heads, kv_heads, head_dim, block_size = 4, 2, 32, 16
     arrays = paged_batch(seeded_rng(8), LENGTHS[:6], q_heads, kv_heads, head_dim, block_size)
     scale = head_dim ** -0.5
-    graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size), w_quant="u8",
-                             q_terms=2, w_terms=2, cache=False)
+    graph = int8attn.compile(paged_graph(q_heads, kv_heads, head_dim, block_size),
+                             numerics=_w("u8", 2), cache=False)
     out = graph(*arrays)
     q, k, ks, v, vs, tables, lens = arrays
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *ref.sequence_cache(k, ks, v, vs, tables, lens, b))
-        check_against_references(out[b:b + 1], dense, scale, q_terms=2, w_quant="u8", w_terms=2)
+        check_against_references(out[b:b + 1], dense, scale, numerics=_w("u8", 2))
 
 
 def test_two_term_w_keeps_nan_zero_and_tiny_rows_to_themselves():
@@ -173,8 +180,8 @@ def test_two_term_w_keeps_nan_zero_and_tiny_rows_to_themselves():
     q[0, 2] = 2.0 ** -120
     args[0] = q
     scale = SHAPES["decode"][-1] ** -0.5
-    out = _compiled("decode", "int8", "u8", 2)(*args)
-    fragment = ref.fragment_attention(*args, scale, q_terms=2, w_quant="u8", w_terms=2)
+    out = _compiled("decode", "int8", _w("u8", 2))(*args)
+    fragment = ref.fragment_attention(*args, scale, numerics=_w("u8", 2))
     assert np.isnan(out[0, 0]).all() and np.isnan(fragment[0, 0]).all()
     assert np.isfinite(out[0, 1:]).all()
     assert np.abs(out[0, 1:] - fragment[0, 1:]).max() <= 1e-4
