@@ -47,8 +47,8 @@ from typing import Callable, NamedTuple
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from int8attn.contract.constants import (MAX_W_V_PRODUCT, QMAX,  # noqa: F401
-                                         QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, W_OFFSET)
+from .constants import (MAX_W_V_PRODUCT, QMAX,  # noqa: F401
+                        QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127

@@ -12,8 +12,8 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
-from int8attn.dialects.op_base import (DYNAMIC, FLOAT_TYPES, MODES, Int8AttnOp, _Check,
-                                       _Dialect, _operand, _result, _string, shape_of, tensor)
+from .op_base import (DYNAMIC, FLOAT_TYPES, MODES, Int8AttnOp, _Check,
+                      _Dialect, _operand, _result, _string, shape_of, tensor)
 
 
 @_cext.register_operation(_Dialect)

@@ -18,7 +18,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
-from int8attn.dialects.int8attn import DYNAMIC, shape_of, tensor as tensor_type
+from .int8attn import DYNAMIC, shape_of, tensor as tensor_type
 
 # Loop names of a token index split into digits (single letters; b, h, r, n, d,
 # k are the tiles' own): a token digit of axis i, and the group digit of an inner

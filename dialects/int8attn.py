@@ -54,17 +54,17 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.support.diagnostics import DiagnosticError
-from int8attn.support.ir import walk
-from int8attn.contract.constants import QUANTIZE_MIN_ABSMAX
-from int8attn.dialects.ops import OPS as _TENSOR_OPS
-from int8attn.dialects.paged import CacheWriteOp, PagedAttentionOp, cache_write, paged_attention
-from int8attn.dialects.ops import (
-    DYNAMIC, FLOAT_TYPES, MODES, AttentionOp, FoldedPVOp, GroupedPVOp, GroupQuantizeOp, Int8AttnOp,
-    MMACTilesOp, ColumnSumsOp, PVOp, QuantizeOp, SoftmaxPVOp, element_of, groups_attr,
-    groups_of, shape_of,
-    tensor,
-)
+from ..support.diagnostics import DiagnosticError
+from ..support.ir import walk
+from ..contract.constants import QUANTIZE_MIN_ABSMAX
+from .ops import OPS as _TENSOR_OPS
+from .paged import CacheWriteOp, PagedAttentionOp, cache_write, paged_attention
+from .ops import (
+                  DYNAMIC, FLOAT_TYPES, MODES, AttentionOp, FoldedPVOp, GroupedPVOp, GroupQuantizeOp, Int8AttnOp,
+                  MMACTilesOp, ColumnSumsOp, PVOp, QuantizeOp, SoftmaxPVOp, element_of, groups_attr,
+                  groups_of, shape_of,
+                  tensor,
+                  )
 
 __all__ = [
     "ATTENTION", "QUANTIZE", "SOFTMAX_PV", "PV", "FOLDED_PV", "GROUP_QUANTIZE", "GROUPED_PV",

@@ -17,7 +17,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
-from int8attn.support.diagnostics import DiagnosticError
+from ..support.diagnostics import DiagnosticError
 
 MODES = ("decode", "prefill")
 DYNAMIC = ir.ShapedType.get_dynamic_size()

@@ -19,11 +19,11 @@ classes, with the helpers, and their table `OPS`.
 
 from __future__ import annotations
 
-from int8attn.dialects.attention_ops import AttentionOp, QuantizeOp, SoftmaxPVOp
-from int8attn.dialects.op_base import (DYNAMIC, FLOAT_TYPES, MODES, Int8AttnOp, element_of,
-                                       groups_attr, groups_of, shape_of, tensor)
-from int8attn.dialects.pv_ops import (ColumnSumsOp, FoldedPVOp, GroupedPVOp, GroupQuantizeOp,
-                                      MMACTilesOp, PVOp)
+from .attention_ops import AttentionOp, QuantizeOp, SoftmaxPVOp
+from .op_base import (DYNAMIC, FLOAT_TYPES, MODES, Int8AttnOp, element_of,
+                      groups_attr, groups_of, shape_of, tensor)
+from .pv_ops import (ColumnSumsOp, FoldedPVOp, GroupedPVOp, GroupQuantizeOp,
+                     MMACTilesOp, PVOp)
 
 __all__ = [
     "OPS", "DYNAMIC", "FLOAT_TYPES", "MODES", "Int8AttnOp", "AttentionOp", "QuantizeOp",

@@ -45,8 +45,8 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.dialects.op_base import (DYNAMIC, FLOAT_TYPES, Int8AttnOp, _Check, _Dialect,
-                                       _cext, _operand, shape_of, tensor)
+from .op_base import (DYNAMIC, FLOAT_TYPES, Int8AttnOp, _Check, _Dialect,
+                      _cext, _operand, shape_of, tensor)
 
 
 def _agree(a: int, b: int) -> bool:

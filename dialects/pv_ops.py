@@ -14,11 +14,11 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
-from int8attn.contract.constants import W_QUANTS
-from int8attn.dialects.op_base import (Int8AttnOp, _Check, _Dialect, _groups, _operand,
-                                       _result, _string, groups_attr, groups_of, shape_of,
-                                       tensor)
-from int8attn.fragments import pv_model_named, pv_model_names
+from ..contract.constants import W_QUANTS
+from .op_base import (Int8AttnOp, _Check, _Dialect, _groups, _operand,
+                      _result, _string, groups_attr, groups_of, shape_of,
+                      tensor)
+from ..fragments import pv_model_named, pv_model_names
 
 
 def _block_output(weights, v) -> ir.RankedTensorType:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from int8attn.driver.graph import FunctionInfo
-from int8attn.driver.options import CompileOptions
-from int8attn.driver.stages import Compilation
-from int8attn.driver.targets import TARGETS
-from int8attn.support.files import write_atomic
-from int8attn.support.ir import new_context
-from int8attn.support.remarks import collect
+from .graph import FunctionInfo
+from .options import CompileOptions
+from .stages import Compilation
+from .targets import TARGETS
+from ..support.files import write_atomic
+from ..support.ir import new_context
+from ..support.remarks import collect
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from iree.compiler.tools.binaries import find_tool
 
-from int8attn.support.cpu_vectors import VectorISA, vector_isa_of
+from ..support.cpu_vectors import VectorISA, vector_isa_of
 
 HOST = "host"
 # A module with one dispatch: enough for IREE to build the executable target.

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.contract.numerics import Numerics
-from int8attn.dialects import int8attn as d
-from int8attn.driver.onnx_import import INPUT_NAMES, OUTPUT_NAMES
-from int8attn.passes.onnx_ops import builtin_type, onnx_name
-from int8attn.reference import exact_attention, fragment_attention, quantize_cache
-from int8attn.driver.signature import (CACHE_WRITE_OPERANDS, OPERANDS, PAGED_OPERANDS,  # noqa: F401
-                                       AttentionCall, FunctionInfo)
-from int8attn.runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_signature
-from int8attn.support.ir import walk
+from ..contract.numerics import Numerics
+from ..dialects import int8attn as d
+from .onnx_import import INPUT_NAMES, OUTPUT_NAMES
+from ..passes.onnx_ops import builtin_type, onnx_name
+from ..reference import exact_attention, fragment_attention, quantize_cache
+from .signature import (CACHE_WRITE_OPERANDS, OPERANDS, PAGED_OPERANDS,  # noqa: F401
+                        AttentionCall, FunctionInfo)
+from ..runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_signature
+from ..support.ir import walk
 
 
 def _spec(t: ir.Type) -> TensorSpec:
@@ -111,16 +111,16 @@ def check_arguments(info: FunctionInfo, arrays, *, scales: bool = True) -> list[
     names = dict(zip(call.argument_of, call.operands)) if call is not None else \
         dict(enumerate(info.argument_names))
     if call is not None and call.mode in ("paged", "cache_write"):
-        from int8attn.driver.paged_inputs import check_value_layout
+        from .paged_inputs import check_value_layout
 
         check_value_layout(info, list(arrays))
     arrays = check_signature(info.name, list(info.arguments), list(arrays), names)
     if call is not None and call.mode == "paged":
-        from int8attn.driver.paged_inputs import check_paged_arguments
+        from .paged_inputs import check_paged_arguments
 
         check_paged_arguments(info, arrays, scales=scales)
     elif call is not None and call.mode == "cache_write":
-        from int8attn.driver.paged_inputs import check_cache_write_arguments
+        from .paged_inputs import check_cache_write_arguments
 
         check_cache_write_arguments(info, arrays)
     else:
@@ -201,7 +201,7 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
         raise ValueError(f"@{info.name} does not return an int8attn.attention of its own "
                          f"arguments, so random inputs cannot be made for it; pass --inputs")
     if info.attention.mode in ("paged", "cache_write"):
-        from int8attn.driver.paged_inputs import random_cache_write_inputs, random_paged_inputs
+        from .paged_inputs import random_cache_write_inputs, random_paged_inputs
 
         make = random_paged_inputs if info.attention.mode == "paged" else random_cache_write_inputs
         arrays = make(info, seed)
@@ -236,14 +236,14 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
     """
     call = info.attention
     if call.mode == "cache_write":   # exact: the numpy quantization of the written tokens
-        from int8attn.reference import paged_cache_write
+        from ..reference import paged_cache_write
 
         caches = paged_cache_write(*(arrays[i] for i in call.argument_of))
         tied = dict(call.tied)
         expected = caches[call.argument_of.index(tied[call.result_index]) - 3]
         return {"exact": expected, "fragment": expected}
     if call.mode == "paged":
-        from int8attn.reference import exact_paged_attention, fragment_paged_attention
+        from ..reference import exact_paged_attention, fragment_paged_attention
 
         operands = [arrays[i] for i in call.argument_of]
         return {"exact": exact_paged_attention(*operands, call.softmax_scale),
@@ -290,7 +290,7 @@ def attention_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_d
                     name: str = "attention", q_element: str = "f32") -> str:
     from iree.compiler.dialects import func
 
-    from int8attn.support.ir import new_context
+    from ..support.ir import new_context
 
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     with new_context(), ir.Location.unknown():

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from iree.compiler import ir
 
-from int8attn.passes.onnx_ops import onnx_name
-from int8attn.support.ir import walk
+from ..passes.onnx_ops import onnx_name
+from ..support.ir import walk
 
 INPUT_NAMES = "int8attn.input_names"
 OUTPUT_NAMES = "int8attn.output_names"

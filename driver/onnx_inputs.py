@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.driver.graph import FunctionInfo, error_stats
+from .graph import FunctionInfo, error_stats
 
 
 def random_model_inputs(info: FunctionInfo, seed: int) -> list[np.ndarray]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
-from int8attn.fragments import FragmentModelName
-from int8attn.pipelines import PIPELINE_NUMERICS, PipelineOptions
-from int8attn.contract.constants import QTerms, WQuant, WTerms
-from int8attn.contract.numerics import Numerics
-from int8attn.kernels.target_spec import TARGET_SPECS
-from int8attn.support.cpu_vectors import VectorISA
-from int8attn.support.options import check_fields, option
+from ..fragments import FragmentModelName
+from ..pipelines import PIPELINE_NUMERICS, PipelineOptions
+from ..contract.constants import QTerms, WQuant, WTerms
+from ..contract.numerics import Numerics
+from ..kernels.target_spec import TARGET_SPECS
+from ..support.cpu_vectors import VectorISA
+from ..support.options import check_fields, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)

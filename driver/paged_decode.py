@@ -24,8 +24,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from int8attn.fragments.cache_layout import CacheLayout
-from int8attn.runtime.module import InputError, aligned_empty
+from ..fragments.cache_layout import CacheLayout
+from ..runtime.module import InputError, aligned_empty
 
 
 def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
@@ -256,7 +256,7 @@ class PagedDecoder:
         """One decode step: sequence sequences[b] gets token (k_new[b], v_new[b]), its
         length grows by one, and it attends with q[b] over all its tokens. No
         sequences: nothing is written and the result is q's empty [0, Hq, D]."""
-        from int8attn.driver.graph import check_arguments
+        from .graph import check_arguments
 
         sequences = self.cache.check_sequences(sequences)
         self.cache.check_room({s: 1 for s in sequences})

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.fragments.cache_layout import EVERY, CacheLayout
-from int8attn.reference import quantize_cache
-from int8attn.runtime.module import InputError
+from ..fragments.cache_layout import EVERY, CacheLayout
+from ..reference import quantize_cache
+from ..runtime.module import InputError
 
 
 def _operands(info, arrays) -> dict[str, np.ndarray]:

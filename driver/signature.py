@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from int8attn.runtime.module import TensorSpec
+from ..runtime.module import TensorSpec
 
 OPERANDS = ("q", "k", "k_scale", "v", "v_scale")
 PAGED_OPERANDS = ("q", "k_cache", "k_scale", "v_cache", "v_scale", "block_tables", "context_lens")

@@ -22,17 +22,17 @@ from pathlib import Path
 from iree.compiler import ir
 from iree.compiler.tools import CompilerToolError, compile_str
 
-from int8attn.dialects.int8attn import ATTENTION, CACHE_WRITE, PAGED_ATTENTION, verify
-from int8attn.driver.cpu_target import HOST, split_mmt4d_tiles
-from int8attn.driver.cpu_target import resolve as resolve_cpu
-from int8attn.driver.graph import FunctionInfo, describe_functions
-from int8attn.driver.onnx_import import import_model
-from int8attn.driver.options import CompileOptions
-from int8attn.pipelines import algorithm_to_linalg, to_algorithm
-from int8attn.passes import RaiseInt8Attention
-from int8attn.pipelines.manager import UpstreamPass, run_passes
-from int8attn.support.diagnostics import DiagnosticError, StageError, save_for_repro
-from int8attn.support.ir import NAMESPACE, parse_module, walk
+from ..dialects.int8attn import ATTENTION, CACHE_WRITE, PAGED_ATTENTION, verify
+from .cpu_target import HOST, split_mmt4d_tiles
+from .cpu_target import resolve as resolve_cpu
+from .graph import FunctionInfo, describe_functions
+from .onnx_import import import_model
+from .options import CompileOptions
+from ..pipelines import algorithm_to_linalg, to_algorithm
+from ..passes import RaiseInt8Attention
+from ..pipelines.manager import UpstreamPass, run_passes
+from ..support.diagnostics import DiagnosticError, StageError, save_for_repro
+from ..support.ir import NAMESPACE, parse_module, walk
 
 
 @dataclass
@@ -110,7 +110,7 @@ def make_linalg(c: Compilation) -> str:
 def make_kernel(c: Compilation) -> str:
     """The lane-level kernels (decode, paged decode, prefill, cache_write) of each public
     function and its host function, in one module (e.g. @write and @attend of one pool)."""
-    from int8attn.kernels.target_spec import target_spec
+    from ..kernels.target_spec import target_spec
 
     spec = target_spec(c.options.target)
     module, owners, layouts = None, {}, {}
@@ -184,16 +184,16 @@ def _kernel_name(info: FunctionInfo) -> str:
 
 def _build_kernels(info: FunctionInfo, spec, options: CompileOptions):
     """The decode (dense or paged) or prefill kernels of the graph's attention."""
-    from int8attn.kernels.decode import build_decode_kernels, dense_access, paged_access
-    from int8attn.kernels.kv_access import (DenseShape, PagedPrefillShape, PagedShape,
-                                            PrefillShape)
-    from int8attn.kernels.prefill import build_prefill_kernels
+    from ..kernels.decode import build_decode_kernels, dense_access, paged_access
+    from ..kernels.kv_access import (DenseShape, PagedPrefillShape, PagedShape,
+                                     PrefillShape)
+    from ..kernels.prefill import build_prefill_kernels
 
-    from int8attn.contract.numerics import Numerics
+    from ..contract.numerics import Numerics
 
     call = info.attention
     if call.mode == "cache_write":
-        from int8attn.kernels.cache_write import CacheWriteShape, build_cache_write_kernels
+        from ..kernels.cache_write import CacheWriteShape, build_cache_write_kernels
 
         _, kv_heads, block_size, head_dim = info.arguments[call.argument("k_cache")].shape
         shape = CacheWriteShape(kv_heads, head_dim, block_size, "k_bias" in call.operands)
@@ -223,9 +223,9 @@ def _build_kernels(info: FunctionInfo, spec, options: CompileOptions):
 
 
 def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
-    from int8attn.kernels.host import (build_host_function, build_paged_host_function,
-                                       build_paged_prefill_host_function,
-                                       build_prefill_host_function)
+    from ..kernels.host import (build_host_function, build_paged_host_function,
+                                build_paged_prefill_host_function,
+                                build_prefill_host_function)
 
     def tensor_type(spec):
         dims = "x".join("?" if n is None else str(n) for n in spec.shape)
@@ -233,7 +233,7 @@ def _build_host(c: Compilation, info: FunctionInfo, kernels) -> None:
 
     mode, q_type = info.attention.mode, tensor_type(info.arguments[0])
     if mode == "cache_write":
-        from int8attn.kernels.host import build_cache_write_host_function
+        from ..kernels.host import build_cache_write_host_function
 
         build_cache_write_host_function(kernels, info.name,
                                         [tensor_type(a) for a in info.arguments],

@@ -18,12 +18,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from int8attn.driver import stages
-from int8attn.driver.cpu_target import HOST, CPUTarget, UnknownTargetCPU
-from int8attn.driver.cpu_target import resolve as resolve_cpu
-from int8attn.driver.options import TARGET_NAMES, CompileOptions
-from int8attn.fragments import fragment_model
-from int8attn.support.options import kebab
+from . import stages
+from .cpu_target import HOST, CPUTarget, UnknownTargetCPU
+from .cpu_target import resolve as resolve_cpu
+from .options import TARGET_NAMES, CompileOptions
+from ..fragments import fragment_model
+from ..support.options import kebab
 
 
 class OptionRefused(ValueError):

@@ -19,29 +19,29 @@ token groups and shuffle partners by composition and inversion
 move onto the layouts in a later step.
 """
 
-from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
-                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
-                                             OperandLayout)
-from int8attn.fragments.kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
-                                              thread_distribution, thread_groups,
-                                              thread_runs, xor_reduction_offsets)
-from int8attn.fragments.model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS,
-                                      SCALE_GROUP_KINDS, FragmentModel, FragmentModelName,
-                                      ScaleGroupKind, VLoadScheme, bf16_pv_model,
-                                      format_token_set, fragment_model, pv_model,
-                                      pv_model_named, pv_model_names)
-from int8attn.fragments.index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
-                                            PackedRows, arith_ops, ceil_div)
-from int8attn.fragments.layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
-from int8attn.fragments.linear_layout import LinearLayout, NotInvertible, NotLinear
-from int8attn.fragments.mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
-                                            group_tokens, k_slot_tokens, mma_layouts,
-                                            pv_token_layout, register_feed,
-                                            row_reduction_offsets, score_group_layout,
-                                            score_layout, token_set, token_slots,
-                                            v_load_layout, xor_partners)
-from int8attn.fragments.token_axes import (NotADigitPermutation, TokenAxes, TokenAxis,
-                                           token_axes)
+from .instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
+                           SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
+                           OperandLayout)
+from .kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
+                            thread_distribution, thread_groups,
+                            thread_runs, xor_reduction_offsets)
+from .model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS,
+                    SCALE_GROUP_KINDS, FragmentModel, FragmentModelName,
+                    ScaleGroupKind, VLoadScheme, bf16_pv_model,
+                    format_token_set, fragment_model, pv_model,
+                    pv_model_named, pv_model_names)
+from .index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
+                          PackedRows, arith_ops, ceil_div)
+from .layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
+from .linear_layout import LinearLayout, NotInvertible, NotLinear
+from .mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
+                          group_tokens, k_slot_tokens, mma_layouts,
+                          pv_token_layout, register_feed,
+                          row_reduction_offsets, score_group_layout,
+                          score_layout, token_set, token_slots,
+                          v_load_layout, xor_partners)
+from .token_axes import (NotADigitPermutation, TokenAxes, TokenAxis,
+                         token_axes)
 
 __all__ = [
     "NUMPY_OPS",

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from int8attn.fragments.instructions import MatrixInstruction
-from int8attn.fragments.mma_layouts import (MmaLayouts, mma_layouts, score_group_layout,
-                                            score_layout, xor_partners)
-from int8attn.fragments.model import FragmentModel
+from .instructions import MatrixInstruction
+from .mma_layouts import (MmaLayouts, mma_layouts, score_group_layout,
+                          score_layout, xor_partners)
+from .model import FragmentModel
 
 # The widest vector load of every target (bytes per lane): K rows are read in
 # loads of this width.

@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from int8attn.fragments.layout_solve import NotInvertible, SolveMixin
+from .layout_solve import NotInvertible, SolveMixin
 
 __all__ = ["LinearLayout", "NotLinear", "NotInvertible"]
 
@@ -239,7 +239,7 @@ class LinearLayout(SolveMixin):
     def emit(self, builder, inputs: Mapping, outs: Iterable[str] | None = None,
              assume_in_range: bool = False) -> dict:
         """Index IR for the outputs from the input Values (see fragments/layout_emit.py)."""
-        from int8attn.fragments.layout_emit import emit_layout
+        from .layout_emit import emit_layout
         return emit_layout(self, builder, inputs, outs, assume_in_range)
 
     # -- GF(2) matrix view -------------------------------------------------------------

@@ -30,11 +30,11 @@ from typing import Sequence
 
 import numpy as np
 
-from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
-                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
-                                             OperandLayout)
-from int8attn.fragments.linear_layout import LinearLayout
-from int8attn.fragments.model import FragmentModel
+from .instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
+                           SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
+                           OperandLayout)
+from .linear_layout import LinearLayout
+from .model import FragmentModel
 
 I = LinearLayout.identity
 

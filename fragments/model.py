@@ -8,9 +8,9 @@ from functools import cached_property
 
 import numpy as np
 
-from int8attn.fragments.instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
-                                             SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction)
-from int8attn.fragments.token_axes import TokenAxes, token_axes
+from .instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
+                           SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction)
+from .token_axes import TokenAxes, token_axes
 
 # The names of the fragment models (the matrix instruction plus load scheme a
 # W scale group follows) and the two ways of choosing W scale groups.

@@ -14,7 +14,7 @@ __all__ = ["compile", "compile_file", "CompiledGraph", "CompileOptions"]
 
 def __getattr__(name):
     if name in __all__:
-        from int8attn import api
+        from . import api
 
         return getattr(api, name)
     raise AttributeError(name)

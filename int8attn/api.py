@@ -19,15 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.contract.numerics import Numerics
-from int8attn.driver.compile import compile as compile_stages
-from int8attn.driver.cpu_target import UnknownTargetCPU, check_runnable_here
-from int8attn.driver.graph import FunctionInfo, check_arguments
-from int8attn.driver.onnx_import import is_onnx, read_model
-from int8attn.driver.options import CompileOptions
-from int8attn.driver.targets import TARGETS, OptionRefused
-from int8attn.runtime import LoadedModule, ModuleCache
-from int8attn.runtime.module import InputError
+from .contract.numerics import Numerics
+from .driver.compile import compile as compile_stages
+from .driver.cpu_target import UnknownTargetCPU, check_runnable_here
+from .driver.graph import FunctionInfo, check_arguments
+from .driver.onnx_import import is_onnx, read_model
+from .driver.options import CompileOptions
+from .driver.targets import TARGETS, OptionRefused
+from .runtime import LoadedModule, ModuleCache
+from .runtime.module import InputError
 
 __all__ = ["compile", "compile_file", "CompiledGraph", "CompileOptions"]
 
@@ -40,7 +40,7 @@ class _Simulated:
         self.kernel_ir, self.layouts = kernel_ir, layouts
 
     def call(self, function: str, *arrays) -> list[np.ndarray]:
-        from int8attn.simulator import simulate_kernel_ir
+        from .simulator import simulate_kernel_ir
 
         results = simulate_kernel_ir(self.kernel_ir, self.layouts[function], arrays)
         return list(results) if isinstance(results, tuple) else [results]

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.bench_harness import (
-    BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
-    measure, nan_or, report, run_cases)
-from int8attn.contract.numerics import SEED_NUMERICS
+from .bench_harness import (
+                            BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
+                            measure, nan_or, report, run_cases)
+from .contract.numerics import SEED_NUMERICS
 
 # (name, PV precision, V token-innermost)
 VARIANTS = {"int8": ("int8", True), "bf16": ("bf16", True), "int8_transpose_v": ("int8", False)}
@@ -74,9 +74,9 @@ def module_files(meta: dict) -> list[str]:
 
 def prepare(directory: Path, contexts, batch: int, q_heads: int, kv_heads: int,
             head_dim: int) -> None:
-    from int8attn.driver.compile import compile
-    from int8attn.driver.graph import decode_graph
-    from int8attn.driver.options import CompileOptions
+    from .driver.compile import compile
+    from .driver.graph import decode_graph
+    from .driver.options import CompileOptions
 
     directory.mkdir(parents=True, exist_ok=True)
     for tokens in contexts:
@@ -104,7 +104,7 @@ def _per_sequence(reference, q, k, k_scale, v, v_scale, *args, **kwargs) -> np.n
 
 
 def inputs(seed, batch, q_heads, kv_heads, tokens, head_dim):
-    from int8attn.reference import quantize_cache
+    from .reference import quantize_cache
 
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, q_heads, head_dim), dtype=np.float32)
@@ -115,7 +115,7 @@ def inputs(seed, batch, q_heads, kv_heads, tokens, head_dim):
 
 def references(arrays, scale) -> tuple[dict, dict]:
     """(the fragment reference per PV precision, the INT8 rounding-tie slack)."""
-    from int8attn.reference import fragment_attention, rounding_tie_slack
+    from .reference import fragment_attention, rounding_tie_slack
 
     expected = {pv: _per_sequence(fragment_attention, *arrays, scale, model="cuda", pv=pv,
                                   numerics=NUMERICS)

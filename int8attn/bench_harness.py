@@ -249,7 +249,7 @@ def write_results(rows: list[dict], markdown: Callable[[list[dict]], str], prefi
     """`int8attn bench`'s output: the table on stdout and in PREFIX.md, the rows in
     PREFIX.json, and the plot in PREFIX.png where the kind has one (a note where
     matplotlib is missing)."""
-    from int8attn.support.files import write_atomic
+    from .support.files import write_atomic
 
     table = markdown(rows)
     print(table)

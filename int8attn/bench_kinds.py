@@ -4,9 +4,9 @@ flags only one mode reads, the manifests `--from` looks for)."""
 
 from __future__ import annotations
 
-from int8attn import bench_cuda, bench_paged, bench_prefill
-from int8attn.bench_harness import BenchKind
-from int8attn.support.diagnostics import UsageError
+from . import bench_cuda, bench_paged, bench_prefill
+from .bench_harness import BenchKind
+from .support.diagnostics import UsageError
 
 BENCH_KINDS: dict[str, BenchKind] = {kind.mode: kind for kind in (
     bench_cuda.KIND, bench_paged.KIND, bench_prefill.KIND)}

@@ -21,11 +21,11 @@ import numpy as np
 
 from dataclasses import dataclass
 
-from int8attn.bench_harness import (
-    BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
-    measure, nan_or, report, run_cases)
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
-from int8attn.fragments.cache_layout import CacheLayout
+from .bench_harness import (
+                            BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
+                            measure, nan_or, report, run_cases)
+from .contract.numerics import SEED_NUMERICS, Numerics
+from .fragments.cache_layout import CacheLayout
 
 PV = ("int8", "bf16")
 BLOCK_SIZE = 16
@@ -57,9 +57,9 @@ def manifest_numerics(meta: dict) -> Numerics:
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
             block_size: int = BLOCK_SIZE, *, numerics: Numerics | None = None) -> None:
     """Compile the paged modules for cuda with `numerics` (default: the kernel target's)."""
-    from int8attn.driver.compile import compile
-    from int8attn.driver.options import CompileOptions
-    from int8attn.driver.paged_decode import paged_attention_graph
+    from .driver.compile import compile
+    from .driver.options import CompileOptions
+    from .driver.paged_decode import paged_attention_graph
 
     directory.mkdir(parents=True, exist_ok=True)
     source = paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
@@ -122,7 +122,7 @@ def check(out, arrays, scale, pv, numerics: Numerics = SEED_NUMERICS) -> Check:
     """The checker hook: (max abs error, all within 5e-5 + tie slack) of every sequence
     against the fragment-level reference of `numerics`, the modules' (one sequence per
     worker process)."""
-    from int8attn.reference import fragment_attention, rounding_tie_slack, sequence_cache
+    from .reference import fragment_attention, rounding_tie_slack, sequence_cache
 
     q, k, ks, v, vs, tables, lengths = arrays
     contract = dict(model="cuda", pv=pv, numerics=numerics)
@@ -144,7 +144,7 @@ def sdpa_seconds(arrays, timer: Timer):
         import torch
     except ImportError:
         return None
-    from int8attn.reference import sequence_cache
+    from .reference import sequence_cache
 
     q, k, ks, v, vs, tables, lengths = arrays
     longest = int(lengths.max())
@@ -270,7 +270,7 @@ def markdown(rows: list[dict]) -> str:
 def _prepare(directory: Path, settings: BenchSettings) -> None:
     numerics = None                                   # the kernel target's (the seed's)
     if settings.numerics not in (None, "seed"):
-        from int8attn.pipelines import PIPELINE_NUMERICS
+        from .pipelines import PIPELINE_NUMERICS
 
         # the cpu pipeline's q-terms and w-quant; the kernels implement w-terms 1 only
         numerics = dataclasses.replace(PIPELINE_NUMERICS, w_terms=1)

@@ -23,10 +23,10 @@ import numpy as np
 
 from dataclasses import dataclass
 
-from int8attn.bench_harness import (
-    BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, markdown_table, measure,
-    nan_or, report, run_cases)
-from int8attn.contract.numerics import SEED_NUMERICS
+from .bench_harness import (
+                            BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, markdown_table, measure,
+                            nan_or, report, run_cases)
+from .contract.numerics import SEED_NUMERICS
 
 PV = ("int8", "bf16")
 CHECK_TOKENS = 64
@@ -77,9 +77,9 @@ def module_files(meta: dict) -> list[str]:
 
 def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int,
             q_heads: int, kv_heads: int, head_dim: int) -> None:
-    from int8attn.driver.compile import compile
-    from int8attn.driver.graph import prefill_graph
-    from int8attn.driver.options import CompileOptions
+    from .driver.compile import compile
+    from .driver.graph import prefill_graph
+    from .driver.options import CompileOptions
 
     directory.mkdir(parents=True, exist_ok=True)
     all_cases = cases(contexts, history, new_tokens)
@@ -99,7 +99,7 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
 
 
 def inputs(seed: int, batch, q_heads, kv_heads, tokens, query_tokens, head_dim):
-    from int8attn.reference import quantize_cache
+    from .reference import quantize_cache
 
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, q_heads, query_tokens, head_dim), dtype=np.float32)
@@ -119,7 +119,7 @@ def causal_pairs(tokens: int, query_tokens: int) -> int:
 def check_slices(out, arrays, scale, pv) -> tuple[float, bool]:
     """(max abs vs the fragment reference, within 5e-5 + tie slack) on the first,
     a middle and the last CHECK_TOKENS query tokens."""
-    from int8attn.reference import fragment_attention, rounding_tie_slack
+    from .reference import fragment_attention, rounding_tie_slack
 
     q, k, ks, v, vs = arrays
     tokens, query_tokens = k.shape[2], q.shape[2]

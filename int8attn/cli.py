@@ -21,16 +21,16 @@ from __future__ import annotations
 import os
 import sys
 
-from int8attn.cli_bench import MODE_FLAGS, cmd_bench
-from int8attn.cli_compile_run import _print_remarks, cmd_compile, cmd_run, cmd_targets
-from int8attn.cli_errors import UserError
-from int8attn.cli_parser import CLI_OPTIONS, build_parser
-from int8attn.driver.onnx_import import ModelError
-from int8attn.driver.targets import OptionRefused
-from int8attn.runtime.module import InputError
-from int8attn.support.diagnostics import DiagnosticError, StageError, UsageError
-from int8attn.support.files import OutputError
-from int8attn.support.options import OptionError
+from .cli_bench import MODE_FLAGS, cmd_bench
+from .cli_compile_run import _print_remarks, cmd_compile, cmd_run, cmd_targets
+from .cli_errors import UserError
+from .cli_parser import CLI_OPTIONS, build_parser
+from .driver.onnx_import import ModelError
+from .driver.targets import OptionRefused
+from .runtime.module import InputError
+from .support.diagnostics import DiagnosticError, StageError, UsageError
+from .support.files import OutputError
+from .support.options import OptionError
 
 __all__ = ["CLI_OPTIONS", "MODE_FLAGS", "UserError", "build_parser", "cmd_bench",
            "cmd_compile", "cmd_run", "cmd_targets", "main"]

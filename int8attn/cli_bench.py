@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from int8attn.bench_harness import BenchSettings, output_paths, write_results
-from int8attn.bench_kinds import BENCH_KINDS, bench_kind, mode_flags
-from int8attn.cli_errors import UserError
-from int8attn.support.files import OutputError, check_output_path
+from .bench_harness import BenchSettings, output_paths, write_results
+from .bench_kinds import BENCH_KINDS, bench_kind, mode_flags
+from .cli_errors import UserError
+from .support.files import OutputError, check_output_path
 
 
 # Flags that only one --mode reads (the others would ignore them): flag -> (name, mode),
@@ -27,7 +27,7 @@ MODE_FLAGS = dict(sorted(mode_flags().items(), key=lambda item: (
 
 def _check_bench_shape(args, misuse) -> None:
     """The kernels' limits on the shape flags, before anything is compiled."""
-    from int8attn.kernels.target_spec import target_spec
+    from .kernels.target_spec import target_spec
 
     cuda = target_spec("cuda")
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.cli_errors import UserError
-from int8attn.driver.onnx_import import is_onnx, read_model
-from int8attn.driver.options import CompileOptions
-from int8attn.driver.targets import TARGETS, describe
-from int8attn.support.diagnostics import UsageError
-from int8attn.support.files import check_output_path, write_atomic
-from int8attn.support.options import given
+from .cli_errors import UserError
+from .driver.onnx_import import is_onnx, read_model
+from .driver.options import CompileOptions
+from .driver.targets import TARGETS, describe
+from .support.diagnostics import UsageError
+from .support.files import check_output_path, write_atomic
+from .support.options import given
 
 
 def _options(args) -> dict:
@@ -63,7 +63,7 @@ def cmd_targets(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from int8attn.driver.compile import compile
+    from .driver.compile import compile
 
     _refuse_for_models(args)
     options = CompileOptions(**_options(args))
@@ -135,7 +135,7 @@ def _load_inputs(path: str, info) -> list[np.ndarray]:
 
 
 def _note_nonfinite_queries(info, arrays) -> None:
-    from int8attn.driver.graph import nonfinite_query_rows
+    from .driver.graph import nonfinite_query_rows
 
     bad, rows = nonfinite_query_rows(info, arrays)
     if bad:
@@ -157,7 +157,7 @@ class _SlowProgress:
 
 
 def _accuracy(result, arrays, info, options) -> None:
-    from int8attn.driver.graph import error_stats, references
+    from .driver.graph import error_stats, references
 
     numerics = options.numerics
     refs = references(info, arrays, pv=options.pv, model=options.fragment_model,
@@ -182,8 +182,8 @@ def _executed_how(graph) -> str:
 
 def _refuse_what_would_not_fit(source: str, args) -> None:
     """Random inputs too large for this machine are refused before compiling."""
-    from int8attn.driver.compile import compile
-    from int8attn.driver.graph import check_memory
+    from .driver.compile import compile
+    from .driver.graph import check_memory
 
     graph = compile(source, CompileOptions(**_options(args)), filename=args.graph, until="graph")
     for name, info in graph.functions.items():
@@ -206,7 +206,7 @@ def _refuse_for_models(args) -> None:
 
 
 def _compare_with_onnxruntime(model: bytes, info, arrays, outputs) -> None:
-    from int8attn.driver.onnx_inputs import comparison_lines, onnxruntime_outputs
+    from .driver.onnx_inputs import comparison_lines, onnxruntime_outputs
 
     expected = onnxruntime_outputs(model, info, arrays)
     if expected is None:
@@ -219,9 +219,9 @@ def _compare_with_onnxruntime(model: bytes, info, arrays, outputs) -> None:
 
 
 def cmd_run(args) -> int:
-    import int8attn
-    from int8attn.driver.graph import random_inputs
-    from int8attn.driver.onnx_inputs import random_model_inputs
+    from . import api
+    from .driver.graph import random_inputs
+    from .driver.onnx_inputs import random_model_inputs
 
     if args.output:
         check_output_path(args.output, [args.graph, args.inputs])
@@ -233,9 +233,9 @@ def cmd_run(args) -> int:
     if not args.inputs and not is_onnx(args.graph):
         _refuse_what_would_not_fit(source, args)
     start = time.perf_counter()
-    graph = int8attn.compile(source, filename=args.graph, cache=not args.no_cache,
-                             simulate=args.simulate, save_stages=args.save_stages,
-                             **_options(args))
+    graph = api.compile(source, filename=args.graph, cache=not args.no_cache,
+                        simulate=args.simulate, save_stages=args.save_stages,
+                        **_options(args))
     compile_seconds = time.perf_counter() - start
     _print_remarks(graph.remarks, args.graph)
     info = graph.entry(args.function)
@@ -267,7 +267,7 @@ def cmd_run(args) -> int:
     if is_onnx(args.graph):
         _compare_with_onnxruntime(source, info, arrays, outputs)
     if args.report:
-        from int8attn.report import print_report
+        from .report import print_report
 
         if info.attention is None or graph.simulated or graph.options.target != "cpu":
             raise UsageError("--report needs --target cpu and a graph returning one "

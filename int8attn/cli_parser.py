@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from int8attn.bench_kinds import BENCH_KINDS
-from int8attn.driver.options import CompileOptions
-from int8attn.driver.targets import STAGE_NAMES
-from int8attn.support.options import add_arguments
+from .bench_kinds import BENCH_KINDS
+from .driver.options import CompileOptions
+from .driver.targets import STAGE_NAMES
+from .support.options import add_arguments
 
 # Flags of CompileOptions the CLI offers (v_token_innermost changes the
 # function's signature: a Python API / bench choice).

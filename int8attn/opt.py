@@ -13,14 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from int8attn.passes import PASSES
-from int8attn.pipelines import NAMED_PIPELINES, PipelineOptions, named_pipeline
-from int8attn.pipelines.manager import PipelineError, parse_pipeline, run_passes
-from int8attn.support.diagnostics import DiagnosticError
-from int8attn.support.files import OutputError, check_output_path, write_atomic
-from int8attn.support.ir import new_context, parse_module
-from int8attn.support.options import describe_options
-from int8attn.support.remarks import collect
+from .passes import PASSES
+from .pipelines import NAMED_PIPELINES, PipelineOptions, named_pipeline
+from .pipelines.manager import PipelineError, parse_pipeline, run_passes
+from .support.diagnostics import DiagnosticError
+from .support.files import OutputError, check_output_path, write_atomic
+from .support.ir import new_context, parse_module
+from .support.options import describe_options
+from .support.remarks import collect
 
 SPLIT_MARKER = "// -----"
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import numpy as np
 
-from int8attn.driver.graph import error_stats
-from int8attn.reference import TERMS, error_split
-from int8attn.support.diagnostics import UsageError
+from .driver.graph import error_stats
+from .reference import TERMS, error_split
+from .support.diagnostics import UsageError
 
 _LABELS = {
     "total": "total (INT8 module - exact)",
@@ -25,7 +25,7 @@ def _line(label: str, values: np.ndarray) -> str:
 
 
 def print_report(graph, source, filename, info, arrays, floats, outputs, options) -> None:
-    import int8attn
+    from . import api
 
     call = info.attention
     if call.mode in ("paged", "cache_write"):
@@ -50,8 +50,8 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
         return
     others = {}
     for pv in ("bf16", "f32"):
-        baseline = int8attn.compile(source, filename=filename,
-                                    **dataclasses.asdict(dataclasses.replace(options, pv=pv)))
+        baseline = api.compile(source, filename=filename,
+                               **dataclasses.asdict(dataclasses.replace(options, pv=pv)))
         others[pv] = baseline.run(arrays, info.name)[call.result_index]
     print("PV alone (same graph, inputs and pipeline; only PV differs):")
     print("| comparison | max abs | RMS |")

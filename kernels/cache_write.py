@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
-from int8attn.fragments import FragmentModel
-from int8attn.kernels.abi import KernelABI
-from int8attn.kernels.executable import build_kernel
-from int8attn.kernels.kv_access import pool_slot
-from int8attn.kernels.lanes import Lanes, binding, workgroup_id
-from int8attn.contract import scalar_ir as contract
+from ..fragments import FragmentModel
+from .abi import KernelABI
+from .executable import build_kernel
+from .kv_access import pool_slot
+from .lanes import Lanes, binding, workgroup_id
+from ..contract import scalar_ir as contract
 
 CACHE_WRITE_KERNEL = "cache_write"
 INPUTS = ("k_new", "v_new", "slot_mapping", "k_cache", "k_scale", "v_cache", "v_scale")

@@ -22,13 +22,13 @@ from __future__ import annotations
 from iree.compiler import ir
 from iree.compiler.dialects import arith, func, linalg, tensor
 
-from int8attn.dialects import int8attn as d
-from int8attn.kernels.abi import DENSE_INPUTS, PAGED_INPUTS, KernelABI
-from int8attn.kernels.decode import DecodeKernels
-from int8attn.fragments import arith_ops, ceil_div
-from int8attn.kernels.executable import dispatch
-from int8attn.kernels.prefill import PrefillKernels
-from int8attn.dialects import builders as build
+from ..dialects import int8attn as d
+from .abi import DENSE_INPUTS, PAGED_INPUTS, KernelABI
+from .decode import DecodeKernels
+from ..fragments import arith_ops, ceil_div
+from .executable import dispatch
+from .prefill import PrefillKernels
+from ..dialects import builders as build
 
 DYN = d.DYNAMIC
 

@@ -11,7 +11,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, llvm, memref, scf, stream, vector
 
-from int8attn.fragments import IndexOps, LaneMap, MatrixInstruction, arith_ops
+from ..fragments import IndexOps, LaneMap, MatrixInstruction, arith_ops
 
 
 def index_type() -> ir.Type:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.passes.onnx_ops import (
-    constant, int_attr, ints_attr, onnx_name, onnx_op, scalar, shape, vtensor,
-)
+from .onnx_ops import (
+                       constant, int_attr, ints_attr, onnx_name, onnx_op, scalar, shape, vtensor,
+                       )
 
 MASKED = -1e9   # a mask entry at or below this (after the scalar factors) excludes its token
 HEAD_DIM_MULTIPLE = 16   # the INT8 PV tiles take head-dim columns 16 at a time

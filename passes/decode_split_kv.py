@@ -20,11 +20,11 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.support.options import TypedOptions, option
-from int8attn.fragments import NUMPY_OPS, ceil_div
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from .rewrite import apply_patterns
+from ..support.options import TypedOptions, option
+from ..fragments import NUMPY_OPS, ceil_div
 
 
 def _max(x, acc):

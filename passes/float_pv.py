@@ -16,10 +16,10 @@ from typing import ClassVar, Literal
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.support.options import TypedOptions, option
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from .rewrite import apply_patterns
+from ..support.options import TypedOptions, option
 
 FloatPVKind = Literal["f32", "bf16"]
 

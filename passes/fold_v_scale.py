@@ -16,9 +16,9 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.passes.rewrite import apply_patterns
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from .rewrite import apply_patterns
 
 
 def fold_scale(op: d.PVOp, rewriter):

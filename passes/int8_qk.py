@@ -26,12 +26,12 @@ from typing import ClassVar, Sequence
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.contract import scalar_ir as contract
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.contract.constants import QTerms
-from int8attn.support.options import TypedOptions, option
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from ..contract import scalar_ir as contract
+from .rewrite import apply_patterns
+from ..contract.constants import QTerms
+from ..support.options import TypedOptions, option
 
 
 def group_query_rows(q: ir.Value, kv_heads: int) -> ir.Value:

@@ -41,11 +41,11 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.fragments.cache_layout import CacheLayout, arith_ops
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.support.ir import walk
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from ..fragments.cache_layout import CacheLayout, arith_ops
+from .rewrite import apply_patterns
+from ..support.ir import walk
 
 SKIP_Q = -128          # never a quantized value (they are clamped to [-127, 127])
 SKIP_SCALE = -1.0      # never a scale (max|row|/127 >= 0, or NaN)

@@ -100,14 +100,14 @@ from typing import ClassVar, Literal
 from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
-from int8attn.dialects import int8attn as d
-from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
-from int8attn.dialects import builders as build
-from int8attn.passes import mmac_tiles_mmt4d as mmt4d
-from int8attn.contract import scalar_ir as contract
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.support.cpu_vectors import REGISTER_FILES, VectorISA
-from int8attn.support.options import TypedOptions, option
+from ..dialects import int8attn as d
+from ..fragments import NotADigitPermutation, TokenAxes, token_axes
+from ..dialects import builders as build
+from . import mmac_tiles_mmt4d as mmt4d
+from ..contract import scalar_ir as contract
+from .rewrite import apply_patterns
+from ..support.cpu_vectors import REGISTER_FILES, VectorISA
+from ..support.options import TypedOptions, option
 
 # How the lowerings reach the tokens of a group: through a view of the token
 # digits where the groups table allows it ("in-place"), or always through a

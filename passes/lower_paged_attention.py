@@ -38,15 +38,15 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math, scf, tensor
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.passes.decode_split_kv import partition_softmax
-from int8attn.passes.int8_qk import group_query_rows, int8_scores, quantize_q, ungroup_query_rows
-from int8attn.passes.prefill_online_softmax import causal_mask, online_softmax_tile
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.contract.constants import QTerms
-from int8attn.fragments.cache_layout import CacheLayout, arith_ops, ceil_div
-from int8attn.support.options import TypedOptions, option
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from .decode_split_kv import partition_softmax
+from .int8_qk import group_query_rows, int8_scores, quantize_q, ungroup_query_rows
+from .prefill_online_softmax import causal_mask, online_softmax_tile
+from .rewrite import apply_patterns
+from ..contract.constants import QTerms
+from ..fragments.cache_layout import CacheLayout, arith_ops, ceil_div
+from ..support.options import TypedOptions, option
 
 
 def _index_of(tensor_value: ir.Value, indices) -> ir.Value:

@@ -29,13 +29,13 @@ from typing import ClassVar
 
 from iree.compiler import ir
 
-from int8attn.dialects import int8attn as d
-from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
-from int8attn.dialects import builders as build
-from int8attn.contract import scalar_ir as contract
-from int8attn.passes.lower_mmac_tiles import TokenAccess, gather_tokens
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.support.options import TypedOptions, option
+from ..dialects import int8attn as d
+from ..fragments import NotADigitPermutation, TokenAxes, token_axes
+from ..dialects import builders as build
+from ..contract import scalar_ir as contract
+from .lower_mmac_tiles import TokenAccess, gather_tokens
+from .rewrite import apply_patterns
+from ..support.options import TypedOptions, option
 
 
 def row_absmax(x: ir.Value) -> ir.Value:

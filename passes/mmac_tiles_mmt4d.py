@@ -22,11 +22,11 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
-from int8attn.dialects import int8attn as d
-from int8attn.fragments import NotADigitPermutation, TokenAxes, token_axes
-from int8attn.dialects import builders as build
-from int8attn.contract import scalar_ir as contract
-from int8attn.support.cpu_vectors import RegisterFile
+from ..dialects import int8attn as d
+from ..fragments import NotADigitPermutation, TokenAxes, token_axes
+from ..dialects import builders as build
+from ..contract import scalar_ir as contract
+from ..support.cpu_vectors import RegisterFile
 
 
 # The packed int8 contraction (`linalg.batch_mmt4d`): i16 operands, K0 = 2 K

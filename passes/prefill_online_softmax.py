@@ -25,12 +25,12 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math, scf
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.contract import scalar_ir as contract
-from int8attn.fragments import NUMPY_OPS, HeadMajorRows, arith_ops, ceil_div
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.support.options import TypedOptions, option
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from ..contract import scalar_ir as contract
+from ..fragments import NUMPY_OPS, HeadMajorRows, arith_ops, ceil_div
+from .rewrite import apply_patterns
+from ..support.options import TypedOptions, option
 
 
 def causal_mask(scores: ir.Value, query_tokens: int, history: int | ir.Value,

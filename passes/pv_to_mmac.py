@@ -22,12 +22,12 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from int8attn.support.diagnostics import DiagnosticError
-from int8attn.dialects import int8attn as d
-from int8attn.fragments import NUMPY_OPS, FragmentModelName, ceil_div, fragment_model
-from int8attn.dialects import builders as build
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.support.options import TypedOptions, option
+from ..support.diagnostics import DiagnosticError
+from ..dialects import int8attn as d
+from ..fragments import NUMPY_OPS, FragmentModelName, ceil_div, fragment_model
+from ..dialects import builders as build
+from .rewrite import apply_patterns
+from ..support.options import TypedOptions, option
 
 
 def to_mmac_tiles(op: d.GroupedPVOp, rewriter, model_name: str):

@@ -50,15 +50,15 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
-from int8attn.support.diagnostics import DiagnosticError
-from int8attn.dialects import int8attn as d
-from int8attn.fragments import (FragmentModelName, NotADigitPermutation, ScaleGroupKind,
-                                fragment_model, token_axes)
-from int8attn.dialects import builders as build
-from int8attn.contract import scalar_ir as contract
-from int8attn.passes.rewrite import apply_patterns
-from int8attn.contract.constants import WQuant, WTerms
-from int8attn.support.options import TypedOptions, option
+from ..support.diagnostics import DiagnosticError
+from ..dialects import int8attn as d
+from ..fragments import (FragmentModelName, NotADigitPermutation, ScaleGroupKind,
+                         fragment_model, token_axes)
+from ..dialects import builders as build
+from ..contract import scalar_ir as contract
+from .rewrite import apply_patterns
+from ..contract.constants import WQuant, WTerms
+from ..support.options import TypedOptions, option
 
 
 def _inverse(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

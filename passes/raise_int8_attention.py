@@ -34,14 +34,14 @@ from typing import ClassVar
 
 from iree.compiler import ir
 
-from int8attn.dialects import int8attn as d
-from int8attn.dialects import builders as build
-from int8attn.passes.attention_match import (
-    Match, NotRaised, match_attention, match_attention_op, summary,
-)
-from int8attn.passes.onnx_ops import erase_dead, from_builtin, onnx_name, shape, to_builtin
-from int8attn.support.ir import walk
-from int8attn.support.remarks import missed, passed
+from ..dialects import int8attn as d
+from ..dialects import builders as build
+from .attention_match import (
+                              Match, NotRaised, match_attention, match_attention_op, summary,
+                              )
+from .onnx_ops import erase_dead, from_builtin, onnx_name, shape, to_builtin
+from ..support.ir import walk
+from ..support.remarks import missed, passed
 
 NAME = "raise-int8-attention"
 # Where an attention is recognized from: its Softmax, or ONNX's Attention op.

@@ -11,7 +11,7 @@ from typing import Callable
 
 from iree.compiler import ir, rewrite
 
-from int8attn.support.ir import walk
+from ..support.ir import walk
 
 Pattern = Callable[[ir.OpView, "rewrite.PatternRewriter"], None]
 

@@ -28,10 +28,10 @@ from typing import ClassVar
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.support.diagnostics import DiagnosticError, format_location
-from int8attn.dialects import int8attn as d
-from int8attn.support.ir import walk
-from int8attn.fragments import format_token_set, pv_model_named
+from ..support.diagnostics import DiagnosticError, format_location
+from ..dialects import int8attn as d
+from ..support.ir import walk
+from ..fragments import format_token_set, pv_model_named
 
 
 def _producer(value: ir.Value, consumer, what: str) -> d.GroupQuantizeOp:

@@ -35,17 +35,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from int8attn.fragments import FragmentModelName, ScaleGroupKind, fragment_model
-from int8attn.passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCacheWrite,
-                             LowerMMACTiles,
-                             LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
-                             VerifyScaleGroups)
-from int8attn.passes.lower_mmac_tiles import Contraction
-from int8attn.pipelines.manager import PipelineError, UpstreamPass
-from int8attn.contract.constants import PV_MODES, PVKind, QTerms, WQuant, WTerms
-from int8attn.contract.numerics import Numerics
-from int8attn.support.cpu_vectors import VectorISA
-from int8attn.support.options import OptionError, TypedOptions, option, parse_option_items
+from ..fragments import FragmentModelName, ScaleGroupKind, fragment_model
+from ..passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCacheWrite,
+                      LowerMMACTiles,
+                      LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
+                      VerifyScaleGroups)
+from ..passes.lower_mmac_tiles import Contraction
+from .manager import PipelineError, UpstreamPass
+from ..contract.constants import PV_MODES, PVKind, QTerms, WQuant, WTerms
+from ..contract.numerics import Numerics
+from ..support.cpu_vectors import VectorISA
+from ..support.options import OptionError, TypedOptions, option, parse_option_items
 
 PV_CHOICES = PV_MODES
 # The pipeline's (the cpu target's) numerics when not given: the contract's `Numerics()`.

@@ -16,10 +16,10 @@ from typing import Sequence
 
 from iree.compiler import ir, passmanager
 
-from int8attn.dialects.int8attn import verify
-from int8attn.passes import PASSES
-from int8attn.support.ir import mlir_error
-from int8attn.support.options import OptionError, option_string, parse_option_items
+from ..dialects.int8attn import verify
+from ..passes import PASSES
+from ..support.ir import mlir_error
+from ..support.options import OptionError, option_string, parse_option_items
 
 
 class PipelineError(ValueError):

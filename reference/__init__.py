@@ -16,21 +16,21 @@ function here that depends on it takes `numerics=`, default the contract's
 `Numerics()` (q-terms 2, w-quant u8, w-terms 2); `SEED_NUMERICS` is the seed's.
 """
 
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
-from int8attn.reference.common import (PV_MODES, Q_TERMS, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
-                                       QTerms, WQuant, WTerms, quantize, quantize_cache,
-                                       quantize_q, quantize_w, quantize_w_terms, round_to_bf16,
-                                       w_residual)
-from int8attn.reference.error_model import (TIE_WINDOW, bf16_rounding_error_scale,
-                                            qk_quantization_error_bound,
-                                            qk_quantization_error_scale, rounding_tie_slack,
-                                            w_quantization_error_scale)
-from int8attn.reference.error_split import TERMS, error_split
-from int8attn.reference.exact import exact_attention
-from int8attn.reference.key_bias import channel_bias, quantize_keys, subtract_bias
-from int8attn.reference.fragment import fragment_attention, fragment_softmax_pv
-from int8attn.reference.paged import (exact_paged_attention, fragment_paged_attention,
-                                      paged_cache_write, sequence_cache)
+from ..contract.numerics import SEED_NUMERICS, Numerics
+from .common import (PV_MODES, Q_TERMS, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
+                     QTerms, WQuant, WTerms, quantize, quantize_cache,
+                     quantize_q, quantize_w, quantize_w_terms, round_to_bf16,
+                     w_residual)
+from .error_model import (TIE_WINDOW, bf16_rounding_error_scale,
+                          qk_quantization_error_bound,
+                          qk_quantization_error_scale, rounding_tie_slack,
+                          w_quantization_error_scale)
+from .error_split import TERMS, error_split
+from .exact import exact_attention
+from .key_bias import channel_bias, quantize_keys, subtract_bias
+from .fragment import fragment_attention, fragment_softmax_pv
+from .paged import (exact_paged_attention, fragment_paged_attention,
+                    paged_cache_write, sequence_cache)
 
 __all__ = ["Numerics", "SEED_NUMERICS", "TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
            "W_OFFSET", "W_QUANTS", "WQuant", "quantize_w", "W_TERMS", "WTerms",

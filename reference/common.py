@@ -6,10 +6,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from int8attn.contract.constants import (  # noqa: F401  (the references' names)
+from ..contract.constants import (  # noqa: F401  (the references' names)
     PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
     QTerms, WQuant, WTerms)
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
+from ..contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
 
 F32 = np.float32
 # About how many bytes of intermediates the references hold at once: they work

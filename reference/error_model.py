@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.contract.numerics import Numerics
-from int8attn.fragments import FragmentModel, pv_model_named
-from int8attn.reference.common import (F32, group_rows, quantization_inverse, quantize,
-                                       quantize_q, quantize_w, visible, w_residual)
-from int8attn.reference.fragment import blocks_for
+from ..contract.numerics import Numerics
+from ..fragments import FragmentModel, pv_model_named
+from .common import (F32, group_rows, quantization_inverse, quantize,
+                     quantize_q, quantize_w, visible, w_residual)
+from .fragment import blocks_for
 
 # Two f32 implementations of the contract (different exp, summation order)
 # give W values a few ulps apart; an element whose W*127/max lies this close

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.contract.numerics import Numerics
-from int8attn.fragments import NUMPY_OPS, ceil_div, pv_model_named
-from int8attn.reference.common import F32, pad_tokens, quantize_w_terms, w_levels
-from int8attn.reference.exact import exact_attention
-from int8attn.reference.fragment import blocks_for
+from ..contract.numerics import Numerics
+from ..fragments import NUMPY_OPS, ceil_div, pv_model_named
+from .common import F32, pad_tokens, quantize_w_terms, w_levels
+from .exact import exact_attention
+from .fragment import blocks_for
 
 TERMS = ("q_quantization", "k_cache", "v_cache", "w_quantization")
 

@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from int8attn.reference.common import F32, group_rows, row_chunks, visible
+from .common import F32, group_rows, row_chunks, visible
 
 # Bytes per (row, token) held at once: f64 scores, their masked copy, exp.
 _BYTES_PER_SCORE = 3 * 8

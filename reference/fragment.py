@@ -15,10 +15,10 @@ from typing import Callable
 
 import numpy as np
 
-from int8attn.contract.numerics import Numerics
-from int8attn.fragments import NUMPY_OPS, FragmentModel, ceil_div, pv_model_named
-from int8attn.reference.common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
-                                       int8_scores, pad_tokens, row_chunks)
+from ..contract.numerics import Numerics
+from ..fragments import NUMPY_OPS, FragmentModel, ceil_div, pv_model_named
+from .common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
+                     int8_scores, pad_tokens, row_chunks)
 
 # Bytes per (row, token) held at once: the QK sums, scores, P, W and their
 # temporaries (f32); the PV sums per (row, block) add 16 * D / block_tokens.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.reference.common import F32, quantize
+from .common import F32, quantize
 
 
 def channel_bias(keys: np.ndarray) -> np.ndarray:

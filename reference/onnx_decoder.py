@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from int8attn.contract.numerics import Numerics
-from int8attn.reference.common import quantize_cache
+from ..contract.numerics import Numerics
+from .common import quantize_cache
 
 OPSET = 18
 
@@ -242,7 +242,7 @@ def contract_attention(outputs: dict, layer: int,
     """(the contract's attention of layer `layer`, its rounding-tie slack), from the
     q and caches among `outputs` (a run's outputs by name); `numerics` default to the
     contract's, the cpu pipeline's, which compiled models use."""
-    from int8attn.reference import fragment_attention, rounding_tie_slack
+    from . import fragment_attention, rounding_tie_slack
 
     q = outputs[f"q_{layer}"]
     operands = [outputs[f"present_{n}_{layer}"] for n in ("k", "k_scale", "v", "v_scale")]

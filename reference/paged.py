@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.contract.numerics import Numerics
-from int8attn.fragments.cache_layout import EVERY, CacheLayout
-from int8attn.reference.common import quantize
-from int8attn.reference.key_bias import subtract_bias
-from int8attn.reference.exact import exact_attention
-from int8attn.reference.fragment import fragment_attention
+from ..contract.numerics import Numerics
+from ..fragments.cache_layout import EVERY, CacheLayout
+from .common import quantize
+from .key_bias import subtract_bias
+from .exact import exact_attention
+from .fragment import fragment_attention
 
 
 def sequence_slots(block_tables, context_lens, b: int, block_size: int):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import iree.runtime as rt
 
-from int8attn.support.diagnostics import StageError, save_for_repro
+from ..support.diagnostics import StageError, save_for_repro
 
 # Byte alignment IREE's CPU dispatches may assume for a buffer binding.
 HOST_ALIGNMENT = 64

@@ -9,7 +9,7 @@ __all__ = ["PagedAttention"]
 
 def __getattr__(name):
     if name == "PagedAttention":
-        from int8attn.serving.paged_attention import PagedAttention
+        from .paged_attention import PagedAttention
 
         return PagedAttention
     raise AttributeError(name)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from int8attn.fragments.cache_layout import CacheLayout
-from int8attn.serving.tensors import torch_module
+from ..fragments.cache_layout import CacheLayout
+from .tensors import torch_module
 
 POOLS = ("k_cache", "v_cache")
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 
-from int8attn.driver.signature import FunctionInfo
-from int8attn.kernels.abi import paged_sizes
-from int8attn.serving.cuda_driver import Launch, PtxModule
-from int8attn.serving.kernel_package import KernelPackage
-from int8attn.serving.tensors import torch_dtypes, torch_module
+from ..driver.signature import FunctionInfo
+from ..kernels.abi import paged_sizes
+from .cuda_driver import Launch, PtxModule
+from .kernel_package import KernelPackage
+from .tensors import torch_dtypes, torch_module
 
 
 class CudaExecutor:

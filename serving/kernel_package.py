@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 
-from int8attn.kernels.abi import KernelABI
+from ..kernels.abi import KernelABI
 
 EXECUTABLE_HEADER = 64           # IREE's executable file header, before the FlatBuffer
 MANIFEST, PTX = "manifest.json", "kernels.ptx"

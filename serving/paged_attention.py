@@ -36,12 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from int8attn.contract.numerics import Numerics
-from int8attn.driver.paged_decode import cache_write_graph, paged_attention_graph
-from int8attn.runtime.module import InputError
-from int8attn.serving.executors import CudaExecutor, HostExecutor
-from int8attn.serving.kernel_package import KernelPackage
-from int8attn.serving.tensors import SignatureCheck, aligned, torch_module
+from ..contract.numerics import Numerics
+from ..driver.paged_decode import cache_write_graph, paged_attention_graph
+from ..runtime.module import InputError
+from .executors import CudaExecutor, HostExecutor
+from .kernel_package import KernelPackage
+from .tensors import SignatureCheck, aligned, torch_module
 
 DECODE, WRITE = "decode", "write"
 SETTINGS = "paged_attention.json"
@@ -77,10 +77,10 @@ class PagedAttention:
     def executor(self, kind):
         """The executor of `kind`: DECODE, WRITE or ("prefill", Sq), compiled on first use."""
         if kind not in self._executors:
-            import int8attn
+            from .. import api
 
-            graph = int8attn.compile(self._source(kind), target=self.target,
-                                     filename=f"{_kind_name(kind)}.mlir", **self.options)
+            graph = api.compile(self._source(kind), target=self.target,
+                                filename=f"{_kind_name(kind)}.mlir", **self.options)
             self._executors[kind] = (CudaExecutor(KernelPackage.from_graph(graph))
                                      if self.target == "cuda" else HostExecutor(graph))
         return self._executors[kind]
@@ -139,7 +139,7 @@ class PagedAttention:
         its options resolved for its target."""
         if self._saved_numerics is not None:
             return self._saved_numerics
-        from int8attn.api import compile_options
+        from ..api import compile_options
 
         return compile_options(target=self.target, **self.options).numerics
 
@@ -247,8 +247,8 @@ def _kind_of(name: str):
 def _validate(info, tensors) -> None:
     """The value rules (module docstring): the verdict on the device, the message from
     the numpy checks every executor shares."""
-    from int8attn.driver.paged_inputs import check_cache_write_arguments, check_paged_arguments
-    from int8attn.serving.device_checks import host_arrays, passes_value_rules
+    from ..driver.paged_inputs import check_cache_write_arguments, check_paged_arguments
+    from .device_checks import host_arrays, passes_value_rules
 
     if passes_value_rules(info, tensors):
         return

@@ -10,7 +10,7 @@ on. The messages name the argument as the numpy path does.
 
 from __future__ import annotations
 
-from int8attn.runtime.module import InputError
+from ..runtime.module import InputError
 
 
 def torch_module():

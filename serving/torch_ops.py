@@ -1,6 +1,6 @@
 """`torch.ops.int8attn.paged_attention` and `torch.ops.int8attn.cache_write`.
 
-    from int8attn.serving import torch_ops
+    from . import torch_ops
     handle = torch_ops.register(attn)               # a PagedAttention
     torch.ops.int8attn.cache_write(k_new, v_new, slots, kc, ks, vc, vs, handle, False)
     out = torch.ops.int8attn.paged_attention(q, kc, ks, vc, vs, tables, lens, handle, False)
@@ -16,7 +16,7 @@ graph: the value checks sync with the host, which capture forbids.
 
 from __future__ import annotations
 
-from int8attn.serving.tensors import torch_module
+from .tensors import torch_module
 
 torch = torch_module()
 Tensor = torch.Tensor

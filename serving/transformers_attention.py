@@ -1,7 +1,7 @@
 """int8attn as a transformers attention implementation, "int8attn_paged", over a paged INT8 cache.
 
-    from int8attn.serving.transformers_attention import (PagedInt8Cache, install,
-                                                          paged_attention_for)
+    from .transformers_attention import (PagedInt8Cache, install,
+                                         paged_attention_for)
     attn = paged_attention_for(model.config, target="cpu")   # cuda: PagedAttention.load(dir)
     install(model)                                           # once per model
     cache = PagedInt8Cache(model.config, attn, blocks=256)   # one per batch of prompts
@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 
-from int8attn.runtime.module import InputError
-from int8attn.serving.paged_attention import PagedAttention
-from int8attn.serving.transformers_cache import PagedInt8Cache, PagedLayer, model_shape
+from ..runtime.module import InputError
+from .paged_attention import PagedAttention
+from .transformers_cache import PagedInt8Cache, PagedLayer, model_shape
 
 __all__ = ["NAME", "PagedInt8Cache", "PagedLayer", "cache_keyword", "install",
            "paged_attention_for", "paged_attention_forward", "register"]

@@ -29,11 +29,11 @@ import weakref
 
 import numpy as np
 
-from int8attn.contract.constants import QUANTIZE_MIN_ABSMAX
-from int8attn.driver.paged_decode import PoolExhausted
-from int8attn.fragments.cache_layout import EVERY, CacheLayout
-from int8attn.runtime.module import InputError
-from int8attn.serving.tensors import torch_module
+from ..contract.constants import QUANTIZE_MIN_ABSMAX
+from ..driver.paged_decode import PoolExhausted
+from ..fragments.cache_layout import EVERY, CacheLayout
+from ..runtime.module import InputError
+from .tensors import torch_module
 
 
 torch = torch_module()

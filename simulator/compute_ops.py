@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.simulator.isa import matrix_instruction, table_for
-from int8attn.simulator.memory import DTYPES, SimulationError, _element
+from .isa import matrix_instruction, table_for
+from .memory import DTYPES, SimulationError, _element
 
 INTRINSICS = {"llvm.amdgcn.mmac.i32.16x16x32i8": "gfx936"}
 CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
@@ -84,7 +84,7 @@ class ComputeOps:
     def op_arith_truncf(self, op, operands):
         if _element(op.result.type) != "bf16":
             raise SimulationError(f"unsupported truncf to {op.result.type}")
-        from int8attn.reference.common import round_to_bf16
+        from ..reference.common import round_to_bf16
 
         return round_to_bf16(np.asarray(operands[0], np.float32))
 

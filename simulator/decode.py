@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.contract.numerics import Numerics
-from int8attn.fragments import NUMPY_OPS, FragmentModel, ceil_div
-from int8attn.kernels.decode import build_decode_kernels, dense_access, paged_access
-from int8attn.kernels.target_spec import target_spec
-from int8attn.kernels.kv_access import DenseShape, PagedShape
-from int8attn.kernels.abi import DENSE_INPUTS, PAGED_INPUTS, paged_sizes
-from int8attn.kernels.cache_write import inputs as cache_write_inputs
-from int8attn.simulator.run import dense_kernel_inputs, run_abi
-from int8attn.support.ir import new_context
+from ..contract.numerics import Numerics
+from ..fragments import NUMPY_OPS, FragmentModel, ceil_div
+from ..kernels.decode import build_decode_kernels, dense_access, paged_access
+from ..kernels.target_spec import target_spec
+from ..kernels.kv_access import DenseShape, PagedShape
+from ..kernels.abi import DENSE_INPUTS, PAGED_INPUTS, paged_sizes
+from ..kernels.cache_write import inputs as cache_write_inputs
+from .run import dense_kernel_inputs, run_abi
+from ..support.ir import new_context
 
 
 def _real_rows(out, q_heads):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.simulator.compute_ops import ComputeOps
-from int8attn.simulator.memory import DTYPES, SimulationError, _element, _Memory
+from .compute_ops import ComputeOps
+from .memory import DTYPES, SimulationError, _element, _Memory
 
 __all__ = ["Machine", "SimulationError"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.simulator.decode import (run_cache_write_kernel, run_dense_kernels,
-                                       run_paged_kernels)
-from int8attn.simulator.prefill import run_paged_prefill_kernels, run_prefill_kernels
-from int8attn.support.ir import new_context
+from .decode import (run_cache_write_kernel, run_dense_kernels,
+                     run_paged_kernels)
+from .prefill import run_paged_prefill_kernels, run_prefill_kernels
+from ..support.ir import new_context
 
 # (the graph's mode, the kernel the driver built for it) -> the host work around it.
 RUNNERS = {("decode", "decode"): run_dense_kernels, ("paged", "decode"): run_paged_kernels,

@@ -10,14 +10,14 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.contract.numerics import Numerics
-from int8attn.fragments import NUMPY_OPS, FragmentModel, ceil_div
-from int8attn.kernels.target_spec import target_spec
-from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
-from int8attn.kernels.prefill import build_prefill_kernels
-from int8attn.kernels.abi import DENSE_INPUTS, PAGED_INPUTS
-from int8attn.simulator.run import dense_kernel_inputs, run_abi
-from int8attn.support.ir import new_context
+from ..contract.numerics import Numerics
+from ..fragments import NUMPY_OPS, FragmentModel, ceil_div
+from ..kernels.target_spec import target_spec
+from ..kernels.kv_access import PagedPrefillShape, PrefillShape
+from ..kernels.prefill import build_prefill_kernels
+from ..kernels.abi import DENSE_INPUTS, PAGED_INPUTS
+from .run import dense_kernel_inputs, run_abi
+from ..support.ir import new_context
 
 
 def _spec(target: str, fragments: FragmentModel | None):

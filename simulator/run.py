@@ -7,9 +7,9 @@ import re
 import numpy as np
 from iree.compiler import ir
 
-from int8attn.reference.common import pad_tokens
-from int8attn.support.ir import walk
-from int8attn.simulator.interpreter import Machine, SimulationError
+from ..reference.common import pad_tokens
+from ..support.ir import walk
+from .interpreter import Machine, SimulationError
 
 
 def _executable(module: ir.Operation, name: str) -> ir.Operation:
@@ -68,7 +68,7 @@ def run_abi(module: ir.Operation, abis, sizes: dict[str, int], tensors: dict) ->
     records) in order, called as its ABI declares: its inputs by name among `tensors`
     and the earlier kernels' outputs, its index operands, its outputs (zeroed numpy
     buffers); the grid from its workload. Returns every buffer by name."""
-    from int8attn.kernels.abi import KernelABI, evaluate
+    from ..kernels.abi import KernelABI, evaluate
 
     buffers = dict(tensors)
     for data in abis:

@@ -13,7 +13,7 @@ import types
 from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
-from int8attn.support.diagnostics import DiagnosticError
+from .diagnostics import DiagnosticError
 
 NAMESPACE = "int8attn."
 # Dialects without a Python module in IREE's bindings: an imported ONNX model's,

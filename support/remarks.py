@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from iree.compiler import ir
 
-from int8attn.support.diagnostics import format_location
+from .diagnostics import format_location
 
 CATEGORY = "int8attn"
 

@@ -4,8 +4,10 @@ The rule (README, "Layout"): module `int8attn.X.Y` is `X/Y.py` at the
 repository root, every subpackage a top-level folder; `int8attn/` holds only
 the entry points (API, CLIs) and what only they use. Module-level imports
 between int8attn modules form no cycle (imports inside functions are the
-deliberate way for an entry point to load something lazily). No module is
-longer than 400 lines but those named in `LONG_MODULES`, each with its reason.
+deliberate way for an entry point to load something lazily). Package modules
+import each other relatively (`from ..fragments import ...`), so an import names
+the sibling folder it resolves to. No module is longer than 400 lines but those
+named in `LONG_MODULES`, each with its reason.
 
 The layers (docs/design.md, "Layers"): every import, lazy or not, absolute or
 relative, goes from a folder to one below it (`ALLOWED_IMPORTS`); the folders form
@@ -451,3 +453,19 @@ def test_the_layer_check_sees_every_import_form(tmp_path):
     assert [layer(m) for m, _ in sorted(found)] == ["int8attn", "passes", "reference"]
     assert layer("int8attn.api") == layer("int8attn") == "api"
     assert folder("int8attn.api") == "int8attn" and layer("int8attn.report") == "int8attn"
+
+
+def test_package_modules_import_each_other_relatively():
+    # Module int8attn.X.Y lives in X/Y.py at the root: an absolute `int8attn.X` import
+    # names a path that does not exist for a reader without the editable install, a
+    # relative one (`from ..X import`) names the sibling folder it resolves to.
+    absolute = []
+    for module, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(n == "int8attn" or n.startswith("int8attn.") for n in names):
+                absolute.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not absolute, "absolute int8attn imports in package modules (make them relative): " \
+        + ", ".join(absolute)
