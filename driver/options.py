@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
-from ..fragments import FragmentModelName
+from ..fragments import FragmentModelName, PVAtomName, fragment_model
 from ..pipelines import PIPELINE_NUMERICS, PipelineOptions
 from ..contract.constants import QTerms, WQuant, WTerms
 from ..contract.numerics import Numerics
@@ -65,6 +65,10 @@ class CompileOptions(PipelineOptions):
     vector_isa: VectorISA | None = option(
         None, "Python API only, contraction=mmt4d: derived from --target-cpu "
         "(support/cpu_vectors.py); a value given must be that CPU's")
+    pv_atom: PVAtomName | None = option(
+        None, "kernel targets, pv=int8: the INT8 matrix instruction PV runs on, the target's "
+        "own by default (QK's); gfx942 also offers v_mfma_i32_32x32x16_i8, whose 16-token "
+        "MMAC groups the W scales then follow (int8attn targets lists each target's)")
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")
@@ -77,6 +81,15 @@ class CompileOptions(PipelineOptions):
             partition_tokens=self.partition_tokens, tile_tokens=self.tile_tokens,
             **asdict(self.numerics), contraction=self.contraction,
             vector_isa=self.vector_isa or PipelineOptions.vector_isa)
+
+    @property
+    def pv_model_name(self) -> str:
+        """The fragment model whose MMAC token sets the W groups follow: the resolved
+        fragment model, or "target:atom" for another PV atom (fragments.pv_model_named)."""
+        model = self.resolved_fragment_model()
+        if self.pv_atom is None or self.pv_atom == fragment_model(model).instruction.name:
+            return model
+        return f"{model}:{self.pv_atom}"
 
     def resolved_fragment_model(self) -> str:
         if self.fragment_model is not None:

@@ -22,7 +22,7 @@ from . import stages
 from .cpu_target import HOST, CPUTarget, UnknownTargetCPU
 from .cpu_target import resolve as resolve_cpu
 from .options import TARGET_NAMES, CompileOptions
-from ..fragments import fragment_model
+from ..fragments import PV_ATOMS, fragment_model
 from ..support.options import kebab
 
 
@@ -73,6 +73,10 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                         f"the prefill kernel's KV tile is the fragment model's wave of "
                         f"{model.wave_tokens} tokens (its W groups are the wave's MMAC "
                         f"token sets)"),
+        "pv_atom": (lambda o: o.pv_atom not in (None, *PV_ATOMS[target])
+                    or (o.pv_atom is not None and o.pv != "int8"),
+                    f"--target {target}'s INT8 PV atoms are {', '.join(PV_ATOMS[target])} "
+                    f"(the first is QK's too), and only --pv int8 runs on one"),
         "w_terms": (lambda o: o.w_terms not in (None, 1),
                     "the lane kernels quantize W in one INT8 term; two-term W "
                     "(docs/design.md §2c) is --target cpu's so far"),
@@ -151,7 +155,10 @@ _KERNEL_FLAGS = (
     "--iree-scheduling-optimize-bindings=false",
 )
 _CPU_ONLY = {"v_token_innermost": (lambda o: o.v_token_innermost,
-                                   "V layouts are a kernel-target choice")}
+                                   "V layouts are a kernel-target choice"),
+             "pv_atom": (lambda o: o.pv_atom is not None,
+                         "the lane kernels' PV instruction; --target cpu's W groups follow "
+                         "--fragment-model")}
 
 TARGETS: dict[str, Target] = {
     "cpu": Target(
@@ -196,7 +203,9 @@ def describe() -> str:
         lines.append(f"        {t.summary}")
         runs = ([f"IREE {t.runtime_driver}"] if t.runtime_driver else []) + \
             (["the lane simulator (--simulate)"] if t.simulates else [])
-        lines.append(f"        pv: {', '.join(t.pv)}; runs on: {' or '.join(runs)}")
+        atoms = (f"; --pv-atom: {', '.join(PV_ATOMS[t.name])}"
+                 if len(PV_ATOMS.get(t.name, ())) > 1 else "")
+        lines.append(f"        pv: {', '.join(t.pv)}{atoms}; runs on: {' or '.join(runs)}")
     return "\n".join(lines)
 
 assert tuple(TARGETS) == TARGET_NAMES

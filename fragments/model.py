@@ -163,12 +163,16 @@ def bf16_pv_model(name: str) -> FragmentModel:
 # the target's own model's instruction first. An atom other than the first gives a
 # PV-only model (`pv_model`): the same V load scheme and wave, another instruction,
 # so another K and other W scale groups (docs/design.md §4).
+# The INT8 PV instructions a kernel target offers (the first: its own, QK's too).
+PVAtomName = Literal["v_mmac_i32_16x16x32_i8", "v_mfma_i32_16x16x32_i8",
+                     "v_mfma_i32_32x32x16_i8", "mma.sync.m16n8k32.s8"]
 PV_ATOMS: dict[str, tuple[str, ...]] = {
     "gfx936": (GFX936_MMAC.name,),
     "gfx942": (GFX942_MFMA.name, GFX942_MFMA_32X32X16.name),
     "cuda": (SM80_MMA_S8.name,),
 }
 assert all(atoms[0] == FRAGMENT_MODELS[t].instruction.name for t, atoms in PV_ATOMS.items())
+assert {a for atoms in PV_ATOMS.values() for a in atoms} == set(get_args(PVAtomName))
 _PV_INSTRUCTIONS = {inst.name: inst for inst in
                     (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16, SM80_MMA_S8)}
 _PV_MODELS: dict[tuple[str, str], FragmentModel] = {}

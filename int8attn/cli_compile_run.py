@@ -160,14 +160,14 @@ def _accuracy(result, arrays, info, options) -> None:
     from .driver.graph import error_stats, references
 
     numerics = options.numerics
-    refs = references(info, arrays, pv=options.pv, model=options.fragment_model,
+    refs = references(info, arrays, pv=options.pv, model=options.pv_model_name,
                       partition_tokens=options.partition_tokens, tile_tokens=options.tile_tokens,
                       scale_groups=options.scale_groups, numerics=numerics,
                       progress=_SlowProgress())
     variant = f", {numerics.describe()}" if options.pv == "int8" \
         else f", q-terms {numerics.q_terms}"
     print(f"accuracy of @{info.name} (target {options.target}, pv={options.pv}, fragment "
-          f"model {options.fragment_model}{variant}):")
+          f"model {options.pv_model_name}{variant}):")
     for name, label in (("exact", "vs exact f32 reference      "),
                         ("fragment", "vs fragment-level reference")):
         stats = error_stats(result, refs[name])

@@ -34,7 +34,7 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
     q, k, k_scale, v, v_scale = (arrays[i] for i in call.argument_of)
     result = outputs[call.result_index]
     split = error_split(q, k, k_scale, v, v_scale, floats["k"], floats["v"],
-                        call.softmax_scale, result, model=options.fragment_model,
+                        call.softmax_scale, result, model=options.pv_model_name,
                         partition_tokens=options.partition_tokens,
                         tile_tokens=options.tile_tokens, scale_groups=options.scale_groups,
                         numerics=options.numerics)

@@ -89,3 +89,37 @@ def test_numerics_the_kernels_do_not_implement_are_refused():
     args = decode_inputs(271, 1, 4, 1, 70, 64)
     with pytest.raises(ValueError, match="w-terms 1 only"):
         simulate_decode(*args, 0.125, target="gfx942", numerics=Numerics())
+
+
+def test_the_compile_api_builds_the_atom_and_names_its_groups():
+    # --pv-atom / pv_atom= reaches the kernels through CompileOptions; the options name
+    # the model the W groups follow, which the references then take.
+    import int8attn
+    from int8attn.driver.graph import decode_graph
+
+    seed = 281
+    print(f"seed {seed}")
+    args = decode_inputs(seed, 1, 8, 2, 200, 64)
+    graph = int8attn.compile(decode_graph(1, 8, 2, 200, 64), target="gfx942", pv_atom=ATOM,
+                             simulate=True, cache=False)
+    assert graph.options.pv_model_name == MODEL
+    out = graph(*args)
+    _check(out, args, graph.options.numerics)
+    default = int8attn.compile(decode_graph(1, 8, 2, 200, 64), target="gfx942", simulate=True,
+                               cache=False)
+    assert default.options.pv_model_name == "gfx942"
+    assert not np.array_equal(out, default(*args))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(target="cpu"), "does not apply to --target cpu"),
+    (dict(target="cuda"), "--target cuda's INT8 PV atoms are mma.sync.m16n8k32.s8"),
+    (dict(target="gfx936"), "--target gfx936's INT8 PV atoms are v_mmac_i32_16x16x32_i8"),
+])
+def test_an_atom_the_target_does_not_have_is_refused(options, message):
+    import int8attn
+    from int8attn.driver.graph import decode_graph
+
+    with pytest.raises(Exception, match=message):
+        int8attn.compile(decode_graph(1, 8, 2, 200, 64), pv_atom=ATOM, cache=False,
+                         simulate=options["target"] != "cpu", **options)
