@@ -1,6 +1,8 @@
-"""Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`).
+"""Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`) or
+numerics (`Numerics`: q_terms, w_quant).
 
     python benchmarks/paged_schedules.py DIR merge_chunks=16 merge_splits=32 merge_unroll=2
+    python benchmarks/paged_schedules.py DIR q_terms=2 w_quant=u8
     python -m int8attn.bench_paged --run DEFAULT_DIR,DIR,... --pv int8   # on the GPU
 
 Each folder holds the modules `int8attn bench --mode paged --prepare-only`
@@ -18,23 +20,30 @@ from pathlib import Path
 from int8attn import bench_paged
 from int8attn.kernels import target_spec as specs
 
+# The numerics fields the lane kernels implement variants of (their w-terms is 1).
+NUMERICS_FIELDS = {"q_terms": int, "w_quant": str}
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/paged_schedules.py")
     parser.add_argument("directory", type=Path)
     parser.add_argument("fields", nargs="*", metavar="FIELD=VALUE",
-                        help=", ".join(f.name for f in fields(specs.DecodeTuning)))
+                        help=", ".join([f.name for f in fields(specs.DecodeTuning)]
+                                       + list(NUMERICS_FIELDS)))
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     args = parser.parse_args(argv)
     types = {f.name: f.type for f in fields(specs.DecodeTuning)}
-    changes = {}
+    changes, numerics = {}, {}
     for pair in args.fields:
         name, _, value = pair.partition("=")
-        if name not in types:
-            parser.error(f"DecodeTuning has no field {name!r}")
-        changes[name] = value == "True" if types[name] == "bool" else int(value)
+        if name in NUMERICS_FIELDS:
+            numerics[name] = NUMERICS_FIELDS[name](value)
+        elif name in types:
+            changes[name] = value == "True" if types[name] == "bool" else int(value)
+        else:
+            parser.error(f"neither DecodeTuning nor the kernels' numerics has a field {name!r}")
     cuda = specs.TARGET_SPECS["cuda"]
     table = tuple((bound, changes.get("workgroups_per_sm", wps))
                   for bound, wps in cuda.occupancy_by_head_dim)
@@ -42,7 +51,10 @@ def main(argv=None) -> int:
                                          occupancy_by_head_dim=table)
     print(f"{args.directory}: {specs.target_spec('cuda').default_tuning(args.head_dim)}",
           flush=True)
-    bench_paged.prepare(args.directory, args.q_heads, args.kv_heads, args.head_dim)
+    chosen = replace(cuda.numerics, **numerics)
+    print(f"{args.directory}: {chosen.describe()}", flush=True)
+    bench_paged.prepare(args.directory, args.q_heads, args.kv_heads, args.head_dim,
+                        numerics=chosen)
     return 0
 
 

@@ -276,6 +276,28 @@ class DecodeKernelLayout:
         c = self.instruction.c.coords
         return [i for i in range(c.shape[1]) if (c[:, i, 0] >= rows).all()]
 
+    def term_rows(self, rows: int, real: int) -> tuple[int, dict[int, int]] | None:
+        """Where a second Q term fits in the padding rows of the same A tile: (shift,
+        {live slot: slot}) such that the slot holds row + shift of the live slot's row,
+        in the same column and lane, on every lane, and rows shift .. shift + real - 1
+        are padding (>= `rows`, below M). One MMA then gives both terms' sums of each
+        score in one lane. None where no shift does (every row live, or C puts a row's
+        shift in another lane, as gfx936's one-row-per-lane layout does)."""
+        c = self.instruction.c.coords
+        live = [i for i in range(c.shape[1]) if i not in self.dead_c_slots(rows)]
+        for shift in range(rows, self.instruction.m - real + 1):
+            partner = {}
+            for i in live:
+                same = [j for j in range(c.shape[1])
+                        if (c[:, j, 1] == c[:, i, 1]).all()
+                        and (c[:, j, 0] == c[:, i, 0] + shift).all()]
+                if not same:
+                    break
+                partner[i] = same[0]
+            else:
+                return shift, partner
+        return None
+
     def column_sum_slots(self, rows: int,
                          reserved=frozenset()) -> tuple[dict[int, int], list[int]] | None:
         """Unsigned W's column sums for free: ({live slot: dead slot in the same

@@ -7,6 +7,7 @@ count) comes in as arguments.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 from iree.compiler import ir
@@ -25,7 +26,9 @@ RowSource = Callable[[ir.Value], tuple[ir.Value, list[ir.Value]]]
 def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) -> StagedQ:
     """`rows` query rows, quantized per row (the contract's rule) into LDS: per
     term, Qq [rows, D] i8 and sQ [rows] f32, rows past the real ones zero. The
-    second term (q-terms 2) quantizes the residual fma(-Qq1, s1, q)."""
+    second term (q-terms 2) quantizes the residual fma(-Qq1, s1, q): into LDS of
+    its own, or, where the plan packs the terms (`StagePlan.q_packing`), into the
+    padding rows row + shift of the first term's tile, so that one MMA gives both."""
     lanes, d = plan.lanes, plan.head_dim
     _, slots = thread_distribution(rows, d, lanes.threads)
     row_map = slots[0][0]
@@ -35,10 +38,11 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
     c = contract.quantize_constants(lanes.f32)
     cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
     values = [arith.select(real, memref.load(q, q_index + [col]), c.zero) for col in cols]
-    terms = []
-    for _ in range(plan.numerics.q_terms):
-        qq_lds = lanes.shared([rows, d], "i8")
-        sq_lds = lanes.shared([rows], "f32")
+    terms, packing = [], plan.q_packing
+    for term in range(plan.numerics.q_terms):
+        if packing is None or term == 0:
+            qq_lds = lanes.shared([rows, d], "i8")
+            sq_lds = lanes.shared([rows], "f32")
         amax = c.zero
         for x in values:
             amax = contract.absmax_step(amax, x)
@@ -46,13 +50,31 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
         inverse = contract.quantize_inverse(amax, c)
         scale = contract.quantize_scale(amax, c)
         quantized = [contract.quantize_value(x, inverse, c) for x in values]
-        for qv, col in zip(quantized, cols):
-            memref.store(qv, qq_lds, [row, col])
-        memref.store(scale, sq_lds, [row])
-        terms.append((qq_lds, sq_lds))
+        guard = _stores_term(plan, row, term)
+        with nullcontext() if guard is None else lanes.when(guard):
+            at = row if packing is None or term == 0 else lanes.plus(row, packing[0])
+            for qv, col in zip(quantized, cols):
+                memref.store(qv, qq_lds, [at, col])
+            memref.store(scale, sq_lds, [at])
+        if packing is None or term == 0:
+            terms.append((qq_lds, sq_lds))
         values = [contract.q_residual(x, qv, scale) for x, qv in zip(values, quantized)]
     lanes.barrier()
     return StagedQ(tuple(terms))
+
+
+def _stores_term(plan: StagePlan, row: ir.Value, term: int) -> ir.Value | None:
+    """Does the thread of staged row `row` store its term `term` (None: always)?
+    Packed with shift s over the tile's n live rows: term 1 outside rows s .. s+n-1
+    (they hold the second terms), term 2 (at row + s) for the live rows."""
+    lanes, packing = plan.lanes, plan.q_packing
+    if packing is None:
+        return None
+    shift, live = packing[0], plan.rows_out
+    if term == 1:
+        return arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(live))
+    return arith.ori(arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(shift)),
+                     arith.cmpi(arith.CmpIPredicate.uge, row, lanes.index(shift + live)))
 
 
 def q_operands(plan: StagePlan, staged: StagedQ,
@@ -63,11 +85,16 @@ def q_operands(plan: StagePlan, staged: StagedQ,
     lanes, inst, layout = plan.lanes, plan.instruction, plan.layout
     d = plan.head_dim
     sq_of_row = {}
-    for term, (_, sq) in enumerate(staged.terms):
+    # (term, its sQ, the slot holding the term's sum of live slot i's score)
+    sources = [(term, sq, lambda i: i) for term, (_, sq) in enumerate(staged.terms)]
+    if plan.q_packing is not None:
+        sources.append((1, staged.terms[0][1], lambda i: plan.q_packing[1][i]))
+    for term, sq, slot in sources:
         for i in plan.live_slots():
             key = (term, layout.c_row(i))
             if key not in sq_of_row:
-                sq_of_row[key] = memref.load(sq, [staged_row(lanes.of_lane(key[1]))])
+                row = layout.c_row(slot(i))
+                sq_of_row[key] = memref.load(sq, [staged_row(lanes.of_lane(row))])
     a_steps = tuple(
         tuple(lanes.assemble([load_vector(qq, [staged_row(lanes.of_lane(row)),
                                                lanes.of_lane(dim)], length, "i8")
@@ -118,10 +145,14 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                     for a, acc in zip(operands.a_steps, accs)]
         for element in elements:
             i = layout.element_slot(element)
-            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order.
+            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order; a packed
+            # second term is the same MMA's sum at the partner slot.
+            sums = [(acc, i) for acc in accs]
+            if plan.q_packing is not None:
+                sums.append((accs[0], plan.q_packing[1][i]))
             score = None
-            for t, acc in enumerate(accs):
-                term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, i)),
+            for t, (acc, slot) in enumerate(sums):
+                term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, slot)),
                                   operands.sq_of_row[(t, plan.row_map(element))])
                 score = term if score is None else arith.addf(score, term)
             value = arith.mulf(score, k_scales[element])

@@ -36,6 +36,9 @@ class StagePlan:
     head_dim: int
     softmax_scale: float
     rows_out: int                    # rows of a wave's tile that hold query rows
+    # Two-term Q in the padding rows of one A tile: (shift, {live C slot: the slot
+    # of its second term}) (`DecodeKernelLayout.term_rows`), or None.
+    q_packing: tuple | None = None
     dead: frozenset = field(init=False)
     pv_dead: frozenset = field(init=False)
 

@@ -34,6 +34,9 @@ class DecodeTuning:
     # Ask the backend to fit this many workgroups per SM / CU (it caps the registers
     # per thread accordingly); 0 leaves the choice to it.
     workgroups_per_sm: int = 0
+    # Two-term Q: both terms in one A tile (the second in padding rows) where the C
+    # layout keeps a row and its shifted copy in one lane, so one MMA gives both sums.
+    pack_q_terms: bool = True
     merge_unroll: int = 8     # partitions each merge thread loads per loop iteration
     merge_splits: int = 1     # thread groups of the merge, each over every splits-th partition
     merge_chunks: int = 1     # merge workgroups per (KV head, sequence), each D / chunks columns

@@ -58,6 +58,7 @@ class ComputeOps:
         with np.errstate(all="ignore"):
             return (a * b + c).astype(np.float32)
     op_arith_andi = _binary(np.bitwise_and)
+    op_arith_ori = _binary(np.bitwise_or)
     op_arith_shrui = _binary(np.right_shift)
     op_arith_addf = _binary(np.add)
     op_arith_subf = _binary(np.subtract)

@@ -7,6 +7,8 @@ NaN scales. Every sequence is checked against both references with the
 target's own fragment model (tests/accuracy.py).
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -235,3 +237,34 @@ def test_bench_prepares_one_paged_module_per_pv(tmp_path):
         assert (tmp_path / f"paged_{pv}.vmfb").stat().st_size > 0
         ptx = (tmp_path / f"paged_{pv}.ptx").read_text()
         assert ".minnctapersm 7" in ptx and "mma.sync.aligned.m16n8k32" in ptx   # D = 64
+
+
+@pytest.mark.parametrize("target, q_heads, kv_heads, head_dim, mma", [
+    ("cuda", 8, 2, 64, "nvgpu.mma.sync"),       # rows g and g+8 share a lane: shift 8
+    ("gfx942", 4, 2, 128, "amdgpu.mfma"),       # 2 rows: rows r and r+2 share a lane
+])
+def test_two_term_q_in_the_padding_rows_is_bitwise_the_two_mma_form(target, q_heads, kv_heads,
+                                                                    head_dim, mma):
+    # The second Q term sits in the A tile's padding rows (DecodeKernelLayout.term_rows):
+    # one QK MMA per K step instead of two, the same integer sums, the same result.
+    from int8attn.kernels.decode import DecodeTuning
+
+    seed = 97
+    print(f"seed {seed}")
+    rng = seeded_rng(seed)
+    arrays = paged_batch(rng, [1, 300, 700], q_heads, kv_heads, head_dim, 16)
+    shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, 16, 0.125)
+    spec = target_spec(target)
+    numerics = Numerics(q_terms=2, w_quant="u8", w_terms=1)
+    outs, counts = [], []
+    with new_context(), ir.Location.unknown():
+        for pack in (False, True):
+            tuning = replace(spec.default_tuning(head_dim), pack_q_terms=pack)
+            built = build_decode_kernels(paged_access(shape, spec), spec, numerics=numerics,
+                                         tuning=tuning)
+            counts.append(str(built.module).count(mma))
+            outs.append(run_paged_kernels(built.module, built.layout, *arrays))
+    assert np.array_equal(outs[0], outs[1])
+    steps, blocks = head_dim // spec.model.instruction.k, 64 // spec.model.instruction.n
+    assert counts[0] - counts[1] == steps * blocks
+    _check(outs[1], arrays, np.float32(0.125), target, numerics)
