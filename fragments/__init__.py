@@ -22,9 +22,9 @@ move onto the layouts in a later step.
 from .instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
                            SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
                            OperandLayout)
-from .kernel_layout import (DecodeKernelLayout, LaneMap, element_classes,
-                            thread_distribution, thread_groups,
-                            thread_runs, xor_reduction_offsets)
+from .kernel_layout import DecodeKernelLayout
+from .lane_maps import (LaneMap, element_classes, thread_distribution, thread_groups,
+                        thread_runs, xor_reduction_offsets)
 from .model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS, PVAtomName,
                     SCALE_GROUP_KINDS, FragmentModel, FragmentModelName,
                     ScaleGroupKind, VLoadScheme, bf16_pv_model,
