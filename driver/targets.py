@@ -22,7 +22,8 @@ from . import stages
 from .cpu_target import HOST, CPUTarget, UnknownTargetCPU
 from .cpu_target import resolve as resolve_cpu
 from .options import TARGET_NAMES, CompileOptions
-from ..fragments import PV_ATOMS, fragment_model
+from ..fragments import PV_ATOMS
+from ..kernels.target_spec import target_spec
 from ..support.options import kebab
 
 
@@ -52,7 +53,7 @@ PTX = Stage("ptx", stages.make_assembly, ".ptx")
 
 def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], bool], str]]:
     """Options a lane-kernel target refuses: (is the value refused?, why)."""
-    model = fragment_model(target)
+    model = target_spec(target).model
     return {
         "fragment_model": (lambda o: o.fragment_model not in (None, target),
                            f"--target {target} generates its kernels from its own fragment "

@@ -281,13 +281,14 @@ class PagedView(_PoolView):
         """The partition's block ids into LDS, once; slots past the last used one
         are replaced by the last used one (never read from the table). The
         kernel's next barrier (after the query rows are quantized) publishes them."""
-        lanes, bs = self.lanes, self.block_size
-        count = self.blocks_per_partition
-        last_slot = paged_ir_rules(bs, lanes.index).last_table_slot(self.length)
+        lanes, count = self.lanes, self.blocks_per_partition
+        rules = paged_ir_rules(self.block_size, lanes.index)
+        last_slot = rules.last_table_slot(self.length)
         reader = arith.cmpi(arith.CmpIPredicate.ult, lanes.thread, lanes.index(count))
         with lanes.when(reader):
-            slot = arith.minui(lanes.affine((self.partition, count), (lanes.thread, 1)),
-                               last_slot)
+            # the table slot of the partition's block `thread`, or the last used one
+            slot = rules.ops.min(lanes.affine((self.partition, count), (lanes.thread, 1)),
+                                 last_slot)
             memref.store(memref.load(self.tables, [self.b, slot]), self.block_ids,
                          [lanes.thread])
 
