@@ -200,14 +200,12 @@ def _block_size_hint(v_load_tokens: int) -> str:
 
 @dataclass(frozen=True)
 class _PoolView(KVView):
-    """A view of the block pool: a token's K, V and scales at the (block, offset)
-    its `_block` gives ([NB, Hkv, BS, D], [NB, Hkv, D, BS], [NB, Hkv, BS])."""
+    """A view of the block pool: a token's K, V and scales at the (block, offset) of
+    the subclass's `_block(local)` ([NB, Hkv, BS, D], [NB, Hkv, D, BS], [NB, Hkv, BS]):
+    through the block table (chunked prefill) or the block ids in LDS (decode)."""
 
     tables: ir.Value = None
     block_size: int = 0
-
-    def _block(self, local: ir.Value):
-        raise NotImplementedError
 
     def token_row(self, local: ir.Value) -> list[ir.Value]:
         block, offset = self._block(local)
