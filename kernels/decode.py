@@ -53,15 +53,19 @@ def output_rows(rows: int, head_dim: int, threads: int, tile_rows: int) -> int:
 
 
 def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: str,
-               rows_out: int, pv_atom: str | None = None,
-               pack_q_terms: bool = False) -> StagePlan:
-    """The stages' plan; with `pack_q_terms`, two-term Q shares one A tile where the
-    layout has the padding rows for it (`DecodeKernelLayout.term_rows`)."""
+               rows_out: int, pv_atom: str | None = None, pack_q_terms: bool = False,
+               pack_w_terms: bool = False) -> StagePlan:
+    """The stages' plan; with `pack_q_terms` (`pack_w_terms`), two-term Q (W) shares
+    one A tile of QK (PV) where its layout has the padding rows for it
+    (`DecodeKernelLayout.term_rows`)."""
     layout = DecodeKernelLayout(spec.model)
-    packing = (layout.term_rows(rows_out, rows_out)
-               if pack_q_terms and numerics.q_terms == 2 else None)
-    return StagePlan(lanes, spec, layout, DecodeKernelLayout(spec.pv_model(pv, pv_atom)),
-                     numerics, pv, shape.head_dim, shape.softmax_scale, rows_out, packing)
+    pv_layout = DecodeKernelLayout(spec.pv_model(pv, pv_atom))
+    q_packing = (layout.term_rows(rows_out, rows_out)
+                 if pack_q_terms and numerics.q_terms == 2 else None)
+    w_packing = (pv_layout.term_rows(rows_out, rows_out)
+                 if pack_w_terms and pv == "int8" and numerics.w_terms == 2 else None)
+    return StagePlan(lanes, spec, layout, pv_layout, numerics, pv, shape.head_dim,
+                     shape.softmax_scale, rows_out, q_packing, w_packing)
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ class PartitionKernel:
         b, h, p = workgroup_id(2), workgroup_id(1), workgroup_id(0)
         kv, outputs = self.access.bind(lanes, args, (b, h, p))
         plan = stage_plan(lanes, self.spec, self.access.shape, self.numerics, self.pv,
-                          self.rows_out, self.pv_atom, self.tuning.pack_q_terms)
+                          self.rows_out, self.pv_atom, self.tuning.pack_q_terms,
+                          self.tuning.pack_w_terms)
         guard = kv.guard()
         if guard is None:
             self.body(plan, kv, outputs, p)

@@ -22,32 +22,65 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     The scalar ops are the contract's (contract/scalar_ir.py), as in
     lower-quantize: a zero or tiny group gives Wq = 0, a NaN/Inf group Wq = 0
     and sW = NaN. The absmax is NaN-propagating in-lane and across the xor
-    shuffles, so every lane of a group sees the same a.
+    shuffles, so every lane of a group sees the same a. Two-term W quantizes each
+    group's residual W - level*sW1 (signed) over the same lanes: into the padding
+    rows row + shift of the first term's tile where the plan packs the terms
+    (`StagePlan.w_packing`), else into LDS of its own.
     """
-    lanes, layout, groups = plan.lanes, plan.layout, plan.pv_layout.model
+    lanes, groups = plan.lanes, plan.pv_layout.model
     unsigned = plan.numerics.unsigned_w
-    wq_lds = lanes.shared([plan.waves, plan.w_rows, groups.wave_tokens], "i8")
-    sw_lds = lanes.shared([plan.waves, plan.tile_rows, groups.mmacs_per_wave], "f32")
-    c = contract.quantize_constants(lanes.f32, unsigned=unsigned)
-    value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
+    first = _w_lds(plan)
+    second = None
+    if plan.numerics.w_terms == 2:
+        second = first if plan.w_packing is not None else _w_lds(plan)
     if plan.column_sums:
-        _store_ones_rows(plan, wq_lds, plan.column_sums[1])
-    for members in plan.live_classes(layout.group_keys(groups)):
-        amax = c.zero
-        for e in members:
-            amax = contract.absmax_step(amax, w[e])
-        amax = lanes.xor_reduce(amax, layout.group_max_offsets(groups), contract.absmax_merge)
-        inverse = contract.quantize_inverse(amax, c, unsigned)
-        row = lanes.of_lane(plan.row_map(members[0]))
-        group = lanes.of_lane(layout.group_map(members[0], groups))
-        memref.store(contract.quantize_scale(amax, c, unsigned), sw_lds,
-                     [lanes.wave, row, group])
-        for e in members:
-            q = value_of(w[e], inverse, c)
-            token = lanes.of_lane(plan.token_in_wave(e))
-            memref.store(q, wq_lds, [lanes.wave, lanes.of_lane(plan.row_map(e)), token])
+        _store_ones_rows(plan, first.w, plan.column_sums[1])
+    c = contract.quantize_constants(lanes.f32, unsigned=unsigned)
+    signed = contract.quantize_constants(lanes.f32) if unsigned else c
+    for members in plan.live_classes(plan.layout.group_keys(groups)):
+        values = {e: w[e] for e in members}
+        quantized, scale = _quantize_group(plan, members, values, first, c, unsigned)
+        if second is None:
+            continue
+        residual = {e: contract.w_residual(values[e], quantized[e], scale, unsigned)
+                    for e in members}
+        shift = plan.w_packing[0] if plan.w_packing is not None else 0
+        _quantize_group(plan, members, residual, second, signed, False, shift)
     lanes.barrier()
-    return StagedW(wq_lds, sw_lds)
+    if second is None or second is first:
+        return first
+    return StagedW(first.w, first.scales, second)
+
+
+def _w_lds(plan: StagePlan) -> StagedW:
+    """LDS for one term of W: Wq [wave, PV's A rows, token], sW [wave, row, group]."""
+    lanes, groups = plan.lanes, plan.pv_layout.model
+    return StagedW(lanes.shared([plan.waves, plan.w_rows, groups.wave_tokens], "i8"),
+                   lanes.shared([plan.waves, plan.w_rows, groups.mmacs_per_wave], "f32"))
+
+
+def _quantize_group(plan: StagePlan, members: list[int], values: dict, staged: StagedW,
+                    c, unsigned: bool, shift: int = 0):
+    """One group class of the lane's W values quantized (the group's absmax over
+    its lanes by xor shuffles) and stored at each element's row + `shift`:
+    ({element: Wq}, sW)."""
+    lanes, layout, groups = plan.lanes, plan.layout, plan.pv_layout.model
+    amax = c.zero
+    for e in members:
+        amax = contract.absmax_step(amax, values[e])
+    amax = lanes.xor_reduce(amax, layout.group_max_offsets(groups), contract.absmax_merge)
+    inverse = contract.quantize_inverse(amax, c, unsigned)
+    scale = contract.quantize_scale(amax, c, unsigned)
+    value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
+    row = lambda e: lanes.plus(lanes.of_lane(plan.row_map(e)), shift)
+    group = lanes.of_lane(layout.group_map(members[0], groups))
+    memref.store(scale, staged.scales, [lanes.wave, row(members[0]), group])
+    quantized = {}
+    for e in members:
+        quantized[e] = value_of(values[e], inverse, c)
+        memref.store(quantized[e], staged.w,
+                     [lanes.wave, row(e), lanes.of_lane(plan.token_in_wave(e))])
+    return quantized, scale
 
 
 def _store_ones_rows(plan: StagePlan, wq_lds: ir.Value, rows) -> None:
@@ -92,28 +125,51 @@ def _v_runs(layout: DecodeKernelLayout, loads, t: int) -> list[ir.Value]:
 def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     """A wave's O [tile][C slot] in f32 from Wq x Vq on the INT8 instruction,
     rescaled by sW per MMAC; unsigned W adds 128 * sum Vq of the MMAC's tokens to
-    each int32 sum first. `v_tiles`: (tile, the lane's V loads) in tile order."""
+    each int32 sum first. Two-term W: each term summed over the MMACs on its own,
+    then the two added (the contract's order, reference.int8_pv); a packed second
+    term is the same MMAC's sum at the partner slot. `v_tiles`: (tile, the lane's V
+    loads) in tile order."""
     lanes, layout = plan.lanes, plan.pv_layout
     inst = layout.instruction
     a = _w_fragments(plan, layout, staged.w, "i8")
+    a_second = (_w_fragments(plan, layout, staged.second.w, "i8")
+                if staged.second is not None else None)
     live = plan.pv_live_slots()
     o = []
     for _, loads in v_tiles:
-        regs = [None] * inst.c.slots
+        terms = [[None] * inst.c.slots for _ in range(plan.numerics.w_terms)]
         for t in range(layout.model.mmacs_per_wave):
             bv = lanes.assemble(_v_runs(layout, loads, t), inst.b_vector)
             acc = plan.mma(layout, a[t], bv, lanes.zeros(inst.c_vector, "i32"))
             sums = _column_sums(plan, acc, bv)
-            for i in live:
-                sw = memref.load(staged.scales, [lanes.wave, lanes.of_lane(layout.c_row(i)),
-                                                 lanes.index(t)])
-                value = c_element(acc, inst, i)
-                if sums is not None:
-                    value = contract.unsigned_offset(value, sums[i])
-                term = arith.mulf(arith.sitofp(ir.F32Type.get(), value), sw)
-                regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
-        o.append(regs)
+            # (term, its MMAC sums, its scales, the C slot holding live slot i's sum)
+            sources = [(0, acc, staged.scales, lambda i: i)]
+            if a_second is not None:
+                second = plan.mma(layout, a_second[t], bv, lanes.zeros(inst.c_vector, "i32"))
+                sources.append((1, second, staged.second.scales, lambda i: i))
+            elif plan.w_packing is not None:
+                sources.append((1, acc, staged.scales, lambda i: plan.w_packing[1][i]))
+            for term, sums_of, scales, slot in sources:
+                for i in live:
+                    sw = memref.load(scales, [lanes.wave,
+                                              lanes.of_lane(layout.c_row(slot(i))),
+                                              lanes.index(t)])
+                    value = c_element(sums_of, inst, slot(i))
+                    if term == 0 and sums is not None:
+                        value = contract.unsigned_offset(value, sums[i])
+                    product = arith.mulf(arith.sitofp(ir.F32Type.get(), value), sw)
+                    regs = terms[term]
+                    regs[i] = product if regs[i] is None else arith.addf(regs[i], product)
+        o.append(_add_terms(terms))
     return o
+
+
+def _add_terms(terms: list[list]) -> list:
+    """Per C slot, the terms' sums added in term order (None where not computed)."""
+    total = terms[0]
+    for regs in terms[1:]:
+        total = [x if x is None else arith.addf(x, y) for x, y in zip(total, regs)]
+    return total
 
 
 def _column_sums(plan: StagePlan, acc: ir.Value, bv: ir.Value):

@@ -39,6 +39,8 @@ class StagePlan:
     # Two-term Q in the padding rows of one A tile: (shift, {live C slot: the slot
     # of its second term}) (`DecodeKernelLayout.term_rows`), or None.
     q_packing: tuple | None = None
+    # Two-term W in the padding rows of PV's A tile, the same way, or None.
+    w_packing: tuple | None = None
     dead: frozenset = field(init=False)
     pv_dead: frozenset = field(init=False)
 
@@ -77,6 +79,8 @@ class StagePlan:
             return None
         c = self.instruction.c.coords
         written = set(c[:, self.live_slots(), 0].ravel().tolist())
+        if self.w_packing is not None:
+            written |= {row + self.w_packing[0] for row in written}
         return self.pv_layout.column_sum_slots(self.rows_out, reserved=written)
 
     def mma(self, layout: DecodeKernelLayout, a: ir.Value, b: ir.Value, c: ir.Value):
@@ -144,10 +148,12 @@ class Scores:
 @dataclass(frozen=True)
 class StagedW:
     """Quantized W in LDS [wave, row, token] and its scales [wave, row, group]
-    (bf16 baseline: W in bf16, no scales)."""
+    (bf16 baseline: W in bf16, no scales); two-term W's second term in LDS of its
+    own, or None (one term, or packed into the first's padding rows)."""
 
     w: ir.Value
     scales: ir.Value | None = None
+    second: "StagedW | None" = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class DecodeTuning:
     # Two-term Q: both terms in one A tile (the second in padding rows) where the C
     # layout keeps a row and its shifted copy in one lane, so one MMA gives both sums.
     pack_q_terms: bool = True
+    # Two-term W the same way in PV's A tile: the second term's rows below the first's.
+    pack_w_terms: bool = True
     merge_unroll: int = 8     # partitions each merge thread loads per loop iteration
     merge_splits: int = 1     # thread groups of the merge, each over every splits-th partition
     merge_chunks: int = 1     # merge workgroups per (KV head, sequence), each D / chunks columns
@@ -141,13 +143,8 @@ class TargetSpec:
             raise ValueError(f"--target {self.name} has no occupancy hint for the kernel")
 
     def resolve_numerics(self, numerics: Numerics | None) -> Numerics:
-        """The numerics to build: as given, else the target's; the lane kernels
-        implement every variant but two-term W (cpu only so far)."""
-        numerics = numerics or self.numerics
-        if numerics.w_terms != 1:
-            raise ValueError(f"--target {self.name}'s kernels implement w-terms 1 only "
-                             f"(got {numerics.w_terms}); --target cpu implements 2")
-        return numerics
+        """The numerics to build: as given, else the target's."""
+        return numerics or self.numerics
 
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         if not tuning.workgroups_per_sm:

@@ -50,6 +50,7 @@ class ComputeOps:
     op_arith_minui = _binary(np.minimum)
     op_arith_negf = _binary(np.negative)
     op_arith_trunci = _binary(lambda x: np.asarray(x))   # the cast wraps, as LLVM's trunc
+    op_arith_extsi = _binary(lambda x: np.asarray(x))    # integers are held signed
 
     def op_math_fma(self, op, operands):
         # a*b is exact in float64 for f32 operands; one rounding of the sum, as the
