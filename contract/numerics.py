@@ -41,3 +41,9 @@ class Numerics:
 
 # The seed write-up's variant: one term each, symmetric W (docs/design.md §2c).
 SEED_NUMERICS = Numerics(q_terms=1, w_quant="s8", w_terms=1)
+
+# The lane kernels' default: two terms each, symmetric W. As accurate as the
+# pipeline's u8 first term once W has two terms (benchmarks/results-cpu-accuracy-
+# variants.md), and its second term can take the padding rows that u8's column
+# sums would need (kernels/pv_stages.py).
+KERNEL_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2)

@@ -23,10 +23,9 @@ from ..support.options import check_fields, option
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)
 # The numerics a kernel target resolves the q-terms / w-quant / w-terms options to
-# when they are not given: its target spec's (kernels/target_spec.py; the seed's,
-# whose H200 timings the README reports, on every kernel target so far, which the
-# option help states as one value); --target cpu resolves them to the pipeline's
-# defaults (`Numerics()`).
+# when they are not given: its target spec's (kernels/target_spec.py; the same on
+# every kernel target so far, which the option help states as one value); --target
+# cpu resolves them to the pipeline's defaults (`Numerics()`).
 _KERNEL_DEFAULTS = {name: spec.numerics for name, spec in TARGET_SPECS.items()}
 assert len(set(_KERNEL_DEFAULTS.values())) == 1, "the option help states one kernel default"
 KERNEL_NUMERICS: Numerics = next(iter(_KERNEL_DEFAULTS.values()))
@@ -55,8 +54,7 @@ class CompileOptions(PipelineOptions):
     w_terms: WTerms | None = option(
         None, "INT8 terms of W per MMAC group: 1, or 2 (a second, signed term quantizes the f32 "
         f"residual W - level*sW1; docs/design.md §2c). Default: {PipelineOptions.w_terms} on cpu "
-        f"(the pipeline's), {KERNEL_NUMERICS.w_terms} on the kernel targets, which "
-        "implement only 1")
+        f"(the pipeline's), {KERNEL_NUMERICS.w_terms} on the kernel targets")
     target_cpu: str = option(
         "host", "cpu only: the CPU IREE compiles for (--iree-llvmcpu-target-cpu): host (this "
         "machine's), or an LLVM CPU name such as x86-64-v3 (AVX2), x86-64-v4 (AVX-512), "

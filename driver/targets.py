@@ -78,9 +78,6 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                     or (o.pv_atom is not None and o.pv != "int8"),
                     f"--target {target}'s INT8 PV atoms are {', '.join(PV_ATOMS[target])} "
                     f"(the first is QK's too), and only --pv int8 runs on one"),
-        "w_terms": (lambda o: o.w_terms not in (None, 1),
-                    "the lane kernels quantize W in one INT8 term; two-term W "
-                    "(docs/design.md §2c) is --target cpu's so far"),
         "target_cpu": (lambda o: o.target_cpu != HOST,
                        "--target-cpu chooses the CPU IREE's llvm-cpu backend compiles "
                        "--target cpu for"),

@@ -4,11 +4,13 @@ One compiled module per PV precision serves every case (B, pool size, table
 width and lengths are run-time values). Cases: uniform batches at each
 context, a ragged batch whose lengths are drawn uniformly from [1, 2·mean − 1]
 (the stated distribution; mean 8K by default), and one sequence at the
-longest context (latency). For each: device time of all kernels of a call
+longest context (latency), all on Gaussian data; then a batch shaped like a
+real K cache (`KEY_OUTLIERS`). For each: device time of all kernels of a call
 (CUPTI), the bytes the call must read (each sequence's own K, V and scales,
 its table slots, q) and their fraction of the copy ceiling, torch SDPA on the
 same data as a padded bf16 batch (masked past each length), and every
-sequence checked against the fragment-level reference.
+sequence checked against the fragment-level reference (the contract, tight)
+and its max abs error against exact attention on the dequantized cache.
 """
 
 from __future__ import annotations
@@ -33,13 +35,22 @@ RAGGED_MEAN = 8192        # the ragged batch's mean length, unless --ragged-mean
 MANIFEST = "paged.json"   # what `prepare` wrote: the shapes and numerics, for `run`
 
 
+# The key-outlier family: lengths uniform in [1, 9999] in one batch, KEY_CHANNELS key
+# channels per KV head KEY_GAIN times the others (as LLM keys have them), q times
+# Q_GAIN, the float K and V quantized per token into the pool.
+KEY_OUTLIERS = "key-outliers"
+KEY_OUTLIER_MAX_LENGTH, KEY_CHANNELS, KEY_GAIN, Q_GAIN = 9999, 4, 8.0, 1.5
+
+
 @dataclass(frozen=True)
 class PagedCase:
     """One batch of sequence lengths, run through every prepared folder's modules
-    (`variants`: the PV precisions), each sequence checked; padded torch SDPA beside."""
+    (`variants`: the PV precisions), each sequence checked; padded torch SDPA beside.
+    `data`: "gaussian" (int8 K and V, scales around 1/127) or KEY_OUTLIERS."""
     name: str
     lengths: tuple[int, ...]
     variants: tuple[str, ...] = PV
+    data: str = "gaussian"
 
 
 def module_files(meta: dict) -> list[str]:
@@ -48,10 +59,10 @@ def module_files(meta: dict) -> list[str]:
 
 
 def manifest_numerics(meta: dict) -> Numerics:
-    """The numerics of the modules a manifest describes: its q_terms and w_quant (the
-    seed's where a manifest predates them), w-terms 1 (the kernels')."""
-    return dataclasses.replace(SEED_NUMERICS, **{name: meta[name] for name in
-                                                 ("q_terms", "w_quant") if name in meta})
+    """The numerics of the modules a manifest describes (the seed's fields where a
+    manifest predates them)."""
+    return dataclasses.replace(SEED_NUMERICS, **{f.name: meta[f.name] for f in
+                                                 dataclasses.fields(Numerics) if f.name in meta})
 
 
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
@@ -67,8 +78,7 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
     given = {} if numerics is None else dataclasses.asdict(numerics)
     for pv in PV:
         options = CompileOptions(target="cuda", pv=pv, **given)
-        # the manifest's numerics: the kernels' q-terms and w-quant (their w-terms is 1)
-        resolved = dict(q_terms=options.numerics.q_terms, w_quant=options.numerics.w_quant)
+        resolved = dataclasses.asdict(options.numerics)
         compiled = compile(source, options, filename="paged.mlir", until="ptx")
         (directory / f"paged_{pv}.vmfb").write_bytes(compiled.artifacts["vmfb"])
         (directory / f"paged_{pv}.ptx").write_text(compiled.artifacts["ptx"])
@@ -86,11 +96,15 @@ def cases(batch: int, contexts, mean: int, seed: int, pvs=PV) -> list[PagedCase]
     out.append(PagedCase(f"ragged mean {mean} (uniform [1, {2 * mean - 1}])",
                          tuple(rng.integers(1, 2 * mean, batch).tolist()), pvs))
     out.append(PagedCase(f"B=1 {max(contexts)}", (max(contexts),), pvs))
+    out.append(PagedCase(f"key outliers, ragged [1, {KEY_OUTLIER_MAX_LENGTH}]",
+                         tuple(rng.integers(1, KEY_OUTLIER_MAX_LENGTH + 1, batch).tolist()),
+                         pvs, KEY_OUTLIERS))
     return out
 
 
-def batch_arrays(rng, lengths, q_heads, kv_heads, head_dim, block_size):
-    """q and a pool holding exactly the sequences' blocks, in shuffled order."""
+def batch_arrays(rng, lengths, q_heads, kv_heads, head_dim, block_size, data="gaussian"):
+    """q and a pool holding exactly the sequences' blocks, in shuffled order; the
+    cache's values by `data` (`PagedCase`)."""
     layout = CacheLayout.paged(block_size)
     needed = [layout.blocks_needed(n) for n in lengths]
     pool = sum(needed)
@@ -101,12 +115,32 @@ def batch_arrays(rng, lengths, q_heads, kv_heads, head_dim, block_size):
         tables[b, :n] = order[start:start + n]
         start += n
     k_shape, shape, v_shape, _ = layout.shapes(pool, kv_heads, head_dim)
+    if data == KEY_OUTLIERS:
+        k, k_scale, v, v_scale = _key_outlier_pool(rng, layout, pool, kv_heads, head_dim)
+        q = Q_GAIN * rng.standard_normal((len(lengths), q_heads, head_dim), dtype=np.float32)
+        return [q, k, k_scale, v, v_scale, tables, np.array(lengths, np.int32)]
     k = rng.integers(-127, 128, k_shape, dtype=np.int8)
     v = rng.integers(-127, 128, v_shape, dtype=np.int8)
     k_scale = rng.uniform(0.5, 1.5, shape).astype(np.float32) / 127
     v_scale = rng.uniform(0.5, 1.5, shape).astype(np.float32) / 127
     q = rng.standard_normal((len(lengths), q_heads, head_dim), dtype=np.float32)
     return [q, k, k_scale, v, v_scale, tables, np.array(lengths, np.int32)]
+
+
+def _key_outlier_pool(rng, layout: CacheLayout, pool: int, kv_heads: int, head_dim: int):
+    """Float K (KEY_CHANNELS channels per KV head times KEY_GAIN) and V, Gaussian,
+    quantized per token into the pool's layout: (k, k_scale, v, v_scale)."""
+    from .reference import quantize_cache
+
+    tokens = (pool, kv_heads, layout.block_size, head_dim)     # [block, head, offset, d]
+    keys = rng.standard_normal(tokens, dtype=np.float32)
+    for h in range(kv_heads):
+        keys[:, h, :, rng.choice(head_dim, KEY_CHANNELS, replace=False)] *= KEY_GAIN
+    k, k_scale = quantize_cache(keys)
+    v, v_scale = quantize_cache(rng.standard_normal(tokens, dtype=np.float32))
+    if layout.v_token_innermost:
+        v = np.ascontiguousarray(np.swapaxes(v, -1, -2))
+    return k, k_scale, v, v_scale
 
 
 def bytes_read(arrays) -> int:
@@ -121,8 +155,9 @@ def bytes_read(arrays) -> int:
 def check(out, arrays, scale, pv, numerics: Numerics = SEED_NUMERICS) -> Check:
     """The checker hook: (max abs error, all within 5e-5 + tie slack) of every sequence
     against the fragment-level reference of `numerics`, the modules' (one sequence per
-    worker process)."""
-    from .reference import fragment_attention, rounding_tie_slack, sequence_cache
+    worker process), and `{pv}_max_abs_vs_exact`: against exact attention."""
+    from .reference import (exact_attention, fragment_attention, rounding_tie_slack,
+                            sequence_cache)
 
     q, k, ks, v, vs, tables, lengths = arrays
     contract = dict(model="cuda", pv=pv, numerics=numerics)
@@ -132,10 +167,12 @@ def check(out, arrays, scale, pv, numerics: Numerics = SEED_NUMERICS) -> Check:
         expected = fragment_attention(*dense, scale, **contract)
         slack = rounding_tie_slack(*dense, scale, **contract) if pv == "int8" else 0
         err = np.abs(out[b:b + 1] - expected)
-        return float(err.max()), bool((err <= 5e-5 + slack).all())
+        exact = float(np.abs(out[b:b + 1] - exact_attention(*dense, scale)).max())
+        return float(err.max()), bool((err <= 5e-5 + slack).all()), exact
 
     results = map_forked(one, range(q.shape[0]))
-    return Check(max(r[0] for r in results), all(r[1] for r in results))
+    return Check(max(r[0] for r in results), all(r[1] for r in results),
+                 {f"{pv}_max_abs_vs_exact": max(r[2] for r in results)})
 
 
 def sdpa_seconds(arrays, timer: Timer):
@@ -172,7 +209,7 @@ def run_case(case: PagedCase, rng, meta: dict, directories: list[Path], function
     """A row per prepared folder (`functions`: folder -> PV -> module function), on
     the same arrays, drawn from `rng` (shared by the cases, in order)."""
     arrays = batch_arrays(rng, list(case.lengths), meta["q_heads"], meta["kv_heads"],
-                          meta["head_dim"], meta["block_size"])
+                          meta["head_dim"], meta["block_size"], case.data)
     device_args = device.put(arrays)
     scale = float(np.float32(meta["head_dim"] ** -0.5))
     numerics = manifest_numerics(meta)
@@ -229,6 +266,11 @@ def _err(r, pv) -> str:
     return f"{r[f'{pv}_max_abs_vs_fragment']:.1e}" if f"{pv}_s" in r else "-"
 
 
+def _exact(r, pv) -> str:
+    key = f"{pv}_max_abs_vs_exact"
+    return f"{r[key]:.1e}" if key in r else "-"
+
+
 def _gbps(r) -> float:
     return r["bytes_read"] / r["int8_s"] / 1e9
 
@@ -250,6 +292,8 @@ COLUMNS = (
     Column("GB/s read", lambda r: f"{_gbps(r):.0f}"),
     Column("of ceiling", lambda r: f"{_gbps(r) * 1e9 / r['copy_ceiling_bytes_per_s']:.0%}"),
     Column("max abs vs fragment (INT8 / BF16)", lambda r: f"{_err(r, 'int8')} / {_err(r, 'bf16')}"),
+    Column("max abs vs exact (INT8 / BF16)",
+           lambda r: f"{_exact(r, 'int8')} / {_exact(r, 'bf16')}"),
     Column("checked", _checked, ":-:"),
 )
 
@@ -267,13 +311,20 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _prepare(directory: Path, settings: BenchSettings) -> None:
-    numerics = None                                   # the kernel target's (the seed's)
-    if settings.numerics not in (None, "seed"):
-        from .pipelines import PIPELINE_NUMERICS
+def bench_numerics(name: str | None) -> Numerics | None:
+    """`--numerics`: None for the kernel target's default, "seed" for the seed's,
+    "defaults" for the cpu pipeline's."""
+    if name is None:
+        return None
+    if name == "seed":
+        return SEED_NUMERICS
+    from .pipelines import PIPELINE_NUMERICS
 
-        # the cpu pipeline's q-terms and w-quant; the kernels implement w-terms 1 only
-        numerics = dataclasses.replace(PIPELINE_NUMERICS, w_terms=1)
+    return PIPELINE_NUMERICS
+
+
+def _prepare(directory: Path, settings: BenchSettings) -> None:
+    numerics = bench_numerics(settings.numerics)
     prepare(directory, settings.q_heads, settings.kv_heads, settings.head_dim,
             numerics=numerics)
 

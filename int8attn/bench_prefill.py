@@ -32,8 +32,8 @@ PV = ("int8", "bf16")
 CHECK_TOKENS = 64
 HISTORY, NEW_TOKENS = 8192, 512   # the history case, unless --history / --new-tokens
 # The numerics `prepare` compiles the modules with and `run` checks them against: the
-# seed's, the kernel targets' default (driver.options.KERNEL_NUMERICS), whose timings
-# the README reports.
+# seed's, whose timings the README reports (the prefill results predate the kernels'
+# two-term default).
 NUMERICS = SEED_NUMERICS
 MANIFEST = "prefill.json"   # what `prepare` wrote: the cases and shapes, for `run`
 

@@ -101,9 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--seed", type=_seed, default=0,
                            help="--mode paged: seed of the lengths, tables and data")
     bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default=None,
-                           help="--mode paged: the kernels' q-terms / w-quant: the seed's (1, s8; "
-                                "the kernel targets' default) or the cpu pipeline's defaults "
-                                "(its q-terms and w-quant; the kernels have one W term)")
+                           help="--mode paged: the kernels' numerics instead of the kernel "
+                                "targets' default (q-terms 2, w-quant s8, w-terms 2): the seed's "
+                                "(1, s8, 1) or the cpu pipeline's defaults (2, u8, 2)")
     bench_cmd.add_argument("--context", type=_contexts, default=(4096, 8192, 16384),
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=_positive, default=None,

@@ -16,7 +16,7 @@ from typing import Callable
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, llvm, vector
 
-from ..contract.numerics import SEED_NUMERICS, Numerics
+from ..contract.numerics import KERNEL_NUMERICS, Numerics
 from ..fragments import (PV_ATOMS, FragmentModel, MatrixInstruction, bf16_pv_model,
                          fragment_model, pv_model)
 
@@ -95,7 +95,7 @@ class TargetSpec:
     # match, the last row's value above it.
     occupancy_by_head_dim: tuple[tuple[int, int], ...] = ()
     # The numerics its kernels build when none is given (docs/design.md §2c).
-    numerics: Numerics = SEED_NUMERICS
+    numerics: Numerics = KERNEL_NUMERICS
 
     @property
     def wave_size(self) -> int:

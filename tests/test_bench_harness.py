@@ -57,6 +57,7 @@ PAGED_ROWS = [
          bytes_read=67_000_000, copy_ceiling_bytes_per_s=4.0e12, seed=0, **_META,
          int8_max_abs_vs_fragment=1.0e-6, int8_within_tolerance=True, int8_wall_s=9e-5,
          int8_s=4.5e-5, int8_kernels_s={"partition": 4.0e-5, "merge": 5.0e-6},
+         int8_max_abs_vs_exact=3.25e-5, bf16_max_abs_vs_exact=4.0e-4,
          bf16_max_abs_vs_fragment=2.0e-7, bf16_within_tolerance=True, bf16_wall_s=9e-5,
          bf16_s=5.5e-5, bf16_kernels_s={"partition_bf16": 5.0e-5, "merge": 5.0e-6},
          torch_sdpa_bf16_padded_s=1.2e-4),
@@ -102,10 +103,10 @@ DECODE_MD = "\n".join([
 ])
 
 PAGED_MD = "\n".join([
-    "| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) | vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | checked |",
-    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
-    "| uniform 4096 | 16 | 45.0 | 55.0 | 1.22x | 120.0 | 2.67x | 1489 | 37% | 1.0e-06 / 2.0e-07 | yes |",
-    "| ragged mean 8192 (uniform [1, 16383]) | 16 | 80.0 | 95.0 | 1.19x | nan | nanx | 1625 | 41% | 1.0e-06 / 2.0e-03 | NO |",
+    "| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) | vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | max abs vs exact (INT8 / BF16) | checked |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
+    "| uniform 4096 | 16 | 45.0 | 55.0 | 1.22x | 120.0 | 2.67x | 1489 | 37% | 1.0e-06 / 2.0e-07 | 3.2e-05 / 4.0e-04 | yes |",
+    "| ragged mean 8192 (uniform [1, 16383]) | 16 | 80.0 | 95.0 | 1.19x | nan | nanx | 1625 | 41% | 1.0e-06 / 2.0e-03 | - / - | NO |",
     "",
     "| case | merge (us) | partition (us) |",
     "|---|--:|--:|",
@@ -114,10 +115,10 @@ PAGED_MD = "\n".join([
 ])
 
 PAGED_TWO_MD = "\n".join([
-    "| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) | vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | checked |",
-    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
-    "| default: B=1 16384 | 1 | 20.0 | - | - | 40.0 | 2.00x | 850 | 21% | 1.0e-06 / - | yes |",
-    "| merge16: B=1 16384 | 1 | 20.0 | - | - | 40.0 | 2.00x | 850 | 21% | 1.0e-06 / - | yes |",
+    "| case | B | INT8 PV (us) | BF16 PV (us) | INT8/BF16 | torch SDPA bf16 padded (us) | vs SDPA | GB/s read | of ceiling | max abs vs fragment (INT8 / BF16) | max abs vs exact (INT8 / BF16) | checked |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
+    "| default: B=1 16384 | 1 | 20.0 | - | - | 40.0 | 2.00x | 850 | 21% | 1.0e-06 / - | - / - | yes |",
+    "| merge16: B=1 16384 | 1 | 20.0 | - | - | 40.0 | 2.00x | 850 | 21% | 1.0e-06 / - | - / - | yes |",
     "",
     "| case | merge (us) | partition (us) |",
     "|---|--:|--:|",
@@ -184,8 +185,13 @@ def test_report_prints_the_table_and_writes_the_rows(tmp_path, capsys):
 def test_paged_cases():
     found = bench_paged.cases(4, [64, 128], 100, seed=3)
     assert [c.name for c in found] == ["uniform 64", "uniform 128",
-                                       "ragged mean 100 (uniform [1, 199])", "B=1 128"]
-    assert found[0].lengths == (64,) * 4 and found[-1].lengths == (128,)
+                                       "ragged mean 100 (uniform [1, 199])", "B=1 128",
+                                       "key outliers, ragged [1, 9999]"]
+    assert found[0].lengths == (64,) * 4 and found[3].lengths == (128,)
+    outliers = found[4]
+    assert outliers.data == bench_paged.KEY_OUTLIERS and len(outliers.lengths) == 4
+    assert all(1 <= n <= 9999 for n in outliers.lengths)
+    assert {c.data for c in found[:4]} == {"gaussian"}
     ragged = found[2].lengths
     assert len(ragged) == 4 and all(1 <= n <= 199 for n in ragged)
     assert ragged == bench_paged.cases(4, [64, 128], 100, seed=3)[2].lengths   # from the seed
@@ -343,8 +349,9 @@ class FakeTimer(Timer):
 
 class FakeDevice:
     """Each module file names what the module computes ('int8 1': INT8 PV, V
-    token-innermost); its function returns the fragment reference (the seed's numerics,
-    the benches' modules'), off by `error` in every 7th element."""
+    token-innermost); its function returns the fragment reference (of the numerics the
+    bench compiles that kind of module with; the paged folders' manifests say the
+    seed's), off by `error` in every 7th element."""
 
     def __init__(self, error=1e-6):
         self.error, self.loaded = np.float32(error), []
@@ -354,10 +361,11 @@ class FakeDevice:
 
         self.loaded.append(Path(path).name)
         pv, *innermost = Path(path).read_text().split()
+        numerics = {"decode": bench_cuda.NUMERICS}.get(function, SEED_NUMERICS)
 
         def reference(q, k, ks, v, vs):
             return fragment_attention(q, k, ks, v, vs, float(np.float32(q.shape[-1] ** -0.5)),
-                                      model="cuda", pv=pv, numerics=SEED_NUMERICS)
+                                      model="cuda", pv=pv, numerics=numerics)
 
         def fn(*args):
             if function == "paged":
@@ -433,10 +441,14 @@ def test_paged_runs_every_case_and_folder(tmp_path, no_torch_baselines):
     assert list(rows[0]) == [
         "case", "batch", "mean_length", "max_length", "bytes_read", "copy_ceiling_bytes_per_s",
         "seed", "q_heads", "kv_heads", "head_dim", "block_size", "q_terms", "w_quant",
-        *_variant_keys("int8", "kernels_s"), *_variant_keys("bf16", "kernels_s"),
+        *_variant_keys("int8", "kernels_s", ("int8_max_abs_vs_exact",)),
+        *_variant_keys("bf16", "kernels_s", ("bf16_max_abs_vs_exact",)),
         "torch_sdpa_bf16_padded_s"]
     assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"] for r in rows)
-    assert rows[0]["int8_kernels_s"] == KERNELS and rows[-1]["batch"] == 1
+    assert rows[0]["int8_kernels_s"] == KERNELS and rows[3]["batch"] == 1
+    # vs exact: the seed's INT8 rounding on Gaussian data, far more on the outlier keys
+    gaussian, outliers = rows[0]["int8_max_abs_vs_exact"], rows[-1]["int8_max_abs_vs_exact"]
+    assert 1e-5 < gaussian < 1e-2 and outliers > 2 * gaussian
     two = _paged_folder(tmp_path / "other")
     rows = bench_paged.run([one, two], 2, [40], 30, seed=2, pvs=["int8"], device=FakeDevice(),
                            timer=FakeTimer(0, 1))

@@ -158,12 +158,11 @@ def test_a_loose_keyword_is_refused():
         ref.rounding_tie_slack(None, None, None, None, None, 0.125, w_quant="u8")
 
 
-def test_the_simulator_refuses_what_the_kernels_do_not_implement():
+def test_the_kernels_build_what_is_given_else_their_default():
     variant = Numerics(q_terms=2, w_quant="u8", w_terms=1)
     for target in ("gfx936", "gfx942", "cuda"):
         assert target_spec(target).resolve_numerics(variant) is variant
-        with pytest.raises(ValueError, match="kernels implement w-terms 1 only"):
-            target_spec(target).resolve_numerics(Numerics())
+        assert target_spec(target).resolve_numerics(None) == KERNEL_NUMERICS
 
 
 def test_paged_attention_states_its_numerics(tmp_path):

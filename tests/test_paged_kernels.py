@@ -215,7 +215,7 @@ def test_every_numerics_variant_in_every_kernel(target, q_terms, w_quant, q_head
     seed = 90 + q_terms + len(w_quant) + q_heads
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 200, 700], q_heads, 2, 64, 16)
-    numerics = Numerics(q_terms=q_terms, w_quant=w_quant, w_terms=1)   # the kernels' w-terms
+    numerics = Numerics(q_terms=q_terms, w_quant=w_quant, w_terms=1)
     out = simulate_paged(*arrays, 0.125, target=target, numerics=numerics)
     _check(out, arrays, np.float32(0.125), target, numerics)
 
@@ -232,7 +232,7 @@ def test_bench_prepares_one_paged_module_per_pv(tmp_path):
                      str(tmp_path)]) == 0
     meta = json.loads((tmp_path / "paged.json").read_text())
     assert meta == dict(q_heads=8, kv_heads=2, head_dim=64, block_size=16, q_terms=2,
-                        w_quant="u8")
+                        w_quant="u8", w_terms=2)
     for pv in ("int8", "bf16"):
         assert (tmp_path / f"paged_{pv}.vmfb").stat().st_size > 0
         ptx = (tmp_path / f"paged_{pv}.ptx").read_text()

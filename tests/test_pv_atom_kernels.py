@@ -85,12 +85,6 @@ def test_prefill_on_the_second_atom_matches_both_references(numerics):
           f"vs exact {err['exact']:.2e} (x max|V|)")
 
 
-def test_numerics_the_kernels_do_not_implement_are_refused():
-    args = decode_inputs(271, 1, 4, 1, 70, 64)
-    with pytest.raises(ValueError, match="w-terms 1 only"):
-        simulate_decode(*args, 0.125, target="gfx942", numerics=Numerics())
-
-
 def test_the_compile_api_builds_the_atom_and_names_its_groups():
     # --pv-atom / pv_atom= reaches the kernels through CompileOptions; the options name
     # the model the W groups follow, which the references then take.

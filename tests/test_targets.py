@@ -71,9 +71,6 @@ REFUSED = [
      "--partition-tokens 512 does not apply to --target gfx936: the decode kernels' partition "
      "is fixed by the fragment model: 4 waves of 64 tokens = 256"),
     (["--target", "cuda", "--tile-tokens", "128"], "--tile-tokens 128 does not apply"),
-    (["--target", "gfx942", "--w-terms", "2"],
-     "--w-terms 2 does not apply to --target gfx942: the lane kernels quantize W in one INT8 "
-     "term"),
     (["--target", "gfx936", "--emit", "vmfb"],
      "--target gfx936 has the stages graph, kernel; there is no 'vmfb' to emit"),
     (["--target", "cpu", "--emit", "kernel"], "there is no 'kernel' to emit"),
