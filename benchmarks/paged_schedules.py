@@ -1,8 +1,8 @@
 """Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`) or
-numerics (`Numerics`: q_terms, w_quant).
+numerics (`Numerics`: q_terms, w_quant, w_terms).
 
     python benchmarks/paged_schedules.py DIR merge_chunks=16 merge_splits=32 merge_unroll=2
-    python benchmarks/paged_schedules.py DIR q_terms=2 w_quant=u8
+    python benchmarks/paged_schedules.py DIR q_terms=1 w_quant=s8 w_terms=1   # the seed's
     python -m int8attn.bench_paged --run DEFAULT_DIR,DIR,... --pv int8   # on the GPU
 
 Each folder holds the modules `int8attn bench --mode paged --prepare-only`
@@ -20,8 +20,7 @@ from pathlib import Path
 from int8attn import bench_paged
 from int8attn.kernels import target_spec as specs
 
-# The numerics fields the lane kernels implement variants of (their w-terms is 1).
-NUMERICS_FIELDS = {"q_terms": int, "w_quant": str}
+NUMERICS_FIELDS = {"q_terms": int, "w_quant": str, "w_terms": int}
 
 
 def main(argv=None) -> int:

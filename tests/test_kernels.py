@@ -8,7 +8,8 @@ import pytest
 
 from conftest import decode_inputs, seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS  # the simulated kernels' default
+from int8attn.contract.numerics import (KERNEL_NUMERICS,  # the simulated kernels' default
+                                        SEED_NUMERICS)
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
 from int8attn.driver.graph import decode_graph
 from int8attn.simulator import simulate_decode
@@ -45,8 +46,8 @@ def test_simulated_kernels_match_the_fragment_reference(target, shape):
     args = decode_inputs(sum(shape), *shape)
     scale = shape[-1] ** -0.5
     out = simulate_decode(*args, scale, target=target)
-    fragment = ref.fragment_attention(*args, scale, model=target, numerics=SEED_NUMERICS)
-    slack = ref.rounding_tie_slack(*args, scale, model=target, numerics=SEED_NUMERICS)
+    fragment = ref.fragment_attention(*args, scale, model=target, numerics=KERNEL_NUMERICS)
+    slack = ref.rounding_tie_slack(*args, scale, model=target, numerics=KERNEL_NUMERICS)
     err = np.abs(out - fragment)
     assert (err <= FRAGMENT_TOL + slack).all(), f"{target} {shape}: {err.max():.3e}"
     print(f"{target} {shape}: simulated kernel vs fragment reference max abs {err.max():.3e}")
@@ -60,17 +61,19 @@ def test_a_wrong_layout_fails_the_comparison():
     wrong = FragmentModel("gfx936", dataclasses.replace(GFX936_MMAC, c=GFX942_MFMA.c),
                           VLoadScheme(16))
     out = simulate_decode(*args, 0.125, target="gfx936", fragments=wrong)
-    fragment = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
+    fragment = ref.fragment_attention(*args, 0.125, numerics=KERNEL_NUMERICS)
     assert not np.isfinite(out).all() or np.abs(out - fragment).max() > 1e-2
 
 
 def test_the_load_scheme_sets_the_groups_end_to_end():
     # A kernel generated for 8-byte V loads consumes contiguous groups: it matches
-    # the contiguous-group reference, not the interleaved one.
+    # the contiguous-group reference, not the interleaved one. (One W term: two make
+    # W nearly exact, whatever its groups.)
     shape = (1, 8, 2, 512, 64)
     args = decode_inputs(51, *shape)
     eight = fragment_model("gfx936").with_v_load(8)
-    out = simulate_decode(*args, 0.125, target="gfx936", fragments=eight)
+    out = simulate_decode(*args, 0.125, target="gfx936", fragments=eight,
+                          numerics=SEED_NUMERICS)
     contiguous = ref.fragment_attention(*args, 0.125, fragments=eight, numerics=SEED_NUMERICS)
     interleaved = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
     assert np.abs(out - contiguous).max() <= FRAGMENT_TOL
@@ -85,7 +88,10 @@ def test_mmacs_per_wave(tmp_path, head_dim):
     partition = text[:text.index("stream.executable private @decode_merge")]
     qk = (64 // 16) * (head_dim // 32)          # token blocks x K steps
     pv = 2 * (head_dim // 16)                   # MMACs x head-dim tiles
-    assert partition.count('llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"') == qk + pv
+    # gfx936's C layout holds one row per lane: no padding rows take a second term, so
+    # each term of q and of W is an MMAC of its own.
+    terms = KERNEL_NUMERICS.q_terms * qk + KERNEL_NUMERICS.w_terms * pv
+    assert partition.count('llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"') == terms
 
 
 def test_gfx942_isa_has_the_int8_mfma(tmp_path):
@@ -94,7 +100,10 @@ def test_gfx942_isa_has_the_int8_mfma(tmp_path):
     isa = tmp_path / "decode.s"
     run("int8attn", "compile", path, "--target", "gfx942", "--emit", "isa", "-o", isa, check_rc=0)
     text = isa.read_text()
-    assert text.count("v_mfma_i32_16x16x32_i8") == (64 // 16) * (64 // 32) + 2 * (64 // 16)
+    # 4 rows per KV head: no padding rows in the same lane for a second term
+    qk, pv = (64 // 16) * (64 // 32), 2 * (64 // 16)
+    assert text.count("v_mfma_i32_16x16x32_i8") == \
+        KERNEL_NUMERICS.q_terms * qk + KERNEL_NUMERICS.w_terms * pv
     assert "s_barrier" in text
     vmfb = tmp_path / "decode.vmfb"
     run("int8attn", "compile", path, "--target", "gfx942", "-o", vmfb, check_rc=0)
@@ -109,7 +118,7 @@ def test_run_simulate_with_inputs_and_output(tmp_path):
     run("int8attn", "run", path, "--target", "gfx936", "--simulate", "--inputs",
         tmp_path / "in.npz", "--output", tmp_path / "out.npz", check_rc=0)
     with np.load(tmp_path / "out.npz") as out:
-        expected = ref.fragment_attention(*arrays, 0.125, numerics=SEED_NUMERICS)
+        expected = ref.fragment_attention(*arrays, 0.125, numerics=KERNEL_NUMERICS)
         assert np.abs(out["result0"] - expected).max() <= FRAGMENT_TOL
     report = run("int8attn", "run", path, "--target", "gfx942", "--simulate", "--seed", "1",
                  check_rc=0).stdout
