@@ -1,8 +1,8 @@
 """What `--target` does: one row per target, its named stages in order.
 
     cpu     graph -> algorithm -> linalg -> vmfb          runs on IREE local-task
-    gfx936  graph -> kernel                               lane simulator only
-    gfx942  graph -> kernel -> vmfb -> isa                simulator; IREE hip
+    gfx936  graph -> kernel -> llvm (-> vmfb with --kernel-object)   simulator; IREE hip
+    gfx942  graph -> kernel -> vmfb -> isa; kernel -> llvm (-> vmfb)  simulator; IREE hip
     cuda    graph -> kernel -> vmfb -> ptx                simulator; IREE cuda
 
 Every chain starts with `graph` (parse, the int8attn op verifiers, the
