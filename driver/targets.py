@@ -131,9 +131,10 @@ class Target:
         if not kernel_object:
             return self.stages
         replaced = {s.name: s for s in self.with_object}
-        row = [replaced.pop(s.name, s) for s in self.stages
+        row = [replaced.get(s.name, s) for s in self.stages
                if s.name in replaced or s.reads not in replaced]
-        return tuple(row) + tuple(replaced.values())
+        row += [s for s in self.with_object if s.name not in self.stage_names()]
+        return tuple(row)
 
     def chain(self, until: str | None = None, kernel_object: bool = False) -> tuple[Stage, ...]:
         """The stages `until` (default: `default_emit`, `vmfb` with a kernel object)
@@ -246,6 +247,10 @@ def describe() -> str:
         atoms = (f"; --pv-atom: {', '.join(PV_ATOMS[t.name])}"
                  if len(PV_ATOMS.get(t.name, ())) > 1 else "")
         lines.append(f"        pv: {', '.join(t.pv)}{atoms}; runs on: {' or '.join(runs)}")
+        if t.with_object:
+            lines.append(f"        --kernel-object K.co (built from --emit llvm): "
+                         f"{' -> '.join(t.stage_names(True))}, runs on IREE "
+                         f"{t.object_runtime_driver}")
     return "\n".join(lines)
 
 assert tuple(TARGETS) == TARGET_NAMES
