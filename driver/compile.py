@@ -9,6 +9,7 @@ be reproduced from the saved input of that stage.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ class Compiled:
     timings: dict[str, float]
     kernel_layouts: dict[str, dict]   # per public function of a kernel target: its kernels
     remarks: tuple[str, ...] = ()   # the passes' remarks (raise-int8-attention's), located
+    companions: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+                                    # per stage: files written beside its artifact
 
     @property
     def last(self) -> str | bytes:
@@ -48,7 +51,7 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
     `source` is MLIR text, or the bytes of an ONNX model (imported in the graph stage)."""
     target = TARGETS[options.target]
     options = target.check(options)
-    chain = target.chain(until)
+    chain = target.chain(until, options.kernel_object is not None)
     directory = Path(save_stages) if save_stages is not None else None
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -70,5 +73,7 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
             c.artifacts[stage.name] = artifact
             if directory is not None:
                 write_atomic(directory / f"{number:02d}-{stage.name}{stage.suffix}", artifact)
+                for suffix, content in c.companions.get(stage.name, {}).items():
+                    write_atomic(directory / f"{number:02d}-{stage.name}{suffix}", content)
     return Compiled(options, dict(c.artifacts), dict(c.functions), dict(c.timings),
-                    dict(c.kernel_layouts), tuple(remarks))
+                    dict(c.kernel_layouts), tuple(remarks), dict(c.companions))

@@ -67,6 +67,11 @@ class CompileOptions(PipelineOptions):
         None, "kernel targets, pv=int8: the INT8 matrix instruction PV runs on, the target's "
         "own by default (QK's); gfx942 also offers v_mfma_i32_32x32x16_i8, whose 16-token "
         "MMAC groups the W scales then follow (int8attn targets lists each target's)")
+    kernel_object: str | None = option(
+        None, "gfx936, gfx942: package this AMDGPU code object (.co, built from --emit llvm "
+        "with the command its manifest gives) into the vmfb instead of IREE's own build; it "
+        "is checked against this graph first (processor, kernels, the IR it was built from)",
+        metavar="K.co")
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")

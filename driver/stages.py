@@ -49,6 +49,9 @@ class Compilation:
     kernel_layouts: dict[str, dict] = field(default_factory=dict)   # per function: what
                                            # its kernels' host side must pass them
     assembly: str | None = None
+    llvm: "object" = None                  # the llvm stage's LLVMModule
+    companions: dict[str, dict[str, str]] = field(default_factory=dict)   # per stage:
+                                           # files written beside its artifact, by suffix
     timings: dict[str, float] = field(default_factory=dict)
     print_ir_after_all: bool = False
 
@@ -337,6 +340,27 @@ def _refuse_split_mmt4d_tiles(dump: str, target_cpu: str, source: str, flags) ->
             f"file (lower-mmac-tiles vector-isa={target_cpu_isa(target_cpu)}), or use "
             f"contraction=f32", _reproducer(source, list(flags) + [
                 "--iree-hal-dump-executable-configurations-to=configured"]))
+
+
+def make_llvm(c: Compilation) -> str:
+    """The kernels as one LLVM IR module for the target's own LLVM, and its manifest
+    (kernels, their ABI, the command that builds the code object)."""
+    import json
+
+    from .llvm_stage import build_llvm_module
+
+    c.llvm = build_llvm_module(c.module, c.kernel_layouts, c.options.target,
+                               c.module.location)
+    c.companions["llvm"] = {".json": json.dumps(c.llvm.manifest, indent=1) + "\n"}
+    return c.llvm.text
+
+
+def make_packaged_vmfb(c: Compilation) -> bytes:
+    """The host functions with every executable taken from the --kernel-object code
+    object (checked against this graph's llvm stage first), as IREE packages it."""
+    from .packaging import package
+
+    return package(c.artifacts["kernel"], c.llvm, c.options)
 
 
 def make_assembly(c: Compilation) -> str:

@@ -1,8 +1,8 @@
 """What `--target` does: one row per target, its named stages in order.
 
     cpu     graph -> algorithm -> linalg -> vmfb          runs on IREE local-task
-    gfx936  graph -> kernel                               lane simulator only
-    gfx942  graph -> kernel -> vmfb -> isa                simulator; IREE hip
+    gfx936  graph -> kernel -> llvm (-> vmfb with --kernel-object)   simulator; IREE hip
+    gfx942  graph -> kernel -> vmfb -> isa; kernel -> llvm (-> vmfb)  simulator; IREE hip
     cuda    graph -> kernel -> vmfb -> ptx                simulator; IREE cuda
 
 Every chain starts with `graph` (parse, the int8attn op verifiers, the
@@ -36,6 +36,7 @@ class Stage:
     name: str
     make: Callable[[stages.Compilation], str | bytes]
     suffix: str
+    reads: str | None = None     # the stage whose results it needs (None: the one before it)
 
     @property
     def summary(self) -> str:
@@ -47,8 +48,10 @@ ALGORITHM = Stage("algorithm", stages.make_algorithm, ".mlir")
 LINALG = Stage("linalg", stages.make_linalg, ".mlir")
 KERNEL = Stage("kernel", stages.make_kernel, ".mlir")
 VMFB = Stage("vmfb", stages.make_vmfb, ".vmfb")
-ISA = Stage("isa", stages.make_assembly, ".s")
-PTX = Stage("ptx", stages.make_assembly, ".ptx")
+ISA = Stage("isa", stages.make_assembly, ".s", reads="vmfb")
+PTX = Stage("ptx", stages.make_assembly, ".ptx", reads="vmfb")
+LLVM = Stage("llvm", stages.make_llvm, ".ll", reads="kernel")
+PACKAGED_VMFB = Stage("vmfb", stages.make_packaged_vmfb, ".vmfb", reads="llvm")
 
 
 def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], bool], str]]:
@@ -86,7 +89,14 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                         "lowers the MMAC tiles; the lane kernels run the matrix instruction"),
         "vector_isa": (lambda o: o.vector_isa is not None,
                        "vector_isa sizes --target cpu's mmt4d tiles"),
+        **({} if target_spec(target).llvm_proxy else _NO_KERNEL_OBJECT),
     }
+
+
+_NO_KERNEL_OBJECT = {"kernel_object": (
+    lambda o: o.kernel_object is not None,
+    "--kernel-object packages an AMDGPU code object built from --emit llvm; --target "
+    "gfx936 and gfx942 have that stage")}
 
 
 @dataclass(frozen=True)
@@ -103,18 +113,46 @@ class Target:
     refusals: Mapping[str, tuple[Callable[[CompileOptions], bool], str]] = \
         dataclasses.field(default_factory=dict)
     takes_target_cpu: bool = False          # IREE llvm-cpu: --target-cpu is its CPU
+    # With --kernel-object (a code object built from the llvm stage): the stages
+    # that replace or extend the row, and the IREE HAL driver that runs the result.
+    with_object: tuple[Stage, ...] = ()
+    object_runtime_driver: str | None = None
 
-    def stage_names(self) -> list[str]:
-        return [s.name for s in self.stages]
+    def stage_names(self, kernel_object: bool = False) -> list[str]:
+        return [s.name for s in self.row(kernel_object)]
 
-    def chain(self, until: str | None = None) -> tuple[Stage, ...]:
-        """The stages up to and including `until` (default: `default_emit`)."""
-        until = until or self.default_emit
-        names = self.stage_names()
+    def row(self, kernel_object: bool = False) -> tuple[Stage, ...]:
+        """The target's stages; with a kernel object, `with_object` replaces the stages
+        of the same name (a stage reading a replaced one goes: IREE's ISA of a vmfb
+        it did not build) or is appended."""
+        if not kernel_object:
+            return self.stages
+        replaced = {s.name: s for s in self.with_object}
+        row = [replaced.get(s.name, s) for s in self.stages
+               if s.name in replaced or s.reads not in replaced]
+        row += [s for s in self.with_object if s.name not in self.stage_names()]
+        return tuple(row)
+
+    def chain(self, until: str | None = None, kernel_object: bool = False) -> tuple[Stage, ...]:
+        """The stages `until` (default: `default_emit`, `vmfb` with a kernel object)
+        needs, in order: each stage after the one it reads."""
+        until = until or ("vmfb" if kernel_object else self.default_emit)
+        row = self.row(kernel_object)
+        names = [s.name for s in row]
         if until not in names:
-            raise OptionRefused(f"--target {self.name} has the stages {', '.join(names)}; "
-                                f"there is no '{until}' to emit")
-        return self.stages[:names.index(until) + 1]
+            hint = ""
+            if not kernel_object and until in [s.name for s in self.with_object]:
+                hint = (f" without --kernel-object: its {until} packages a code object built "
+                        f"from --emit llvm (README, 'On a DCU')")
+            raise OptionRefused(f"--target {self.name} has the stages "
+                                f"{', '.join(self.stage_names())}; there is no '{until}' to "
+                                f"emit{hint}")
+        needed, name = [], until
+        while name is not None:
+            index = names.index(name)
+            needed.append(row[index])
+            name = row[index].reads or (names[index - 1] if index else None)
+        return tuple(reversed(needed))
 
     def check(self, options: CompileOptions) -> CompileOptions:
         """Refuse what does not apply; return the options with defaults resolved."""
@@ -152,7 +190,7 @@ _KERNEL_FLAGS = (
     # outputs landed on top of each other).
     "--iree-scheduling-optimize-bindings=false",
 )
-_CPU_ONLY = {"v_token_innermost": (lambda o: o.v_token_innermost,
+_CPU_ONLY = {**_NO_KERNEL_OBJECT, "v_token_innermost": (lambda o: o.v_token_innermost,
                                    "V layouts are a kernel-target choice"),
              "pv_atom": (lambda o: o.pv_atom is not None,
                          "the lane kernels' PV instruction; --target cpu's W groups follow "
@@ -171,7 +209,8 @@ TARGETS: dict[str, Target] = {
     "gfx936": Target(
         "gfx936", "lane-level decode, prefill and cache-write kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
         "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",
-        (GRAPH, KERNEL), "kernel", ("int8",), None, True,
+        (GRAPH, KERNEL, LLVM), "kernel", ("int8",), None, True,
+        with_object=(PACKAGED_VMFB,), object_runtime_driver="hip",
         refusals={**_kernel_refusals("gfx936"),
                   "iree_flags": (lambda o: bool(o.iree_flags),
                                  "gfx936 has no IREE compilation stage (IREE does not know "
@@ -179,9 +218,10 @@ TARGETS: dict[str, Target] = {
     "gfx942": Target(
         "gfx942", "lane-level decode, prefill and cache-write kernels on v_mfma_i32_16x16x32_i8 through IREE's ROCm "
         "backend",
-        (GRAPH, KERNEL, VMFB, ISA), "vmfb", ("int8",), "hip", True,
+        (GRAPH, KERNEL, VMFB, ISA, LLVM), "vmfb", ("int8",), "hip", True,
         ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942", *_KERNEL_FLAGS),
-        "*.rocmasm", refusals=_kernel_refusals("gfx942")),
+        "*.rocmasm", refusals=_kernel_refusals("gfx942"),
+        with_object=(PACKAGED_VMFB,), object_runtime_driver="hip"),
     "cuda": Target(
         "cuda", "lane-level decode, prefill and cache-write kernels on mma.sync.m16n8k32.s8 through IREE's CUDA "
         "backend (sm_80 PTX; the driver JITs it on newer GPUs)",
@@ -204,6 +244,10 @@ def describe() -> str:
         atoms = (f"; --pv-atom: {', '.join(PV_ATOMS[t.name])}"
                  if len(PV_ATOMS.get(t.name, ())) > 1 else "")
         lines.append(f"        pv: {', '.join(t.pv)}{atoms}; runs on: {' or '.join(runs)}")
+        if t.with_object:
+            lines.append(f"        --kernel-object K.co (built from --emit llvm): "
+                         f"{' -> '.join(t.stage_names(True))}, runs on IREE "
+                         f"{t.object_runtime_driver}")
     return "\n".join(lines)
 
 assert tuple(TARGETS) == TARGET_NAMES

@@ -109,7 +109,8 @@ class CompiledGraph:
                         check_runnable_here(target.cpu(self.options.target_cpu))
                     except UnknownTargetCPU as error:
                         raise OptionRefused(str(error)) from None
-                driver = target.runtime_driver
+                driver = (target.object_runtime_driver if self.options.kernel_object
+                          else target.runtime_driver)
                 self._executor = LoadedModule(self.vmfb, signatures, driver=driver)
         return self._executor
 
@@ -189,7 +190,12 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
     if simulate and not target.simulates:
         raise OptionRefused(f"--simulate runs lane-level kernels; --target "
                             f"{target.name} has none (use --target gfx936, gfx942 or cuda)")
-    if not simulate and target.runtime_driver is None:
+    with_object = compile_options_.kernel_object is not None
+    if simulate and with_object:
+        raise OptionRefused("--simulate runs the generated kernels in the lane simulator; "
+                            "--kernel-object runs a code object on the device: give one")
+    if not simulate and (target.object_runtime_driver if with_object
+                         else target.runtime_driver) is None:
         raise OptionRefused(f"--target {target.name} has no IREE runtime here (its kernels "
                             f"need a {target.name} toolchain); run them in the lane "
                             f"simulator with --simulate")
@@ -198,7 +204,9 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
     checked = target.check(compile_options_)
     # `host` names a different CPU on another machine: key by what IREE resolved.
     cpu = target.cpu(checked.target_cpu) if target.takes_target_cpu else None
-    key = store.key(source, (checked, cpu)) if store else None
+    # A code object is keyed by its bytes (one path may hold a rebuilt object).
+    code = _object_digest(checked.kernel_object) if with_object else None
+    key = store.key(source, (checked, cpu, code)) if store else None
     if store:
         hit = store.load(key)
         if hit is not None:
@@ -223,6 +231,15 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
                          kernel_layouts=compiled.kernel_layouts, artifacts=compiled.artifacts,
                          timings=compiled.timings,
                          remarks=compiled.remarks)
+
+
+def _object_digest(path: str) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None     # the packaging stage names what is wrong with the path
 
 
 def compile_file(path: str | Path, **options) -> CompiledGraph:

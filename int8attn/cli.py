@@ -26,6 +26,7 @@ from .cli_compile_run import _print_remarks, cmd_compile, cmd_run, cmd_targets
 from .cli_errors import UserError
 from .cli_parser import CLI_OPTIONS, build_parser
 from .driver.onnx_import import ModelError
+from .driver.packaging import KernelObjectError
 from .driver.targets import OptionRefused
 from .runtime.module import InputError
 from .support.diagnostics import DiagnosticError, StageError, UsageError
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
         # e.g. why an attention was left to IREE, before IREE's own error
         _print_remarks(getattr(error, "remarks", ()), getattr(args, "graph", ""))
         print(f"error: {error}", file=sys.stderr)
-    except (UserError, InputError, OutputError, ModelError) as error:
+    except (UserError, InputError, OutputError, ModelError, KernelObjectError) as error:
         print(f"error: {error}", file=sys.stderr)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

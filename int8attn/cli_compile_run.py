@@ -68,8 +68,9 @@ def cmd_compile(args) -> int:
     _refuse_for_models(args)
     options = CompileOptions(**_options(args))
     target = TARGETS[options.target]
-    emit = args.emit or target.default_emit
-    target.chain(emit)  # refuses a stage the target does not have, before any work
+    emit = args.emit or ("vmfb" if options.kernel_object else target.default_emit)
+    target.chain(emit, options.kernel_object is not None)  # refuses a stage the target
+    # does not have, before any work
     if args.output != "-":
         check_output_path(args.output, [args.graph])
     source = _read_graph(args.graph)
@@ -88,7 +89,25 @@ def cmd_compile(args) -> int:
                  else artifact + "\n", [args.graph])
     stages = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in compiled.timings.items())
     print(f"wrote {args.output} ({emit}, {len(artifact)} bytes; {stages})", file=sys.stderr)
+    _write_companions(args.output, compiled.companions.get(emit, {}), args.graph, emit, options)
     return 0
+
+
+def _write_companions(output: str, companions: dict, graph: str, emit: str, options) -> None:
+    """Files a stage writes beside its artifact (the llvm stage's manifest), and what
+    to run next."""
+    for suffix, content in companions.items():
+        beside = str(Path(output).with_suffix(suffix))
+        check_output_path(beside, [graph, output])
+        write_atomic(beside, content, [graph, output])
+        print(f"wrote {beside} (the {emit} stage's manifest)", file=sys.stderr)
+    if emit == "llvm":
+        from .driver.llvm_stage import build_command
+
+        co = str(Path(output).with_suffix(".co"))
+        print(f"build the code object with:\n  {build_command(options.target, output, co)}\n"
+              f"then: int8attn compile {graph} --target {options.target} --kernel-object {co} "
+              f"-o {Path(output).with_suffix('.vmfb')}", file=sys.stderr)
 
 
 def _load_inputs(path: str, info) -> list[np.ndarray]:

@@ -19,7 +19,7 @@ from .support.options import add_arguments
 # function's signature: a Python API / bench choice).
 CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "verify",
                "partition_tokens", "tile_tokens", "q_terms", "w_quant", "w_terms", "contraction",
-               "pv_atom")
+               "pv_atom", "kernel_object")
 
 
 

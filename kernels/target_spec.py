@@ -96,6 +96,14 @@ class TargetSpec:
     occupancy_by_head_dim: tuple[tuple[int, int], ...] = ()
     # The numerics its kernels build when none is given (docs/design.md §2c).
     numerics: Numerics = KERNEL_NUMERICS
+    # The AMDGPU chip IREE's ROCm backend builds the kernels' LLVM IR for (the
+    # `llvm` stage); for a chip IREE does not know, a sibling with the same wave
+    # size, whose IR is then retargeted.
+    llvm_proxy: str | None = None
+    # An upstream intrinsic taking the target's MMA operands plus zero immediates,
+    # which IREE's LLVM translates in place of the target's own (renamed back in
+    # the IR the `llvm` stage writes): (name, number of trailing zero immediates).
+    llvm_stand_in: tuple[str, int] | None = None
 
     @property
     def wave_size(self) -> int:
@@ -156,10 +164,13 @@ class TargetSpec:
 # the target-independent choices only (nothing there is measured on hardware).
 TARGET_SPECS: dict[str, TargetSpec] = {
     "gfx936": TargetSpec("gfx936", fragment_model("gfx936"), _mmac_intrinsic,
-                         tuning=DecodeTuning(merge_splits=4)),
+                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942",
+                         # same operands (i64, i64, <4 x i32>) -> <4 x i32>, then cbsz,
+                         # abid, blgp
+                         llvm_stand_in=("llvm.amdgcn.mfma.i32.16x16x32.i8", 3)),
     "gfx942": TargetSpec("gfx942", fragment_model("gfx942"), _mfma,
                          pv_atoms=tuple(pv_model("gfx942", a) for a in PV_ATOMS["gfx942"][1:]),
-                         tuning=DecodeTuning(merge_splits=4)),
+                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942"),
     "cuda": TargetSpec(
         "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),
         async_copy=True, occupancy_attribute="nvvm.minctasm",

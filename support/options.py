@@ -31,10 +31,11 @@ class OptionError(ValueError):
     """An option value of the wrong type or outside its choices."""
 
 
-def option(default, help: str, *, minimum: int | None = None, flag: str | None = None):
+def option(default, help: str, *, minimum: int | None = None, flag: str | None = None,
+           metavar: str = "N"):
     """A dataclass field with the metadata the consumers read."""
-    return dataclasses.field(default=default,
-                             metadata={"help": help, "minimum": minimum, "flag": flag})
+    return dataclasses.field(default=default, metadata={"help": help, "minimum": minimum,
+                                                        "flag": flag, "metavar": metavar})
 
 
 def kebab(name: str) -> str:
@@ -164,7 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, only=None) -> None:
         default = f" (default: {f.default})" if f.default is not None else ""
         text_choices = bool(choices) and all(isinstance(c, str) for c in choices)
         parser.add_argument(f"--{kebab(f.name)}", dest=f.name, default=None,
-                            choices=choices, metavar=None if choices else "N",
+                            choices=choices, metavar=None if choices else f.metadata.get("metavar", "N"),
                             type=None if text_choices else _argparse_type(cls, f.name),
                             help=help_text + default)
 

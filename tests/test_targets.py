@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from int8attn.driver.targets import OptionRefused
+
 import int8attn
 from conftest import REPO, seeded_rng
 from int8attn import cli
@@ -45,8 +47,23 @@ def test_the_table_has_every_target_and_each_chain_starts_at_the_graph():
         assert target.stage_names()[0] == "graph"
         assert target.default_emit in target.stage_names()
     assert TARGETS["cpu"].stage_names() == ["graph", "algorithm", "linalg", "vmfb"]
-    assert TARGETS["gfx936"].stage_names() == ["graph", "kernel"]
+    assert TARGETS["gfx936"].stage_names() == ["graph", "kernel", "llvm"]
     assert TARGETS["cuda"].stage_names() == ["graph", "kernel", "vmfb", "ptx"]
+
+
+def test_a_chain_is_what_its_stage_reads_and_a_kernel_object_swaps_the_vmfb():
+    names = lambda chain: [s.name for s in chain]
+    gfx942, gfx936 = TARGETS["gfx942"], TARGETS["gfx936"]
+    assert names(gfx942.chain("llvm")) == ["graph", "kernel", "llvm"]
+    assert names(gfx942.chain("isa")) == ["graph", "kernel", "vmfb", "isa"]
+    assert names(gfx942.chain(None, kernel_object=True)) == ["graph", "kernel", "llvm", "vmfb"]
+    assert gfx942.chain(None, kernel_object=True)[-1].make.__name__ == "make_packaged_vmfb"
+    assert names(gfx936.chain("vmfb", kernel_object=True)) == ["graph", "kernel", "llvm",
+                                                               "vmfb"]
+    with pytest.raises(OptionRefused, match="no 'isa' to emit"):
+        gfx942.chain("isa", kernel_object=True)   # IREE built no ISA of the object
+    with pytest.raises(OptionRefused, match="without --kernel-object"):
+        gfx936.chain("vmfb")
 
 
 def test_targets_command_prints_the_table(capsys):
@@ -72,7 +89,7 @@ REFUSED = [
      "is fixed by the fragment model: 4 waves of 64 tokens = 256"),
     (["--target", "cuda", "--tile-tokens", "128"], "--tile-tokens 128 does not apply"),
     (["--target", "gfx936", "--emit", "vmfb"],
-     "--target gfx936 has the stages graph, kernel; there is no 'vmfb' to emit"),
+     "--target gfx936 has the stages graph, kernel, llvm; there is no 'vmfb' to emit without --kernel-object"),
     (["--target", "cpu", "--emit", "kernel"], "there is no 'kernel' to emit"),
 ]
 
@@ -105,13 +122,17 @@ def test_simulate_needs_a_kernel_target_and_gfx936_needs_the_simulator(small, ca
 
 @pytest.mark.parametrize("target", ["cpu", "gfx936", "gfx942"])
 def test_save_stages_writes_every_stage_and_emit_stops_at_each(target, small, tmp_path, capsys):
-    stages = TARGETS[target].stage_names()
+    row = TARGETS[target]   # the longest chain of the row (gfx942: to isa, not llvm)
+    stages = max(([s.name for s in row.chain(name)] for name in row.stage_names()), key=len)
     saved = tmp_path / "stages"
     out = tmp_path / "out"
     assert cli.main(["compile", str(small), "--target", target, "--emit", stages[-1],
                      "--save-stages", str(saved), "-o", str(out)]) == 0
-    files = sorted(p.name for p in saved.iterdir())
+    files = sorted(p.name for p in saved.iterdir() if p.suffix != ".json")
     assert [f.split("-", 1)[1].rsplit(".", 1)[0] for f in files] == stages
+    # the llvm stage's manifest is saved beside its IR
+    assert ("llvm" in stages) == (saved / f"{stages.index('llvm') if 'llvm' in stages else 0:02d}"
+                                           f"-llvm.json").is_file()
     assert files[0] == "00-graph.mlir" and "int8attn.attention" in (saved / files[0]).read_text()
     assert out.read_bytes() == (saved / files[-1]).read_bytes()
     for stage in stages[:2]:  # IR stages to stdout
