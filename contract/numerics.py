@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .constants import Q_TERMS, W_QUANTS, W_TERMS, QTerms, WQuant, WTerms
+from .constants import (Q_TERMS, W_QUANTS, W_SECONDS, W_TERMS, QTerms, WQuant, WSecond,
+                        WTerms)
 
 
 @dataclass(frozen=True)
@@ -20,23 +21,31 @@ class Numerics:
     q_terms: QTerms = 2      # INT8 terms of q (a second one quantizes the residual)
     w_quant: WQuant = "u8"   # W per MMAC group: symmetric s8, or u8 with its offset
     w_terms: WTerms = 2      # INT8 terms of W per group (a second, signed, on the residual)
+    w_second: WSecond = "scaled"   # two-term W: the second term's own scale, or a digit
 
     def __post_init__(self):
         for name, allowed in (("q_terms", Q_TERMS), ("w_quant", W_QUANTS),
-                              ("w_terms", W_TERMS)):
+                              ("w_terms", W_TERMS), ("w_second", W_SECONDS)):
             value = getattr(self, name)
             # exactly one of the choices: not True for 1, 2.0 for 2 or "2" for 2
             if not any(type(value) is type(choice) and value == choice for choice in allowed):
                 raise ValueError(f"numerics {name}={value!r}: expected one of "
                                  f"{', '.join(map(str, allowed))}")
+        if self.w_second == "digit" and self.w_terms != 2:
+            raise ValueError("w-second digit splits W into two INT8 terms: it needs "
+                             f"w-terms 2 (got {self.w_terms})")
 
     @property
     def unsigned_w(self) -> bool:
         return self.w_quant == "u8"
 
+    @property
+    def w_digits(self) -> bool:
+        return self.w_second == "digit"
+
     def describe(self) -> str:
-        return ", ".join(f"{f.name.replace('_', '-')} {getattr(self, f.name)}"
-                         for f in fields(self))
+        shown = [f for f in fields(self) if f.name != "w_second" or self.w_digits]
+        return ", ".join(f"{f.name.replace('_', '-')} {getattr(self, f.name)}" for f in shown)
 
 
 # The seed write-up's variant: one term each, symmetric W (docs/design.md §2c).

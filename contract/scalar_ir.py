@@ -48,7 +48,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
 from .constants import (MAX_W_V_PRODUCT, QMAX,  # noqa: F401
-                        QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, W_OFFSET)
+                        QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, W_DIGIT_BASE, W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127
@@ -121,6 +121,41 @@ def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants
     i32 = ir.IntegerType.get_signless(32)
     shifted = arith.subi(u, arith.constant(i32, W_OFFSET))
     return arith.trunci(ir.IntegerType.get_signless(8), shifted)
+
+
+def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
+                    unsigned: bool = False) -> tuple[ir.Value, ir.Value]:
+    """Two-term W as digits (reference.quantize_w_digits): the i8 (high, low) of
+    t = clamp(roundeven(W * (inv * BASE))) on the first term's levels times BASE
+    (t = 0 where `inverse`, the group's `quantize_inverse`, is 0), high = (t + BASE/2)
+    >> log2(BASE) stored as the first term stores its level, low = t - high * BASE."""
+    i32 = ir.IntegerType.get_signless(32)
+    i8 = ir.IntegerType.get_signless(8)
+    levels = (UMAX if unsigned else QMAX) * W_DIGIT_BASE
+    fine = arith.mulf(w, arith.mulf(inverse, _f32(W_DIGIT_BASE)))   # exact: a power of two
+    bottom = c.zero if unsigned else _f32(-levels)
+    clamped = arith.minimumf(arith.maximumf(fine, bottom), _f32(levels))
+    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
+    t = arith.fptosi(i32, arith.select(skipped, c.zero, round_even(clamped, c)))
+    half, shift = (arith.constant(i32, v) for v in (W_DIGIT_BASE // 2,
+                                                     W_DIGIT_BASE.bit_length() - 1))
+    high = arith.shrsi(arith.addi(t, half), shift)
+    low = arith.subi(t, arith.shli(high, shift))
+    if unsigned:
+        high = arith.subi(high, arith.constant(i32, W_OFFSET))
+    return arith.trunci(i8, high), arith.trunci(i8, low)
+
+
+def join_digits(high: ir.Value, low: ir.Value) -> ir.Value:
+    """The int32 sum of W's digits' MMAC sums: high * BASE + low (exact: < 2^31)."""
+    i32 = ir.IntegerType.get_signless(32)
+    shift = arith.constant(i32, W_DIGIT_BASE.bit_length() - 1)
+    return arith.addi(arith.shli(high, shift), low)
+
+
+def digit_scale(scale: ir.Value) -> ir.Value:
+    """The low digit's scale, sW1 / BASE (exact: a power of two)."""
+    return arith.mulf(scale, _f32(1.0 / W_DIGIT_BASE))
 
 
 def unsigned_offset(acc: ir.Value, column_sum: ir.Value) -> ir.Value:

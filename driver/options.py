@@ -14,11 +14,11 @@ from typing import Literal, get_args
 
 from ..fragments import FragmentModelName, PVAtomName, fragment_model
 from ..pipelines import PIPELINE_NUMERICS, PipelineOptions
-from ..contract.constants import QTerms, WQuant, WTerms
+from ..contract.constants import QTerms, WQuant, WSecond, WTerms
 from ..contract.numerics import Numerics
 from ..kernels.target_spec import TARGET_SPECS
 from ..support.cpu_vectors import VectorISA
-from ..support.options import check_fields, option
+from ..support.options import OptionError, check_fields, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)
@@ -55,6 +55,12 @@ class CompileOptions(PipelineOptions):
         None, "INT8 terms of W per MMAC group: 1, or 2 (a second, signed term quantizes the f32 "
         f"residual W - level*sW1; docs/design.md §2c). Default: {PipelineOptions.w_terms} on cpu "
         f"(the pipeline's), {KERNEL_NUMERICS.w_terms} on the kernel targets")
+    w_second: WSecond | None = option(
+        None, "w-terms 2: how the second W term is scaled: scaled (its own absmax over the "
+        "residual), or digit (W quantized once on 256x finer levels, split into a high and a "
+        "low INT8 digit whose MMAC sums one integer multiply-add joins; the lane kernels "
+        f"only; docs/design.md §2c). Default: {PIPELINE_NUMERICS.w_second} on cpu, "
+        f"{KERNEL_NUMERICS.w_second} on the kernel targets")
     target_cpu: str = option(
         "host", "cpu only: the CPU IREE compiles for (--iree-llvmcpu-target-cpu): host (this "
         "machine's), or an LLVM CPU name such as x86-64-v3 (AVX2), x86-64-v4 (AVX-512), "
@@ -78,11 +84,13 @@ class CompileOptions(PipelineOptions):
 
     def pipeline_options(self) -> PipelineOptions:
         """The named pipeline's options, with the fragment model and numerics resolved."""
+        numerics = asdict(self.numerics)
+        del numerics["w_second"]      # the lane kernels' alone (--target cpu refuses digit)
         return PipelineOptions(
             pv=self.pv, fragment_model=self.resolved_fragment_model(),
             scale_groups=self.scale_groups, verify=self.verify,
             partition_tokens=self.partition_tokens, tile_tokens=self.tile_tokens,
-            **asdict(self.numerics), contraction=self.contraction,
+            **numerics, contraction=self.contraction,
             vector_isa=self.vector_isa or PipelineOptions.vector_isa)
 
     @property
@@ -107,11 +115,14 @@ class CompileOptions(PipelineOptions):
 
     @property
     def numerics(self) -> Numerics:
-        """The resolved `Numerics`: q_terms / w_quant / w_terms as given, each one not
-        given the target's (`default_numerics`)."""
+        """The resolved `Numerics`: q_terms / w_quant / w_terms / w_second as given, each
+        one not given the target's (`default_numerics`)."""
         given = {name: getattr(self, name) for name in asdict(self.default_numerics)}
-        return replace(self.default_numerics,
-                       **{name: value for name, value in given.items() if value is not None})
+        try:
+            return replace(self.default_numerics,
+                           **{name: value for name, value in given.items() if value is not None})
+        except ValueError as error:      # a combination the contract has no variant for
+            raise OptionError(str(error)) from None
 
     def resolved(self) -> "CompileOptions":
         return replace(self, fragment_model=self.resolved_fragment_model(),

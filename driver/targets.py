@@ -194,7 +194,11 @@ _CPU_ONLY = {**_NO_KERNEL_OBJECT, "v_token_innermost": (lambda o: o.v_token_inne
                                    "V layouts are a kernel-target choice"),
              "pv_atom": (lambda o: o.pv_atom is not None,
                          "the lane kernels' PV instruction; --target cpu's W groups follow "
-                         "--fragment-model")}
+                         "--fragment-model"),
+             "w_second": (lambda o: o.w_second not in (None, "scaled"),
+                          "the tensor-level pipeline scales the second W term by its "
+                          "residual's own absmax (scaled); the digit split is the lane "
+                          "kernels'")}
 
 TARGETS: dict[str, Target] = {
     "cpu": Target(

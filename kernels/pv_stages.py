@@ -22,65 +22,93 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     The scalar ops are the contract's (contract/scalar_ir.py), as in
     lower-quantize: a zero or tiny group gives Wq = 0, a NaN/Inf group Wq = 0
     and sW = NaN. The absmax is NaN-propagating in-lane and across the xor
-    shuffles, so every lane of a group sees the same a. Two-term W quantizes each
-    group's residual W - level*sW1 (signed) over the same lanes: into the padding
-    rows row + shift of the first term's tile where the plan packs the terms
-    (`StagePlan.w_packing`), else into LDS of its own.
+    shuffles, so every lane of a group sees the same a. Two-term W's second term
+    (its own scale over the residual W - level*sW1, or W's low digit) goes into the
+    padding rows row + shift of the first term's tile where the plan packs the terms
+    (`StagePlan.w_packing`), else into LDS of its own. As digits, the one scale
+    stored is the low digit's, sW1 / BASE.
     """
     lanes, groups = plan.lanes, plan.pv_layout.model
-    unsigned = plan.numerics.unsigned_w
+    numerics = plan.numerics
+    unsigned = numerics.unsigned_w
     first = _w_lds(plan)
     second = None
-    if plan.numerics.w_terms == 2:
-        second = first if plan.w_packing is not None else _w_lds(plan)
+    if numerics.w_terms == 2:
+        second = first if plan.w_packing is not None else _w_lds(plan, scales=not
+                                                                   numerics.w_digits)
+    shift = plan.w_packing[0] if plan.w_packing is not None else 0
     if plan.column_sums:
         _store_ones_rows(plan, first.w, plan.column_sums[1])
     c = contract.quantize_constants(lanes.f32, unsigned=unsigned)
     signed = contract.quantize_constants(lanes.f32) if unsigned else c
     for members in plan.live_classes(plan.layout.group_keys(groups)):
         values = {e: w[e] for e in members}
-        quantized, scale = _quantize_group(plan, members, values, first, c, unsigned)
+        if numerics.w_digits:
+            inverse, scale = _group_scale(plan, members, values, c, unsigned)
+            _store_scale(plan, members[0], contract.digit_scale(scale), first)
+            for e in members:
+                high, low = contract.quantize_digits(values[e], inverse, c, unsigned)
+                _store_w(plan, e, high, first)
+                _store_w(plan, e, low, second, shift)
+            continue
+        inverse, scale = _group_scale(plan, members, values, c, unsigned)
+        _store_scale(plan, members[0], scale, first)
+        value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
+        quantized = {e: value_of(values[e], inverse, c) for e in members}
+        for e in members:
+            _store_w(plan, e, quantized[e], first)
         if second is None:
             continue
         residual = {e: contract.w_residual(values[e], quantized[e], scale, unsigned)
                     for e in members}
-        shift = plan.w_packing[0] if plan.w_packing is not None else 0
-        _quantize_group(plan, members, residual, second, signed, False, shift)
+        inverse, scale = _group_scale(plan, members, residual, signed, False)
+        _store_scale(plan, members[0], scale, second, shift)
+        for e in members:
+            _store_w(plan, e, contract.quantize_value(residual[e], inverse, signed), second,
+                     shift)
     lanes.barrier()
     if second is None or second is first:
         return first
     return StagedW(first.w, first.scales, second)
 
 
-def _w_lds(plan: StagePlan) -> StagedW:
+def _w_lds(plan: StagePlan, scales: bool = True) -> StagedW:
     """LDS for one term of W: Wq [wave, PV's A rows, token], sW [wave, row, group]."""
     lanes, groups = plan.lanes, plan.pv_layout.model
     return StagedW(lanes.shared([plan.waves, plan.w_rows, groups.wave_tokens], "i8"),
-                   lanes.shared([plan.waves, plan.w_rows, groups.mmacs_per_wave], "f32"))
+                   lanes.shared([plan.waves, plan.w_rows, groups.mmacs_per_wave], "f32")
+                   if scales else None)
 
 
-def _quantize_group(plan: StagePlan, members: list[int], values: dict, staged: StagedW,
-                    c, unsigned: bool, shift: int = 0):
-    """One group class of the lane's W values quantized (the group's absmax over
-    its lanes by xor shuffles) and stored at each element's row + `shift`:
-    ({element: Wq}, sW)."""
-    lanes, layout, groups = plan.lanes, plan.layout, plan.pv_layout.model
+def _group_scale(plan: StagePlan, members: list[int], values: dict, c, unsigned: bool):
+    """(inverse, scale) of one group class of the lane's values: the group's absmax
+    over its lanes by xor shuffles, then the contract's rule."""
     amax = c.zero
     for e in members:
         amax = contract.absmax_step(amax, values[e])
-    amax = lanes.xor_reduce(amax, layout.group_max_offsets(groups), contract.absmax_merge)
-    inverse = contract.quantize_inverse(amax, c, unsigned)
-    scale = contract.quantize_scale(amax, c, unsigned)
-    value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
-    row = lambda e: lanes.plus(lanes.of_lane(plan.row_map(e)), shift)
-    group = lanes.of_lane(layout.group_map(members[0], groups))
-    memref.store(scale, staged.scales, [lanes.wave, row(members[0]), group])
-    quantized = {}
-    for e in members:
-        quantized[e] = value_of(values[e], inverse, c)
-        memref.store(quantized[e], staged.w,
-                     [lanes.wave, row(e), lanes.of_lane(plan.token_in_wave(e))])
-    return quantized, scale
+    offsets = plan.layout.group_max_offsets(plan.pv_layout.model)
+    amax = plan.lanes.xor_reduce(amax, offsets, contract.absmax_merge)
+    return (contract.quantize_inverse(amax, c, unsigned),
+            contract.quantize_scale(amax, c, unsigned))
+
+
+def _row(plan: StagePlan, element: int, shift: int) -> ir.Value:
+    return plan.lanes.plus(plan.lanes.of_lane(plan.row_map(element)), shift)
+
+
+def _store_scale(plan: StagePlan, element: int, scale: ir.Value, staged: StagedW,
+                 shift: int = 0) -> None:
+    """A group's scale at the row of `element` (+ `shift`) and the group's MMAC."""
+    lanes = plan.lanes
+    group = lanes.of_lane(plan.layout.group_map(element, plan.pv_layout.model))
+    memref.store(scale, staged.scales, [lanes.wave, _row(plan, element, shift), group])
+
+
+def _store_w(plan: StagePlan, element: int, wq: ir.Value, staged: StagedW,
+             shift: int = 0) -> None:
+    lanes = plan.lanes
+    memref.store(wq, staged.w, [lanes.wave, _row(plan, element, shift),
+                                lanes.of_lane(plan.token_in_wave(element))])
 
 
 def _store_ones_rows(plan: StagePlan, wq_lds: ir.Value, rows) -> None:
@@ -126,39 +154,45 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     """A wave's O [tile][C slot] in f32 from Wq x Vq on the INT8 instruction,
     rescaled by sW per MMAC; unsigned W adds 128 * sum Vq of the MMAC's tokens to
     each int32 sum first. Two-term W: each term summed over the MMACs on its own,
-    then the two added (the contract's order, reference.int8_pv); a packed second
+    then the two added (the contract's order, reference.int8_pv); as digits, the
+    two int32 sums joined (high * BASE + low) and converted once. A packed second
     term is the same MMAC's sum at the partner slot. `v_tiles`: (tile, the lane's V
     loads) in tile order."""
-    lanes, layout = plan.lanes, plan.pv_layout
+    lanes, layout, numerics = plan.lanes, plan.pv_layout, plan.numerics
     inst = layout.instruction
     a = _w_fragments(plan, layout, staged.w, "i8")
     a_second = (_w_fragments(plan, layout, staged.second.w, "i8")
                 if staged.second is not None else None)
     live = plan.pv_live_slots()
+    first_scales = (staged.scales, lambda i: i)
+    # Per term: where its scale sits (LDS, the slot whose row holds it).
+    scales = [first_scales]
+    if numerics.w_terms == 2 and not numerics.w_digits:
+        scales.append((staged.second.scales, lambda i: i) if a_second is not None else
+                      (staged.scales, lambda i: plan.w_packing[1][i]))
     o = []
     for _, loads in v_tiles:
-        terms = [[None] * inst.c.slots for _ in range(plan.numerics.w_terms)]
+        terms = [[None] * inst.c.slots for _ in scales]
         for t in range(layout.model.mmacs_per_wave):
             bv = lanes.assemble(_v_runs(layout, loads, t), inst.b_vector)
             acc = plan.mma(layout, a[t], bv, lanes.zeros(inst.c_vector, "i32"))
             sums = _column_sums(plan, acc, bv)
-            # (term, its MMAC sums, its scales, the C slot holding live slot i's sum)
-            sources = [(0, acc, staged.scales, lambda i: i)]
+            values = [{i: c_element(acc, inst, i) for i in live}]
+            if sums is not None:
+                values[0] = {i: contract.unsigned_offset(v, sums[i]) for i, v in values[0].items()}
             if a_second is not None:
                 second = plan.mma(layout, a_second[t], bv, lanes.zeros(inst.c_vector, "i32"))
-                sources.append((1, second, staged.second.scales, lambda i: i))
+                values.append({i: c_element(second, inst, i) for i in live})
             elif plan.w_packing is not None:
-                sources.append((1, acc, staged.scales, lambda i: plan.w_packing[1][i]))
-            for term, sums_of, scales, slot in sources:
-                for i in live:
-                    sw = memref.load(scales, [lanes.wave,
-                                              lanes.of_lane(layout.c_row(slot(i))),
-                                              lanes.index(t)])
-                    value = c_element(sums_of, inst, slot(i))
-                    if term == 0 and sums is not None:
-                        value = contract.unsigned_offset(value, sums[i])
+                values.append({i: c_element(acc, inst, plan.w_packing[1][i]) for i in live})
+            if numerics.w_digits:
+                values = [{i: contract.join_digits(v, values[1][i])
+                           for i, v in values[0].items()}]
+            for regs, term_values, (lds, slot) in zip(terms, values, scales):
+                for i, value in term_values.items():
+                    sw = memref.load(lds, [lanes.wave, lanes.of_lane(layout.c_row(slot(i))),
+                                           lanes.index(t)])
                     product = arith.mulf(arith.sitofp(ir.F32Type.get(), value), sw)
-                    regs = terms[term]
                     regs[i] = product if regs[i] is None else arith.addf(regs[i], product)
         o.append(_add_terms(terms))
     return o

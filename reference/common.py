@@ -7,7 +7,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..contract.constants import (  # noqa: F401  (the references' names)
-    PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
+    PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, W_DIGIT_BASE, W_OFFSET, W_QUANTS,
+    W_TERMS, PVKind,
     QTerms, WQuant, WTerms)
 from ..contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
 
@@ -198,11 +199,47 @@ def quantize_w_terms(w_groups: np.ndarray, numerics: Numerics = Numerics(),
                      amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """W groups (last axis) as `numerics.w_terms` INT8 terms [(Wq1, sW1), (Wq2, sW2)]:
     the first by `numerics.w_quant` (against `amax`, default the group's own), the second
-    always signed (`quantize`) on `w_residual` over the same group: W ~ level1*sW1 + Wq2*sW2."""
+    always signed: `quantize` on `w_residual` over the same group (w-second "scaled"),
+    or the low digit of W on W_DIGIT_BASE times finer levels (`quantize_w_digits`).
+    W ~ level1*sW1 + Wq2*sW2."""
+    if numerics.w_digits:
+        return quantize_w_digits(w_groups, numerics.w_quant, amax)
     first = quantize_w(w_groups, numerics.w_quant, amax)
     if numerics.w_terms == 1:
         return [first]
     return [first, quantize(w_residual(w_groups, *first, numerics.w_quant))]
+
+
+def quantize_w_digits(w: np.ndarray, w_quant: str = "s8",
+                      amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Two-term W as two INT8 digits (w-second "digit", docs/design.md §2c): one
+    rounding, t = clamp(roundeven(W * (inv * W_DIGIT_BASE))) on the first term's levels
+    times W_DIGIT_BASE (inv as the first term's: 127/a, or 255/a for u8; t = 0 where
+    inv is 0); high = (t + BASE/2) >> log2(BASE), low = t - high * BASE in [-128, 127].
+    [(high as the first term stores it, sW1), (low, sW1 / BASE)]: W ~ t * sW1 / BASE."""
+    w = np.asarray(w, dtype=F32)
+    amax = np.max(np.abs(w), axis=-1) if amax is None else np.asarray(amax, dtype=F32)
+    unsigned = w_quant == "u8"
+    levels = UMAX if unsigned else QMAX
+    inverse = quantization_inverse(amax, levels)
+    with np.errstate(invalid="ignore", over="ignore"):
+        fine = w * (inverse * F32(W_DIGIT_BASE))[..., None]
+        t = np.clip(np.rint(fine), 0 if unsigned else -levels * W_DIGIT_BASE,
+                    levels * W_DIGIT_BASE)
+        t = np.where(inverse[..., None] == 0, 0, t).astype(np.int32)
+        scale = np.where(amax == np.inf, np.nan, amax / F32(levels)).astype(F32)
+    high = np.right_shift(t + W_DIGIT_BASE // 2, W_DIGIT_BASE.bit_length() - 1)
+    low = t - high * W_DIGIT_BASE
+    stored_high = high - W_OFFSET if unsigned else high
+    return [(stored_high.astype(np.int8), scale),
+            (low.astype(np.int8), (scale * F32(1 / W_DIGIT_BASE)).astype(F32))]
+
+
+def _group_sums(wq: np.ndarray, v_group: np.ndarray) -> np.ndarray:
+    """The exact int32 sums of one group: [B,Hkv,R,N,K] x [B,Hkv,N,K,D] -> [B,Hkv,R,N,D].
+    (An einsum: many small matmuls through a threaded BLAS can be many times slower.)"""
+    return np.einsum("bhrnk,bhnkd->bhrnd", np.ascontiguousarray(wq, dtype=np.int32),
+                     np.ascontiguousarray(v_group, dtype=np.int32))
 
 
 def int8_pv(w, v_blocks, groups, scale_groups=None,
@@ -211,30 +248,32 @@ def int8_pv(w, v_blocks, groups, scale_groups=None,
 
     `scale_groups` (default `groups`) are the token sets the scales come from;
     `numerics.w_quant="u8"` adds the offset compensation over the group's own tokens.
-    `numerics.w_terms=2` adds the second (signed, residual) term's own sum over the same
-    groups: O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, each sum over
-    the groups in order from zero, then the two added (f32).
+    `numerics.w_terms=2` adds the second (signed) term's own sum over the same groups:
+    O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, each sum over the groups in
+    order from zero, then the two added (f32). As digits (w-second "digit") one int32
+    joins them per group: O = sum_g f32(acc1_g * BASE + acc2_g) * sW2_g.
     """
     w_quant = numerics.w_quant
     w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
     amax = None if scale_groups is None else np.abs(w[..., scale_groups]).max(axis=-1)
     terms = quantize_w_terms(w_groups, numerics, amax)
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
-    assert groups.shape[1] * 256 * 128 < 2**31, "int32 accumulator overflow"
+    assert groups.shape[1] * 256 * 128 * W_DIGIT_BASE < 2**31, "int32 accumulator overflow"
+    if w_quant == "u8":                             # W_OFFSET * sum_k Vq, per (group, d)
+        offset = W_OFFSET * v_groups.sum(axis=-2, dtype=np.int32)    # [B,Hkv,N,G,D]
+    sums = []                                       # per term, per group, its exact int32 sums
+    for term, (wq, _) in enumerate(terms):
+        sums.append([_group_sums(wq[..., g, :], v_groups[:, :, :, g]) for g in
+                     range(groups.shape[0])])
+        if term == 0 and w_quant == "u8":
+            sums[0] = [acc + offset[:, :, None, :, g] for g, acc in enumerate(sums[0])]
+    if numerics.w_digits:
+        sums = [[high * W_DIGIT_BASE + low for high, low in zip(*sums)]]
+        terms = terms[1:]
     total = None
-    for term, (wq, sw) in enumerate(terms):
-        unsigned = term == 0 and w_quant == "u8"
-        if unsigned:                                # W_OFFSET * sum_k Vq, per (group, d)
-            offset = W_OFFSET * v_groups.sum(axis=-2, dtype=np.int32)    # [B,Hkv,N,G,D]
-        out = np.zeros(wq.shape[:4] + v_groups.shape[-1:], dtype=F32)      # [B,Hkv,R,N,D]
-        for g in range(groups.shape[0]):            # groups in order, like the IR
-            # The int32 sums of group g, exact. (An einsum: many small matmuls
-            # through a threaded BLAS can be many times slower.)
-            acc = np.einsum("bhrnk,bhnkd->bhrnd",
-                            np.ascontiguousarray(wq[..., g, :], dtype=np.int32),
-                            np.ascontiguousarray(v_groups[:, :, :, g], dtype=np.int32))
-            if unsigned:
-                acc = acc + offset[:, :, None, :, g]
+    for (_, sw), term_sums in zip(terms, sums):
+        out = np.zeros(term_sums[0].shape, dtype=F32)                     # [B,Hkv,R,N,D]
+        for g, acc in enumerate(term_sums):         # groups in order, like the IR
             out += acc.astype(F32) * sw[:, :, :, :, g, None]
         total = out if total is None else (total + out).astype(F32)
     return total

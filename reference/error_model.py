@@ -6,8 +6,9 @@ import numpy as np
 
 from ..contract.numerics import Numerics
 from ..fragments import FragmentModel, pv_model_named
+from ..contract.constants import W_DIGIT_BASE
 from .common import (F32, group_rows, quantization_inverse, quantize,
-                     quantize_q, quantize_w, visible, w_residual)
+                     quantize_q, quantize_w, quantize_w_digits, visible, w_residual)
 from .fragment import blocks_for
 
 # Two f32 implementations of the contract (different exp, summation order)
@@ -25,10 +26,14 @@ def _groups(st, model, fragments: FragmentModel | None):
 
 def _last_term(w_groups, numerics: Numerics):
     """The values the last INT8 term of W quantizes, its levels per step and its scale:
-    W itself (one term), or the residual (two terms, signed: 127 levels)."""
+    W itself (one term; as digits, on W_DIGIT_BASE times finer steps), or the residual
+    (two terms, signed: 127 levels)."""
     w_quant = numerics.w_quant
+    levels = 255 if w_quant == "u8" else 127
     if numerics.w_terms == 1:
-        return w_groups, 255 if w_quant == "u8" else 127, quantize_w(w_groups, w_quant)[1]
+        return w_groups, levels, quantize_w(w_groups, w_quant)[1]
+    if numerics.w_digits:
+        return w_groups, levels * W_DIGIT_BASE, quantize_w_digits(w_groups, w_quant)[1][1]
     first = quantize_w(w_groups, w_quant)
     residual = w_residual(w_groups, *first, w_quant)
     return residual, 127, quantize(residual)[1]
@@ -84,7 +89,9 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     sW1 wide, are TIE_WINDOW * sW1 / sW2 (~ 0.05) steps of the second term, whose
     elements within that of a tie may move by sW2 each; a first-term tie flips
     level1 by 1, which the residual absorbs: both sides' W~ stay within sW2/2 <=
-    sW1/254 of W, so such a group's elements may differ by sW1/254 each.
+    sW1/254 of W, so such a group's elements may differ by sW1/254 each. As digits
+    W is rounded once, on steps sW1/BASE: the same window is BASE times as many of
+    them, and a tie moves the element by one fine step.
     """
     if pv == "f32":
         return np.zeros(q.shape)
@@ -107,6 +114,10 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     step1 = (amax / levels).astype(np.float64)
     if w_terms == 1:
         moves = ties * step1[..., None]
+    elif numerics.w_digits:
+        fine = steps.astype(np.float64) * W_DIGIT_BASE
+        ties = np.abs(fine - np.floor(fine) - 0.5) < TIE_WINDOW * W_DIGIT_BASE
+        moves = ties * (step1 / W_DIGIT_BASE)[..., None]
     else:
         residual, _, sw2 = _last_term(w_groups, numerics)
         amax2 = np.abs(residual).max(axis=-1)

@@ -61,6 +61,8 @@ class ComputeOps:
     op_arith_andi = _binary(np.bitwise_and)
     op_arith_ori = _binary(np.bitwise_or)
     op_arith_shrui = _binary(np.right_shift)
+    op_arith_shrsi = _binary(np.right_shift)           # integers are held signed
+    op_arith_shli = _binary(np.left_shift)
     op_arith_addf = _binary(np.add)
     op_arith_subf = _binary(np.subtract)
     op_arith_mulf = _binary(np.multiply)

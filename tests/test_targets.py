@@ -277,11 +277,12 @@ def test_numerics_defaults_follow_the_target():
     # kernels implement, so it compiles without flags.
     cpu = int8attn.compile(SMALL).options
     assert cpu.numerics == PipelineOptions().numerics == Numerics()
-    assert (cpu.q_terms, cpu.w_quant, cpu.w_terms) == astuple(Numerics())  # resolved fields
+    assert (cpu.q_terms, cpu.w_quant, cpu.w_terms, cpu.w_second) == astuple(Numerics())
     for target in KERNEL_TARGETS:
         options = TARGETS[target].check(CompileOptions(target=target))
         assert options.numerics == KERNEL_NUMERICS
-        assert (options.q_terms, options.w_quant, options.w_terms) == astuple(KERNEL_NUMERICS)
+        assert (options.q_terms, options.w_quant, options.w_terms, options.w_second) == \
+            astuple(KERNEL_NUMERICS)
     assert cli.main(["run", "--target", "gfx936", "--simulate", "--seed", "1",
                      str(REPO / "examples" / "decode.mlir")]) == 0
 

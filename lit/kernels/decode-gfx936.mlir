@@ -2,7 +2,9 @@
 // RUN: int8attn compile %s --target gfx942 --emit kernel -o - | filecheck %s --check-prefix=GFX942
 
 // Decode, 32 query heads over 8 KV heads, D = 128, 4096 tokens (16 partitions).
-// Per wave: QK = 4 token blocks x 4 K steps, PV = 2 MMACs x 8 head-dim tiles.
+// Per wave: QK = 2 q terms x 4 token blocks x 4 K steps, PV = 2 W terms x 2 MMACs x
+// 8 head-dim tiles (the kernels' default numerics; gfx936's C layout holds one row
+// per lane, so no padding rows take the second terms: each is an MMAC of its own).
 // The grid is the dispatch's workload (partitions, KV heads, batch); the
 // host dispatches 16 partitions of 256 tokens. The query rows are quantized
 // in the kernel; each partition stores its 4 real rows (GQA 4:1).
@@ -13,7 +15,7 @@
 // CHECK-SAME: translation_info = #translation
 // CHECK: stream.binding.subspan %{{.*}} -> memref<1x32x128xf32>
 // CHECK: stream.binding.subspan %{{.*}} -> memref<1x8x16x4x128xf32>
-// CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"(%{{.*}}, %{{.*}}, %{{.*}}) : (i64, i64, vector<4xi32>) -> vector<4xi32>
+// CHECK-COUNT-64: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"(%{{.*}}, %{{.*}}, %{{.*}}) : (i64, i64, vector<4xi32>) -> vector<4xi32>
 // CHECK-NOT: llvm.call_intrinsic
 // The merge: first each row's max M over the partitions (the lanes of a wave
 // stride over them, xor shuffles, LDS); then 4 groups of 256 threads, group g
@@ -70,9 +72,10 @@
 // RUN: int8attn compile %s --target gfx936 --emit kernel -o - | filecheck %s --check-prefix=VLOAD
 
 // gfx942: same generator, MFMA C layout: the absmax reduces over lane bits
-// 1, 2, 4 (lanes sharing a row and a group), and PV is amdgpu.mfma.
+// 1, 2, 4 (lanes sharing a row and a group), and PV is amdgpu.mfma. At 4 rows
+// no padding row shares a lane with a live one: each second term is its own MFMA.
 // GFX942-LABEL: func.func @decode_partition
-// GFX942-COUNT-16: amdgpu.mfma 16x16x32
+// GFX942-COUNT-32: amdgpu.mfma 16x16x32
 // GFX942: math.absf
 // GFX942: gpu.shuffle xor %{{.*}}, %c1_i32, %c64_i32 : f32
 // GFX942-NEXT: arith.maximumf
@@ -81,7 +84,7 @@
 // GFX942-NEXT: gpu.shuffle xor %{{.*}}, %c4_i32, %c64_i32 : f32
 // GFX942-NEXT: arith.maximumf
 // GFX942-NOT: %c8_i32, %c64_i32
-// GFX942-COUNT-16: amdgpu.mfma 16x16x32
+// GFX942-COUNT-32: amdgpu.mfma 16x16x32
 // GFX942-NOT: amdgpu.mfma
 // GFX942-LABEL: stream.executable private @decode_merge
 func.func @decode(%q: tensor<1x32x128xf32>, %k: tensor<1x8x4096x128xi8>, %ks: tensor<1x8x4096xf32>, %v: tensor<1x8x4096x128xi8>, %vs: tensor<1x8x4096xf32>) -> tensor<1x32x128xf32> {

@@ -30,8 +30,9 @@
 // CHECK: %[[LOOP:.*]]:34 = scf.for %[[T:[a-z0-9_]+]] = %c0 to %[[TILES]] step %c1 iter_args(%[[M:[a-z0-9_]+]] = %cst{{(_[0-9]+)?}}, %[[L:[a-z0-9_]+]] = %cst{{(_[0-9]+)?}}, %[[O0:[a-z0-9_]+]] = %cst
 // CHECK: %[[FIRST:.*]] = arith.muli %[[T]], %c64 : index
 // CHECK: vector.load %[[K]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : memref<1x8x4096x128xi8>, vector<16xi8>
-// QK: 4 token blocks x 4 K steps.
-// CHECK-COUNT-16: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
+// QK: 2 q terms x 4 token blocks x 4 K steps (each term an MMAC of its own: every
+// row of the tile is a query row).
+// CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
 // The causal mask (contract.causal_visible): key <= S - Sq + the row's query token.
 // CHECK: %[[LIMIT:.*]] = arith.addi %{{.*}}, %c3968 : index
 // CHECK: arith.cmpi ule, %{{.*}}, %[[LIMIT]] : index
@@ -45,9 +46,10 @@
 // CHECK: %[[ALPHA:.*]] = arith.select %[[DEAD]], %cst{{.*}}, %[[EXP]] : f32
 // CHECK: %[[LSCALED:.*]] = arith.mulf %[[ALPHA]], %[[L]] : f32
 // CHECK: %[[LNEW:.*]] = arith.addf %[[LSCALED]], %{{.*}} : f32
-// W quantized per (row, MMAC group), Wq to LDS, then PV: 2 MMACs x 8 head-dim tiles.
+// W quantized per (row, MMAC group), both terms' Wq to LDS, then PV: 2 W terms x
+// 2 MMACs x 8 head-dim tiles.
 // CHECK: gpu.barrier
-// CHECK-COUNT-16: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
+// CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
 // CHECK-NOT: llvm.call_intrinsic
 // o' = alpha o + the tile's PV.
 // CHECK: %[[OSCALED:.*]] = arith.mulf %[[ALPHA]], %[[O0]] : f32
