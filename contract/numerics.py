@@ -51,8 +51,9 @@ class Numerics:
 # The seed write-up's variant: one term each, symmetric W (docs/design.md §2c).
 SEED_NUMERICS = Numerics(q_terms=1, w_quant="s8", w_terms=1)
 
-# The lane kernels' default: two terms each, symmetric W. As accurate as the
-# pipeline's u8 first term once W has two terms (benchmarks/results-cpu-accuracy-
-# variants.md), and its second term can take the padding rows that u8's column
-# sums would need (kernels/pv_stages.py).
-KERNEL_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2)
+# The lane kernels' default: two terms each, symmetric W, W's second term a digit.
+# As accurate as the pipeline's (q-terms 2, u8, two scaled W terms) once W has two
+# terms (benchmarks/results-cpu-accuracy-variants.md, benchmarks/results-h200-issue24.md);
+# the low digit takes the padding rows that u8's column sums would need, and one
+# integer multiply-add joins the digits' MMAC sums (kernels/pv_stages.py).
+KERNEL_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2, w_second="digit")
