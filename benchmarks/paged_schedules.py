@@ -1,5 +1,5 @@
 """Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`) or
-numerics (`Numerics`: q_terms, w_quant, w_terms, w_second).
+numerics (`Numerics`: q_terms, q_second, w_quant, w_terms, w_second).
 
     python benchmarks/paged_schedules.py DIR merge_chunks=16 merge_splits=32 merge_unroll=2
     python benchmarks/paged_schedules.py DIR q_terms=1 w_quant=s8 w_terms=1   # the seed's
@@ -20,7 +20,8 @@ from pathlib import Path
 from int8attn import bench_paged
 from int8attn.kernels import target_spec as specs
 
-NUMERICS_FIELDS = {"q_terms": int, "w_quant": str, "w_terms": int, "w_second": str}
+NUMERICS_FIELDS = {"q_terms": int, "q_second": str, "w_quant": str, "w_terms": int,
+                   "w_second": str}
 
 
 def main(argv=None) -> int:

@@ -26,13 +26,14 @@ W_OFFSET = 128
 # two-term W): the first as w_quant says, the second (signed) on its f32 residual.
 WTerms = Literal[1, 2]
 W_TERMS = get_args(WTerms)
-# How two-term W scales its second term (docs/design.md §2c): "scaled", its own
-# absmax over the f32 residual (a/127); or "digit", W quantized once on W_DIGIT_BASE
-# times finer levels and split into a high and a low INT8 digit, the low one's scale
-# sW1 / W_DIGIT_BASE, so that one integer multiply-add joins the two MMAC sums.
-WSecond = Literal["scaled", "digit"]
-W_SECONDS = get_args(WSecond)
-W_DIGIT_BASE = 256
+# How a two-term value (q, W) gets its second term (docs/design.md §2c): "scaled",
+# the f32 residual quantized on its own absmax (a/127); or "digit", the value
+# quantized once on DIGIT_BASE times finer levels and split into a high and a low
+# INT8 digit, the low one's scale s1 / DIGIT_BASE, so that one integer multiply-add
+# joins the two MMAC sums before the one conversion to f32.
+SecondTerm = Literal["scaled", "digit"]
+SECOND_TERMS = get_args(SecondTerm)
+DIGIT_BASE = 256
 # A row whose absmax is below this quantizes to zero (127/a would overflow f32).
 # Every implementation (IR rules, kernels, numpy references) reads it from here.
 QUANTIZE_MIN_ABSMAX = 2.0 ** -118

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .constants import (Q_TERMS, W_QUANTS, W_SECONDS, W_TERMS, QTerms, WQuant, WSecond,
+from .constants import (Q_TERMS, W_QUANTS, SECOND_TERMS, W_TERMS, QTerms, WQuant, SecondTerm,
                         WTerms)
 
 
@@ -21,19 +21,22 @@ class Numerics:
     q_terms: QTerms = 2      # INT8 terms of q (a second one quantizes the residual)
     w_quant: WQuant = "u8"   # W per MMAC group: symmetric s8, or u8 with its offset
     w_terms: WTerms = 2      # INT8 terms of W per group (a second, signed, on the residual)
-    w_second: WSecond = "scaled"   # two-term W: the second term's own scale, or a digit
+    w_second: SecondTerm = "scaled"   # two-term W: the second term's own scale, or a digit
+    q_second: SecondTerm = "scaled"   # two-term Q: likewise
 
     def __post_init__(self):
         for name, allowed in (("q_terms", Q_TERMS), ("w_quant", W_QUANTS),
-                              ("w_terms", W_TERMS), ("w_second", W_SECONDS)):
+                              ("w_terms", W_TERMS), ("w_second", SECOND_TERMS),
+                              ("q_second", SECOND_TERMS)):
             value = getattr(self, name)
             # exactly one of the choices: not True for 1, 2.0 for 2 or "2" for 2
             if not any(type(value) is type(choice) and value == choice for choice in allowed):
                 raise ValueError(f"numerics {name}={value!r}: expected one of "
                                  f"{', '.join(map(str, allowed))}")
-        if self.w_second == "digit" and self.w_terms != 2:
-            raise ValueError("w-second digit splits W into two INT8 terms: it needs "
-                             f"w-terms 2 (got {self.w_terms})")
+        for value, terms in (("w", self.w_terms), ("q", self.q_terms)):
+            if getattr(self, f"{value}_second") == "digit" and terms != 2:
+                raise ValueError(f"{value}-second digit splits {value.upper()} into two INT8 "
+                                 f"terms: it needs {value}-terms 2 (got {terms})")
 
     @property
     def unsigned_w(self) -> bool:
@@ -43,8 +46,13 @@ class Numerics:
     def w_digits(self) -> bool:
         return self.w_second == "digit"
 
+    @property
+    def q_digits(self) -> bool:
+        return self.q_second == "digit"
+
     def describe(self) -> str:
-        shown = [f for f in fields(self) if f.name != "w_second" or self.w_digits]
+        shown = [f for f in fields(self)
+                 if not f.name.endswith("_second") or getattr(self, f.name) == "digit"]
         return ", ".join(f"{f.name.replace('_', '-')} {getattr(self, f.name)}" for f in shown)
 
 

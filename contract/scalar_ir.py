@@ -48,7 +48,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
 from .constants import (MAX_W_V_PRODUCT, QMAX,  # noqa: F401
-                        QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, W_DIGIT_BASE, W_OFFSET)
+                        QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, DIGIT_BASE, W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127
@@ -131,14 +131,14 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     >> log2(BASE) stored as the first term stores its level, low = t - high * BASE."""
     i32 = ir.IntegerType.get_signless(32)
     i8 = ir.IntegerType.get_signless(8)
-    levels = (UMAX if unsigned else QMAX) * W_DIGIT_BASE
-    fine = arith.mulf(w, arith.mulf(inverse, _f32(W_DIGIT_BASE)))   # exact: a power of two
+    levels = (UMAX if unsigned else QMAX) * DIGIT_BASE
+    fine = arith.mulf(w, arith.mulf(inverse, _f32(DIGIT_BASE)))   # exact: a power of two
     bottom = c.zero if unsigned else _f32(-levels)
     clamped = arith.minimumf(arith.maximumf(fine, bottom), _f32(levels))
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
     t = arith.fptosi(i32, arith.select(skipped, c.zero, round_even(clamped, c)))
-    half, shift = (arith.constant(i32, v) for v in (W_DIGIT_BASE // 2,
-                                                     W_DIGIT_BASE.bit_length() - 1))
+    half, shift = (arith.constant(i32, v) for v in (DIGIT_BASE // 2,
+                                                     DIGIT_BASE.bit_length() - 1))
     high = arith.shrsi(arith.addi(t, half), shift)
     low = arith.subi(t, arith.shli(high, shift))
     if unsigned:
@@ -149,13 +149,13 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
 def join_digits(high: ir.Value, low: ir.Value) -> ir.Value:
     """The int32 sum of W's digits' MMAC sums: high * BASE + low (exact: < 2^31)."""
     i32 = ir.IntegerType.get_signless(32)
-    shift = arith.constant(i32, W_DIGIT_BASE.bit_length() - 1)
+    shift = arith.constant(i32, DIGIT_BASE.bit_length() - 1)
     return arith.addi(arith.shli(high, shift), low)
 
 
 def digit_scale(scale: ir.Value) -> ir.Value:
     """The low digit's scale, sW1 / BASE (exact: a power of two)."""
-    return arith.mulf(scale, _f32(1.0 / W_DIGIT_BASE))
+    return arith.mulf(scale, _f32(1.0 / DIGIT_BASE))
 
 
 def unsigned_offset(acc: ir.Value, column_sum: ir.Value) -> ir.Value:

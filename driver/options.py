@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 from ..fragments import FragmentModelName, PVAtomName, fragment_model
 from ..pipelines import PIPELINE_NUMERICS, PipelineOptions
-from ..contract.constants import QTerms, WQuant, WSecond, WTerms
+from ..contract.constants import QTerms, WQuant, SecondTerm, WTerms
 from ..contract.numerics import Numerics
 from ..kernels.target_spec import TARGET_SPECS
 from ..support.cpu_vectors import VectorISA
@@ -55,7 +55,13 @@ class CompileOptions(PipelineOptions):
         None, "INT8 terms of W per MMAC group: 1, or 2 (a second, signed term quantizes the f32 "
         f"residual W - level*sW1; docs/design.md §2c). Default: {PipelineOptions.w_terms} on cpu "
         f"(the pipeline's), {KERNEL_NUMERICS.w_terms} on the kernel targets")
-    w_second: WSecond | None = option(
+    q_second: SecondTerm | None = option(
+        None, "q-terms 2: how the second q term is made: scaled (the residual on its own "
+        "absmax) or digit (q quantized once on 256x finer levels, split into two INT8 digits "
+        "whose QK sums one integer multiply-add joins; the lane kernels only; "
+        f"docs/design.md §2c). Default: {PIPELINE_NUMERICS.q_second} on cpu, "
+        f"{KERNEL_NUMERICS.q_second} on the kernel targets")
+    w_second: SecondTerm | None = option(
         None, "w-terms 2: how the second W term is scaled: scaled (its own absmax over the "
         "residual), or digit (W quantized once on 256x finer levels, split into a high and a "
         "low INT8 digit whose MMAC sums one integer multiply-add joins; the lane kernels "
@@ -85,7 +91,8 @@ class CompileOptions(PipelineOptions):
     def pipeline_options(self) -> PipelineOptions:
         """The named pipeline's options, with the fragment model and numerics resolved."""
         numerics = asdict(self.numerics)
-        del numerics["w_second"]      # the lane kernels' alone (--target cpu refuses digit)
+        for name in ("q_second", "w_second"):   # the lane kernels' alone (cpu refuses digit)
+            del numerics[name]
         return PipelineOptions(
             pv=self.pv, fragment_model=self.resolved_fragment_model(),
             scale_groups=self.scale_groups, verify=self.verify,

@@ -195,10 +195,12 @@ _CPU_ONLY = {**_NO_KERNEL_OBJECT, "v_token_innermost": (lambda o: o.v_token_inne
              "pv_atom": (lambda o: o.pv_atom is not None,
                          "the lane kernels' PV instruction; --target cpu's W groups follow "
                          "--fragment-model"),
-             "w_second": (lambda o: o.w_second not in (None, "scaled"),
-                          "the tensor-level pipeline scales the second W term by its "
-                          "residual's own absmax (scaled); the digit split is the lane "
-                          "kernels'")}
+             **{f"{value}_second": (lambda o, name=f"{value}_second":
+                                    getattr(o, name) not in (None, "scaled"),
+                                    f"the tensor-level pipeline scales the second {value} term "
+                                    "by its residual's own absmax (scaled); the digit split "
+                                    "is the lane kernels'")
+                for value in ("q", "w")}}
 
 TARGETS: dict[str, Target] = {
     "cpu": Target(

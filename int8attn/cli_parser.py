@@ -18,7 +18,7 @@ from .support.options import add_arguments
 # Flags of CompileOptions the CLI offers (v_token_innermost changes the
 # function's signature: a Python API / bench choice).
 CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "verify",
-               "partition_tokens", "tile_tokens", "q_terms", "w_quant", "w_terms", "w_second",
+               "partition_tokens", "tile_tokens", "q_terms", "q_second", "w_quant", "w_terms", "w_second",
                "contraction",
                "pv_atom", "kernel_object")
 

@@ -26,9 +26,11 @@ RowSource = Callable[[ir.Value], tuple[ir.Value, list[ir.Value]]]
 def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) -> StagedQ:
     """`rows` query rows, quantized per row (the contract's rule) into LDS: per
     term, Qq [rows, D] i8 and sQ [rows] f32, rows past the real ones zero. The
-    second term (q-terms 2) quantizes the residual fma(-Qq1, s1, q): into LDS of
-    its own, or, where the plan packs the terms (`StagePlan.q_packing`), into the
-    padding rows row + shift of the first term's tile, so that one MMA gives both."""
+    second term (q-terms 2) quantizes the residual fma(-Qq1, s1, q), or is the low
+    digit of q quantized once (q-second digit: one scale, s1/BASE, with the first
+    term's rows): into LDS of its own, or, where the plan packs the terms
+    (`StagePlan.q_packing`), into the padding rows row + shift of the first term's
+    tile, so that one MMA gives both."""
     lanes, d = plan.lanes, plan.head_dim
     _, slots = thread_distribution(rows, d, lanes.threads)
     row_map = slots[0][0]
@@ -38,29 +40,39 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
     c = contract.quantize_constants(lanes.f32)
     cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
     values = [arith.select(real, memref.load(q, q_index + [col]), c.zero) for col in cols]
-    terms, packing = [], plan.q_packing
-    for term in range(plan.numerics.q_terms):
-        if packing is None or term == 0:
-            qq_lds = lanes.shared([rows, d], "i8")
-            sq_lds = lanes.shared([rows], "f32")
+    numerics, packing = plan.numerics, plan.q_packing
+    tiles = [(lanes.shared([rows, d], "i8"), lanes.shared([rows], "f32"))]
+    if numerics.q_terms == 2 and packing is None:     # (digits: the first tile's scale)
+        tiles.append((lanes.shared([rows, d], "i8"),
+                      None if numerics.q_digits else lanes.shared([rows], "f32")))
+
+    def store(term: int, quantized: list, scale: ir.Value | None) -> None:
+        qq_lds, sq_lds = tiles[term if packing is None else 0]
+        guard = _stores_term(plan, row, term)
+        with nullcontext() if guard is None else lanes.when(guard):
+            at = row if packing is None or term == 0 else lanes.plus(row, packing[0])
+            for qv, col in zip(quantized, cols):
+                memref.store(qv, qq_lds, [at, col])
+            if scale is not None:
+                memref.store(scale, sq_lds, [at])
+
+    for term in range(1 if numerics.q_digits else numerics.q_terms):
         amax = c.zero
         for x in values:
             amax = contract.absmax_step(amax, x)
         amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
         inverse = contract.quantize_inverse(amax, c)
         scale = contract.quantize_scale(amax, c)
+        if numerics.q_digits:       # one rounding: the high digit, the low one (scale s1/BASE)
+            digits = [contract.quantize_digits(x, inverse, c) for x in values]
+            store(0, [high for high, _ in digits], contract.digit_scale(scale))
+            store(1, [low for _, low in digits], None)
+            break
         quantized = [contract.quantize_value(x, inverse, c) for x in values]
-        guard = _stores_term(plan, row, term)
-        with nullcontext() if guard is None else lanes.when(guard):
-            at = row if packing is None or term == 0 else lanes.plus(row, packing[0])
-            for qv, col in zip(quantized, cols):
-                memref.store(qv, qq_lds, [at, col])
-            memref.store(scale, sq_lds, [at])
-        if packing is None or term == 0:
-            terms.append((qq_lds, sq_lds))
+        store(term, quantized, scale)
         values = [contract.q_residual(x, qv, scale) for x, qv in zip(values, quantized)]
     lanes.barrier()
-    return StagedQ(tuple(terms))
+    return StagedQ(tuple(tiles))
 
 
 def _stores_term(plan: StagePlan, row: ir.Value, term: int) -> ir.Value | None:
@@ -85,9 +97,11 @@ def q_operands(plan: StagePlan, staged: StagedQ,
     lanes, inst, layout = plan.lanes, plan.instruction, plan.layout
     d = plan.head_dim
     sq_of_row = {}
-    # (term, its sQ, the slot holding the term's sum of live slot i's score)
-    sources = [(term, sq, lambda i: i) for term, (_, sq) in enumerate(staged.terms)]
-    if plan.q_packing is not None:
+    # (term, its sQ, the slot holding the term's sum of live slot i's score); digits
+    # have one scale, the first term's rows'
+    terms = 1 if plan.numerics.q_digits else plan.numerics.q_terms
+    sources = [(term, sq, lambda i: i) for term, (_, sq) in enumerate(staged.terms[:terms])]
+    if plan.q_packing is not None and terms == 2:
         sources.append((1, staged.terms[0][1], lambda i: plan.q_packing[1][i]))
     for term, sq, slot in sources:
         for i in plan.live_slots():
@@ -146,13 +160,16 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
         for element in elements:
             i = layout.element_slot(element)
             # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order; a packed
-            # second term is the same MMA's sum at the partner slot.
-            sums = [(acc, i) for acc in accs]
+            # second term is the same MMA's sum at the partner slot; digits are joined
+            # (acc1 * BASE + acc2) and converted once.
+            sums = [c_element(acc, inst, i) for acc in accs]
             if plan.q_packing is not None:
-                sums.append((accs[0], plan.q_packing[1][i]))
+                sums.append(c_element(accs[0], inst, plan.q_packing[1][i]))
+            if plan.numerics.q_digits:
+                sums = [contract.join_digits(*sums)]
             score = None
-            for t, (acc, slot) in enumerate(sums):
-                term = arith.mulf(arith.sitofp(ir.F32Type.get(), c_element(acc, inst, slot)),
+            for t, value in enumerate(sums):
+                term = arith.mulf(arith.sitofp(ir.F32Type.get(), value),
                                   operands.sq_of_row[(t, plan.row_map(element))])
                 score = term if score is None else arith.addf(score, term)
             value = arith.mulf(score, k_scales[element])

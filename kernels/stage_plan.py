@@ -121,7 +121,8 @@ def class_of(classes: list[list[int]], element: int) -> int:
 
 @dataclass(frozen=True)
 class StagedQ:
-    """The quantized query rows in LDS, one (Qq [rows, D] i8, sQ [rows] f32) per term."""
+    """The quantized query rows in LDS, one (Qq [rows, D] i8, sQ [rows] f32) per term
+    (a low digit's sQ is None: its scale is the first term's rows')."""
 
     terms: tuple[tuple[ir.Value, ir.Value], ...]
 

@@ -7,7 +7,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..contract.constants import (  # noqa: F401  (the references' names)
-    PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, W_DIGIT_BASE, W_OFFSET, W_QUANTS,
+    PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, DIGIT_BASE, W_OFFSET, W_QUANTS,
     W_TERMS, PVKind,
     QTerms, WQuant, WTerms)
 from ..contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
@@ -70,7 +70,8 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return quantize_with(x, np.max(np.abs(x), axis=-1))
 
 
-def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+def quantize_q(x: np.ndarray, terms: int = 1,
+               second: str = "scaled") -> list[tuple[np.ndarray, np.ndarray]]:
     """q rows as `terms` INT8 terms [(Qq1, s1), ...] (docs/design.md §2c).
 
     `Qq1, s1 = quantize(x)`; with two terms, `Qq2, s2 = quantize(x - Qq1*s1)`,
@@ -79,11 +80,14 @@ def quantize_q(x: np.ndarray, terms: int = 1) -> list[tuple[np.ndarray, np.ndarr
     The residual is rounded once, as a fused multiply-add `fma(-Qq1, s1, x)`
     (the compiler emits math.fma; LLVM fused the separate multiply and subtract
     anyway): computed in float64, where it is exact (|x| >= s1/2 wherever
-    Qq1 != 0, so x - Qq1*s1 spans < 40 bits), then rounded to f32.
+    Qq1 != 0, so x - Qq1*s1 spans < 40 bits), then rounded to f32. With `second`
+    "digit", the two terms are the digits of one rounding (`quantize_digits`).
     """
     if terms not in Q_TERMS:
         raise ValueError(f"q terms must be one of {Q_TERMS}, got {terms!r}")
     x = np.asarray(x, dtype=F32)
+    if terms == 2 and second == "digit":
+        return quantize_digits(x)
     first = quantize(x)
     if terms == 1:
         return [first]
@@ -153,14 +157,18 @@ def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
     """INT8 QK in f32, [B,Hkv,R,S] (the grouped rows `rows`), masked tokens -inf.
 
     `(f32(sum Qq1*Kq)*s1 [+ f32(sum Qq2*Kq)*s2]) * sK * softmax_scale`, in that order
-    (`numerics.q_terms` terms).
+    (`numerics.q_terms` terms); as digits (q-second "digit"),
+    `f32(sum Qq1*Kq * BASE + sum Qq2*Kq) * s2 * sK * softmax_scale`.
     """
     terms = quantize_q(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows],
-                       numerics.q_terms)
+                       numerics.q_terms, numerics.q_second)
     keys = np.swapaxes(k, -1, -2)
+    sums = [exact_int_matmul(qq, keys) for qq, _ in terms]          # the int32 sums
+    if numerics.q_digits:
+        assert k.shape[-1] * (127 * DIGIT_BASE + 128) * 128 < 2**31, "int32 overflow"
+        sums, terms = [sums[0].astype(np.float64) * DIGIT_BASE + sums[1]], terms[1:]
     qk = None
-    for qq, sq in terms:
-        acc = exact_int_matmul(qq, keys)                             # the int32 sums
+    for acc, (_, sq) in zip(sums, terms):
         term = (acc.astype(F32) * sq[..., None]).astype(F32)
         qk = term if qk is None else (qk + term).astype(F32)
     scores = (qk * k_scale[:, :, None, :]) * F32(softmax_scale)
@@ -200,7 +208,7 @@ def quantize_w_terms(w_groups: np.ndarray, numerics: Numerics = Numerics(),
     """W groups (last axis) as `numerics.w_terms` INT8 terms [(Wq1, sW1), (Wq2, sW2)]:
     the first by `numerics.w_quant` (against `amax`, default the group's own), the second
     always signed: `quantize` on `w_residual` over the same group (w-second "scaled"),
-    or the low digit of W on W_DIGIT_BASE times finer levels (`quantize_w_digits`).
+    or the low digit of W on DIGIT_BASE times finer levels (`quantize_w_digits`).
     W ~ level1*sW1 + Wq2*sW2."""
     if numerics.w_digits:
         return quantize_w_digits(w_groups, numerics.w_quant, amax)
@@ -212,27 +220,34 @@ def quantize_w_terms(w_groups: np.ndarray, numerics: Numerics = Numerics(),
 
 def quantize_w_digits(w: np.ndarray, w_quant: str = "s8",
                       amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Two-term W as two INT8 digits (w-second "digit", docs/design.md §2c): one
-    rounding, t = clamp(roundeven(W * (inv * W_DIGIT_BASE))) on the first term's levels
-    times W_DIGIT_BASE (inv as the first term's: 127/a, or 255/a for u8; t = 0 where
-    inv is 0); high = (t + BASE/2) >> log2(BASE), low = t - high * BASE in [-128, 127].
-    [(high as the first term stores it, sW1), (low, sW1 / BASE)]: W ~ t * sW1 / BASE."""
-    w = np.asarray(w, dtype=F32)
-    amax = np.max(np.abs(w), axis=-1) if amax is None else np.asarray(amax, dtype=F32)
-    unsigned = w_quant == "u8"
+    """Two-term W as two INT8 digits (w-second "digit"): `quantize_digits` on the first
+    term's levels (u8: 255, the high digit stored as u - 128)."""
+    return quantize_digits(w, w_quant == "u8", amax)
+
+
+def quantize_digits(x: np.ndarray, unsigned: bool = False,
+                    amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A two-term value as two INT8 digits (second term "digit", docs/design.md §2c):
+    one rounding, t = clamp(roundeven(x * (inv * DIGIT_BASE))) on the first term's levels
+    times DIGIT_BASE (inv = 127/a, or 255/a unsigned; t = 0 where inv is 0), rows on
+    the last axis against `amax` (default their own absmax); high = (t + BASE/2) >>
+    log2(BASE) (unsigned: stored as high - 128), low = t - high * BASE in [-128, 127].
+    [(high, s1), (low, s1 / BASE)]: x ~ t * s1 / BASE."""
+    x = np.asarray(x, dtype=F32)
+    amax = np.max(np.abs(x), axis=-1) if amax is None else np.asarray(amax, dtype=F32)
     levels = UMAX if unsigned else QMAX
     inverse = quantization_inverse(amax, levels)
     with np.errstate(invalid="ignore", over="ignore"):
-        fine = w * (inverse * F32(W_DIGIT_BASE))[..., None]
-        t = np.clip(np.rint(fine), 0 if unsigned else -levels * W_DIGIT_BASE,
-                    levels * W_DIGIT_BASE)
+        fine = x * (inverse * F32(DIGIT_BASE))[..., None]
+        t = np.clip(np.rint(fine), 0 if unsigned else -levels * DIGIT_BASE,
+                    levels * DIGIT_BASE)
         t = np.where(inverse[..., None] == 0, 0, t).astype(np.int32)
         scale = np.where(amax == np.inf, np.nan, amax / F32(levels)).astype(F32)
-    high = np.right_shift(t + W_DIGIT_BASE // 2, W_DIGIT_BASE.bit_length() - 1)
-    low = t - high * W_DIGIT_BASE
+    high = np.right_shift(t + DIGIT_BASE // 2, DIGIT_BASE.bit_length() - 1)
+    low = t - high * DIGIT_BASE
     stored_high = high - W_OFFSET if unsigned else high
     return [(stored_high.astype(np.int8), scale),
-            (low.astype(np.int8), (scale * F32(1 / W_DIGIT_BASE)).astype(F32))]
+            (low.astype(np.int8), (scale * F32(1 / DIGIT_BASE)).astype(F32))]
 
 
 def _group_sums(wq: np.ndarray, v_group: np.ndarray) -> np.ndarray:
@@ -258,7 +273,7 @@ def int8_pv(w, v_blocks, groups, scale_groups=None,
     amax = None if scale_groups is None else np.abs(w[..., scale_groups]).max(axis=-1)
     terms = quantize_w_terms(w_groups, numerics, amax)
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
-    assert groups.shape[1] * 256 * 128 * W_DIGIT_BASE < 2**31, "int32 accumulator overflow"
+    assert groups.shape[1] * 256 * 128 * DIGIT_BASE < 2**31, "int32 accumulator overflow"
     if w_quant == "u8":                             # W_OFFSET * sum_k Vq, per (group, d)
         offset = W_OFFSET * v_groups.sum(axis=-2, dtype=np.int32)    # [B,Hkv,N,G,D]
     sums = []                                       # per term, per group, its exact int32 sums
@@ -268,7 +283,7 @@ def int8_pv(w, v_blocks, groups, scale_groups=None,
         if term == 0 and w_quant == "u8":
             sums[0] = [acc + offset[:, :, None, :, g] for g, acc in enumerate(sums[0])]
     if numerics.w_digits:
-        sums = [[high * W_DIGIT_BASE + low for high, low in zip(*sums)]]
+        sums = [[high * DIGIT_BASE + low for high, low in zip(*sums)]]
         terms = terms[1:]
     total = None
     for (_, sw), term_sums in zip(terms, sums):

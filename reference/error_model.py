@@ -6,7 +6,7 @@ import numpy as np
 
 from ..contract.numerics import Numerics
 from ..fragments import FragmentModel, pv_model_named
-from ..contract.constants import W_DIGIT_BASE
+from ..contract.constants import DIGIT_BASE
 from .common import (F32, group_rows, quantization_inverse, quantize,
                      quantize_q, quantize_w, quantize_w_digits, visible, w_residual)
 from .fragment import blocks_for
@@ -26,14 +26,14 @@ def _groups(st, model, fragments: FragmentModel | None):
 
 def _last_term(w_groups, numerics: Numerics):
     """The values the last INT8 term of W quantizes, its levels per step and its scale:
-    W itself (one term; as digits, on W_DIGIT_BASE times finer steps), or the residual
+    W itself (one term; as digits, on DIGIT_BASE times finer steps), or the residual
     (two terms, signed: 127 levels)."""
     w_quant = numerics.w_quant
     levels = 255 if w_quant == "u8" else 127
     if numerics.w_terms == 1:
         return w_groups, levels, quantize_w(w_groups, w_quant)[1]
     if numerics.w_digits:
-        return w_groups, levels * W_DIGIT_BASE, quantize_w_digits(w_groups, w_quant)[1][1]
+        return w_groups, levels * DIGIT_BASE, quantize_w_digits(w_groups, w_quant)[1][1]
     first = quantize_w(w_groups, w_quant)
     residual = w_residual(w_groups, *first, w_quant)
     return residual, 127, quantize(residual)[1]
@@ -115,9 +115,9 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     if w_terms == 1:
         moves = ties * step1[..., None]
     elif numerics.w_digits:
-        fine = steps.astype(np.float64) * W_DIGIT_BASE
-        ties = np.abs(fine - np.floor(fine) - 0.5) < TIE_WINDOW * W_DIGIT_BASE
-        moves = ties * (step1 / W_DIGIT_BASE)[..., None]
+        fine = steps.astype(np.float64) * DIGIT_BASE
+        ties = np.abs(fine - np.floor(fine) - 0.5) < TIE_WINDOW * DIGIT_BASE
+        moves = ties * (step1 / DIGIT_BASE)[..., None]
     else:
         residual, _, sw2 = _last_term(w_groups, numerics)
         amax2 = np.abs(residual).max(axis=-1)
@@ -154,14 +154,20 @@ def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *
 def _q_error(rows, numerics: Numerics) -> tuple[np.ndarray, np.ndarray]:
     """Per query row: (the step sQ whose rounding is q's error, the largest |eQ_d|).
 
-    One term: eQ = q - Qq1*s1, |eQ| <= s1/2. Two terms (docs/design.md §2c): the first
+    One term: eQ = q - Qq1*s1, |eQ| <= s1/2. As digits: |eQ| <= s1/(2*BASE). Two
+    scaled terms (docs/design.md §2c): the first
     term's rounding is carried into the residual r = q - Qq1*s1, so eQ = r - Qq2*s2,
     |eQ| <= s2/2, plus the f32 rounding of r (<= 2^-24 |r| <= 2^-25 s1). A row that
     quantizes to zero (absmax below QUANTIZE_MIN_ABSMAX) is off by its absmax.
     """
     q_terms = numerics.q_terms
     rows = np.asarray(rows, dtype=F32)
-    terms = quantize_q(rows, q_terms)
+    terms = quantize_q(rows, q_terms, numerics.q_second)
+    if numerics.q_digits:      # one rounding on steps s1 / BASE
+        amax = np.abs(rows).max(axis=-1).astype(np.float64)
+        step = terms[1][1].astype(np.float64)
+        return step, np.where((quantization_inverse(amax) == 0) & np.isfinite(amax), amax,
+                              step / 2)
     values = rows if q_terms == 1 else rows.astype(np.float64) - \
         terms[0][0].astype(np.float64) * terms[0][1].astype(np.float64)[..., None]
     amax = np.abs(values).max(axis=-1).astype(np.float64)
