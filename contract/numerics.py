@@ -59,9 +59,11 @@ class Numerics:
 # The seed write-up's variant: one term each, symmetric W (docs/design.md §2c).
 SEED_NUMERICS = Numerics(q_terms=1, w_quant="s8", w_terms=1)
 
-# The lane kernels' default: two terms each, symmetric W, W's second term a digit.
-# As accurate as the pipeline's (q-terms 2, u8, two scaled W terms) once W has two
-# terms (benchmarks/results-cpu-accuracy-variants.md, benchmarks/results-h200-issue24.md);
-# the low digit takes the padding rows that u8's column sums would need, and one
-# integer multiply-add joins the digits' MMAC sums (kernels/pv_stages.py).
-KERNEL_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2, w_second="digit")
+# The lane kernels' default: two terms of q and of W, symmetric W, each second term a
+# digit. As accurate as the pipeline's (two scaled terms each, u8 W) on the accuracy
+# families (benchmarks/results-h200-issue24.md), and cheap: the low digits take padding
+# rows of the same MMA tiles where the C layout allows (for W, the rows u8's column
+# sums would need), and one integer multiply-add joins each pair of sums before the one
+# conversion to f32 (kernels/qk_stages.py, kernels/pv_stages.py).
+KERNEL_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2, w_second="digit",
+                           q_second="digit")

@@ -208,21 +208,14 @@ def quantize_w_terms(w_groups: np.ndarray, numerics: Numerics = Numerics(),
     """W groups (last axis) as `numerics.w_terms` INT8 terms [(Wq1, sW1), (Wq2, sW2)]:
     the first by `numerics.w_quant` (against `amax`, default the group's own), the second
     always signed: `quantize` on `w_residual` over the same group (w-second "scaled"),
-    or the low digit of W on DIGIT_BASE times finer levels (`quantize_w_digits`).
+    or the low digit of W on DIGIT_BASE times finer levels (`quantize_digits`).
     W ~ level1*sW1 + Wq2*sW2."""
     if numerics.w_digits:
-        return quantize_w_digits(w_groups, numerics.w_quant, amax)
+        return quantize_digits(w_groups, numerics.unsigned_w, amax)
     first = quantize_w(w_groups, numerics.w_quant, amax)
     if numerics.w_terms == 1:
         return [first]
     return [first, quantize(w_residual(w_groups, *first, numerics.w_quant))]
-
-
-def quantize_w_digits(w: np.ndarray, w_quant: str = "s8",
-                      amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Two-term W as two INT8 digits (w-second "digit"): `quantize_digits` on the first
-    term's levels (u8: 255, the high digit stored as u - 128)."""
-    return quantize_digits(w, w_quant == "u8", amax)
 
 
 def quantize_digits(x: np.ndarray, unsigned: bool = False,

@@ -8,7 +8,7 @@ from ..contract.numerics import Numerics
 from ..fragments import FragmentModel, pv_model_named
 from ..contract.constants import DIGIT_BASE
 from .common import (F32, group_rows, quantization_inverse, quantize,
-                     quantize_q, quantize_w, quantize_w_digits, visible, w_residual)
+                     quantize_digits, quantize_q, quantize_w, visible, w_residual)
 from .fragment import blocks_for
 
 # Two f32 implementations of the contract (different exp, summation order)
@@ -33,7 +33,7 @@ def _last_term(w_groups, numerics: Numerics):
     if numerics.w_terms == 1:
         return w_groups, levels, quantize_w(w_groups, w_quant)[1]
     if numerics.w_digits:
-        return w_groups, levels * DIGIT_BASE, quantize_w_digits(w_groups, w_quant)[1][1]
+        return w_groups, levels * DIGIT_BASE, quantize_digits(w_groups, numerics.unsigned_w)[1][1]
     first = quantize_w(w_groups, w_quant)
     residual = w_residual(w_groups, *first, w_quant)
     return residual, 127, quantize(residual)[1]

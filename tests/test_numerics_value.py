@@ -66,7 +66,9 @@ def test_numerics_refuses_a_value_outside_its_choices():
 def test_the_defaults_are_declared_once():
     assert Numerics() == PIPELINE_NUMERICS == PipelineOptions().numerics
     assert (PipelineOptions.q_terms, PipelineOptions.w_quant, PipelineOptions.w_terms) == \
-        dataclasses.astuple(Numerics())
+        dataclasses.astuple(Numerics())[:3]
+    # the tensor-level pipeline's second terms are the scaled ones (digits: the kernels')
+    assert (Numerics().q_second, Numerics().w_second) == ("scaled", "scaled")
     assert SEED_NUMERICS == Numerics(q_terms=1, w_quant="s8", w_terms=1)
     assert Numerics().describe() == "q-terms 2, w-quant u8, w-terms 2"
 
@@ -78,7 +80,9 @@ def test_compile_options_resolve_one_numerics_value():
     assert CompileOptions(target="gfx936", w_quant="u8").numerics == \
         dataclasses.replace(KERNEL_NUMERICS, w_quant="u8")
     options = CompileOptions(target="gfx942", q_terms=2)
-    assert options.pipeline_options().numerics == options.numerics
+    # the pipeline options carry what the tensor-level pipeline implements: scaled terms
+    assert options.pipeline_options().numerics == \
+        dataclasses.replace(options.numerics, q_second="scaled", w_second="scaled")
     assert (options.resolved().q_terms, options.resolved().w_quant) == (2, KERNEL_NUMERICS.w_quant)
 
 

@@ -232,7 +232,7 @@ def test_bench_prepares_one_paged_module_per_pv(tmp_path):
                      str(tmp_path)]) == 0
     meta = json.loads((tmp_path / "paged.json").read_text())
     assert meta == dict(q_heads=8, kv_heads=2, head_dim=64, block_size=16, q_terms=2,
-                        w_quant="u8", w_terms=2)
+                        w_quant="u8", w_terms=2, w_second="scaled", q_second="scaled")
     for pv in ("int8", "bf16"):
         assert (tmp_path / f"paged_{pv}.vmfb").stat().st_size > 0
         ptx = (tmp_path / f"paged_{pv}.ptx").read_text()
