@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                                          occupancy_by_head_dim=table)
     print(f"{args.directory}: {specs.target_spec('cuda').default_tuning(args.head_dim)}",
           flush=True)
-    chosen = replace(cuda.numerics, **numerics)
+    chosen = cuda.numerics.updated(**numerics)
     print(f"{args.directory}: {chosen.describe()}", flush=True)
     bench_paged.prepare(args.directory, args.q_heads, args.kv_heads, args.head_dim,
                         numerics=chosen)

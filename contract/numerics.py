@@ -8,7 +8,7 @@ references and the simulator take the value whole.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .constants import (Q_TERMS, W_QUANTS, SECOND_TERMS, W_TERMS, QTerms, WQuant, SecondTerm,
                         WTerms)
@@ -41,6 +41,15 @@ class Numerics:
     @property
     def unsigned_w(self) -> bool:
         return self.w_quant == "u8"
+
+    def updated(self, **given) -> "Numerics":
+        """This value with the `given` fields replaced; a second-term choice not given
+        becomes "scaled" where its value is left with one term (a digit needs two)."""
+        for value in ("q", "w"):
+            terms = given.get(f"{value}_terms", getattr(self, f"{value}_terms"))
+            if terms == 1 and f"{value}_second" not in given:
+                given[f"{value}_second"] = "scaled"
+        return replace(self, **given)
 
     @property
     def w_digits(self) -> bool:

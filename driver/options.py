@@ -126,8 +126,8 @@ class CompileOptions(PipelineOptions):
         one not given the target's (`default_numerics`)."""
         given = {name: getattr(self, name) for name in asdict(self.default_numerics)}
         try:
-            return replace(self.default_numerics,
-                           **{name: value for name, value in given.items() if value is not None})
+            return self.default_numerics.updated(
+                **{name: value for name, value in given.items() if value is not None})
         except ValueError as error:      # a combination the contract has no variant for
             raise OptionError(str(error)) from None
 

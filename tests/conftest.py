@@ -163,7 +163,7 @@ SLOW_TESTS = {
 # functions. A file or name that does not exist is an error.
 FAST_FILES = {
     "test_attention_match.py", "test_bench_harness.py", "test_cache_layout.py",
-    "test_dialect_ops.py", "test_fragments.py", "test_index_arithmetic.py", "test_layout.py",
+    "test_dialect_ops.py", "test_digits.py", "test_fragments.py", "test_index_arithmetic.py", "test_layout.py",
     "test_linear_layout.py", "test_reference.py", "test_reference_chunks.py",
 }
 FAST_TESTS = {

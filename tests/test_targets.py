@@ -88,6 +88,14 @@ REFUSED = [
      "--partition-tokens 512 does not apply to --target gfx936: the decode kernels' partition "
      "is fixed by the fragment model: 4 waves of 64 tokens = 256"),
     (["--target", "cuda", "--tile-tokens", "128"], "--tile-tokens 128 does not apply"),
+    (["--target", "cpu", "--w-second", "digit"],
+     "--w-second digit does not apply to --target cpu: the tensor-level pipeline scales the "
+     "second w term by its residual's own absmax"),
+    (["--target", "cpu", "--q-second", "digit"],
+     "--q-second digit does not apply to --target cpu: the tensor-level pipeline scales the "
+     "second q term"),
+    (["--target", "cuda", "--q-terms", "1", "--q-second", "digit"],
+     "q-second digit splits Q into two INT8 terms: it needs q-terms 2 (got 1)"),
     (["--target", "gfx936", "--emit", "vmfb"],
      "--target gfx936 has the stages graph, kernel, llvm; there is no 'vmfb' to emit without --kernel-object"),
     (["--target", "cpu", "--emit", "kernel"], "there is no 'kernel' to emit"),
