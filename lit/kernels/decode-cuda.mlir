@@ -1,0 +1,49 @@
+// RUN: int8attn compile %s --target cuda --emit kernel -o - | filecheck %s
+// RUN: int8attn compile %s --target cuda --q-second scaled --w-second scaled --emit kernel -o - | filecheck %s --check-prefix=SCALED
+
+// Decode on mma.sync.m16n8k32.s8, 32 query heads over 8 KV heads (4 rows per tile),
+// D = 128, with the kernels' default numerics: two-term q and W, each second term the
+// low INT8 digit of one 256x finer quantization (docs/design.md §2c). C holds rows g and
+// g + 8 of a column in one lane, so the low digits sit in padding rows 8..11 of the same
+// A tile: QK is 8 token blocks x 4 K steps and PV 2 MMACs x 16 head-dim tiles, as for
+// one term, and each pair of sums is joined (high << 8) + low before one conversion.
+// CHECK-LABEL: func.func @decode_partition
+// The query rows: t = fptosi(roundeven(clamp(q * inv * 256))); high = (t + 128) >> 8,
+// low = t - (high << 8), both stored as i8.
+// CHECK: %[[T:.*]] = arith.fptosi %{{.*}} : f32 to i32
+// CHECK-NEXT: %[[BIASED:.*]] = arith.addi %[[T]], %c128_i32 : i32
+// CHECK-NEXT: %[[HIGH:.*]] = arith.shrsi %[[BIASED]], %c8_i32 : i32
+// CHECK-NEXT: %[[BACK:.*]] = arith.shli %[[HIGH]], %c8_i32 : i32
+// CHECK-NEXT: %[[LOW:.*]] = arith.subi %[[T]], %[[BACK]] : i32
+// CHECK-NEXT: arith.trunci %[[HIGH]] : i32 to i8
+// CHECK-NEXT: arith.trunci %[[LOW]] : i32 to i8
+// A score: the high digit's sum (C row g) and the low digit's (row g + 8) of one MMA
+// (the 32 QK MMAs are issued before the first score is read).
+// CHECK-COUNT-31: nvgpu.mma.sync
+// CHECK: %[[QK:.*]] = nvgpu.mma.sync
+// CHECK-NEXT: %[[QH:.*]] = vector.extract %[[QK]][0, 0] : i32 from vector<2x2xi32>
+// CHECK-NEXT: %[[QL:.*]] = vector.extract %[[QK]][1, 0] : i32 from vector<2x2xi32>
+// CHECK-NEXT: %[[QS:.*]] = arith.shli %[[QH]], %c8_i32 : i32
+// CHECK-NEXT: %[[QJ:.*]] = arith.addi %[[QS]], %[[QL]] : i32
+// CHECK-NEXT: arith.sitofp %[[QJ]] : i32 to f32
+// PV the same way, scaled by sW1 / 256 per (row, MMAC).
+// CHECK: %[[PV:.*]] = nvgpu.mma.sync
+// CHECK: %[[WH:.*]] = vector.extract %[[PV]][0, 0] : i32 from vector<2x2xi32>
+// CHECK: %[[WL:.*]] = vector.extract %[[PV]][1, 0] : i32 from vector<2x2xi32>
+// CHECK: %[[WS:.*]] = arith.shli %[[WH]], %c8_i32 : i32
+// CHECK-NEXT: %[[WJ:.*]] = arith.addi %[[WS]], %[[WL]] : i32
+// CHECK: arith.sitofp %[[WJ]] : i32 to f32
+// CHECK-LABEL: stream.executable private @decode_merge
+
+// The scaled second terms (the cpu pipeline's): the same MMA count (packed too), but
+// a residual, its own absmax and two conversions per score, no digit split.
+// SCALED-LABEL: func.func @decode_partition
+// SCALED-NOT: arith.shrsi
+// SCALED: math.fma
+// SCALED-COUNT-64: nvgpu.mma.sync
+// SCALED-NOT: nvgpu.mma.sync
+// SCALED-LABEL: stream.executable private @decode_merge
+func.func @decode(%q: tensor<1x32x128xf32>, %k: tensor<1x8x4096x128xi8>, %ks: tensor<1x8x4096xf32>, %v: tensor<1x8x4096x128xi8>, %vs: tensor<1x8x4096xf32>) -> tensor<1x32x128xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.0883883461 : f32} : (tensor<1x32x128xf32>, tensor<1x8x4096x128xi8>, tensor<1x8x4096xf32>, tensor<1x8x4096x128xi8>, tensor<1x8x4096xf32>) -> tensor<1x32x128xf32>
+  return %o : tensor<1x32x128xf32>
+}
