@@ -243,8 +243,10 @@ def test_bench_prepares_one_paged_module_per_pv(tmp_path):
     ("cuda", 8, 2, 64, "nvgpu.mma.sync"),       # rows g and g+8 share a lane: shift 8
     ("gfx942", 4, 2, 128, "amdgpu.mfma"),       # 2 rows: rows r and r+2 share a lane
 ])
+@pytest.mark.parametrize("numerics", [Numerics(q_terms=2, w_quant="u8", w_terms=1),
+                                      KERNEL_NUMERICS], ids=["scaled", "digits"])
 def test_two_term_q_in_the_padding_rows_is_bitwise_the_two_mma_form(target, q_heads, kv_heads,
-                                                                    head_dim, mma):
+                                                                    head_dim, mma, numerics):
     # The second Q term sits in the A tile's padding rows (DecodeKernelLayout.term_rows):
     # one QK MMA per K step instead of two, the same integer sums, the same result.
     from int8attn.kernels.decode import DecodeTuning
@@ -255,7 +257,6 @@ def test_two_term_q_in_the_padding_rows_is_bitwise_the_two_mma_form(target, q_he
     arrays = paged_batch(rng, [1, 300, 700], q_heads, kv_heads, head_dim, 16)
     shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, 16, 0.125)
     spec = target_spec(target)
-    numerics = Numerics(q_terms=2, w_quant="u8", w_terms=1)
     outs, counts = [], []
     with new_context(), ir.Location.unknown():
         for pack in (False, True):

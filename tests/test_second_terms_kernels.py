@@ -12,8 +12,8 @@
   rows, so packed, the kernel takes them from one more MMAC with A all ones: as many
   MMACs as unpacked (why the kernels' default is s8), the same output.
 - Two-term Q as digits (q-second digit, the kernels' default) on every target: within
-  both references and far from the scaled-Q contract; packed into the padding rows,
-  one QK MMA per step instead of two, bitwise the same output.
+  both references and far from the scaled-Q contract (packed into the padding rows:
+  tests/test_paged_kernels.py).
 """
 
 from dataclasses import replace
@@ -141,29 +141,3 @@ def test_q_digits_in_every_kernel_within_both_references(target, q_heads):
               f"{swapped:.1e}")
         if dense[1].shape[2] > 1:        # one token: every weight is 1, q's rounding gone
             assert swapped > 3 * max(kept, 1e-7)
-
-
-@pytest.mark.parametrize("target, q_heads, kv_heads, head_dim, mma", [
-    ("cuda", 8, 2, 64, "nvgpu.mma.sync"),       # rows g and g+8 share a lane: shift 8
-    ("gfx942", 4, 2, 128, "amdgpu.mfma"),       # 2 rows: rows r and r+2 share a lane
-])
-def test_q_digits_in_the_padding_rows_are_bitwise_the_two_mma_form(target, q_heads, kv_heads,
-                                                                   head_dim, mma):
-    seed = 371
-    print(f"seed {seed}")
-    rng = seeded_rng(seed)
-    arrays = paged_batch(rng, [1, 300, 700], q_heads, kv_heads, head_dim, 16)
-    shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, 16, float(SCALE))
-    spec = target_spec(target)
-    outs, counts = [], []
-    with new_context(), ir.Location.unknown():
-        for pack in (False, True):
-            tuning = replace(spec.default_tuning(head_dim), pack_q_terms=pack)
-            built = build_decode_kernels(paged_access(shape, spec), spec, tuning=tuning)
-            counts.append(str(built.module).count(mma))
-            outs.append(run_paged_kernels(built.module, built.layout, *arrays))
-    assert np.array_equal(outs[0], outs[1])
-    steps, blocks = head_dim // spec.model.instruction.k, 64 // spec.model.instruction.n
-    assert counts[0] - counts[1] == steps * blocks
-    for got, dense in _sequences(outs[1], arrays):
-        check_against_references(got, dense, SCALE, model=target, numerics=KERNEL_NUMERICS)
