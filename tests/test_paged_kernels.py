@@ -27,6 +27,23 @@ from iree.compiler import ir
 from test_paged import LENGTHS, counted_compiles, paged_batch  # noqa: F401 (fixture)
 
 
+def packed_and_unpacked(target, q_heads, kv_heads, head_dim, numerics, arrays, mma, field,
+                        scale=0.125):
+    """([output, MMA count] without, then with the second terms packed into padding rows
+    (`field`: DecodeTuning.pack_q_terms or pack_w_terms)) of the paged kernels."""
+    shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, 16, scale)
+    spec = target_spec(target)
+    outs, counts = [], []
+    with new_context(), ir.Location.unknown():
+        for pack in (False, True):
+            tuning = replace(spec.default_tuning(head_dim), **{field: pack})
+            built = build_decode_kernels(paged_access(shape, spec), spec, numerics=numerics,
+                                         tuning=tuning)
+            counts.append(str(built.module).count(mma))
+            outs.append(run_paged_kernels(built.module, built.layout, *arrays))
+    return outs, counts
+
+
 def _kernels(target, q_heads, kv_heads, head_dim, block_size, scale):
     spec = target_spec(target)
     shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, block_size, scale)
@@ -249,22 +266,13 @@ def test_two_term_q_in_the_padding_rows_is_bitwise_the_two_mma_form(target, q_he
                                                                     head_dim, mma, numerics):
     # The second Q term sits in the A tile's padding rows (DecodeKernelLayout.term_rows):
     # one QK MMA per K step instead of two, the same integer sums, the same result.
-    from int8attn.kernels.decode import DecodeTuning
-
     seed = 97
     print(f"seed {seed}")
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 300, 700], q_heads, kv_heads, head_dim, 16)
-    shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, 16, 0.125)
+    outs, counts = packed_and_unpacked(target, q_heads, kv_heads, head_dim, numerics, arrays,
+                                       mma, "pack_q_terms")
     spec = target_spec(target)
-    outs, counts = [], []
-    with new_context(), ir.Location.unknown():
-        for pack in (False, True):
-            tuning = replace(spec.default_tuning(head_dim), pack_q_terms=pack)
-            built = build_decode_kernels(paged_access(shape, spec), spec, numerics=numerics,
-                                         tuning=tuning)
-            counts.append(str(built.module).count(mma))
-            outs.append(run_paged_kernels(built.module, built.layout, *arrays))
     assert np.array_equal(outs[0], outs[1])
     steps, blocks = head_dim // spec.model.instruction.k, 64 // spec.model.instruction.n
     assert counts[0] - counts[1] == steps * blocks

@@ -24,14 +24,11 @@ import pytest
 from accuracy import check_against_references
 from conftest import seeded_rng
 from int8attn.contract.numerics import KERNEL_NUMERICS, Numerics
-from int8attn.kernels.decode import build_decode_kernels, paged_access
-from int8attn.kernels.kv_access import PagedShape
 from int8attn.kernels.target_spec import target_spec
 from int8attn.reference import fragment_attention, sequence_cache
-from int8attn.simulator.decode import run_paged_kernels, simulate_paged
-from int8attn.support.ir import new_context
-from iree.compiler import ir
+from int8attn.simulator.decode import simulate_paged
 from test_paged import paged_batch
+from test_paged_kernels import packed_and_unpacked
 
 SCALE = np.float32(0.125)
 
@@ -70,17 +67,8 @@ def test_two_w_terms_in_every_kernel_within_both_references(target, w_quant, w_s
 
 def _paged_mmas(target, q_heads, kv_heads, head_dim, numerics, arrays, mma):
     """(outputs, MMA count) of the paged kernels without and with W term packing."""
-    shape = PagedShape(kv_heads, q_heads // kv_heads, head_dim, 16, float(SCALE))
-    spec = target_spec(target)
-    outs, counts = [], []
-    with new_context(), ir.Location.unknown():
-        for pack in (False, True):
-            tuning = replace(spec.default_tuning(head_dim), pack_w_terms=pack)
-            built = build_decode_kernels(paged_access(shape, spec), spec, numerics=numerics,
-                                         tuning=tuning)
-            counts.append(str(built.module).count(mma))
-            outs.append(run_paged_kernels(built.module, built.layout, *arrays))
-    return outs, counts
+    return packed_and_unpacked(target, q_heads, kv_heads, head_dim, numerics, arrays, mma,
+                               "pack_w_terms", float(SCALE))
 
 
 @pytest.mark.parametrize("target, q_heads, kv_heads, head_dim, mma", [
