@@ -5,8 +5,8 @@
     graph = int8attn.compile(source, target="gfx936", simulate=True)   # lane simulator
 
 The keywords are the fields of `CompileOptions` (declared once, shared with
-the CLI); `numerics=` (a `Numerics`) gives its q_terms, w_quant and w_terms at
-once. Every call checks its inputs first (`driver.graph.check_arguments`),
+the CLI); `numerics=` (a `Numerics`) gives its q_terms, w_quant, w_terms, w_second and
+q_second at once. Every call checks its inputs first (`driver.graph.check_arguments`),
 whichever executes it: IREE's CPU or CUDA runtime, or the lane simulator.
 Compiled modules are cached by content and options (`int8attn.runtime.ModuleCache`).
 """
@@ -147,8 +147,9 @@ class CompiledGraph:
 
 
 def option_keywords(numerics: Numerics | None = None, **options) -> dict:
-    """The keywords with `numerics` (a `Numerics`), if given, as the three CompileOptions
-    fields it declares (q_terms, w_quant, w_terms); given with any of them, refused."""
+    """The keywords with `numerics` (a `Numerics`), if given, as the CompileOptions fields
+    it declares (q_terms, w_quant, w_terms, w_second, q_second); given with any of them,
+    refused."""
     if numerics is None:
         return options
     if not isinstance(numerics, Numerics):
