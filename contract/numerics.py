@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from .constants import (Q_TERMS, W_QUANTS, SECOND_TERMS, W_TERMS, QTerms, WQuant, SecondTerm,
+from .constants import (DIGIT_BASE, Q_TERMS, W_QUANTS, SECOND_TERMS, W_TERMS, QTerms, WQuant, SecondTerm,
                         WTerms)
 
 
@@ -50,6 +50,14 @@ class Numerics:
             if terms == 1 and f"{value}_second" not in given:
                 given[f"{value}_second"] = "scaled"
         return replace(self, **given)
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """q digits join Σ high·Kq · BASE + Σ low·Kq in int32 (|high| <= 127, |low| and
+        |Kq| <= 128): refuse a head dim whose joined sums could overflow it."""
+        if self.q_digits and head_dim * 128 * (127 * DIGIT_BASE + 128) >= 2 ** 31:
+            raise ValueError(f"q-second digit joins the two QK sums in int32, which a head "
+                             f"dim of {head_dim} could overflow (head dim x 128 x 32640 must "
+                             f"stay below 2^31: at most 512); use q-second scaled")
 
     @property
     def w_digits(self) -> bool:

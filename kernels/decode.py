@@ -213,8 +213,8 @@ def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
     check_decode_shape(access.shape, spec)
     tuning = tuning or spec.default_tuning(access.shape.head_dim)
     spec.check_tuning(tuning)
-    partition = PartitionKernel(access, spec, spec.resolve_numerics(numerics), pv, tuning,
-                                pv_atom)
+    numerics = spec.resolve_numerics(numerics, access.shape.head_dim)
+    partition = PartitionKernel(access, spec, numerics, pv, tuning, pv_atom)
     merge = MergePlan.of(access.shape, partition.rows_out, spec.tile_rows, spec.wave_size,
                          partition.threads, tuning)
     abi = decode_abi(access, partition, merge)

@@ -280,7 +280,8 @@ def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetS
     else:
         access = PrefillKV(shape, model.wave_tokens)
     # No occupancy hint: the kernel carries o, m and l across the tile loop.
-    kernel = PrefillKernel(access, spec, spec.resolve_numerics(numerics), pv, pv_atom)
+    kernel = PrefillKernel(access, spec, spec.resolve_numerics(numerics, shape.head_dim), pv,
+                           pv_atom)
     module = ir.Module.create()
     built = PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
     with ir.InsertionPoint(module.body):

@@ -150,9 +150,11 @@ class TargetSpec:
         if tuning.workgroups_per_sm and self.occupancy_attribute is None:
             raise ValueError(f"--target {self.name} has no occupancy hint for the kernel")
 
-    def resolve_numerics(self, numerics: Numerics | None) -> Numerics:
-        """The numerics to build: as given, else the target's."""
-        return numerics or self.numerics
+    def resolve_numerics(self, numerics: Numerics | None, head_dim: int) -> Numerics:
+        """The numerics to build: as given, else the target's (checked for the head dim)."""
+        numerics = numerics or self.numerics
+        numerics.check_head_dim(head_dim)
+        return numerics
 
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         if not tuning.workgroups_per_sm:

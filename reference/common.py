@@ -165,7 +165,7 @@ def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
     keys = np.swapaxes(k, -1, -2)
     sums = [exact_int_matmul(qq, keys) for qq, _ in terms]          # the int32 sums
     if numerics.q_digits:
-        assert k.shape[-1] * (127 * DIGIT_BASE + 128) * 128 < 2**31, "int32 overflow"
+        numerics.check_head_dim(k.shape[-1])
         sums, terms = [sums[0].astype(np.float64) * DIGIT_BASE + sums[1]], terms[1:]
     qk = None
     for acc, (_, sq) in zip(sums, terms):

@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import json
 
+import numpy as np
 import pytest
 
 import int8attn
@@ -150,7 +151,7 @@ def test_the_other_numerics_parameters_and_their_defaults():
     for function in (simulate_decode, simulate_paged, simulate_prefill, simulate_paged_prefill):
         assert inspect.signature(function).parameters["numerics"].default is None
     for target in ("gfx936", "gfx942", "cuda"):
-        assert target_spec(target).resolve_numerics(None) == KERNEL_NUMERICS
+        assert target_spec(target).resolve_numerics(None, 128) == KERNEL_NUMERICS
         assert CompileOptions(target=target).numerics == target_spec(target).numerics
 
 
@@ -165,8 +166,24 @@ def test_a_loose_keyword_is_refused():
 def test_the_kernels_build_what_is_given_else_their_default():
     variant = Numerics(q_terms=2, w_quant="u8", w_terms=1)
     for target in ("gfx936", "gfx942", "cuda"):
-        assert target_spec(target).resolve_numerics(variant) is variant
-        assert target_spec(target).resolve_numerics(None) == KERNEL_NUMERICS
+        assert target_spec(target).resolve_numerics(variant, 128) is variant
+        assert target_spec(target).resolve_numerics(None, 128) == KERNEL_NUMERICS
+
+
+def test_q_digits_refuse_a_head_dim_whose_joined_sums_could_overflow():
+    # 512 x 128 x (127 * 256 + 128) < 2^31 <= 544 x 128 x 32640: the joined QK sums of
+    # q digits stay exact in int32 up to D = 512; above, scaled second terms still build.
+    spec = target_spec("cuda")
+    assert spec.resolve_numerics(None, 512) == KERNEL_NUMERICS
+    with pytest.raises(ValueError, match="a head dim of 544 could overflow"):
+        spec.resolve_numerics(None, 544)
+    scaled = dataclasses.replace(KERNEL_NUMERICS, q_second="scaled")
+    assert spec.resolve_numerics(scaled, 1024) is scaled
+    with pytest.raises(ValueError, match="use q-second scaled"):
+        ref.fragment_attention(np.zeros((1, 1, 544), np.float32),
+                               np.zeros((1, 1, 4, 544), np.int8), np.ones((1, 1, 4), np.float32),
+                               np.zeros((1, 1, 4, 544), np.int8), np.ones((1, 1, 4), np.float32),
+                               0.125, numerics=KERNEL_NUMERICS)
 
 
 def test_paged_attention_states_its_numerics(tmp_path):
