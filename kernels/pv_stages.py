@@ -33,9 +33,9 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     unsigned = numerics.unsigned_w
     first = _w_lds(plan)
     second = None
-    if numerics.w_terms == 2:
-        second = first if plan.w_packing is not None else _w_lds(plan, scales=not
-                                                                   numerics.w_digits)
+    if numerics.w_terms == 2:    # (digits: one scale, the first term's rows')
+        second = (first if plan.w_packing is not None
+                  else _w_lds(plan, scales=not numerics.w_digits))
     shift = plan.w_packing[0] if plan.w_packing is not None else 0
     if plan.column_sums:
         _store_ones_rows(plan, first.w, plan.column_sums[1])
@@ -43,15 +43,14 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     signed = contract.quantize_constants(lanes.f32) if unsigned else c
     for members in plan.live_classes(plan.layout.group_keys(groups)):
         values = {e: w[e] for e in members}
+        inverse, scale = _group_scale(plan, members, values, c, unsigned)
         if numerics.w_digits:
-            inverse, scale = _group_scale(plan, members, values, c, unsigned)
             _store_scale(plan, members[0], contract.digit_scale(scale), first)
             for e in members:
                 high, low = contract.quantize_digits(values[e], inverse, c, unsigned)
                 _store_w(plan, e, high, first)
                 _store_w(plan, e, low, second, shift)
             continue
-        inverse, scale = _group_scale(plan, members, values, c, unsigned)
         _store_scale(plan, members[0], scale, first)
         value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
         quantized = {e: value_of(values[e], inverse, c) for e in members}
