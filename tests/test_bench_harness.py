@@ -199,6 +199,31 @@ def test_paged_cases():
     assert all(c.variants == ("int8",) for c in bench_paged.cases(1, [8], 4, 0, ["int8"]))
 
 
+def test_the_key_outlier_batch_is_a_per_token_quantized_cache_with_outlier_channels():
+    # Same layout and dtypes as the Gaussian batch; dequantized, KEY_CHANNELS channels of
+    # each KV head carry KEY_GAIN times the others' spread, every token's K and V scale is
+    # its own absmax / 127 (some element hits +-127), and q is Q_GAIN times a unit normal.
+    seed = 29
+    print(f"seed {seed}")
+    lengths, kv_heads, head_dim = [300, 1000], 2, 64
+    gaussian = bench_paged.batch_arrays(np.random.default_rng(seed), lengths, 8, kv_heads,
+                                        head_dim, 16)
+    arrays = bench_paged.batch_arrays(np.random.default_rng(seed), lengths, 8, kv_heads,
+                                      head_dim, 16, bench_paged.KEY_OUTLIERS)
+    assert [(a.shape, a.dtype) for a in arrays] == [(a.shape, a.dtype) for a in gaussian]
+    q, k, k_scale, v, v_scale, tables, _ = arrays
+    assert np.array_equal(tables, gaussian[5])
+    for quantized, scale in ((k, k_scale), (np.swapaxes(v, -1, -2), v_scale)):
+        assert (np.abs(quantized).max(axis=-1) == 127).all()
+    spread = (k.astype(np.float64) * k_scale[..., None]).std(axis=(0, 2))     # [head, d]
+    for head in range(kv_heads):
+        ranked = np.sort(spread[head])
+        outliers, others = ranked[-bench_paged.KEY_CHANNELS:], ranked[:-bench_paged.KEY_CHANNELS]
+        assert 6 < outliers.min() / others.mean() < 10
+        assert ranked[-bench_paged.KEY_CHANNELS - 1] < 1.5 * others.mean()
+    assert 1.3 < q.std() / 1.0 < 1.7
+
+
 def test_prefill_cases_and_their_manifest_entries():
     found = bench_prefill.cases([128, 256], 100, 37)
     assert [c.manifest_entry() for c in found] == [["Sq=S=128", 128, 128],
