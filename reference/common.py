@@ -266,7 +266,8 @@ def int8_pv(w, v_blocks, groups, scale_groups=None,
     amax = None if scale_groups is None else np.abs(w[..., scale_groups]).max(axis=-1)
     terms = quantize_w_terms(w_groups, numerics, amax)
     v_groups = v_blocks[:, :, :, groups, :]         # [B,Hkv,N,G,K,D]
-    assert groups.shape[1] * 256 * 128 * DIGIT_BASE < 2**31, "int32 accumulator overflow"
+    joined = DIGIT_BASE if numerics.w_digits else 1       # digits: high * BASE + low
+    assert groups.shape[1] * 256 * 128 * joined < 2**31, "int32 accumulator overflow"
     if w_quant == "u8":                             # W_OFFSET * sum_k Vq, per (group, d)
         offset = W_OFFSET * v_groups.sum(axis=-2, dtype=np.int32)    # [B,Hkv,N,G,D]
     sums = []                                       # per term, per group, its exact int32 sums
