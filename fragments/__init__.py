@@ -40,6 +40,7 @@ from .mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
                           row_reduction_offsets, score_group_layout,
                           score_layout, token_set, token_slots,
                           v_load_layout, xor_partners)
+from .score_feed import ScoreFeed, a_token_layout, score_feed
 from .token_axes import (NotADigitPermutation, TokenAxes, TokenAxis,
                          token_axes)
 
@@ -80,6 +81,9 @@ __all__ = [
     "thread_distribution",
     "thread_groups",
     "thread_runs",
+    "ScoreFeed",
+    "score_feed",
+    "a_token_layout",
     "TokenAxis",
     "TokenAxes",
     "NotADigitPermutation",

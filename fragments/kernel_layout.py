@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from .instructions import MatrixInstruction
 from .lane_maps import LaneMap, xor_reduction_offsets
+from .linear_layout import LinearLayout
 from .mma_layouts import (MmaLayouts, mma_layouts, score_group_layout,
                           score_layout, xor_partners)
 from .model import FragmentModel
@@ -30,6 +32,9 @@ class DecodeKernelLayout:
     """
 
     model: FragmentModel
+    # QK's token order (fragments/score_feed.py): C column position p of the wave's
+    # score tiles holds wave token order(p); None: token p.
+    token_order: LinearLayout | None = None
 
     @property
     def layouts(self) -> MmaLayouts:
@@ -88,27 +93,41 @@ class DecodeKernelLayout:
 
     def element_token(self, element: int) -> LaneMap:
         """Wave token of score element `element`, as a lane map."""
+        if self.token_order is not None:
+            return LaneMap.fit(self.element_tokens()[:, element])
         block, slot = divmod(element, self.instruction.c.slots)
         return self.c_col(slot).shifted(block * self.instruction.n)
 
     def element_tokens(self) -> np.ndarray:
         """int [lanes, blocks*slots]: wave token of score element (n, i)."""
-        return self._scores(score_layout(self.model), "token")
+        return self._scores(self.score_layout, "token")
 
     def element_rows(self) -> np.ndarray:
-        return self._scores(score_layout(self.model), "row")
+        return self._scores(self.score_layout, "row")
+
+    @cached_property
+    def score_layout(self) -> LinearLayout:
+        return score_layout(self.model, self.token_order)
+
+    def b_token(self, block: int) -> LaneMap:
+        """Wave token whose K row a lane loads as its B column of QK C tile `block`."""
+        position = self.b_col()(np.arange(self.instruction.wave_size)) + \
+            block * self.instruction.n
+        if self.token_order is None:
+            return LaneMap.fit(position)
+        return LaneMap.fit(self.token_order.apply(token=position)["token"])
 
     # W scale groups: the tokens one PV MMAC consumes, of PV's model (by default
     # this layout's own; another PV atom's when PV runs on a second instruction).
     def element_groups(self, pv: FragmentModel | None = None) -> np.ndarray:
-        return self._scores(score_group_layout(self.model, pv), "group")
+        return self._scores(score_group_layout(self.model, pv, self.token_order), "group")
 
     def group_map(self, element: int, pv: FragmentModel | None = None) -> LaneMap:
         return LaneMap.fit(self.element_groups(pv)[:, element])
 
     def row_max_offsets(self) -> tuple[int, ...]:
         """Lanes that hold the same rows (softmax max and sum)."""
-        return xor_partners(score_layout(self.model), ["row"])
+        return xor_partners(self.score_layout, ["row"])
 
     def group_keys(self, pv: FragmentModel | None = None) -> np.ndarray:
         mmacs = (pv or self.model).mmacs_per_wave
@@ -116,7 +135,8 @@ class DecodeKernelLayout:
 
     def group_max_offsets(self, pv: FragmentModel | None = None) -> tuple[int, ...]:
         """Lanes that hold the same rows and W groups (the absmax per group)."""
-        return xor_partners(score_group_layout(self.model, pv), ["row", "group"])
+        return xor_partners(score_group_layout(self.model, pv, self.token_order),
+                            ["row", "group"])
 
     # QK in lane-contiguous head-dim order. The dot product over D does not care
     # which d each (K step, K slot) pair multiplies, as long as A and B agree:

@@ -237,20 +237,26 @@ def token_set(model: FragmentModel, group: int, block_tokens: int | None = None)
 
 # -- scores in the C layout and the xor-shuffle partners ---------------------------------
 
-def score_layout(model: FragmentModel) -> LinearLayout:
+def score_layout(model: FragmentModel, order: LinearLayout | None = None) -> LinearLayout:
     """(register, block, lane) -> (row, token): a wave's QK scores, `blocks` C tiles
-    of N tokens (element (n, i) of lane l is row c_row[i](l), token n*N + c_col[i](l))."""
+    of N tokens (element (n, i) of lane l is row c_row[i](l), token n*N + c_col[i](l));
+    with `order` (token -> token, fragments/score_feed.py), C column position p
+    holds wave token order(p)."""
     inst = model.instruction
     c = mma_layouts(inst).c.rename(outs={"col": "token"})
-    return (c * I("block", model.wave_tokens // inst.n, "token")).transpose_ins(
+    scores = (c * I("block", model.wave_tokens // inst.n, "token")).transpose_ins(
         ("register", "block", "lane"))
+    if order is None:
+        return scores
+    return scores.compose(I("row", scores.out_size("row")) * order)
 
 
-def score_group_layout(model: FragmentModel, pv: FragmentModel | None = None) -> LinearLayout:
+def score_group_layout(model: FragmentModel, pv: FragmentModel | None = None,
+                       order: LinearLayout | None = None) -> LinearLayout:
     """(register, block, lane) -> (row, k, group): the W scale group of each score, the
     groups of PV's model `pv` (default `model`'s own: QK and PV on one instruction)."""
-    rows = I("row", score_layout(model).out_size("row"))
-    return score_layout(model).compose(rows * token_slots(pv or model))
+    scores = score_layout(model, order)
+    return scores.compose(I("row", scores.out_size("row")) * token_slots(pv or model))
 
 
 def xor_partners(layout: LinearLayout, keep: Sequence[str], dim: str = "lane") -> tuple[int, ...]:

@@ -31,7 +31,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
 from ..contract.numerics import Numerics
-from ..fragments import DecodeKernelLayout, thread_distribution
+from ..fragments import DecodeKernelLayout, score_feed, thread_distribution
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .executable import build_kernel
 from .kv_access import DenseKV, KVView, PagedKV
@@ -54,18 +54,27 @@ def output_rows(rows: int, head_dim: int, threads: int, tile_rows: int) -> int:
 
 def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: str,
                rows_out: int, pv_atom: str | None = None, pack_q_terms: bool = False,
-               pack_w_terms: bool = False) -> StagePlan:
+               pack_w_terms: bool = False, feed_w: bool = False) -> StagePlan:
     """The stages' plan; with `pack_q_terms` (`pack_w_terms`), two-term Q (W) shares
     one A tile of QK (PV) where its layout has the padding rows for it
-    (`DecodeKernelLayout.term_rows`)."""
+    (`DecodeKernelLayout.term_rows`); with `feed_w`, W goes from QK's C registers
+    straight into PV's A operand where the layouts allow it (`score_feed`: every
+    row of the tile live, QK's K rows then read in the feed's token order)."""
+    pv_model = spec.pv_model(pv, pv_atom)
     layout = DecodeKernelLayout(spec.model)
-    pv_layout = DecodeKernelLayout(spec.pv_model(pv, pv_atom))
+    pv_layout = DecodeKernelLayout(pv_model)
+    feed = None
+    if feed_w and not layout.dead_c_slots(rows_out) and not pv_layout.dead_c_slots(rows_out):
+        feed = score_feed(spec.model, pv_model)
+    if feed is not None:
+        layout = DecodeKernelLayout(spec.model, feed.order)
     q_packing = (layout.term_rows(rows_out, rows_out)
                  if pack_q_terms and numerics.q_terms == 2 else None)
     w_packing = (pv_layout.term_rows(rows_out, rows_out)
-                 if pack_w_terms and pv == "int8" and numerics.w_terms == 2 else None)
+                 if pack_w_terms and pv == "int8" and numerics.w_terms == 2 and feed is None
+                 else None)
     return StagePlan(lanes, spec, layout, pv_layout, numerics, pv, shape.head_dim,
-                     shape.softmax_scale, rows_out, q_packing, w_packing)
+                     shape.softmax_scale, rows_out, q_packing, w_packing, feed)
 
 
 @dataclass(frozen=True)

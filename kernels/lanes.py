@@ -92,6 +92,14 @@ class Lanes:
             value = vector.InsertOp(piece, value, [], [r]).result
         return value
 
+    def from_elements(self, values, shape) -> ir.Value:
+        """Scalars (in row-major order) as an operand vector of `shape`."""
+        *outer, inner = shape
+        rows = [vector.from_elements(vector_type(inner, str(values[0].type)),
+                                     values[r * inner:(r + 1) * inner])
+                for r in range(len(values) // inner)]
+        return self.assemble(rows, shape) if outer else rows[0]
+
     # lane maps ---------------------------------------------------------------
     def of_lane(self, lane_map: LaneMap, of=None) -> ir.Value:
         """`lane_map` evaluated on the lane id (or on `of`, e.g. the thread id)."""

@@ -89,6 +89,7 @@ class PrefillKernel:
     numerics: Numerics
     pv: str
     pv_atom: str | None = None
+    feed_w: bool = True
 
     @property
     def threads(self) -> int:
@@ -104,9 +105,10 @@ class PrefillKernel:
         kv, (out_arg,) = self.access.bind(lanes, args, (b, h))
         s = self.access.shape
         # Every row of a wave's tile is a query row (but in the last block), so no
-        # C slot is dead and unsigned W takes its column sums from one more MMAC.
+        # C slot is dead, unsigned W takes its column sums from one more MMAC, and W
+        # can go from QK's C registers straight into PV's A operand.
         plan = stage_plan(lanes, self.spec, s, self.numerics, self.pv, self.spec.tile_rows,
-                          self.pv_atom)
+                          self.pv_atom, feed_w=self.feed_w)
         out = binding(out_arg, (kv.batch, s.q_heads, s.query_tokens, s.head_dim), "f32",
                       lanes.index(0))
         rows = _Rows(plan, s, block, self.rows_per_workgroup)
@@ -189,8 +191,8 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
             for u, i in enumerate(slots):
                 previous = o[tile * len(slots) + u]
                 o_new.append(arith.addf(arith.mulf(alpha_of[i], previous), tile_o[tile][i]))
-        # The next tile's W overwrites the LDS this tile's PV read.
-        lanes.barrier()
+        if plan.w_feed is None:     # the next tile's W overwrites the LDS this PV read
+            lanes.barrier()
         scf.YieldOp(m_new + l_new + o_new)
     results = list(loop.results)
     o_flat = results[2 * count:]
@@ -268,11 +270,13 @@ def check_prefill_shape(shape: PrefillShape | PagedPrefillShape, spec: TargetSpe
 
 def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetSpec, *,
                           numerics: Numerics | None = None, pv: str = "int8",
-                          pv_atom: str | None = None) -> PrefillKernels:
+                          pv_atom: str | None = None, feed_w: bool = True) -> PrefillKernels:
     """A module holding the prefill stream.executable (needs an active context):
     over a dense cache (PrefillShape), or a chunked prefill over the block pool
     (PagedPrefillShape: B, NB, MB and each sequence's length at run time).
-    `numerics`, `pv` and `pv_atom` as for `build_decode_kernels`."""
+    `numerics`, `pv` and `pv_atom` as for `build_decode_kernels`; `feed_w`: W from
+    QK's C registers into PV's A operand where the fragment model allows it
+    (fragments/score_feed.py), else through LDS."""
     check_prefill_shape(shape, spec)
     model = spec.model
     if isinstance(shape, PagedPrefillShape):
@@ -281,7 +285,7 @@ def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetS
         access = PrefillKV(shape, model.wave_tokens)
     # No occupancy hint: the kernel carries o, m and l across the tile loop.
     kernel = PrefillKernel(access, spec, spec.resolve_numerics(numerics, shape.head_dim), pv,
-                           pv_atom)
+                           pv_atom, feed_w)
     module = ir.Module.create()
     built = PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
     with ir.InsertionPoint(module.body):

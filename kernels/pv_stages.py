@@ -28,6 +28,8 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     (`StagePlan.w_packing`), else into LDS of its own. As digits, the one scale
     stored is the low digit's, sW1 / BASE.
     """
+    if plan.w_feed is not None:
+        return _quantize_w_fed(plan, w)
     lanes, groups = plan.lanes, plan.pv_layout.model
     numerics = plan.numerics
     unsigned = numerics.unsigned_w
@@ -69,6 +71,54 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     if second is None or second is first:
         return first
     return StagedW(first.w, first.scales, second)
+
+
+def _quantize_w_fed(plan: StagePlan, w: dict) -> StagedW:
+    """`quantize_w` for W fed from registers (`StagePlan.w_feed`): the same rule per
+    group, the bytes assembled into PV's A operands and the scales kept in the lane
+    (every lane of a group holds its scale after the shuffles)."""
+    numerics, groups = plan.numerics, plan.pv_layout.model
+    unsigned = numerics.unsigned_w
+    c = contract.quantize_constants(plan.lanes.f32, unsigned=unsigned)
+    signed = contract.quantize_constants(plan.lanes.f32) if unsigned else c
+    value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
+    terms = [({}, {}) for _ in range(numerics.w_terms)]       # ({element: Wq}, sw)
+    for members in plan.live_classes(plan.layout.group_keys(groups)):
+        values = {e: w[e] for e in members}
+        inverse, scale = _group_scale(plan, members, values, c, unsigned)
+        key = (plan.row_map(members[0]), plan.layout.group_map(members[0], groups).offset)
+        if numerics.w_digits:
+            terms[0][1][key] = contract.digit_scale(scale)
+            for e in members:
+                terms[0][0][e], terms[1][0][e] = contract.quantize_digits(
+                    values[e], inverse, c, unsigned)
+            continue
+        terms[0][1][key] = scale
+        for e in members:
+            terms[0][0][e] = value_of(values[e], inverse, c)
+        if numerics.w_terms == 1:
+            continue
+        residual = {e: contract.w_residual(values[e], terms[0][0][e], scale, unsigned)
+                    for e in members}
+        inverse, terms[1][1][key] = _group_scale(plan, members, residual, signed, False)
+        for e in members:
+            terms[1][0][e] = contract.quantize_value(residual[e], inverse, signed)
+    staged = [StagedW(fragments=_fed_fragments(plan, wq), sw=sw or None) for wq, sw in terms]
+    return staged[0] if len(staged) == 1 else StagedW(
+        fragments=staged[0].fragments, sw=staged[0].sw, second=staged[1])
+
+
+def _fed_fragments(plan: StagePlan, values: dict) -> tuple:
+    """PV's A operand of each MMAC, its registers taken from the lane's score
+    elements `values` as the feed maps them."""
+    layout, feed = plan.pv_layout, plan.w_feed
+    inst = layout.instruction
+    fragments = []
+    for t in range(layout.model.mmacs_per_wave):
+        registers = [values[plan.layout.element(block, slot)]
+                     for slot, block in (feed.element(r, t) for r in range(inst.a.slots))]
+        fragments.append(plan.lanes.from_elements(registers, inst.a_vector))
+    return tuple(fragments)
 
 
 def _w_lds(plan: StagePlan, scales: bool = True) -> StagedW:
@@ -121,8 +171,11 @@ def _store_ones_rows(plan: StagePlan, wq_lds: ir.Value, rows) -> None:
 def stage_bf16(plan: StagePlan, w: dict) -> StagedW:
     """The BF16-PV baseline: W rounded to bf16 into LDS (no scales)."""
     lanes = plan.lanes
-    w_lds = lanes.shared([plan.waves, plan.w_rows, plan.model.wave_tokens], "bf16")
     bf16 = ir.BF16Type.get()
+    if plan.w_feed is not None:
+        return StagedW(fragments=_fed_fragments(
+            plan, {e: arith.truncf(bf16, value) for e, value in w.items()}))
+    w_lds = lanes.shared([plan.waves, plan.w_rows, plan.model.wave_tokens], "bf16")
     for e, value in w.items():
         memref.store(arith.truncf(bf16, value), w_lds,
                      [lanes.wave, lanes.of_lane(plan.row_map(e)),
@@ -159,16 +212,14 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     loads) in tile order."""
     lanes, layout, numerics = plan.lanes, plan.pv_layout, plan.numerics
     inst = layout.instruction
-    a = _w_fragments(plan, layout, staged.w, "i8")
-    a_second = (_w_fragments(plan, layout, staged.second.w, "i8")
-                if staged.second is not None else None)
+    a = _a_operands(plan, staged, "i8")
+    a_second = _a_operands(plan, staged.second, "i8") if staged.second is not None else None
     live = plan.pv_live_slots()
-    first_scales = (staged.scales, lambda i: i)
-    # Per term: where its scale sits (LDS, the slot whose row holds it).
-    scales = [first_scales]
+    # Per term: where its scale sits (LDS or the lane, the slot whose row holds it).
+    scales = [(staged, lambda i: i)]
     if numerics.w_terms == 2 and not numerics.w_digits:
-        scales.append((staged.second.scales, lambda i: i) if a_second is not None else
-                      (staged.scales, lambda i: plan.w_packing[1][i]))
+        scales.append((staged.second, lambda i: i) if a_second is not None else
+                      (staged, lambda i: plan.w_packing[1][i]))
     o = []
     for _, loads in v_tiles:
         terms = [[None] * inst.c.slots for _ in scales]
@@ -187,14 +238,28 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
             if numerics.w_digits:
                 values = [{i: contract.join_digits(v, values[1][i])
                            for i, v in values[0].items()}]
-            for regs, term_values, (lds, slot) in zip(terms, values, scales):
+            for regs, term_values, (term, slot) in zip(terms, values, scales):
                 for i, value in term_values.items():
-                    sw = memref.load(lds, [lanes.wave, lanes.of_lane(layout.c_row(slot(i))),
-                                           lanes.index(t)])
+                    sw = _scale(plan, term, layout.c_row(slot(i)), t)
                     product = arith.mulf(arith.sitofp(ir.F32Type.get(), value), sw)
                     regs[i] = product if regs[i] is None else arith.addf(regs[i], product)
         o.append(_add_terms(terms))
     return o
+
+
+def _a_operands(plan: StagePlan, staged: StagedW, element: str) -> list:
+    """PV's A operand of each MMAC: fed from registers, or read from LDS."""
+    if staged.fragments is not None:
+        return list(staged.fragments)
+    return _w_fragments(plan, plan.pv_layout, staged.w, element)
+
+
+def _scale(plan: StagePlan, staged: StagedW, row, mmac: int) -> ir.Value:
+    """sW of C row map `row` at PV MMAC `mmac`: held by the lane, or from LDS."""
+    if staged.sw is not None:
+        return staged.sw[(row, mmac)]
+    lanes = plan.lanes
+    return memref.load(staged.scales, [lanes.wave, lanes.of_lane(row), lanes.index(mmac)])
 
 
 def _add_terms(terms: list[list]) -> list:
@@ -223,7 +288,7 @@ def pv_bf16(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     """O with bf16 W x bf16(Vq) on the bf16 instruction, f32 accumulate."""
     lanes, layout = plan.lanes, plan.pv_layout
     inst = layout.instruction
-    a = _w_fragments(plan, layout, staged.w, "bf16")
+    a = _a_operands(plan, staged, "bf16")
     o = []
     for _, loads in v_tiles:
         regs = [None] * inst.c.slots

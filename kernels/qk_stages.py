@@ -138,10 +138,10 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     k_loads = [lanes.of_lane(first) for first in layout.qk_b_loads(d)]
     width = layout.qk_b_width(d)
     b_pieces = [layout.qk_b_pieces(d, step) for step in steps]
-    b_col = lanes.of_lane(layout.b_col())
     values, live, v_scales = {}, {}, {}
     for n in range(layout.blocks):
-        k_row = kv.token_row(lanes.affine((wave_token0, 1), (b_col, 1), n * inst.n))
+        k_row = kv.token_row(lanes.affine((wave_token0, 1),
+                                          (lanes.of_lane(layout.b_token(n)), 1)))
         loads = [load_vector(kv.k, k_row + [first], width, "i8") for first in k_loads]
         # The block's K and V scales, issued with its K bytes (not after the MMAs,
         # nor the V scales after the softmax's barriers).

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from iree.compiler import ir
 
 from ..contract.numerics import Numerics
-from ..fragments import DecodeKernelLayout, LaneMap, element_classes
+from ..fragments import DecodeKernelLayout, LaneMap, ScoreFeed, element_classes
 from .lanes import Lanes
 from .target_spec import TargetSpec
 
@@ -41,6 +41,9 @@ class StagePlan:
     q_packing: tuple | None = None
     # Two-term W in the padding rows of PV's A tile, the same way, or None.
     w_packing: tuple | None = None
+    # W straight from QK's C registers into PV's A operand (fragments/score_feed.py;
+    # `layout` then reads the K rows in the feed's token order), or None: through LDS.
+    w_feed: ScoreFeed | None = None
     dead: frozenset = field(init=False)
     pv_dead: frozenset = field(init=False)
 
@@ -150,11 +153,15 @@ class Scores:
 class StagedW:
     """Quantized W in LDS [wave, row, token] and its scales [wave, row, group]
     (bf16 baseline: W in bf16, no scales); two-term W's second term in LDS of its
-    own, or None (one term, or packed into the first's padding rows)."""
+    own, or None (one term, or packed into the first's padding rows). Fed from
+    registers (`StagePlan.w_feed`): `fragments`, PV's A operand per MMAC, and
+    `sw`, {(C row map, MMAC): scale}, instead of LDS."""
 
-    w: ir.Value
+    w: ir.Value | None = None
     scales: ir.Value | None = None
     second: "StagedW | None" = None
+    fragments: tuple | None = None
+    sw: dict | None = None
 
 
 @dataclass(frozen=True)
