@@ -42,6 +42,8 @@ QUANTIZE_MIN_ABSMAX = 2.0 ** -118
 # and V in [-128, 127]; unsigned u = Wq + W_OFFSET in [0, 255]. What bounds the
 # exact sums of a group in f32 (< 2^24) or i32 (< 2^31).
 MAX_W_V_PRODUCT = {"s8": 128 * 128, "u8": 255 * 128}
+# The same for a Q level (or digit, in [-128, 127]) and an int8 K value.
+MAX_Q_K_PRODUCT = 128 * 128
 
 QMAX = 127.0
 UMAX = 255.0
@@ -53,3 +55,9 @@ UMAX = 255.0
 # an add fed straight by the multiply may be contracted into an fma by the backend
 # (LLVM does on x86 and NVPTX), which rounds the exact product instead.
 ROUND_BIAS = 1.5 * 2.0 ** 23
+# Its f32 bits. For an integer n with |n| <= EXACT_BIAS_RANGE, ROUND_BIAS + n is an f32
+# whose bits are ROUND_BIAS_BITS + n (the binades [2^23, 2^24] step by 1): the GPU
+# kernels read a rounded level off those bits, and turn an exact int32 sum into f32
+# the other way round, instead of the conversion instructions (quarter rate).
+ROUND_BIAS_BITS = 0x4B400000
+EXACT_BIAS_RANGE = 2 ** 22

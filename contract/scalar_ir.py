@@ -4,7 +4,8 @@
     s   = a == inf ? NaN : a / 127          quantize_scale   (a NaN gives NaN / 127 = NaN)
     inv = (a >= 2^-118 and a < inf) ? 127 / a : 0                        quantize_inverse
     q   = fptosi(inv == 0 ? 0 : roundeven(clamp(x * inv, -127, 127)))    quantize_value
-          (= clamp(roundeven(x * inv)); roundeven as y + 1.5*2^23 - 1.5*2^23)
+          (= clamp(roundeven(x * inv)); roundeven as y + 1.5*2^23 - 1.5*2^23; the
+          lane kernels take the integer from the bits of y + 1.5*2^23: `to_int`)
 
 A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
 NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
@@ -47,8 +48,9 @@ from typing import Callable, NamedTuple
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from .constants import (MAX_W_V_PRODUCT, QMAX,  # noqa: F401
-                        QUANTIZE_MIN_ABSMAX, ROUND_BIAS, UMAX, DIGIT_BASE, W_OFFSET)
+from .constants import (EXACT_BIAS_RANGE, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
+                        QUANTIZE_MIN_ABSMAX, ROUND_BIAS, ROUND_BIAS_BITS, UMAX, DIGIT_BASE,
+                        W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127
@@ -59,19 +61,24 @@ class QuantizeConstants(NamedTuple):
     min_absmax: ir.Value  # QUANTIZE_MIN_ABSMAX = 2^-118
     round_bias: ir.Value  # ROUND_BIAS = 1.5 * 2^23
     umax: ir.Value | None = None   # 255, built only for unsigned W
+    # The i32 bits of ROUND_BIAS, built only where the caller converts through the bias
+    # (`to_int`, `exact_f32`); None: fptosi / sitofp.
+    bias_bits: ir.Value | None = None
 
 
 def _f32(value: float) -> ir.Value:
     return arith.constant(ir.F32Type.get(), float(value))
 
 
-def quantize_constants(f32: Callable[[float], ir.Value] = _f32,
-                       unsigned: bool = False) -> QuantizeConstants:
+def quantize_constants(f32: Callable[[float], ir.Value] = _f32, unsigned: bool = False,
+                       i32: Callable[[int], ir.Value] | None = None) -> QuantizeConstants:
     """The contract's f32 constants, made with `f32` (default: arith.constant here);
-    `unsigned` adds 255 for unsigned W."""
+    `unsigned` adds 255 for unsigned W; `i32` (an i32 constant builder) the bias's
+    bits, for the conversions through the bias (`to_int`, `exact_f32`)."""
     return QuantizeConstants(f32(QMAX), f32(-QMAX), f32(0.0), f32(float("inf")),
                              f32(float("nan")), f32(QUANTIZE_MIN_ABSMAX), f32(ROUND_BIAS),
-                             f32(UMAX) if unsigned else None)
+                             f32(UMAX) if unsigned else None,
+                             i32(ROUND_BIAS_BITS) if i32 is not None else None)
 
 
 def absmax_step(acc: ir.Value, x: ir.Value) -> ir.Value:
@@ -103,21 +110,44 @@ def round_even(x: ir.Value, c: QuantizeConstants) -> ir.Value:
     return arith.subf(arith.addf(x, c.round_bias), c.round_bias)
 
 
+def to_int(clamped: ir.Value, skipped: ir.Value, c: QuantizeConstants,
+           width: int) -> ir.Value:
+    """The i`width` roundeven(clamped) (clamped to a level range within 2^22), 0 where
+    `skipped`: fptosi of `round_even`; or, with `c.bias_bits`, the bits of the biased
+    sum less the bias's bits: 1.5*2^23 + n has the bits ROUND_BIAS_BITS + n (an add
+    and an integer subtract, where the GPUs convert at a quarter of their f32 rate)."""
+    int_type = ir.IntegerType.get_signless(width)
+    if c.bias_bits is None:
+        return arith.fptosi(int_type, arith.select(skipped, c.zero, round_even(clamped, c)))
+    i32 = ir.IntegerType.get_signless(32)
+    biased = arith.addf(arith.select(skipped, c.zero, clamped), c.round_bias)
+    value = arith.subi(arith.bitcast(i32, biased), c.bias_bits)
+    return value if width == 32 else arith.trunci(int_type, value)
+
+
+def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants) -> ir.Value:
+    """f32 of an i32 sum with |value| <= bound: sitofp; or, with `c.bias_bits` and
+    bound <= 2^22, `to_int` backwards (the bits ROUND_BIAS_BITS + value are the f32
+    1.5*2^23 + value, exactly; less the bias, exactly value). Bitwise sitofp's."""
+    f32 = ir.F32Type.get()
+    if c.bias_bits is None or bound > EXACT_BIAS_RANGE:
+        return arith.sitofp(f32, value)
+    return arith.subf(arith.bitcast(f32, arith.addi(value, c.bias_bits)), c.round_bias)
+
+
 def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
     """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0."""
     clamped = arith.minimumf(arith.maximumf(arith.mulf(x, inverse), c.qmin), c.qmax)
-    steps = round_even(clamped, c)
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    return arith.fptosi(ir.IntegerType.get_signless(8), arith.select(skipped, c.zero, steps))
+    return to_int(clamped, skipped, c, 8)
 
 
 def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
     """The s8 `u - 128` of W against its group's unsigned `quantize_inverse`:
     u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0."""
     clamped = arith.minimumf(arith.maximumf(arith.mulf(w, inverse), c.zero), c.umax)
-    steps = round_even(clamped, c)
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    u = arith.fptosi(ir.IntegerType.get_signless(32), arith.select(skipped, c.zero, steps))
+    u = to_int(clamped, skipped, c, 32)
     i32 = ir.IntegerType.get_signless(32)
     shifted = arith.subi(u, arith.constant(i32, W_OFFSET))
     return arith.trunci(ir.IntegerType.get_signless(8), shifted)
@@ -136,7 +166,7 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     bottom = c.zero if unsigned else _f32(-levels)
     clamped = arith.minimumf(arith.maximumf(fine, bottom), _f32(levels))
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    t = arith.fptosi(i32, arith.select(skipped, c.zero, round_even(clamped, c)))
+    t = to_int(clamped, skipped, c, 32)
     half, shift = (arith.constant(i32, v) for v in (DIGIT_BASE // 2,
                                                      DIGIT_BASE.bit_length() - 1))
     high = arith.shrsi(arith.addi(t, half), shift)
@@ -151,6 +181,16 @@ def join_digits(high: ir.Value, low: ir.Value) -> ir.Value:
     i32 = ir.IntegerType.get_signless(32)
     shift = arith.constant(i32, DIGIT_BASE.bit_length() - 1)
     return arith.addi(arith.shli(high, shift), low)
+
+
+def join_digits_f32(high: ir.Value, low: ir.Value, bound: int,
+                    c: QuantizeConstants) -> ir.Value:
+    """f32 of `join_digits` for digit sums |high|, |low| <= bound: sitofp of the int32
+    join; or, where `exact_f32` is exact for each, fma(f32(high), BASE, f32(low)),
+    one rounding of the same exact value (bitwise the same)."""
+    if c.bias_bits is None or bound > EXACT_BIAS_RANGE:
+        return arith.sitofp(ir.F32Type.get(), join_digits(high, low))
+    return math.fma(exact_f32(high, bound, c), _f32(DIGIT_BASE), exact_f32(low, bound, c))
 
 
 def digit_scale(scale: ir.Value) -> ir.Value:

@@ -10,6 +10,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, vector
 
 from ..contract import scalar_ir as contract
+from ..contract.constants import MAX_W_V_PRODUCT
 from ..fragments import DecodeKernelLayout, thread_distribution
 from .kv_access import KVView
 from .lanes import c_element, load_vector, vector_type
@@ -41,8 +42,8 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     shift = plan.w_packing[0] if plan.w_packing is not None else 0
     if plan.column_sums:
         _store_ones_rows(plan, first.w, plan.column_sums[1])
-    c = contract.quantize_constants(lanes.f32, unsigned=unsigned)
-    signed = contract.quantize_constants(lanes.f32) if unsigned else c
+    c = plan.constants(unsigned)
+    signed = plan.constants() if unsigned else c
     for members in plan.live_classes(plan.layout.group_keys(groups)):
         values = {e: w[e] for e in members}
         inverse, scale = _group_scale(plan, members, values, c, unsigned)
@@ -79,8 +80,8 @@ def _quantize_w_fed(plan: StagePlan, w: dict) -> StagedW:
     (every lane of a group holds its scale after the shuffles)."""
     numerics, groups = plan.numerics, plan.pv_layout.model
     unsigned = numerics.unsigned_w
-    c = contract.quantize_constants(plan.lanes.f32, unsigned=unsigned)
-    signed = contract.quantize_constants(plan.lanes.f32) if unsigned else c
+    c = plan.constants(unsigned)
+    signed = plan.constants() if unsigned else c
     value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
     terms = [({}, {}) for _ in range(numerics.w_terms)]       # ({element: Wq}, sw)
     for members in plan.live_classes(plan.layout.group_keys(groups)):
@@ -215,6 +216,8 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     a = _a_operands(plan, staged, "i8")
     a_second = _a_operands(plan, staged.second, "i8") if staged.second is not None else None
     live = plan.pv_live_slots()
+    c = plan.constants()
+    bound = MAX_W_V_PRODUCT[numerics.w_quant] * inst.k     # |a sum| of one MMAC, any term
     # Per term: where its scale sits (LDS or the lane, the slot whose row holds it).
     scales = [(staged, lambda i: i)]
     if numerics.w_terms == 2 and not numerics.w_digits:
@@ -236,12 +239,15 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
             elif plan.w_packing is not None:
                 values.append({i: c_element(acc, inst, plan.w_packing[1][i]) for i in live})
             if numerics.w_digits:
-                values = [{i: contract.join_digits(v, values[1][i])
+                values = [{i: contract.join_digits_f32(v, values[1][i], bound, c)
                            for i, v in values[0].items()}]
+            else:
+                values = [{i: contract.exact_f32(v, bound, c) for i, v in term.items()}
+                          for term in values]
             for regs, term_values, (term, slot) in zip(terms, values, scales):
                 for i, value in term_values.items():
                     sw = _scale(plan, term, layout.c_row(slot(i)), t)
-                    product = arith.mulf(arith.sitofp(ir.F32Type.get(), value), sw)
+                    product = arith.mulf(value, sw)
                     regs[i] = product if regs[i] is None else arith.addf(regs[i], product)
         o.append(_add_terms(terms))
     return o

@@ -14,6 +14,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math, memref, vector
 
 from ..contract import scalar_ir as contract
+from ..contract.constants import MAX_Q_K_PRODUCT
 from ..fragments import thread_distribution, xor_reduction_offsets
 from .kv_access import KVView
 from .lanes import c_element, load_vector, vector_type
@@ -37,7 +38,7 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
     offsets = xor_reduction_offsets(row_map(range(lanes.threads))[:, None])
     row = lanes.of_lane(row_map, of=lanes.thread)
     real, q_index = source(row)
-    c = contract.quantize_constants(lanes.f32)
+    c = plan.constants()
     cols = [lanes.of_lane(col_map, of=lanes.thread) for _, col_map in slots]
     values = [arith.select(real, memref.load(q, q_index + [col]), c.zero) for col in cols]
     numerics, packing = plan.numerics, plan.q_packing
@@ -138,6 +139,8 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     k_loads = [lanes.of_lane(first) for first in layout.qk_b_loads(d)]
     width = layout.qk_b_width(d)
     b_pieces = [layout.qk_b_pieces(d, step) for step in steps]
+    c = plan.constants()
+    bound = MAX_Q_K_PRODUCT * d        # |a QK sum| of any term (a digit's too)
     values, live, v_scales = {}, {}, {}
     for n in range(layout.blocks):
         k_row = kv.token_row(lanes.affine((wave_token0, 1),
@@ -166,11 +169,12 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
             if plan.q_packing is not None:
                 sums.append(c_element(accs[0], inst, plan.q_packing[1][i]))
             if plan.numerics.q_digits:
-                sums = [contract.join_digits(*sums)]
+                sums = [contract.join_digits_f32(*sums, bound, c)]
+            else:
+                sums = [contract.exact_f32(value, bound, c) for value in sums]
             score = None
             for t, value in enumerate(sums):
-                term = arith.mulf(arith.sitofp(ir.F32Type.get(), value),
-                                  operands.sq_of_row[(t, plan.row_map(element))])
+                term = arith.mulf(value, operands.sq_of_row[(t, plan.row_map(element))])
                 score = term if score is None else arith.addf(score, term)
             value = arith.mulf(score, k_scales[element])
             value = arith.mulf(value, lanes.f32(plan.softmax_scale))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from iree.compiler import ir
 
+from ..contract import scalar_ir as contract
 from ..contract.numerics import Numerics
 from ..fragments import DecodeKernelLayout, LaneMap, ScoreFeed, element_classes
 from .lanes import Lanes
@@ -56,6 +57,11 @@ class StagePlan:
     @property
     def model(self):
         return self.layout.model
+
+    def constants(self, unsigned: bool = False) -> contract.QuantizeConstants:
+        """The contract's constants for this kernel (`Lanes` builds each once), its
+        integer conversions through the round bias (`contract.to_int`, `exact_f32`)."""
+        return contract.quantize_constants(self.lanes.f32, unsigned, self.lanes.i32)
 
     @property
     def instruction(self):

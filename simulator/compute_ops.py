@@ -49,7 +49,16 @@ class ComputeOps:
     op_arith_remui = _binary(np.remainder)
     op_arith_minui = _binary(np.minimum)
     op_arith_negf = _binary(np.negative)
-    op_arith_trunci = _binary(lambda x: np.asarray(x))   # the cast wraps, as LLVM's trunc
+    def op_arith_trunci(self, op, operands):
+        # The cast wraps, as LLVM's trunc (the kernels read a level off the low bits).
+        return np.asarray(operands[0]).astype(DTYPES[_element(op.result.type)])
+
+    def op_arith_bitcast(self, op, operands):
+        # i32 <-> f32, the same bits (the conversions through the round bias).
+        dtype = DTYPES[_element(op.result.type)]
+        source = np.asarray(operands[0])
+        width = np.int32 if source.dtype.kind in "iu" else np.float32
+        return np.ascontiguousarray(source.astype(width)).view(dtype)
     op_arith_extsi = _binary(lambda x: np.asarray(x))    # integers are held signed
 
     def op_math_fma(self, op, operands):
