@@ -232,16 +232,18 @@ def partition_softmax(plan: StagePlan, scores: Scores, classes):
 def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
     """Prefill: (m', alpha, l', W) of one tile, the contract's guarded online
     softmax per row class: alpha = exp(m - m') (1 while m' = -inf),
-    p = exp(s - m'), l' = alpha l + sum p, W = p * sV."""
+    p = exp(s - m'), l' = alpha l + sum p, W = p * sV; exp the target's fastest
+    (`TargetSpec.exp`)."""
     lanes = plan.lanes
     m_new, alpha, l_new, p = [], [], [], {}
     for c, members in enumerate(classes):
         running = arith.maximumf(m[c], row_reduce(plan, scores.values, members,
                                                   arith.maximumf))
         dead = arith.cmpf(arith.CmpFPredicate.OEQ, running, lanes.f32(float("-inf")))
-        alpha.append(arith.select(dead, lanes.f32(1.0), math.exp(arith.subf(m[c], running))))
+        exp = lambda x: plan.spec.exp(x, lanes.f32)
+        alpha.append(arith.select(dead, lanes.f32(1.0), exp(arith.subf(m[c], running))))
         for e in members:
-            p[e] = arith.select(scores.live[e], math.exp(arith.subf(scores.values[e], running)),
+            p[e] = arith.select(scores.live[e], exp(arith.subf(scores.values[e], running)),
                                 lanes.f32(0.0))
         m_new.append(running)
         l_new.append(arith.addf(arith.mulf(alpha[c], l[c]),

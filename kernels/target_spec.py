@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from iree.compiler import ir
-from iree.compiler.dialects import amdgpu, llvm, vector
+from iree.compiler.dialects import amdgpu, arith, llvm, math, vector
 
 from ..contract.numerics import KERNEL_NUMERICS, Numerics
 from ..fragments import (PV_ATOMS, FragmentModel, MatrixInstruction, bf16_pv_model,
@@ -76,6 +76,10 @@ def _mmac_intrinsic(instruction: MatrixInstruction, a, b, c) -> ir.Value:
                                 [as_i64(a), as_i64(b), c], [], []).result
 
 
+LOG2_E = 1.4426950408889634
+# PTX's ex2.approx.f32 (subnormals kept); the simulator evaluates these as exp2.
+EXP2_INTRINSICS = {"cuda": "llvm.nvvm.ex2.approx.f32"}
+
 MmaEmitter = Callable[[MatrixInstruction, ir.Value, ir.Value, ir.Value], ir.Value]
 
 
@@ -104,6 +108,10 @@ class TargetSpec:
     # which IREE's LLVM translates in place of the target's own (renamed back in
     # the IR the `llvm` stage writes): (name, number of trailing zero immediates).
     llvm_stand_in: tuple[str, int] | None = None
+    # The hardware's approximate exp2 (an LLVM intrinsic f32 -> f32), which the
+    # prefill's online softmax takes exp from; None: math.exp (IREE expands it into
+    # a polynomial with two conversions).
+    exp2_intrinsic: str | None = None
 
     @property
     def wave_size(self) -> int:
@@ -156,6 +164,16 @@ class TargetSpec:
         numerics.check_head_dim(head_dim)
         return numerics
 
+    def exp(self, x: ir.Value, lanes_f32) -> ir.Value:
+        """exp(x) as the target computes it fastest: exp2(x * log2 e) on the hardware's
+        exp2 where it has one (a few ulps from exp; the references' rounding-tie
+        window covers W's), else math.exp. `lanes_f32` builds an f32 constant."""
+        if self.exp2_intrinsic is None:
+            return math.exp(x)
+        scaled = arith.mulf(x, lanes_f32(LOG2_E))
+        return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [scaled],
+                                    [], []).result
+
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         if not tuning.workgroups_per_sm:
             return {}
@@ -180,7 +198,8 @@ TARGET_SPECS: dict[str, TargetSpec] = {
                             merge_unroll=2),
         # a lane's V loads and output accumulators grow with D: fewer workgroups
         # fit without spilling
-        occupancy_by_head_dim=((64, 7), (128, 6), (256, 4))),
+        occupancy_by_head_dim=((64, 7), (128, 6), (256, 4)),
+        exp2_intrinsic=EXP2_INTRINSICS["cuda"]),
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
+from ..kernels.target_spec import EXP2_INTRINSICS
 from .isa import matrix_instruction, table_for
 from .memory import DTYPES, SimulationError, _element
 
@@ -171,6 +172,9 @@ class ComputeOps:
 
     def op_llvm_call_intrinsic(self, op, operands):
         name = ir.StringAttr(op.attributes["intrin"]).value
+        if name in EXP2_INTRINSICS.values():
+            with np.errstate(over="ignore"):
+                return np.exp2(np.asarray(operands[0], np.float32))
         if name not in INTRINSICS:
             raise SimulationError(f"unknown intrinsic {name}")
         a, b, c = operands
