@@ -184,7 +184,10 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
         wave_token0 = lanes.index(0)        # every wave reads the whole tile
         scores = qk(plan, operands, tile_kv, wave_token0, live)
         m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
-        tile_o = pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0, VSource()))
+        # V loaded per 16-column tile just before its MMACs: fewer live registers
+        # (the H200: INT8 the same, the BF16 twin 6% faster at 3 workgroups per SM).
+        tile_o = pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0,
+                                           VSource(per_tile=True)))
         alpha_of = _per_pv_slot(plan, alpha, classes, slots)
         o_new = []
         for tile in range(tiles):
@@ -283,11 +286,11 @@ def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetS
         access = PagedPrefillKV(shape, model.wave_tokens, model.v_load.bytes_per_lane)
     else:
         access = PrefillKV(shape, model.wave_tokens)
-    # No occupancy hint: the kernel carries o, m and l across the tile loop.
     kernel = PrefillKernel(access, spec, spec.resolve_numerics(numerics, shape.head_dim), pv,
                            pv_atom, feed_w)
     module = ir.Module.create()
     built = PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
     with ir.InsertionPoint(module.body):
-        build_kernel(built.abi[0], kernel.build, spec.wave_size)
+        build_kernel(built.abi[0], kernel.build, spec.wave_size,
+                     spec.occupancy_attributes(spec.prefill_workgroups_per_sm))
     return built

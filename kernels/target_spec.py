@@ -112,6 +112,8 @@ class TargetSpec:
     # prefill's online softmax takes exp from; None: math.exp (IREE expands it into
     # a polynomial with two conversions).
     exp2_intrinsic: str | None = None
+    # Workgroups per SM the prefill kernel is built for (0: the backend's choice).
+    prefill_workgroups_per_sm: int = 0
 
     @property
     def wave_size(self) -> int:
@@ -175,9 +177,13 @@ class TargetSpec:
                                     [], []).result
 
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
-        if not tuning.workgroups_per_sm:
+        return self.occupancy_attributes(tuning.workgroups_per_sm)
+
+    def occupancy_attributes(self, workgroups_per_sm: int) -> dict[str, str]:
+        """The kernel attribute asking for `workgroups_per_sm` (none for 0)."""
+        if not workgroups_per_sm:
             return {}
-        return {self.occupancy_attribute: f"{tuning.workgroups_per_sm} : i32"}
+        return {self.occupancy_attribute: f"{workgroups_per_sm} : i32"}
 
 
 # Measured on the H200 (benchmarks/results-h200-paged.md); the AMD targets take
@@ -199,7 +205,10 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # a lane's V loads and output accumulators grow with D: fewer workgroups
         # fit without spilling
         occupancy_by_head_dim=((64, 7), (128, 6), (256, 4)),
-        exp2_intrinsic=EXP2_INTRINSICS["cuda"]),
+        exp2_intrinsic=EXP2_INTRINSICS["cuda"],
+        # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
+        # 16K in 13.4 ms against 15.9 (4: 14.8; benchmarks/results-h200-prefill.md)
+        prefill_workgroups_per_sm=3),
 }
 
 
