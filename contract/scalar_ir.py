@@ -110,16 +110,20 @@ def round_even(x: ir.Value, c: QuantizeConstants) -> ir.Value:
     return arith.subf(arith.addf(x, c.round_bias), c.round_bias)
 
 
-def to_int(clamped: ir.Value, skipped: ir.Value, c: QuantizeConstants,
+def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
            width: int) -> ir.Value:
     """The i`width` roundeven(clamped) (clamped to a level range within 2^22), 0 where
-    `skipped`: fptosi of `round_even`; or, with `c.bias_bits`, the bits of the biased
-    sum less the bias's bits: 1.5*2^23 + n has the bits ROUND_BIAS_BITS + n (an add
-    and an integer subtract, where the GPUs convert at a quarter of their f32 rate)."""
+    the group's `inverse` is 0: fptosi of `round_even`; or, with `c.bias_bits`, the
+    bits of the biased sum less the bias's bits: 1.5*2^23 + n has the bits
+    ROUND_BIAS_BITS + n (an add and an integer subtract, where the GPUs convert at a
+    quarter of their f32 rate)."""
     int_type = ir.IntegerType.get_signless(width)
     if c.bias_bits is None:
-        return arith.fptosi(int_type, arith.select(skipped, c.zero, round_even(clamped, c)))
+        steps = round_even(clamped, c)
+        skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
+        return arith.fptosi(int_type, arith.select(skipped, c.zero, steps))
     i32 = ir.IntegerType.get_signless(32)
+    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
     biased = arith.addf(arith.select(skipped, c.zero, clamped), c.round_bias)
     value = arith.subi(arith.bitcast(i32, biased), c.bias_bits)
     return value if width == 32 else arith.trunci(int_type, value)
@@ -138,16 +142,14 @@ def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants) -> ir.Value:
 def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
     """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0."""
     clamped = arith.minimumf(arith.maximumf(arith.mulf(x, inverse), c.qmin), c.qmax)
-    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    return to_int(clamped, skipped, c, 8)
+    return to_int(clamped, inverse, c, 8)
 
 
 def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
     """The s8 `u - 128` of W against its group's unsigned `quantize_inverse`:
     u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0."""
     clamped = arith.minimumf(arith.maximumf(arith.mulf(w, inverse), c.zero), c.umax)
-    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    u = to_int(clamped, skipped, c, 32)
+    u = to_int(clamped, inverse, c, 32)
     i32 = ir.IntegerType.get_signless(32)
     shifted = arith.subi(u, arith.constant(i32, W_OFFSET))
     return arith.trunci(ir.IntegerType.get_signless(8), shifted)
@@ -165,8 +167,7 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     fine = arith.mulf(w, arith.mulf(inverse, _f32(DIGIT_BASE)))   # exact: a power of two
     bottom = c.zero if unsigned else _f32(-levels)
     clamped = arith.minimumf(arith.maximumf(fine, bottom), _f32(levels))
-    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    t = to_int(clamped, skipped, c, 32)
+    t = to_int(clamped, inverse, c, 32)
     half, shift = (arith.constant(i32, v) for v in (DIGIT_BASE // 2,
                                                      DIGIT_BASE.bit_length() - 1))
     high = arith.shrsi(arith.addi(t, half), shift)
