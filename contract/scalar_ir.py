@@ -129,14 +129,24 @@ def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     return value if width == 32 else arith.trunci(int_type, value)
 
 
-def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants) -> ir.Value:
-    """f32 of an i32 sum with |value| <= bound: sitofp; or, with `c.bias_bits` and
-    bound <= 2^22, `to_int` backwards (the bits ROUND_BIAS_BITS + value are the f32
-    1.5*2^23 + value, exactly; less the bias, exactly value). Bitwise sitofp's."""
+def through_bias(bound: int, c: QuantizeConstants) -> bool:
+    """Does an i32 sum with |sum| <= bound cross to f32 through the bias's bits (a
+    lane kernel's constants, bound <= 2^22)? Then its MMAs may start from
+    ROUND_BIAS_BITS instead of 0 (`exact_f32(..., biased=True)`)."""
+    return c.bias_bits is not None and bound <= EXACT_BIAS_RANGE
+
+
+def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants,
+              biased: bool = False) -> ir.Value:
+    """f32 of an i32 sum with |value| <= bound: sitofp; or, where `through_bias`,
+    `to_int` backwards (the bits ROUND_BIAS_BITS + value are the f32 1.5*2^23 + value,
+    exactly; less the bias, exactly value). `biased`: `value` already holds
+    ROUND_BIAS_BITS + the sum (its MMA started from it). Bitwise sitofp's."""
     f32 = ir.F32Type.get()
-    if c.bias_bits is None or bound > EXACT_BIAS_RANGE:
+    if not through_bias(bound, c):
         return arith.sitofp(f32, value)
-    return arith.subf(arith.bitcast(f32, arith.addi(value, c.bias_bits)), c.round_bias)
+    bits = value if biased else arith.addi(value, c.bias_bits)
+    return arith.subf(arith.bitcast(f32, bits), c.round_bias)
 
 
 def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
@@ -184,14 +194,15 @@ def join_digits(high: ir.Value, low: ir.Value) -> ir.Value:
     return arith.addi(arith.shli(high, shift), low)
 
 
-def join_digits_f32(high: ir.Value, low: ir.Value, bound: int,
-                    c: QuantizeConstants) -> ir.Value:
+def join_digits_f32(high: ir.Value, low: ir.Value, bound: int, c: QuantizeConstants,
+                    biased: bool = False) -> ir.Value:
     """f32 of `join_digits` for digit sums |high|, |low| <= bound: sitofp of the int32
-    join; or, where `exact_f32` is exact for each, fma(f32(high), BASE, f32(low)),
-    one rounding of the same exact value (bitwise the same)."""
-    if c.bias_bits is None or bound > EXACT_BIAS_RANGE:
+    join; or, where `through_bias`, fma(f32(high), BASE, f32(low)), one rounding of
+    the same exact value (bitwise the same); `biased` as for `exact_f32`."""
+    if not through_bias(bound, c):
         return arith.sitofp(ir.F32Type.get(), join_digits(high, low))
-    return math.fma(exact_f32(high, bound, c), _f32(DIGIT_BASE), exact_f32(low, bound, c))
+    return math.fma(exact_f32(high, bound, c, biased), _f32(DIGIT_BASE),
+                    exact_f32(low, bound, c, biased))
 
 
 def digit_scale(scale: ir.Value) -> ir.Value:

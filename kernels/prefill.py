@@ -259,6 +259,14 @@ class PrefillKernels:
                           (self.row_blocks, s.kv_heads, s.batch), self.threads),)
 
     @property
+    def workgroups(self) -> int | None:
+        """The grid's workgroups, where the shape fixes them (not over the pool)."""
+        if isinstance(self.access, PagedPrefillKV):
+            return None
+        s = self.shape
+        return self.row_blocks * s.kv_heads * s.batch
+
+    @property
     def row_blocks(self) -> int:
         s = self.shape
         return ceil_div(NUMPY_OPS, s.query_tokens * s.rows, self.rows_per_workgroup)
@@ -292,5 +300,5 @@ def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetS
     built = PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
     with ir.InsertionPoint(module.body):
         build_kernel(built.abi[0], kernel.build, spec.wave_size,
-                     spec.occupancy_attributes(spec.prefill_workgroups_per_sm))
+                     spec.prefill_attributes(built.workgroups))
     return built

@@ -10,7 +10,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, vector
 
 from ..contract import scalar_ir as contract
-from ..contract.constants import MAX_W_V_PRODUCT
+from ..contract.constants import MAX_W_V_PRODUCT, ROUND_BIAS_BITS
 from ..fragments import DecodeKernelLayout, thread_distribution
 from .kv_access import KVView
 from .lanes import c_element, load_vector, vector_type
@@ -218,6 +218,11 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     live = plan.pv_live_slots()
     c = plan.constants()
     bound = MAX_W_V_PRODUCT[numerics.w_quant] * inst.k     # |a sum| of one MMAC, any term
+    # The MMACs start from the bias's bits where the sums cross to f32 through them,
+    # but not where a column sum shares their accumulator (it must stay unbiased).
+    biased = contract.through_bias(bound, c) and not plan.column_sums
+    init = (lanes.splat(inst.c_vector, "i32", ROUND_BIAS_BITS) if biased
+            else lanes.zeros(inst.c_vector, "i32"))
     # Per term: where its scale sits (LDS or the lane, the slot whose row holds it).
     scales = [(staged, lambda i: i)]
     if numerics.w_terms == 2 and not numerics.w_digits:
@@ -228,21 +233,21 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
         terms = [[None] * inst.c.slots for _ in scales]
         for t in range(layout.model.mmacs_per_wave):
             bv = lanes.assemble(_v_runs(layout, loads, t), inst.b_vector)
-            acc = plan.mma(layout, a[t], bv, lanes.zeros(inst.c_vector, "i32"))
+            acc = plan.mma(layout, a[t], bv, init)
             sums = _column_sums(plan, acc, bv)
             values = [{i: c_element(acc, inst, i) for i in live}]
             if sums is not None:
                 values[0] = {i: contract.unsigned_offset(v, sums[i]) for i, v in values[0].items()}
             if a_second is not None:
-                second = plan.mma(layout, a_second[t], bv, lanes.zeros(inst.c_vector, "i32"))
+                second = plan.mma(layout, a_second[t], bv, init)
                 values.append({i: c_element(second, inst, i) for i in live})
             elif plan.w_packing is not None:
                 values.append({i: c_element(acc, inst, plan.w_packing[1][i]) for i in live})
             if numerics.w_digits:
-                values = [{i: contract.join_digits_f32(v, values[1][i], bound, c)
+                values = [{i: contract.join_digits_f32(v, values[1][i], bound, c, biased)
                            for i, v in values[0].items()}]
             else:
-                values = [{i: contract.exact_f32(v, bound, c) for i, v in term.items()}
+                values = [{i: contract.exact_f32(v, bound, c, biased) for i, v in term.items()}
                           for term in values]
             for regs, term_values, (term, slot) in zip(terms, values, scales):
                 for i, value in term_values.items():

@@ -14,7 +14,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math, memref, vector
 
 from ..contract import scalar_ir as contract
-from ..contract.constants import MAX_Q_K_PRODUCT
+from ..contract.constants import MAX_Q_K_PRODUCT, ROUND_BIAS_BITS
 from ..fragments import thread_distribution, xor_reduction_offsets
 from .kv_access import KVView
 from .lanes import c_element, load_vector, vector_type
@@ -141,6 +141,9 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     b_pieces = [layout.qk_b_pieces(d, step) for step in steps]
     c = plan.constants()
     bound = MAX_Q_K_PRODUCT * d        # |a QK sum| of any term (a digit's too)
+    biased = contract.through_bias(bound, c)      # the MMAs start from the bias's bits
+    init = (lanes.splat(inst.c_vector, "i32", ROUND_BIAS_BITS) if biased
+            else lanes.zeros(inst.c_vector, "i32"))
     values, live, v_scales = {}, {}, {}
     for n in range(layout.blocks):
         k_row = kv.token_row(lanes.affine((wave_token0, 1),
@@ -152,7 +155,7 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
         rows = {e: kv.token_row(local_token(plan, wave_token0, e)) for e in elements}
         k_scales = {e: memref.load(kv.k_scale, rows[e]) for e in elements}
         v_scales.update({e: memref.load(kv.v_scale, rows[e]) for e in elements})
-        accs = [lanes.zeros(inst.c_vector, "i32") for _ in operands.a_steps]
+        accs = [init for _ in operands.a_steps]
         for step in steps:
             pieces = [vector.extract_strided_slice(vector_type(length, "i8"), loads[load],
                                                    [start], [length], [1])
@@ -169,9 +172,9 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
             if plan.q_packing is not None:
                 sums.append(c_element(accs[0], inst, plan.q_packing[1][i]))
             if plan.numerics.q_digits:
-                sums = [contract.join_digits_f32(*sums, bound, c)]
+                sums = [contract.join_digits_f32(*sums, bound, c, biased)]
             else:
-                sums = [contract.exact_f32(value, bound, c) for value in sums]
+                sums = [contract.exact_f32(value, bound, c, biased) for value in sums]
             score = None
             for t, value in enumerate(sums):
                 term = arith.mulf(value, operands.sq_of_row[(t, plan.row_map(element))])

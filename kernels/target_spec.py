@@ -112,8 +112,11 @@ class TargetSpec:
     # prefill's online softmax takes exp from; None: math.exp (IREE expands it into
     # a polynomial with two conversions).
     exp2_intrinsic: str | None = None
-    # Workgroups per SM the prefill kernel is built for (0: the backend's choice).
+    # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and
+    # the SMs of the GPU that was measured on: a grid too small to fill that many per
+    # SM is left to the backend (the cap only costs registers there).
     prefill_workgroups_per_sm: int = 0
+    measured_sms: int = 0
 
     @property
     def wave_size(self) -> int:
@@ -179,6 +182,14 @@ class TargetSpec:
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         return self.occupancy_attributes(tuning.workgroups_per_sm)
 
+    def prefill_attributes(self, workgroups: int | None) -> dict[str, str]:
+        """The prefill kernel's occupancy hint for a grid of `workgroups` (None: known
+        only at run time, a paged prefill's batch)."""
+        wanted = self.prefill_workgroups_per_sm
+        if workgroups is not None and workgroups < wanted * self.measured_sms:
+            return {}
+        return self.occupancy_attributes(wanted)
+
     def occupancy_attributes(self, workgroups_per_sm: int) -> dict[str, str]:
         """The kernel attribute asking for `workgroups_per_sm` (none for 0)."""
         if not workgroups_per_sm:
@@ -207,8 +218,9 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         occupancy_by_head_dim=((64, 7), (128, 6), (256, 4)),
         exp2_intrinsic=EXP2_INTRINSICS["cuda"],
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
-        # 16K in 13.4 ms against 15.9 (4: 14.8; benchmarks/results-h200-prefill.md)
-        prefill_workgroups_per_sm=3),
+        # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
+        # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)
+        prefill_workgroups_per_sm=3, measured_sms=132),
 }
 
 

@@ -8,6 +8,8 @@
 // A tile: QK is 8 token blocks x 4 K steps and PV 2 MMACs x 16 head-dim tiles, as for
 // one term, and each pair of sums is joined (high << 8) + low before one conversion.
 // CHECK-LABEL: func.func @decode_partition
+// The MMAs' starting accumulator: the round bias's bits (below).
+// CHECK: %[[INIT:.*]] = arith.constant dense<1262485504> : vector<2x2xi32>
 // The query rows: t = roundeven(clamp(q * inv * 256)), read off the bits of
 // t + 1.5*2^23 (contract.to_int); high = (t + 128) >> 8, low = t - (high << 8), as i8.
 // CHECK: %[[BIASED:.*]] = arith.addf %{{.*}}, %[[BIAS:cst_[0-9]+]] : f32
@@ -20,25 +22,24 @@
 // CHECK-NEXT: arith.trunci %[[HIGH]] : i32 to i8
 // CHECK-NEXT: arith.trunci %[[LOW]] : i32 to i8
 // A score: the high digit's sum (C row g) and the low digit's (row g + 8) of one MMA
-// (the 32 QK MMAs are issued before the first score is read), each to f32 through the
-// bias's bits (contract.exact_f32), joined high * 256 + low in one fma.
+// (the 32 QK MMAs are issued before the first score is read). The MMAs start from
+// the bias's bits, so each sum's bits are the f32 1.5*2^23 + sum (contract.exact_f32):
+// less the bias, then joined high * 256 + low in one fma.
 // CHECK-COUNT-31: nvgpu.mma.sync
-// CHECK: %[[QK:.*]] = nvgpu.mma.sync
+// CHECK: %[[QK:.*]] = nvgpu.mma.sync(%{{.*}}, %{{.*}}, %{{.*}}) {{.*}} -> vector<2x2xi32>
 // CHECK-NEXT: %[[QH:.*]] = vector.extract %[[QK]][0, 0] : i32 from vector<2x2xi32>
 // CHECK-NEXT: %[[QL:.*]] = vector.extract %[[QK]][1, 0] : i32 from vector<2x2xi32>
-// CHECK-NEXT: %[[QHB:.*]] = arith.addi %[[QH]], %c1262485504_i32 : i32
-// CHECK-NEXT: %[[QHF:.*]] = arith.bitcast %[[QHB]] : i32 to f32
+// CHECK-NEXT: %[[QHF:.*]] = arith.bitcast %[[QH]] : i32 to f32
 // CHECK-NEXT: %[[QHX:.*]] = arith.subf %[[QHF]], %[[BIAS]] : f32
-// CHECK-NEXT: %[[QLB:.*]] = arith.addi %[[QL]], %c1262485504_i32 : i32
-// CHECK-NEXT: %[[QLF:.*]] = arith.bitcast %[[QLB]] : i32 to f32
+// CHECK-NEXT: %[[QLF:.*]] = arith.bitcast %[[QL]] : i32 to f32
 // CHECK-NEXT: %[[QLX:.*]] = arith.subf %[[QLF]], %[[BIAS]] : f32
 // CHECK-NEXT: math.fma %[[QHX]], %{{.*}}, %[[QLX]] : f32
 // PV the same way, scaled by sW1 / 256 per (row, MMAC).
-// CHECK: %[[PV:.*]] = nvgpu.mma.sync
+// CHECK: %[[PV:.*]] = nvgpu.mma.sync(%{{.*}}, %{{.*}}, %[[INIT]])
 // CHECK: %[[WH:.*]] = vector.extract %[[PV]][0, 0] : i32 from vector<2x2xi32>
 // CHECK: %[[WL:.*]] = vector.extract %[[PV]][1, 0] : i32 from vector<2x2xi32>
-// CHECK: arith.addi %[[WH]], %c1262485504_i32 : i32
-// CHECK: arith.addi %[[WL]], %c1262485504_i32 : i32
+// CHECK: arith.bitcast %[[WH]] : i32 to f32
+// CHECK: arith.bitcast %[[WL]] : i32 to f32
 // CHECK: math.fma
 // CHECK-LABEL: stream.executable private @decode_merge
 
