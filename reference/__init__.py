@@ -28,7 +28,7 @@ from .error_model import (TIE_WINDOW, bf16_rounding_error_scale,
 from .error_split import TERMS, error_split
 from .exact import exact_attention
 from .key_bias import channel_bias, quantize_keys, subtract_bias
-from .fragment import fragment_attention, fragment_softmax_pv
+from .fragment import fixed_p_scale_attention, fragment_attention, fragment_softmax_pv
 from .paged import (exact_paged_attention, fragment_paged_attention,
                     paged_cache_write, sequence_cache)
 
@@ -37,6 +37,6 @@ __all__ = ["Numerics", "SEED_NUMERICS", "TERMS", "error_split", "PV_MODES", "PVK
            "quantize_w_terms", "w_residual", "TIE_WINDOW", "quantize",
            "quantize_cache", "round_to_bf16", "channel_bias", "quantize_keys", "subtract_bias",
            "exact_attention", "fragment_attention", "exact_paged_attention",
-           "fragment_paged_attention", "paged_cache_write", "sequence_cache", "fragment_softmax_pv", "w_quantization_error_scale",
+           "fragment_paged_attention", "paged_cache_write", "sequence_cache", "fragment_softmax_pv", "fixed_p_scale_attention", "w_quantization_error_scale",
            "qk_quantization_error_scale", "qk_quantization_error_bound", "bf16_rounding_error_scale",
            "rounding_tie_slack"]

@@ -149,9 +149,31 @@ def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
     if mode == "decode":
         numerator = np.einsum("bhrn,bhrnd->bhrd", st.alpha, partial).astype(F32)
         return (numerator / st.alpha.sum(axis=-1, dtype=F32)[..., None]).astype(F32)
+    return _online_output(st, partial)
+
+
+def _online_output(st: Blocks, partial: np.ndarray) -> np.ndarray:
+    """Prefill: o' = alpha o + PV_n and l' = alpha l + sum p over the tiles, O = o / l."""
     o = np.zeros(partial.shape[:3] + partial.shape[4:], dtype=F32)
     l = np.zeros(partial.shape[:3], dtype=F32)
     for n in range(partial.shape[3]):               # the loop's order of operations
         o = st.alpha[..., n, None] * o + partial[:, :, :, n]
         l = st.alpha[..., n] * l + st.l[..., n]
     return (o / l[..., None]).astype(F32)
+
+
+def fixed_p_scale_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *,
+                            tile_tokens: int = 64,
+                            numerics: Numerics = Numerics()) -> np.ndarray:
+    """Causal prefill as the contract computes it but for PV: the tile's p = exp(s - m)
+    (in [0, 1]) quantized with the fixed scale 1/127 (INT-FlashAttention's INT8 P),
+    Pq = roundeven(127 p), and O accumulated from (Pq / 127) * sV * Vq in f32. The
+    comparison point for the contract's per-MMAC dynamic W scales: the same scores,
+    online softmax and l; only how the weights are quantized differs."""
+    scores = int8_scores(q, k, k_scale, softmax_scale, numerics=numerics)
+    st = prefill_blocks(scores, v, v_scale, tile_tokens)
+    _, _, v_scales = _split(scores, v, v_scale, tile_tokens)               # [B,Hkv,N,T]
+    levels = np.rint(st.p * F32(127)).astype(F32)
+    fixed = (levels / F32(127)) * v_scales[:, :, None]
+    partial = float_pv(fixed.astype(F32), st.v_blocks, "f32")
+    return _online_output(st, partial).reshape(q.shape)
