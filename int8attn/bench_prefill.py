@@ -3,7 +3,9 @@
 Cases: causal prefill without history (Sq = S) at each context, and a
 history case (`--history` cached tokens + `--new-tokens` new ones). Per case
 the INT8-PV kernel module and its BF16-PV twin (one module each: the dense
-prefill graph has static shapes) and torch SDPA on the same data in bf16
+prefill graph has static shapes), the INT8 kernel as a chunked prefill over a
+paged pool holding the same cache (BLOCK_SIZE-token blocks, shuffled), and
+torch SDPA on the same data in bf16
 (causal, aligned to the end of the sequence). For each: device time of all
 kernels of a call (CUPTI; the host function's V transpose included, the
 prefill kernel alone in the JSON), TFLOP/s on the causal work (4·D flops per
@@ -29,6 +31,10 @@ from .bench_harness import (
 from .contract.numerics import SEED_NUMERICS
 
 PV = ("int8", "bf16")
+# The INT8 kernel again, as a chunked prefill over a paged pool of BLOCK_SIZE-token
+# blocks in shuffled order (the same data; the same kernel reading through the table).
+PAGED = "paged"
+BLOCK_SIZE = 16
 CHECK_TOKENS = 64
 HISTORY, NEW_TOKENS = 8192, 512   # the history case, unless --history / --new-tokens
 # The numerics `prepare` compiles the modules with and `run` checks them against: the
@@ -45,7 +51,7 @@ class PrefillCase:
     name: str
     tokens: int
     query_tokens: int
-    variants: tuple[str, ...] = PV
+    variants: tuple[str, ...] = PV + (PAGED,)
 
     def manifest_entry(self) -> list:
         """The case as the manifest lists it: [name, S, Sq]."""
@@ -65,8 +71,8 @@ def manifest_cases(meta: dict) -> list[PrefillCase]:
             for name, tokens, query_tokens in meta["cases"]]
 
 
-def _module_name(pv: str, tokens: int, query_tokens: int) -> str:
-    return f"prefill_{pv}_{tokens}_{query_tokens}.vmfb"
+def _module_name(variant: str, tokens: int, query_tokens: int) -> str:
+    return f"prefill_{variant}_{tokens}_{query_tokens}.vmfb"
 
 
 def module_files(meta: dict) -> list[str]:
@@ -80,19 +86,23 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
     from .driver.compile import compile
     from .driver.graph import prefill_graph
     from .driver.options import CompileOptions
+    from .driver.paged_decode import paged_attention_graph
 
     directory.mkdir(parents=True, exist_ok=True)
     all_cases = cases(contexts, history, new_tokens)
     for case in all_cases:
-        source = prefill_graph(batch, q_heads, kv_heads, case.tokens, case.query_tokens,
-                               head_dim)
-        for pv in case.variants:
+        dense = prefill_graph(batch, q_heads, kv_heads, case.tokens, case.query_tokens,
+                              head_dim)
+        paged = paged_attention_graph(q_heads, kv_heads, head_dim, BLOCK_SIZE,
+                                      query_tokens=case.query_tokens, name="prefill")
+        for variant in case.variants:
+            pv = "int8" if variant == PAGED else variant
             options = CompileOptions(target="cuda", pv=pv, **dataclasses.asdict(NUMERICS))
-            compiled = compile(source, options,
+            compiled = compile(paged if variant == PAGED else dense, options,
                                filename=f"prefill_{case.tokens}.mlir", until="ptx")
-            (directory / _module_name(pv, case.tokens, case.query_tokens)).write_bytes(
+            (directory / _module_name(variant, case.tokens, case.query_tokens)).write_bytes(
                 compiled.artifacts["vmfb"])
-            print(f"prepared prefill {pv} {case.name}", flush=True)
+            print(f"prepared prefill {variant} {case.name}", flush=True)
     (directory / MANIFEST).write_text(json.dumps(dict(
         cases=[case.manifest_entry() for case in all_cases], batch=batch, q_heads=q_heads, kv_heads=kv_heads,
         head_dim=head_dim)))
@@ -108,6 +118,36 @@ def inputs(seed: int, batch, q_heads, kv_heads, tokens, query_tokens, head_dim):
     v, v_scale = quantize_cache(rng.standard_normal((batch, kv_heads, tokens, head_dim),
                                                     dtype=np.float32))
     return q, k, k_scale, v, v_scale
+
+
+def block_pool(rng, k, k_scale, v, v_scale, block_size: int = BLOCK_SIZE):
+    """The dense cache [B, Hkv, S, D] as a paged pool: each sequence's blocks (the last
+    one zero-padded) at shuffled pool rows, V token-innermost; (k_cache, k_scale,
+    v_cache, v_scale, block_tables, context_lens)."""
+    from .fragments.cache_layout import CacheLayout
+
+    batch, kv_heads, tokens, head_dim = k.shape
+    layout = CacheLayout.paged(block_size)
+    per_sequence = layout.blocks_needed(tokens)
+    padded = per_sequence * block_size
+    order = rng.permutation(batch * per_sequence).astype(np.int32)
+
+    def blocks(x, token_axis_last=False):
+        pad = [(0, 0)] * x.ndim
+        pad[2] = (0, padded - tokens)
+        x = np.pad(x, pad).reshape(batch, kv_heads, per_sequence, block_size, *x.shape[3:])
+        x = np.moveaxis(x, 2, 1).reshape(batch * per_sequence, kv_heads, block_size,
+                                         *x.shape[4:])
+        if token_axis_last:                        # V: [NB, Hkv, D, BS]
+            x = np.swapaxes(x, 2, 3)
+        pool = np.empty_like(x)
+        pool[order] = x
+        return np.ascontiguousarray(pool)
+
+    tables = order.reshape(batch, per_sequence)
+    lengths = np.full(batch, tokens, np.int32)
+    return (blocks(k), blocks(k_scale), blocks(v, token_axis_last=True), blocks(v_scale),
+            tables, lengths)
 
 
 def causal_pairs(tokens: int, query_tokens: int) -> int:
@@ -180,12 +220,19 @@ def run_case(case: PrefillCase, directory: Path, meta: dict, device, timer: Time
                causal_flops=flops, seed=seed + case.tokens,
                **{k: meta[k] for k in ("batch", "q_heads", "kv_heads", "head_dim")})
     outputs = {}
-    for pv in case.variants:
-        fn = device.load(directory / _module_name(pv, case.tokens, case.query_tokens),
+    for variant in case.variants:
+        fn = device.load(directory / _module_name(variant, case.tokens, case.query_tokens),
                          "prefill")
-        outputs[pv] = measure(row, pv, fn, device_args,
-                              lambda out: Check(*check_slices(out, arrays, scale, pv)), timer,
-                              record="kernels")
+        pv = "int8" if variant == PAGED else variant
+        args = device_args
+        if variant == PAGED:
+            pool = block_pool(np.random.default_rng(seed + case.tokens), *arrays[1:])
+            args = device.put([arrays[0], *pool])
+        outputs[variant] = measure(row, variant, fn, args,
+                                   lambda out: Check(*check_slices(out, arrays, scale, pv)),
+                                   timer, record="kernels")
+    if PAGED in outputs:
+        row["paged_vs_dense_max_abs"] = float(np.abs(outputs[PAGED] - outputs["int8"]).max())
     diff = (outputs["int8"] - outputs["bf16"]).astype(np.float64)
     row["int8_vs_bf16_max_abs"] = float(np.abs(diff).max())
     row["int8_vs_bf16_rms"] = float(np.sqrt(np.mean(diff ** 2)))
@@ -205,7 +252,14 @@ def run(directory: Path, seed: int = 0, warmup: int = 3, iterations: int = 20, *
 
 
 def _checked(r) -> str:
-    return "yes" if r["int8_within_tolerance"] and r["bf16_within_tolerance"] else "NO"
+    variants = [v for v in PV + (PAGED,) if f"{v}_within_tolerance" in r]
+    return "yes" if all(r[f"{v}_within_tolerance"] for v in variants) else "NO"
+
+
+def _paged(r) -> str:
+    if "paged_s" not in r:
+        return "-"
+    return f"{r['paged_s'] * 1e3:.2f} ({r['paged_s'] / r['int8_s']:.2f}x)"
 
 
 COLUMNS = (
@@ -215,6 +269,7 @@ COLUMNS = (
     Column("TFLOP/s", lambda r: f"{r['causal_flops'] / r['int8_s'] / 1e12:.1f}"),
     Column("BF16 PV (ms)", lambda r: f"{r['bf16_s'] * 1e3:.2f}"),
     Column("INT8/BF16", lambda r: f"{r['bf16_s'] / r['int8_s']:.2f}x"),
+    Column(f"INT8 chunked, paged BS {BLOCK_SIZE} (ms, vs dense)", _paged),
     Column("torch SDPA bf16 (ms)", lambda r: f"{nan_or(r['torch_sdpa_bf16_s']) * 1e3:.2f}"),
     Column("vs SDPA", lambda r: f"{nan_or(r['torch_sdpa_bf16_s']) / r['int8_s']:.2f}x"),
     Column("max abs vs fragment (INT8 / BF16)",

@@ -83,6 +83,8 @@ PREFILL_ROWS = [
          int8_s=1.0e-3, int8_kernels_s={"prefill": 9.0e-4, "transpose": 1.0e-4},
          bf16_max_abs_vs_fragment=3.0e-7, bf16_within_tolerance=True, bf16_wall_s=1.3e-3,
          bf16_s=1.2e-3, bf16_kernels_s={"prefill_bf16": 1.1e-3},
+         paged_max_abs_vs_fragment=2.0e-6, paged_within_tolerance=True, paged_wall_s=1.2e-3,
+         paged_s=1.05e-3, paged_kernels_s={"prefill": 1.05e-3}, paged_vs_dense_max_abs=0.0,
          int8_vs_bf16_max_abs=1.5e-3, int8_vs_bf16_rms=2.5e-4, torch_sdpa_bf16_s=8.0e-4),
     dict(case="8192+512", tokens=8704, query_tokens=512, causal_flops=4 * 128 * 32 * 4325632,
          seed=8704, batch=1, q_heads=32, kv_heads=8, head_dim=128,
@@ -127,10 +129,10 @@ PAGED_TWO_MD = "\n".join([
 ])
 
 PREFILL_MD = "\n".join([
-    "| case | B | INT8 PV (ms) | TFLOP/s | BF16 PV (ms) | INT8/BF16 | torch SDPA bf16 (ms) | vs SDPA | max abs vs fragment (INT8 / BF16) | INT8 vs BF16 max abs / RMS | checked |",
-    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
-    "| Sq=S=4096 | 1 | 1.00 | 137.5 | 1.20 | 1.20x | 0.80 | 0.80x | 2.0e-06 / 3.0e-07 | 1.50e-03 / 2.50e-04 | yes |",
-    "| 8192+512 | 1 | 0.25 | 283.5 | 0.30 | 1.20x | nan | nanx | 2.0e-06 / 3.0e-04 | 1.50e-03 / 2.50e-04 | NO |",
+    "| case | B | INT8 PV (ms) | TFLOP/s | BF16 PV (ms) | INT8/BF16 | INT8 chunked, paged BS 16 (ms, vs dense) | torch SDPA bf16 (ms) | vs SDPA | max abs vs fragment (INT8 / BF16) | INT8 vs BF16 max abs / RMS | checked |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|",
+    "| Sq=S=4096 | 1 | 1.00 | 137.5 | 1.20 | 1.20x | 1.05 (1.05x) | 0.80 | 0.80x | 2.0e-06 / 3.0e-07 | 1.50e-03 / 2.50e-04 | yes |",
+    "| 8192+512 | 1 | 0.25 | 283.5 | 0.30 | 1.20x | - | nan | nanx | 2.0e-06 / 3.0e-04 | 1.50e-03 / 2.50e-04 | NO |",
 ])
 
 
@@ -233,6 +235,32 @@ def test_prefill_cases_and_their_manifest_entries():
     assert bench_prefill.manifest_cases(meta) == found
     assert bench_prefill.module_files(meta)[:2] == ["prefill_int8_128_128.vmfb",
                                                     "prefill_bf16_128_128.vmfb"]
+
+
+def test_the_prefill_benchs_pool_holds_the_dense_cache():
+    # Every sequence read back through its block table (reference.sequence_cache) is
+    # the dense cache it came from; the blocks sit in shuffled pool rows.
+    seed = 41
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    batch, kv_heads, tokens, head_dim = 2, 3, 70, 32
+    k = rng.integers(-127, 128, (batch, kv_heads, tokens, head_dim), dtype=np.int8)
+    v = rng.integers(-127, 128, (batch, kv_heads, tokens, head_dim), dtype=np.int8)
+    ks, vs = (rng.uniform(0.5, 1.5, (batch, kv_heads, tokens)).astype(np.float32)
+              for _ in range(2))
+    from int8attn.reference import sequence_cache
+
+    pool = bench_prefill.block_pool(np.random.default_rng(seed), k, ks, v, vs, 16)
+    k_cache, _, v_cache, _, tables, lengths = pool
+    assert k_cache.shape == (10, kv_heads, 16, head_dim)
+    assert v_cache.shape == (10, kv_heads, head_dim, 16)              # token-innermost
+    assert sorted(tables.ravel().tolist()) == list(range(10))
+    assert tables.ravel().tolist() != list(range(10))
+    assert lengths.tolist() == [tokens] * batch
+    for b in range(batch):
+        back = sequence_cache(*pool, b)
+        for got, want in zip(back, (k, ks, v, vs)):
+            np.testing.assert_array_equal(got[0], want[b])
 
 
 def test_decode_cases():
@@ -393,7 +421,7 @@ class FakeDevice:
                                       model="cuda", pv=pv, numerics=numerics)
 
         def fn(*args):
-            if function == "paged":
+            if len(args) == 7:                  # over a pool: paged decode, chunked prefill
                 q, k, ks, v, vs, tables, lengths = args
                 out = np.concatenate([reference(q[b:b + 1], *sequence_cache(
                     k, ks, v, vs, tables, lengths, b)) for b in range(q.shape[0])])
@@ -487,16 +515,21 @@ def test_prefill_runs_every_case_and_a_bad_output_fails_its_check(tmp_path, no_t
     (tmp_path / "prefill.json").write_text(json.dumps(dict(
         cases=cases, batch=1, q_heads=4, kv_heads=2, head_dim=32)))
     for _, tokens, query_tokens in cases:
-        for pv in bench_prefill.PV:
-            (tmp_path / f"prefill_{pv}_{tokens}_{query_tokens}.vmfb").write_text(pv)
+        for variant in bench_prefill.PV + (bench_prefill.PAGED,):
+            pv = "int8" if variant == bench_prefill.PAGED else variant
+            (tmp_path / f"prefill_{variant}_{tokens}_{query_tokens}.vmfb").write_text(pv)
     rows = bench_prefill.run(tmp_path, device=FakeDevice(), timer=FakeTimer(0, 1))
     assert list(rows[1]) == [
         "case", "tokens", "query_tokens", "causal_flops", "seed", "batch", "q_heads",
         "kv_heads", "head_dim", *_variant_keys("int8", "kernels_s"),
-        *_variant_keys("bf16", "kernels_s"), "int8_vs_bf16_max_abs", "int8_vs_bf16_rms",
+        *_variant_keys("bf16", "kernels_s"), *_variant_keys("paged", "kernels_s"),
+        "paged_vs_dense_max_abs", "int8_vs_bf16_max_abs", "int8_vs_bf16_rms",
         "torch_sdpa_bf16_s"]
     assert rows[1]["causal_flops"] == 4 * 32 * 4 * bench_prefill.causal_pairs(80, 30)
-    assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"] for r in rows)
+    assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"]
+               and r["paged_within_tolerance"] for r in rows)
+    # the chunked prefill read its pool through the table: the dense output, exactly
+    assert all(r["paged_vs_dense_max_abs"] == 0.0 for r in rows)
     bad = bench_prefill.run(tmp_path, device=FakeDevice(error=1e-3), timer=FakeTimer(0, 1))
     assert not any(r["int8_within_tolerance"] or r["bf16_within_tolerance"] for r in bad)
     assert "| NO |" in bench_prefill.markdown(bad)

@@ -213,7 +213,7 @@ def test_bench_prepares_prefill_modules(tmp_path):
     meta = json.loads((tmp_path / "prefill.json").read_text())
     assert meta["cases"] == [["Sq=S=128", 128, 128], ["100+37", 137, 37]]
     assert meta["batch"] == 1
-    for pv in ("int8", "bf16"):
+    for pv in ("int8", "bf16", "paged"):
         for tokens, query_tokens in ((128, 128), (137, 37)):
             assert (tmp_path / f"prefill_{pv}_{tokens}_{query_tokens}.vmfb").stat().st_size > 0
 
