@@ -6,6 +6,8 @@ Each stage is a function of a `StagePlan` and named fragments (stage_plan.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, vector
 
@@ -18,22 +20,29 @@ from .stage_plan import StagedW, StagePlan, VSource
 
 
 def quantize_w(plan: StagePlan, w: dict) -> StagedW:
-    """Per (row, MMAC) scale; Wq bytes and sW to LDS for the PV operands.
+    """Per (row, MMAC) scale; Wq bytes and sW for the PV operands (`_group_terms`):
+    into LDS, or, where the plan feeds W from registers (`StagePlan.w_feed`), into
+    PV's A operands directly, the scales kept in the lane (every lane of a group holds
+    its scale after the shuffles).
 
-    The scalar ops are the contract's (contract/scalar_ir.py), as in
-    lower-quantize: a zero or tiny group gives Wq = 0, a NaN/Inf group Wq = 0
-    and sW = NaN. The absmax is NaN-propagating in-lane and across the xor
-    shuffles, so every lane of a group sees the same a. Two-term W's second term
-    (its own scale over the residual W - level*sW1, or W's low digit) goes into the
-    padding rows row + shift of the first term's tile where the plan packs the terms
-    (`StagePlan.w_packing`), else into LDS of its own. As digits, the one scale
-    stored is the low digit's, sW1 / BASE.
+    Through LDS, two-term W's second term goes into the padding rows row + shift of
+    the first term's tile where the plan packs the terms (`StagePlan.w_packing`),
+    else into LDS of its own. As digits, the one scale stored is the low digit's,
+    sW1 / BASE.
     """
     if plan.w_feed is not None:
-        return _quantize_w_fed(plan, w)
-    lanes, groups = plan.lanes, plan.pv_layout.model
+        terms = [({}, {}) for _ in range(plan.numerics.w_terms)]     # ({element: Wq}, sw)
+        for members, quantized in _group_terms(plan, w):
+            key = (plan.row_map(members[0]),
+                   plan.layout.group_map(members[0], plan.pv_layout.model).offset)
+            for (levels, scales), (term_levels, scale) in zip(terms, quantized):
+                levels.update(term_levels)
+                if scale is not None:
+                    scales[key] = scale
+        staged = [StagedW(fragments=_fed_fragments(plan, levels), sw=scales or None)
+                  for levels, scales in terms]
+        return staged[0] if len(staged) == 1 else replace(staged[0], second=staged[1])
     numerics = plan.numerics
-    unsigned = numerics.unsigned_w
     first = _w_lds(plan)
     second = None
     if numerics.w_terms == 2:    # (digits: one scale, the first term's rows')
@@ -42,71 +51,50 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     shift = plan.w_packing[0] if plan.w_packing is not None else 0
     if plan.column_sums:
         _store_ones_rows(plan, first.w, plan.column_sums[1])
-    c = plan.constants(unsigned)
-    signed = plan.constants() if unsigned else c
-    for members in plan.live_classes(plan.layout.group_keys(groups)):
-        values = {e: w[e] for e in members}
-        inverse, scale = _group_scale(plan, members, values, c, unsigned)
-        if numerics.w_digits:
-            _store_scale(plan, members[0], contract.digit_scale(scale), first)
+    for members, quantized in _group_terms(plan, w):
+        for (levels, scale), (staged, at) in zip(quantized, ((first, 0), (second, shift))):
+            if scale is not None:
+                _store_scale(plan, members[0], scale, staged, at)
             for e in members:
-                high, low = contract.quantize_digits(values[e], inverse, c, unsigned)
-                _store_w(plan, e, high, first)
-                _store_w(plan, e, low, second, shift)
-            continue
-        _store_scale(plan, members[0], scale, first)
-        value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
-        quantized = {e: value_of(values[e], inverse, c) for e in members}
-        for e in members:
-            _store_w(plan, e, quantized[e], first)
-        if second is None:
-            continue
-        residual = {e: contract.w_residual(values[e], quantized[e], scale, unsigned)
-                    for e in members}
-        inverse, scale = _group_scale(plan, members, residual, signed, False)
-        _store_scale(plan, members[0], scale, second, shift)
-        for e in members:
-            _store_w(plan, e, contract.quantize_value(residual[e], inverse, signed), second,
-                     shift)
-    lanes.barrier()
+                _store_w(plan, e, levels[e], staged, at)
+    plan.lanes.barrier()
     if second is None or second is first:
         return first
     return StagedW(first.w, first.scales, second)
 
 
-def _quantize_w_fed(plan: StagePlan, w: dict) -> StagedW:
-    """`quantize_w` for W fed from registers (`StagePlan.w_feed`): the same rule per
-    group, the bytes assembled into PV's A operands and the scales kept in the lane
-    (every lane of a group holds its scale after the shuffles)."""
-    numerics, groups = plan.numerics, plan.pv_layout.model
+def _group_terms(plan: StagePlan, w: dict):
+    """Per W group class of the lane's elements: (members, [({element: Wq}, sW)] per
+    term), the contract's rule (contract/scalar_ir.py, as in lower-quantize): a zero
+    or tiny group gives Wq = 0, a NaN/Inf group Wq = 0 and sW = NaN. The absmax is
+    NaN-propagating in-lane and across the xor shuffles, so every lane of a group
+    sees the same a. The second term is the residual W - level*sW1 on its own scale,
+    or W's low digit (sW None: the first term's scale is then the digit's, sW1/BASE)."""
+    numerics = plan.numerics
     unsigned = numerics.unsigned_w
     c = plan.constants(unsigned)
     signed = plan.constants() if unsigned else c
     value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
-    terms = [({}, {}) for _ in range(numerics.w_terms)]       # ({element: Wq}, sw)
-    for members in plan.live_classes(plan.layout.group_keys(groups)):
+    for members in plan.live_classes(plan.layout.group_keys(plan.pv_layout.model)):
         values = {e: w[e] for e in members}
         inverse, scale = _group_scale(plan, members, values, c, unsigned)
-        key = (plan.row_map(members[0]), plan.layout.group_map(members[0], groups).offset)
         if numerics.w_digits:
-            terms[0][1][key] = contract.digit_scale(scale)
-            for e in members:
-                terms[0][0][e], terms[1][0][e] = contract.quantize_digits(
-                    values[e], inverse, c, unsigned)
+            digits = {e: contract.quantize_digits(values[e], inverse, c, unsigned)
+                      for e in members}
+            yield members, [({e: high for e, (high, _) in digits.items()},
+                             contract.digit_scale(scale)),
+                            ({e: low for e, (_, low) in digits.items()}, None)]
             continue
-        terms[0][1][key] = scale
-        for e in members:
-            terms[0][0][e] = value_of(values[e], inverse, c)
+        first = {e: value_of(values[e], inverse, c) for e in members}
         if numerics.w_terms == 1:
+            yield members, [(first, scale)]
             continue
-        residual = {e: contract.w_residual(values[e], terms[0][0][e], scale, unsigned)
+        residual = {e: contract.w_residual(values[e], first[e], scale, unsigned)
                     for e in members}
-        inverse, terms[1][1][key] = _group_scale(plan, members, residual, signed, False)
-        for e in members:
-            terms[1][0][e] = contract.quantize_value(residual[e], inverse, signed)
-    staged = [StagedW(fragments=_fed_fragments(plan, wq), sw=sw or None) for wq, sw in terms]
-    return staged[0] if len(staged) == 1 else StagedW(
-        fragments=staged[0].fragments, sw=staged[0].sw, second=staged[1])
+        inverse2, scale2 = _group_scale(plan, members, residual, signed, False)
+        yield members, [(first, scale),
+                        ({e: contract.quantize_value(residual[e], inverse2, signed)
+                          for e in members}, scale2)]
 
 
 def _fed_fragments(plan: StagePlan, values: dict) -> tuple:
