@@ -108,3 +108,16 @@ def test_rounding_through_the_bias_is_roundeven(seed=2512):
     # the low byte is the two's-complement level already (what the kernels pack)
     low = ((x + np.float32(ROUND_BIAS)).view(np.int32) & 0xFF).astype(np.uint8).view(np.int8)
     np.testing.assert_array_equal(low, np.rint(x).astype(np.int8))
+
+
+def test_the_prefill_occupancy_cap_only_where_the_grid_fills_it():
+    from int8attn.kernels.target_spec import target_spec
+
+    cuda = target_spec("cuda")
+    wanted, sms = cuda.prefill_workgroups_per_sm, cuda.measured_sms
+    assert wanted and sms
+    cap = {cuda.occupancy_attribute: f"{wanted} : i32"}
+    assert cuda.prefill_attributes(wanted * sms) == cap
+    assert cuda.prefill_attributes(wanted * sms - 1) == {}
+    assert cuda.prefill_attributes(None) == cap            # a pool's grid: run-time B
+    assert target_spec("gfx942").prefill_attributes(10 ** 6) == {}   # nothing measured
