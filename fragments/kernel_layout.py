@@ -125,6 +125,15 @@ class DecodeKernelLayout:
     def group_map(self, element: int, pv: FragmentModel | None = None) -> LaneMap:
         return LaneMap.fit(self.element_groups(pv)[:, element])
 
+    def uniform_group(self, element: int, pv: FragmentModel | None = None) -> int:
+        """The W group (PV MMAC) of score element `element`, the same on every lane (as
+        a register feed makes it: the element is one A register of one MMAC)."""
+        groups = self.element_groups(pv)[:, element]
+        if (groups != groups[0]).any():
+            raise ValueError(f"score element {element} is in different W groups on "
+                             "different lanes")
+        return int(groups[0])
+
     def row_max_offsets(self) -> tuple[int, ...]:
         """Lanes that hold the same rows (softmax max and sum)."""
         return xor_partners(self.score_layout, ["row"])

@@ -34,7 +34,7 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
         terms = [({}, {}) for _ in range(plan.numerics.w_terms)]     # ({element: Wq}, sw)
         for members, quantized in _group_terms(plan, w):
             key = (plan.row_map(members[0]),
-                   plan.layout.group_map(members[0], plan.pv_layout.model).offset)
+                   plan.layout.uniform_group(members[0], plan.pv_layout.model))
             for (levels, scales), (term_levels, scale) in zip(terms, quantized):
                 levels.update(term_levels)
                 if scale is not None:
