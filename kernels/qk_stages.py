@@ -238,12 +238,12 @@ def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
     p = exp(s - m'), l' = alpha l + sum p, W = p * sV; exp the target's fastest
     (`TargetSpec.exp`)."""
     lanes = plan.lanes
+    exp = lambda x: plan.spec.exp(x, lanes.f32)
     m_new, alpha, l_new, p = [], [], [], {}
     for c, members in enumerate(classes):
         running = arith.maximumf(m[c], row_reduce(plan, scores.values, members,
                                                   arith.maximumf))
         dead = arith.cmpf(arith.CmpFPredicate.OEQ, running, lanes.f32(float("-inf")))
-        exp = lambda x: plan.spec.exp(x, lanes.f32)
         alpha.append(arith.select(dead, lanes.f32(1.0), exp(arith.subf(m[c], running))))
         for e in members:
             p[e] = arith.select(scores.live[e], exp(arith.subf(scores.values[e], running)),
