@@ -121,33 +121,28 @@ def inputs(seed: int, batch, q_heads, kv_heads, tokens, query_tokens, head_dim):
 
 
 def block_pool(rng, k, k_scale, v, v_scale, block_size: int = BLOCK_SIZE):
-    """The dense cache [B, Hkv, S, D] as a paged pool: each sequence's blocks (the last
-    one zero-padded) at shuffled pool rows, V token-innermost; (k_cache, k_scale,
-    v_cache, v_scale, block_tables, context_lens)."""
-    from .fragments.cache_layout import CacheLayout
+    """The dense cache [B, Hkv, S, D] as a paged pool: each sequence's blocks at
+    shuffled pool rows (the rest of a last block zero), every token stored where the
+    cache layout's rules put it; (k_cache, k_scale, v_cache, v_scale, block_tables,
+    context_lens)."""
+    from .fragments.cache_layout import EVERY, CacheLayout
 
     batch, kv_heads, tokens, head_dim = k.shape
     layout = CacheLayout.paged(block_size)
-    per_sequence = layout.blocks_needed(tokens)
-    padded = per_sequence * block_size
-    order = rng.permutation(batch * per_sequence).astype(np.int32)
-
-    def blocks(x, token_axis_last=False):
-        pad = [(0, 0)] * x.ndim
-        pad[2] = (0, padded - tokens)
-        x = np.pad(x, pad).reshape(batch, kv_heads, per_sequence, block_size, *x.shape[3:])
-        x = np.moveaxis(x, 2, 1).reshape(batch * per_sequence, kv_heads, block_size,
-                                         *x.shape[4:])
-        if token_axis_last:                        # V: [NB, Hkv, D, BS]
-            x = np.swapaxes(x, 2, 3)
-        pool = np.empty_like(x)
-        pool[order] = x
-        return np.ascontiguousarray(pool)
-
-    tables = order.reshape(batch, per_sequence)
-    lengths = np.full(batch, tokens, np.int32)
-    return (blocks(k), blocks(k_scale), blocks(v, token_axis_last=True), blocks(v_scale),
-            tables, lengths)
+    per_sequence = int(layout.blocks_needed(tokens))
+    tables = rng.permutation(batch * per_sequence).astype(np.int32).reshape(batch, -1)
+    pool = [np.zeros(shape, x.dtype) for shape, x in
+            zip(layout.shapes(batch * per_sequence, kv_heads, head_dim), (k, k_scale, v, v_scale))]
+    for b in range(batch):
+        blocks, offsets = layout.sequence_addresses(tables[b], tokens)
+        for cache, index, dense in zip(
+                pool, (layout.k_index(blocks, EVERY, offsets, EVERY),
+                       layout.scale_index(blocks, EVERY, offsets),
+                       layout.v_index(blocks, EVERY, offsets, EVERY),
+                       layout.scale_index(blocks, EVERY, offsets)),
+                (k, k_scale, v, v_scale)):
+            cache[index] = np.swapaxes(dense[b], 0, 1)        # [S, Hkv(, D)]
+    return (*pool, tables, np.full(batch, tokens, np.int32))
 
 
 def causal_pairs(tokens: int, query_tokens: int) -> int:
