@@ -229,14 +229,21 @@ def w_residual(w: ir.Value, wq: ir.Value, scale: ir.Value, unsigned: bool) -> ir
     return q_residual(w, w_level(wq, unsigned), scale)
 
 
+def causal_last_key(query_token: ir.Value, history: int | ir.Value,
+                    index: Callable[[int], ir.Value]) -> ir.Value:
+    """The last key (0..S-1) new query token `query_token` (0..Sq-1, the last Sq of S)
+    sees under the causal prefill mask (docs/design.md §2): history + query_token,
+    history = S - Sq (an int, or an index value for a paged sequence's own length).
+    `index` makes an index constant."""
+    return arith.addi(query_token, index(history) if isinstance(history, int) else history)
+
+
 def causal_visible(token: ir.Value, query_token: ir.Value, history: int | ir.Value,
                    index: Callable[[int], ir.Value]) -> ir.Value:
-    """The causal prefill mask (docs/design.md §2): key `token` (0..S-1) is visible to
-    new query token `query_token` (0..Sq-1, the last Sq of S) iff
-    token <= history + query_token, history = S - Sq (an int, or an index value
-    for a paged sequence's own length). `index` makes an index constant."""
-    position = arith.addi(query_token, index(history) if isinstance(history, int) else history)
-    return arith.cmpi(arith.CmpIPredicate.ule, token, position)
+    """The causal prefill mask: key `token` is visible to `query_token` iff
+    token <= `causal_last_key`."""
+    return arith.cmpi(arith.CmpIPredicate.ule, token,
+                      causal_last_key(query_token, history, index))
 
 
 def q_residual(x: ir.Value, qq: ir.Value, scale: ir.Value) -> ir.Value:

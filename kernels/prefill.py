@@ -11,7 +11,8 @@ tokens, which is also the contract's prefill tile). The same stages as decode
   Q       `quantize_rows`: the workgroup's 64 rows into LDS once; each wave
           keeps its A fragments in registers (`q_operands`)
   loop over the tiles the block's last row can see (later tiles are never
-  computed; the causal limit of a row is S - Sq + its token):
+  computed; the causal limit of a row is S - Sq + its token), in two loops: the
+  tiles the block's first row sees whole build no mask at all, the rest mask:
     QK    `qk` on the tile: scores in the C layout, -inf past each row's
           causal limit (`contract.causal_visible`)
     online softmax   `online_softmax`: per row m' = max(m, tile max),
@@ -129,14 +130,19 @@ def _q_source(rows: _Rows, kv: KVView, row):
     return rows.real(packed), [kv.b, kv.lanes.affine((kv.h, s.rows), (head, 1)), token]
 
 
-def _tile_count(plan: StagePlan, rows: _Rows, history):
-    """Tiles up to the last key the block's last real row sees (history + its
-    token: the causal rule of `contract.causal_visible`)."""
-    lanes = plan.lanes
-    token, _ = rows.token_and_head(lanes.affine((rows.block, rows.rows), rows.rows - 1))
-    last_key = (lanes.plus(token, history) if isinstance(history, int)
-                else arith.addi(token, history))
-    return ceil_div(lanes.ops, lanes.plus(last_key, 1), plan.model.wave_tokens)
+def _tile_bounds(plan: StagePlan, rows: _Rows, history):
+    """(tiles every row of the block sees whole, tiles up to the last key the block's
+    last real row sees): the causal rule of `contract.causal_last_key`. The block's
+    first row has its smallest query token (rows are token-major), so a tile is whole
+    for every row iff its last key is at most that row's last key."""
+    lanes, tile = plan.lanes, plan.model.wave_tokens
+    first, _ = rows.token_and_head(rows.packed(lanes.index(0)))
+    last, _ = rows.token_and_head(lanes.affine((rows.block, rows.rows), rows.rows - 1))
+    whole = arith.divui(lanes.plus(contract.causal_last_key(first, history, lanes.index), 1),
+                        lanes.index(tile))
+    seen = ceil_div(lanes.ops, lanes.plus(contract.causal_last_key(last, history, lanes.index),
+                                          1), tile)
+    return whole, seen
 
 
 def _per_pv_slot(plan: StagePlan, values: list, classes, slots) -> dict:
@@ -162,46 +168,60 @@ def _per_pv_slot(plan: StagePlan, values: list, classes, slots) -> dict:
 
 
 def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, query_tokens):
-    """scf.for over the visible tiles carrying (m, l) per row class and o per PV C
-    element; returns (o [tile][slot], l per class)."""
+    """Two scf.for over the visible tiles carrying (m, l) per row class and o per PV C
+    element: the tiles every row sees whole, unmasked, then the rest under the causal
+    mask; returns (o [tile][slot], l per class)."""
     lanes = plan.lanes
     tiles = plan.head_dim // plan.pv_layout.instruction.n
     slots = plan.pv_live_slots()
     count = len(classes)
-    start = ([lanes.f32(float("-inf"))] * count + [lanes.f32(0.0)] * count
-             + [lanes.f32(0.0)] * (tiles * len(slots)))
-    loop = lanes.loop(lanes.index(0), _tile_count(plan, rows, kv.history), start)
-    with ir.InsertionPoint(loop.body):
-        carried = list(loop.inner_iter_args)
-        m, l, o = carried[:count], carried[count:2 * count], carried[2 * count:]
-        tile_kv = kv.at(lanes.affine((loop.induction_variable, plan.model.wave_tokens)))
+    carried = ([lanes.f32(float("-inf"))] * count + [lanes.f32(0.0)] * count
+               + [lanes.f32(0.0)] * (tiles * len(slots)))
+    whole, seen = _tile_bounds(plan, rows, kv.history)
 
+    def masked(tile_kv):
         def live(element, local):
             key = arith.addi(tile_kv.first, local)
             return contract.causal_visible(key, query_tokens[class_of(classes, element)],
                                            kv.history, lanes.index)
+        return live
 
-        wave_token0 = lanes.index(0)        # every wave reads the whole tile
-        scores = qk(plan, operands, tile_kv, wave_token0, live)
-        m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
-        # V loaded per 16-column tile just before its MMACs: fewer live registers
-        # (the H200: INT8 the same, the BF16 twin 6% faster at 3 workgroups per SM).
-        tile_o = pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0,
-                                           VSource(per_tile=True)))
-        alpha_of = _per_pv_slot(plan, alpha, classes, slots)
-        o_new = []
-        for tile in range(tiles):
-            for u, i in enumerate(slots):
-                previous = o[tile * len(slots) + u]
-                o_new.append(arith.addf(arith.mulf(alpha_of[i], previous), tile_o[tile][i]))
-        if plan.w_feed is None:     # the next tile's W overwrites the LDS this PV read
-            lanes.barrier()
-        scf.YieldOp(m_new + l_new + o_new)
-    results = list(loop.results)
-    o_flat = results[2 * count:]
+    unmasked = lambda tile_kv: None
+    for lower, upper, mask in ((lanes.index(0), whole, unmasked), (whole, seen, masked)):
+        loop = lanes.loop(lower, upper, carried)
+        with ir.InsertionPoint(loop.body):
+            tile_kv = kv.at(lanes.affine((loop.induction_variable, plan.model.wave_tokens)))
+            scf.YieldOp(_tile_step(plan, tile_kv, operands, list(loop.inner_iter_args),
+                                   classes, mask(tile_kv)))
+        carried = list(loop.results)
+    o_flat = carried[2 * count:]
     o = [{i: o_flat[tile * len(slots) + u] for u, i in enumerate(slots)}
          for tile in range(tiles)]
-    return o, results[count:2 * count]
+    return o, carried[count:2 * count]
+
+
+def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live) -> list:
+    """One tile (QK, the online softmax, PV) under the mask `live`; returns the carried
+    (m, l, o) after it."""
+    lanes = plan.lanes
+    slots = plan.pv_live_slots()
+    count = len(classes)
+    m, l, o = carried[:count], carried[count:2 * count], carried[2 * count:]
+    wave_token0 = lanes.index(0)        # every wave reads the whole tile
+    scores = qk(plan, operands, tile_kv, wave_token0, live)
+    m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
+    # V loaded per 16-column tile just before its MMACs: fewer live registers
+    # (the H200: INT8 the same, the BF16 twin 6% faster at 3 workgroups per SM).
+    tile_o = pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0, VSource(per_tile=True)))
+    alpha_of = _per_pv_slot(plan, alpha, classes, slots)
+    o_new = []
+    for tile, regs in enumerate(tile_o):
+        for u, i in enumerate(slots):
+            previous = o[tile * len(slots) + u]
+            o_new.append(arith.addf(arith.mulf(alpha_of[i], previous), regs[i]))
+    if plan.w_feed is None:     # the next tile's W overwrites the LDS this PV read
+        lanes.barrier()
+    return m_new + l_new + o_new
 
 
 def _store(plan: StagePlan, rows: _Rows, kv: KVView, o, l, classes, out) -> None:

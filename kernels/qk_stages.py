@@ -126,9 +126,9 @@ def local_token(plan: StagePlan, wave_token0: ir.Value, element: int) -> ir.Valu
 
 
 def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
-       token_live: Callable[[int, ir.Value], ir.Value]) -> Scores:
+       token_live: Callable[[int, ir.Value], ir.Value] | None) -> Scores:
     """Scores of the lane's live C elements, -inf where `token_live(element,
-    local token)` is false.
+    local token)` is false (None: every token is live, no mask is built).
 
     K and Q are read in the layout's lane-contiguous head-dim order: each lane
     loads its token's run of K bytes once (the layout's loads) and slices every
@@ -181,9 +181,15 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                 score = term if score is None else arith.addf(score, term)
             value = arith.mulf(score, k_scales[element])
             value = arith.mulf(value, lanes.f32(plan.softmax_scale))
-            live[element] = token_live(element, local_token(plan, wave_token0, element))
-            values[element] = arith.select(live[element], value, lanes.f32(float("-inf")))
+            live[element] = (None if token_live is None
+                             else token_live(element, local_token(plan, wave_token0, element)))
+            values[element] = masked(live[element], value, lanes.f32(float("-inf")))
     return Scores(values, live, v_scales)
+
+
+def masked(live: ir.Value | None, value: ir.Value, dead: ir.Value) -> ir.Value:
+    """`value` where `live` (None: everywhere), else `dead`."""
+    return value if live is None else arith.select(live, value, dead)
 
 
 def row_reduce(plan: StagePlan, values: dict, members: list[int], combine) -> ir.Value:
@@ -246,11 +252,11 @@ def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
         dead = arith.cmpf(arith.CmpFPredicate.OEQ, running, lanes.f32(float("-inf")))
         alpha.append(arith.select(dead, lanes.f32(1.0), exp(arith.subf(m[c], running))))
         for e in members:
-            p[e] = arith.select(scores.live[e], exp(arith.subf(scores.values[e], running)),
-                                lanes.f32(0.0))
+            p[e] = masked(scores.live[e], exp(arith.subf(scores.values[e], running)),
+                          lanes.f32(0.0))
         m_new.append(running)
         l_new.append(arith.addf(arith.mulf(alpha[c], l[c]),
                                 row_reduce(plan, p, members, arith.addf)))
-    w = {e: arith.select(scores.live[e], arith.mulf(value, scores.v_scales[e]), lanes.f32(0.0))
+    w = {e: masked(scores.live[e], arith.mulf(value, scores.v_scales[e]), lanes.f32(0.0))
          for e, value in p.items()}
     return m_new, alpha, l_new, w

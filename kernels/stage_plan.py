@@ -147,8 +147,8 @@ class QOperands:
 
 @dataclass(frozen=True)
 class Scores:
-    """A wave's scores {element: f32} (-inf where dead), whether each counts, and
-    the V scale of its token."""
+    """A wave's scores {element: f32} (-inf where dead), whether each counts (None:
+    no mask, every element counts), and the V scale of its token."""
 
     values: dict
     live: dict

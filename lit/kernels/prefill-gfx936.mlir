@@ -20,14 +20,23 @@
 // CHECK: arith.divui %{{.*}}, %c4 : index
 // CHECK: arith.remui %{{.*}}, %c4 : index
 // CHECK: gpu.barrier
-// The tile count: ceil((S - Sq + 1 + the block's last token) / 64).
+// The tile bounds (contract.causal_last_key): the block's first row (query token
+// min(64 * block, 511) / 4) sees floor((S - Sq + 1 + its token) / 64) tiles whole; its
+// last row sees ceil((S - Sq + 1 + its token) / 64) tiles.
 // CHECK: %[[BLOCK_END:.*]] = arith.addi %{{.*}}, %c63 : index
 // CHECK: %[[LAST:.*]] = arith.minui %[[BLOCK_END]], %c511 : index
 // CHECK: %[[TOKEN:.*]] = arith.divui %[[LAST]], %c4 : index
+// CHECK: %[[WHOLE_END:.*]] = arith.addi %{{.*}}, %c3969 : index
+// CHECK: %[[WHOLE:.*]] = arith.divui %[[WHOLE_END]], %c64 : index
 // CHECK: %[[SEEN:.*]] = arith.addi %[[TOKEN]], %c4032 : index
 // CHECK: %[[TILES:.*]] = arith.divui %[[SEEN]], %c64 : index
-// One row class per lane in the gfx936 C layout: (m, l) and 32 o elements carried.
-// CHECK: %[[LOOP:.*]]:34 = scf.for %[[T:[a-z0-9_]+]] = %c0 to %[[TILES]] step %c1 iter_args(%[[M:[a-z0-9_]+]] = %cst{{(_[0-9]+)?}}, %[[L:[a-z0-9_]+]] = %cst{{(_[0-9]+)?}}, %[[O0:[a-z0-9_]+]] = %cst
+// The tiles every row sees whole first, with no causal mask at all; then the rest,
+// from where that loop ended, under the mask. One row class per lane in the gfx936 C
+// layout: (m, l) and 32 o elements carried.
+// CHECK: %[[WHOLE_LOOP:.*]]:34 = scf.for %{{.*}} = %c0 to %[[WHOLE]] step %c1 iter_args(
+// CHECK-NOT: arith.cmpi ule
+// CHECK: scf.yield
+// CHECK: %[[LOOP:.*]]:34 = scf.for %[[T:[a-z0-9_]+]] = %[[WHOLE]] to %[[TILES]] step %c1 iter_args(%[[M:[a-z0-9_]+]] = %[[WHOLE_LOOP]]#0, %[[L:[a-z0-9_]+]] = %[[WHOLE_LOOP]]#1, %[[O0:[a-z0-9_]+]] = %[[WHOLE_LOOP]]#2
 // CHECK: %[[FIRST:.*]] = arith.muli %[[T]], %c64 : index
 // CHECK: vector.load %[[K]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : memref<1x8x4096x128xi8>, vector<16xi8>
 // QK: 2 q terms x 4 token blocks x 4 K steps (each term an MMAC of its own: every
