@@ -31,7 +31,7 @@ from .model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS, PVAtomName,
                     format_token_set, fragment_model, pv_model,
                     pv_model_named, pv_model_names)
 from .index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
-                          PackedRows, arith_ops, ceil_div)
+                          PackedRows, arith_ops, ceil_div, floor_div)
 from .layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from .linear_layout import LinearLayout, NotInvertible, NotLinear
 from .mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
@@ -52,6 +52,7 @@ __all__ = [
     "arith_ops",
     "PackedRows",
     "ceil_div",
+    "floor_div",
     "SCALE_GROUP_KINDS",
     "BF16_PV_INSTRUCTIONS",
     "OperandLayout",

@@ -101,6 +101,24 @@ class PagedRules:
         """(block, offset) of `token` (`block`, then `offset`)."""
         return self.block(token, lookup, last), self.offset(token)
 
+    def tile_address(self, first, local, tile_tokens: int, lookup: Callable[[Any], Any],
+                     last=None):
+        """`address` of token first + local, where `first` is a multiple of
+        `tile_tokens` and 0 <= local < tile_tokens: where the tile and the block nest
+        (one divides the other), split into the tile's part and the token's part, so
+        a kernel's per-lane `local` reads the same table slot for every token of a
+        block and the tile's part is computed once per tile."""
+        ops = self.ops
+        if tile_tokens % self.block_size == 0:      # whole blocks per tile
+            slot = ops.add(ops.div(first, self.bs), ops.div(local, self.bs))
+            offset = ops.rem(local, self.bs)
+        elif self.block_size % tile_tokens == 0:    # whole tiles per block
+            slot = ops.div(first, self.bs)
+            offset = ops.add(ops.rem(first, self.bs), local)
+        else:
+            return self.address(ops.add(first, local), lookup, last)
+        return lookup(slot if last is None else ops.min(slot, last)), offset
+
     def live(self, token, length):
         """The token is one of the sequence's (`token < length`)."""
         return self.ops.lt(token, length)

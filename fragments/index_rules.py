@@ -75,6 +75,11 @@ def ceil_div(ops: IndexOps, count, unit: int):
     return ops.div(ops.add(count, ops.const(unit - 1)), ops.const(unit))
 
 
+def floor_div(ops: IndexOps, count, unit: int):
+    """floor(count / unit) of a count >= 0: the whole units (tiles) of a length."""
+    return ops.div(count, ops.const(unit))
+
+
 
 @dataclass(frozen=True)
 class PackedRows:

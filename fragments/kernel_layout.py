@@ -9,7 +9,7 @@ from functools import cached_property
 import numpy as np
 
 from .instructions import MatrixInstruction
-from .lane_maps import LaneMap, xor_reduction_offsets
+from .lane_maps import LaneMap, power_of_two_divisor, xor_reduction_offsets
 from .linear_layout import LinearLayout
 from .mma_layouts import (MmaLayouts, mma_layouts, score_group_layout,
                           score_layout, xor_partners)
@@ -160,6 +160,12 @@ class DecodeKernelLayout:
         """Bytes of each K load of a lane: the widest that divides its run."""
         return math.gcd(K_LOAD_BYTES, head_dim // self.instruction.k * self.instruction.b.slots)
 
+    def k_load_alignment(self, head_dim: int) -> int:
+        """Bytes every K load of a lane is aligned to, in a cache of `head_dim`-byte
+        rows: its width, where each load starts at a multiple of it."""
+        return min(self.qk_b_width(head_dim), power_of_two_divisor(head_dim),
+                   *(start.alignment() for start in self.qk_b_loads(head_dim)))
+
     def qk_head_dim_order(self, head_dim: int) -> np.ndarray:
         """int [steps, K]: the head-dim index multiplied at (step, k)."""
         inst = self.instruction
@@ -294,6 +300,14 @@ class DecodeKernelLayout:
     def v_loads(self) -> int:
         return self.model.mmacs_per_wave * self.instruction.b.slots // \
             self.model.v_load.bytes_per_lane
+
+    def v_load_alignment(self, row_tokens: int) -> int:
+        """Bytes every V load of a lane is aligned to, in a token-innermost cache of
+        `row_tokens`-byte rows read from multiples of the wave's tokens (a partition, a
+        tile, or a block of `row_tokens`): its width, where each starts at a multiple."""
+        return min(self.model.v_load.bytes_per_lane, power_of_two_divisor(row_tokens),
+                   power_of_two_divisor(self.model.wave_tokens),
+                   *(self.v_load_start(u).alignment() for u in range(self.v_loads())))
 
     def v_load_start(self, load: int) -> LaneMap:
         """Wave token of the first byte of a lane's `load`-th V load."""

@@ -8,6 +8,8 @@ a tile over a workgroup's threads.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,8 +56,17 @@ class LaneMap:
             value = value + ((lane >> lo) & ((1 << width) - 1)) * scale
         return value
 
+    def alignment(self) -> int:
+        """The largest power of two dividing every value (a constant 0: any)."""
+        return power_of_two_divisor(math.gcd(self.offset, *(s for _, _, s in self.runs)))
+
     def shifted(self, amount: int) -> "LaneMap":
         return LaneMap(self.offset + amount, self.runs)
+
+
+def power_of_two_divisor(value: int) -> int:
+    """The largest power of two dividing `value` (0: any, as 2**30)."""
+    return value & -value if value else 1 << 30
 
 
 def xor_reduction_offsets(keys: np.ndarray) -> tuple[int, ...]:

@@ -222,12 +222,15 @@ class PagedPrefillView(_PoolView):
     last used slot."""
 
     last_slot: ir.Value = None
+    tile_tokens: int = 0
 
     def _block(self, local: ir.Value):
-        token = arith.addi(self.first, local)
-        return paged_ir_rules(self.block_size, self.lanes.index).address(
-            token, lambda slot: arith.index_cast(ir.IndexType.get(),
-                                                 memref.load(self.tables, [self.b, slot])),
+        # `first` is the tile's first token: the table slot of a lane's token is the
+        # tile's part plus the lane's own, shared by the lane's tokens of one block.
+        return paged_ir_rules(self.block_size, self.lanes.index).tile_address(
+            self.first, local, self.tile_tokens,
+            lambda slot: arith.index_cast(ir.IndexType.get(),
+                                          memref.load(self.tables, [self.b, slot])),
             self.last_slot)
 
 
@@ -258,7 +261,8 @@ class PagedPrefillKV:
         history = arith.subi(length, lanes.index(s.query_tokens))
         last_slot = paged_ir_rules(bs, lanes.index).last_table_slot(length)
         view = PagedPrefillView(lanes, q, *caches, b, h, zero, batch=batch, history=history,
-                                tables=tables, block_size=bs, last_slot=last_slot)
+                                tables=tables, block_size=bs, last_slot=last_slot,
+                                tile_tokens=self.partition_tokens)
         return view, args[self.inputs + self.index_operands:]
 
 

@@ -212,8 +212,13 @@ def binding(argument: ir.Value, shape, element: str, zero: ir.Value) -> ir.Value
     return stream.BindingSubspanOp(memref_type(static, element), argument, zero, dynamic).result
 
 
-def load_vector(base: ir.Value, indices, count: int, element: str) -> ir.Value:
-    return vector.LoadOp(vector_type(count, element), base, list(indices)).result
+def load_vector(base: ir.Value, indices, count: int, element: str,
+                alignment: int | None = None) -> ir.Value:
+    """`count` elements from `base`[indices]; `alignment`: the bytes the address is
+    known to be a multiple of (the fragment model's proof), so the backend need not
+    infer it (NVPTX splits a load it cannot prove aligned into bytes)."""
+    return vector.LoadOp(vector_type(count, element), base, list(indices),
+                         alignment=alignment).result
 
 
 def c_element(acc: ir.Value, instruction: MatrixInstruction, i: int) -> ir.Value:

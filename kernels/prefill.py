@@ -35,7 +35,7 @@ from iree.compiler.dialects import arith, memref, scf
 
 from ..contract import scalar_ir as contract
 from ..contract.numerics import Numerics
-from ..fragments import NUMPY_OPS, PackedRows, ceil_div
+from ..fragments import NUMPY_OPS, PackedRows, ceil_div, floor_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
 from .executable import build_kernel
@@ -138,8 +138,8 @@ def _tile_bounds(plan: StagePlan, rows: _Rows, history):
     lanes, tile = plan.lanes, plan.model.wave_tokens
     first, _ = rows.token_and_head(rows.packed(lanes.index(0)))
     last, _ = rows.token_and_head(lanes.affine((rows.block, rows.rows), rows.rows - 1))
-    whole = arith.divui(lanes.plus(contract.causal_last_key(first, history, lanes.index), 1),
-                        lanes.index(tile))
+    whole = floor_div(lanes.ops, lanes.plus(contract.causal_last_key(first, history,
+                                                                     lanes.index), 1), tile)
     seen = ceil_div(lanes.ops, lanes.plus(contract.causal_last_key(last, history, lanes.index),
                                           1), tile)
     return whole, seen

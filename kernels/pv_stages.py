@@ -338,7 +338,10 @@ def load_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value, tiles=None,
     if staged is not None:
         return [[load_vector(staged, [lanes.wave, col, in_wave], width, "i8")
                  for col, in_wave, _ in row] for row in _v_pieces(plan, wave_token0, tiles)]
-    return [[load_vector(kv.v, kv.v_row(col, start), width, "i8")
+    # Rows of the cache's last dimension (the padded sequence, or a block), read from
+    # multiples of the wave's tokens; the bindings are 16-byte aligned (IREE's).
+    alignment = plan.pv_layout.v_load_alignment(ir.MemRefType(kv.v.type).shape[-1])
+    return [[load_vector(kv.v, kv.v_row(col, start), width, "i8", alignment)
              for col, _, start in row] for row in _v_pieces(plan, wave_token0, tiles)]
 
 

@@ -138,6 +138,8 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     steps = range(d // inst.k)
     k_loads = [lanes.of_lane(first) for first in layout.qk_b_loads(d)]
     width = layout.qk_b_width(d)
+    # IREE's bindings are 16-byte aligned (the kernel's pointer parameters say so).
+    k_alignment = layout.k_load_alignment(d)
     b_pieces = [layout.qk_b_pieces(d, step) for step in steps]
     c = plan.constants()
     bound = MAX_Q_K_PRODUCT * d        # |a QK sum| of any term (a digit's too)
@@ -148,7 +150,8 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     for n in range(layout.blocks):
         k_row = kv.token_row(lanes.affine((wave_token0, 1),
                                           (lanes.of_lane(layout.b_token(n)), 1)))
-        loads = [load_vector(kv.k, k_row + [first], width, "i8") for first in k_loads]
+        loads = [load_vector(kv.k, k_row + [first], width, "i8", k_alignment)
+                 for first in k_loads]
         # The block's K and V scales, issued with its K bytes (not after the MMAs,
         # nor the V scales after the softmax's barriers).
         elements = plan.live_elements(n)

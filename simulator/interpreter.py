@@ -131,7 +131,8 @@ class Machine(ComputeOps):
         if buffer.size != int(np.prod(shape)):
             raise SimulationError(f"binding {operands[0]} has {buffer.size} elements, the "
                                   f"kernel views it as {shape}")
-        return _Memory(buffer.reshape(-1), shape)
+        return _Memory(buffer.reshape(-1), shape,
+                       element_bytes=_element_bytes(ir.MemRefType(op.result.type)))
 
     def op_memref_alloc(self, op, _):
         t = ir.MemRefType(op.result.type)
@@ -139,7 +140,8 @@ class Machine(ComputeOps):
         dtype = DTYPES[_element(t)]
         groups = int(np.prod(self.grid))
         poison = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
-        return _Memory(np.full(groups * size, poison, dtype=dtype), t.shape, size)
+        return _Memory(np.full(groups * size, poison, dtype=dtype), t.shape, size,
+                       _element_bytes(t))
 
     def op_gpu_barrier(self, op, _):
         return None
@@ -165,6 +167,9 @@ class Machine(ComputeOps):
 
     def op_vector_load(self, op, operands):
         count = ir.VectorType(op.result.type).shape[0]
+        if "alignment" in op.attributes:
+            operands[0].check_alignment(operands[1:], self,
+                                        ir.IntegerAttr(op.attributes["alignment"]).value)
         return operands[0].load(operands[1:], self, count)
 
     def op_vector_store(self, op, operands):
@@ -198,3 +203,12 @@ class Machine(ComputeOps):
             for target, indices, values, self.active, count in group:
                 target.store(values, indices, self, count)
         self.active = active
+
+
+def _element_bytes(t: ir.MemRefType) -> int:
+    """Bytes of one element as the hardware stores it (bf16: 2, though the simulator
+    holds it in an f32 array)."""
+    element = t.element_type
+    width = (ir.IntegerType(element).width if isinstance(element, ir.IntegerType)
+             else ir.FloatType(element).width)
+    return width // 8

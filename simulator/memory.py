@@ -25,8 +25,10 @@ class SimulationError(RuntimeError):
 class _Memory:
     """A memref view: flat buffer, shape, row-major strides, per-workgroup or global."""
 
-    def __init__(self, buffer: np.ndarray, shape, per_workgroup_size: int = 0):
+    def __init__(self, buffer: np.ndarray, shape, per_workgroup_size: int = 0,
+                 element_bytes: int = 0):
         self.buffer, self.shape = buffer, tuple(shape)
+        self.element_bytes = element_bytes or buffer.dtype.itemsize
         self.strides = tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
         self.per_workgroup_size = per_workgroup_size
 
@@ -47,6 +49,18 @@ class _Memory:
         if self.per_workgroup_size:
             linear = linear + machine.workgroup_index * self.per_workgroup_size
         return linear[:, None] + np.arange(count) if count > 1 else linear
+
+    def check_alignment(self, indices, machine, alignment: int) -> None:
+        """A load that claims `alignment` bytes: every active thread's byte offset in
+        the buffer is a multiple of it (the buffer's base is, as IREE's bindings are
+        16-byte aligned)."""
+        offsets = self.addresses(indices, machine) * self.element_bytes
+        if machine.active is not None:
+            offsets = offsets[machine.active]
+        wrong = offsets % alignment != 0
+        if wrong.any():
+            raise SimulationError(f"a load claims {alignment}-byte alignment, but reads "
+                                  f"byte {int(offsets[wrong][0])} of memref {self.shape}")
 
     def load(self, indices, machine, count: int = 1) -> np.ndarray:
         return self.buffer[self.addresses(indices, machine, count)]

@@ -91,6 +91,29 @@ def test_sequence_addresses_walk_the_table(block_size):
                                   [layout.blocks_needed(n) for n in lengths])
 
 
+@pytest.mark.parametrize("block_size", BLOCK_SIZES + (64, 128, 48))
+@pytest.mark.parametrize("tile_tokens", [16, 64])
+def test_tile_addresses_are_the_token_addresses(block_size, tile_tokens):
+    # A kernel's tile split (the tile's part + the lane's part, where blocks and tiles
+    # nest; the whole token's otherwise: 48 against 64) reads what `address` reads for
+    # every token of every tile of the table row, past the length too.
+    rng = seeded_rng(SEED + 500 + block_size + tile_tokens)
+    layout = CacheLayout.paged(block_size)
+    rules = layout.rules()
+    width = 5
+    table = rng.permutation(100)[:width]
+    lookup = lambda slot: table[slot]
+    tokens = width * block_size
+    for length in (1, block_size, tokens - 3, tokens):
+        last = rules.last_table_slot(length)
+        for first in range(0, tokens, tile_tokens):
+            local = np.arange(min(tile_tokens, tokens - first))
+            want = rules.address(first + local, lookup, last)
+            got = rules.tile_address(first, local, tile_tokens, lookup, last)
+            np.testing.assert_array_equal(got[0], want[0], err_msg=f"length {length}")
+            np.testing.assert_array_equal(got[1], want[1], err_msg=f"length {length}")
+
+
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_pool_slots_enumerate_the_pool(block_size):
     rng = seeded_rng(SEED + 100 + block_size)

@@ -111,6 +111,44 @@ def test_qk_head_dim_order_gives_each_lane_one_contiguous_run(target, head_dim):
         assert (a_dims == order[step, inst.a.coords[:, :, 1]]).all()
 
 
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 256])
+def test_load_alignments_hold_for_every_lane(target, head_dim):
+    # The alignment a kernel claims for its K and V cache loads (the backend trusts
+    # it): every lane's every load starts at a multiple of it, in rows of the given
+    # length; it is the load's width wherever that holds (16 bytes but for D = 32,
+    # 96 and 160, whose runs are 8 or 16 bytes, and V rows of a 16-token block).
+    from int8attn.fragments import DecodeKernelLayout, fragment_model
+
+    layout = DecodeKernelLayout(fragment_model(target))
+    lanes = np.arange(layout.instruction.b.lanes)
+    k = layout.k_load_alignment(head_dim)
+    starts = np.stack([f(lanes) for f in layout.qk_b_loads(head_dim)])
+    assert k == layout.qk_b_width(head_dim) and head_dim % k == 0 and (starts % k == 0).all()
+    width = layout.model.v_load.bytes_per_lane
+    v_starts = np.stack([layout.v_load_start(u)(lanes) for u in range(layout.v_loads())])
+    for row_tokens, want in ((16, 16), (64, width), (4096, width), (8, 8), (24, 8)):
+        v = layout.v_load_alignment(row_tokens)
+        assert v == min(want, width) and (v_starts % v == 0).all() and row_tokens % v == 0
+
+
+def test_lane_map_alignment_is_the_largest_power_of_two_dividing_every_value():
+    from int8attn.fragments.lane_maps import LaneMap
+
+    rng = np.random.default_rng(7)
+    print("seed 7")
+    for _ in range(200):
+        offset, scales = int(rng.integers(0, 300)), rng.integers(0, 300, 5)
+        values = offset + (((np.arange(32)[:, None] >> np.arange(5)) & 1) * scales).sum(1)
+        got = LaneMap.fit(values).alignment()
+        nonzero = values[values != 0]
+        if not nonzero.size:
+            assert got >= 1 << 20
+            continue
+        want = max(1 << b for b in range(20) if (values % (1 << b) == 0).all())
+        assert got == want, (offset, scales)
+
+
 @pytest.mark.parametrize("rows, cols, threads, longest", [
     (4, 128, 128, 4), (4, 32, 32, 4), (16, 64, 64, 4), (16, 128, 128, 4), (2, 4, 2, 4),
     (4, 64, 256, 4), (8, 16, 16, 2)])

@@ -96,6 +96,31 @@ def test_unused_table_slots_are_never_read():
             run_paged_kernels(module, layout, *arrays)
 
 
+def test_a_load_claiming_more_alignment_than_it_has_is_refused():
+    # The K and V loads carry the alignment the fragment model proves (16 bytes here),
+    # which the backend trusts; the simulator checks each claim on every lane. Claiming
+    # twice as much is caught: some lane's load starts 16 bytes past a 32-byte line.
+    rng = seeded_rng(96)
+    arrays = paged_batch(rng, [70, 5], 4, 2, 64, 16)
+    with new_context(), ir.Location.unknown():
+        module, layout = _kernels("cuda", 4, 2, 64, 16, 0.125)
+        claims = []
+
+        def claim(op):
+            if op.name == "vector.load" and "alignment" in op.attributes:
+                claims.append(op)
+            return ir.WalkResult.ADVANCE
+
+        module.walk(claim)
+        assert claims and {ir.IntegerAttr(op.attributes["alignment"]).value
+                           for op in claims} == {16}
+        run_paged_kernels(module, layout, *arrays)
+        for op in claims:
+            op.attributes["alignment"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 32)
+        with pytest.raises(SimulationError, match="claims 32-byte alignment"):
+            run_paged_kernels(module, layout, *arrays)
+
+
 def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
     shape = PagedShape(2, 4, 64, 8, 0.125)
     with new_context(), ir.Location.unknown(), pytest.raises(ValueError, match="block size 8"):

@@ -36,7 +36,7 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // K steps of 8 bytes each, in the layout's lane-contiguous head-dim order.
 // CHECK: %[[BLOCK:.*]] = memref.load %[[IDS]][
 // CHECK: %[[ROW:.*]] = arith.index_cast %[[BLOCK]] : i32 to index
-// CHECK: %[[KB:.*]] = vector.load %[[K]][%[[ROW]], %{{.*}}, %{{.*}}, %{{.*}}] : memref<?x2x32x64xi8>, vector<16xi8>
+// CHECK: %[[KB:.*]] = vector.load %[[K]][%[[ROW]], %{{.*}}, %{{.*}}, %{{.*}}] alignment = 16 : memref<?x2x32x64xi8>, vector<16xi8>
 // CHECK: vector.extract_strided_slice %[[KB]] offsets = [0], sizes = [8], strides = [1]
 // CHECK: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
 // CHECK: vector.extract_strided_slice %[[KB]] offsets = [8], sizes = [8], strides = [1]

@@ -38,7 +38,7 @@
 // CHECK: scf.yield
 // CHECK: %[[LOOP:.*]]:34 = scf.for %[[T:[a-z0-9_]+]] = %[[WHOLE]] to %[[TILES]] step %c1 iter_args(%[[M:[a-z0-9_]+]] = %[[WHOLE_LOOP]]#0, %[[L:[a-z0-9_]+]] = %[[WHOLE_LOOP]]#1, %[[O0:[a-z0-9_]+]] = %[[WHOLE_LOOP]]#2
 // CHECK: %[[FIRST:.*]] = arith.muli %[[T]], %c64 : index
-// CHECK: vector.load %[[K]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : memref<1x8x4096x128xi8>, vector<16xi8>
+// CHECK: vector.load %[[K]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] alignment = 16 : memref<1x8x4096x128xi8>, vector<16xi8>
 // QK: 2 q terms x 4 token blocks x 4 K steps (each term an MMAC of its own: every
 // row of the tile is a query row).
 // CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
