@@ -168,13 +168,14 @@ def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants
 def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
                     unsigned: bool = False) -> tuple[ir.Value, ir.Value]:
     """Two-term W as digits (reference.quantize_w_digits): the i8 (high, low) of
-    t = clamp(roundeven(W * (inv * BASE))) on the first term's levels times BASE
+    t = clamp(roundeven((W * inv) * BASE)) on the first term's levels times BASE
     (t = 0 where `inverse`, the group's `quantize_inverse`, is 0), high = (t + BASE/2)
     >> log2(BASE) stored as the first term stores its level, low = t - high * BASE."""
     i32 = ir.IntegerType.get_signless(32)
     i8 = ir.IntegerType.get_signless(8)
     levels = (UMAX if unsigned else QMAX) * DIGIT_BASE
-    fine = arith.mulf(w, arith.mulf(inverse, _f32(DIGIT_BASE)))   # exact: a power of two
+    # (w * inv) * BASE: the scaling is exact, and inv * BASE would overflow (a < 2^-112).
+    fine = arith.mulf(arith.mulf(w, inverse), _f32(DIGIT_BASE))
     bottom = c.zero if unsigned else _f32(-levels)
     clamped = arith.minimumf(arith.maximumf(fine, bottom), _f32(levels))
     t = to_int(clamped, inverse, c, 32)

@@ -221,7 +221,7 @@ def quantize_w_terms(w_groups: np.ndarray, numerics: Numerics = Numerics(),
 def quantize_digits(x: np.ndarray, unsigned: bool = False,
                     amax: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """A two-term value as two INT8 digits (second term "digit", docs/design.md §2c):
-    one rounding, t = clamp(roundeven(x * (inv * DIGIT_BASE))) on the first term's levels
+    one rounding, t = clamp(roundeven((x * inv) * DIGIT_BASE)) on the first term's levels
     times DIGIT_BASE (inv = 127/a, or 255/a unsigned; t = 0 where inv is 0), rows on
     the last axis against `amax` (default their own absmax); high = (t + BASE/2) >>
     log2(BASE) (unsigned: stored as high - 128), low = t - high * BASE in [-128, 127].
@@ -231,7 +231,8 @@ def quantize_digits(x: np.ndarray, unsigned: bool = False,
     levels = UMAX if unsigned else QMAX
     inverse = quantization_inverse(amax, levels)
     with np.errstate(invalid="ignore", over="ignore"):
-        fine = x * (inverse * F32(DIGIT_BASE))[..., None]
+        # (x * inv) * BASE: exact scaling, where inv * BASE overflows for a < 2^-112
+        fine = (x * inverse[..., None]) * F32(DIGIT_BASE)
         t = np.clip(np.rint(fine), 0 if unsigned else -levels * DIGIT_BASE,
                     levels * DIGIT_BASE)
         t = np.where(inverse[..., None] == 0, 0, t).astype(np.int32)

@@ -1,7 +1,7 @@
 """Second terms as digits (q-second / w-second "digit", docs/design.md §2c): the rule.
 
 A value is quantized once on DIGIT_BASE (256) times finer levels than its first term,
-t = clamp(roundeven(x * (inv * 256))), and split into a high INT8 digit (the first
+t = clamp(roundeven((x * inv) * 256)), and split into a high INT8 digit (the first
 term) and a low one (scale s1 / 256). Checked here on the numpy reference:
 - the digits are INT8 (high in the first term's range, low in [-128, 127]) and join
   back to t exactly; x ~ t * s1 / 256 within s1 / 512 (plus f32 rounding);
@@ -40,12 +40,12 @@ def test_digits_join_to_one_rounding_within_half_a_fine_step(unsigned):
     assert np.array_equal(s2, (s1 * np.float32(1 / DIGIT_BASE)).astype(np.float32))
     t = level * DIGIT_BASE + low
     amax = np.abs(rows).max(axis=-1, keepdims=True).astype(np.float64)
-    expected = np.clip(np.rint(rows * (np.float32(levels) / amax.astype(np.float32)
-                                       * np.float32(DIGIT_BASE))), -levels * DIGIT_BASE,
+    expected = np.clip(np.rint(rows * (np.float32(levels) / amax.astype(np.float32))
+                               * np.float32(DIGIT_BASE)), -levels * DIGIT_BASE,
                        levels * DIGIT_BASE)
     assert np.array_equal(t, expected)               # one rounding, joined exactly
     error = np.abs(t * s2[:, None].astype(np.float64) - rows) / amax
-    # half a fine step, plus the f32 rounding of x * (inv * 256) (|.| < 2^16: an ulp is
+    # half a fine step, plus the f32 rounding of x * inv (|.| < 2^16 after the exact * 256: an ulp is
     # at most 2^-8 of a step)
     bound = 1 / (2 * levels * DIGIT_BASE) * (1 + 2 ** -7)
     assert error.max() <= bound
@@ -65,6 +65,28 @@ def test_zero_tiny_and_non_finite_rows_follow_the_contract():
     assert not high.any() and not low.any()
     assert np.isnan(s1[2:]).all() and np.isnan(s2[2:]).all()
     assert np.isfinite(s1[:2]).all()
+
+
+@pytest.mark.parametrize("unsigned", [False, True], ids=["signed", "unsigned"])
+def test_tiny_but_quantizable_rows_get_the_levels_of_any_scale(unsigned):
+    # An absmax in [2^-118, 2^-112) is quantized (above the tiny threshold), but
+    # inv * 256 overflows f32 there: the rule scales x * inv by 256 instead, so such a
+    # row gets the digits of the same row 2^100 times larger, and its scales 2^-100
+    # times those (powers of two scale exactly).
+    seed = 405 + unsigned
+    print(f"seed {seed}")
+    rng = seeded_rng(seed)
+    exponents = rng.uniform(-118, -112, (64, 1))
+    rows = (rng.uniform(-1, 1, (64, 16)) * 2.0 ** exponents).astype(np.float32)
+    rows[:, 0] = (2.0 ** exponents[:, 0]).astype(np.float32)    # the absmax, exactly
+    rows = np.abs(rows) if unsigned else rows
+    (high, s1), (low, s2) = quantize_digits(rows, unsigned)
+    (big_high, big_s1), (big_low, big_s2) = quantize_digits(rows * np.float32(2.0 ** 100),
+                                                            unsigned)
+    assert np.array_equal(high, big_high) and np.array_equal(low, big_low)
+    assert np.array_equal(s1, big_s1 * np.float32(2.0 ** -100))
+    assert np.abs(high.astype(int) + (W_OFFSET if unsigned else 0)).max() == \
+        (UMAX if unsigned else QMAX)        # the absmax element takes the top level
 
 
 def test_qk_with_digits_joins_the_sums_before_one_conversion():

@@ -22,6 +22,7 @@ from int8attn.contract.numerics import KERNEL_NUMERICS  # the simulated kernels'
 from int8attn.fragments import fragment_model
 from int8attn.kernels.lanes import Lanes, binding
 from int8attn.contract import scalar_ir as contract
+from int8attn.contract.constants import QMAX
 from int8attn.reference.common import QUANTIZE_MIN_ABSMAX
 from int8attn.driver.stages import iree_compile
 from int8attn.driver.targets import TARGETS as COMPILE_TARGETS
@@ -61,24 +62,29 @@ def special_rows(rng, width=8):
         np.r_[127.0, 0.5, -0.5, 1.5, -2.5, 3.5, 126.5, -126.5],     # exact ties (inv = 1)
         rng.standard_normal(width) * 1e30,
         rng.standard_normal(width) * 1e-30,
+        # fl(a * fl(127 / a)) > 127 for these absmaxes: the implied clamp's edge
+        np.r_[9.3554366e-12, -9.3554366e-12, rng.uniform(-1, 1, width - 2) * 9.3e-12],
+        np.r_[-7.5224012e+24, 7.5224012e+24, rng.uniform(-1, 1, width - 2) * 7.5e24],
         np.r_[-127.0, 64.5, -63.5, 125.5, -124.5, 0.49999997, -0.50000006, 99.5],
     ]
     return np.array(rows, dtype=np.float32)
 
 
-def simulate_contract(x: np.ndarray):
-    """q, s of each row of x through the contract's ops, one thread per row."""
+def simulate_contract(x: np.ndarray, digits: bool = False):
+    """q, s of each row of x through the contract's ops, one thread per row; with
+    `digits`, the (high, low) digits of `quantize_digits` (signed) and s."""
     rows, width = x.shape
     threads = 1 << (rows - 1).bit_length()
     x_pad = np.zeros((threads, width), np.float32)
     x_pad[:rows] = x
     q, s = np.zeros((threads, width), np.int8), np.zeros(threads, np.float32)
+    low = np.zeros((threads, width), np.int8)
     with ir.Context() as context, ir.Location.unknown():
         context.allow_unregistered_dialects = True
         module = ir.Module.create()
         with ir.InsertionPoint(module.body):
             binding_type = ir.Type.parse("!stream.binding")
-            kernel = func.FuncOp("contract", ir.FunctionType.get([binding_type] * 3, []))
+            kernel = func.FuncOp("contract", ir.FunctionType.get([binding_type] * 4, []))
             with ir.InsertionPoint(kernel.add_entry_block()):
                 args = list(kernel.arguments)
                 lanes = Lanes(threads, threads)
@@ -86,6 +92,7 @@ def simulate_contract(x: np.ndarray):
                 xs = binding(args[0], (threads, width), "f32", zero)
                 qs = binding(args[1], (threads, width), "i8", zero)
                 ss = binding(args[2], (threads,), "f32", zero)
+                lows = binding(args[3], (threads, width), "i8", zero)
                 c = contract.quantize_constants(lanes.f32)
                 values = [memref.load(xs, [lanes.thread, lanes.index(j)]) for j in range(width)]
                 amax = c.zero
@@ -94,11 +101,16 @@ def simulate_contract(x: np.ndarray):
                 memref.store(contract.quantize_scale(amax, c), ss, [lanes.thread])
                 inverse = contract.quantize_inverse(amax, c)
                 for j, value in enumerate(values):
-                    memref.store(contract.quantize_value(value, inverse, c), qs,
-                                 [lanes.thread, lanes.index(j)])
+                    where = [lanes.thread, lanes.index(j)]
+                    if digits:
+                        high, low_digit = contract.quantize_digits(value, inverse, c)
+                        memref.store(high, qs, where)
+                        memref.store(low_digit, lows, where)
+                    else:
+                        memref.store(contract.quantize_value(value, inverse, c), qs, where)
                 func.ReturnOp([])
-        Machine(kernel.operation, [x_pad, q, s], (1, 1, 1), threads, threads).run()
-    return q[:rows], s[:rows]
+        Machine(kernel.operation, [x_pad, q, s, low], (1, 1, 1), threads, threads).run()
+    return (q[:rows], low[:rows], s[:rows]) if digits else (q[:rows], s[:rows])
 
 
 def test_the_scalar_contract_matches_the_numpy_reference():
@@ -114,6 +126,25 @@ def test_the_scalar_contract_matches_the_numpy_reference():
     assert np.isnan(s[nonfinite]).all() and not q[nonfinite | tiny].any()
     assert np.array_equal(s[tiny], np.abs(x[tiny]).max(axis=1) / np.float32(127))
     assert np.array_equal(q[13], [127, 0, 0, 2, -2, 4, 126, -126])
+
+
+def test_the_digits_of_a_tiny_but_quantizable_row():
+    # An absmax in [2^-118, 2^-112) is quantized, but inv * 256 overflows f32 there:
+    # the contract's digits take (x * inv) * 256 (docs/design.md §2c), so such a row
+    # gets the digits of the same row 2^100 times larger (powers of two scale exactly),
+    # in the IR as in the reference. (With x * (inv * 256), every nonzero level was
+    # the top one.)
+    rng = seeded_rng(66)
+    exponents = rng.uniform(-118, -112, (16, 1))
+    x = (rng.uniform(-1, 1, (16, 8)) * 2.0 ** exponents).astype(np.float32)
+    x[:, 0] = (2.0 ** exponents[:, 0]).astype(np.float32)         # the absmax
+    high, low, s = simulate_contract(x, digits=True)
+    (big_high, _), (big_low, _) = ref.common.quantize_digits(x * np.float32(2.0 ** 100))
+    assert np.array_equal(high, big_high) and np.array_equal(low, big_low)
+    (ref_high, ref_s), (ref_low, _) = ref.common.quantize_digits(x)
+    assert np.array_equal(high, ref_high) and np.array_equal(low, ref_low)
+    assert np.array_equal(s, ref_s)
+    assert (np.abs(high[:, 1:].astype(int)) < QMAX).any()
 
 
 # the CPU lowering, compiled by IREE ----------------------------------------------
@@ -142,6 +173,24 @@ def cpu_quantize(x: np.ndarray, w_quant: str | None):
     return q.reshape(rows, width), s.reshape(rows)
 
 
+def near_tie_rows(rng, count: int, width: int = 8) -> np.ndarray:
+    """Rows (a, x, -x, 0...) where fl(x * fl(127 / a)) is a tie k + 0.5 that the exact
+    product misses: a backend that contracts the product into the rounding add (an
+    FMA) rounds these the other way. The clamp between them is what keeps it apart."""
+    rows = []
+    while len(rows) < count:
+        a = np.float32(rng.uniform(1, 100))
+        inverse = np.float32(127) / a
+        k = int(rng.integers(0, 126))
+        x0 = np.float32((k + 0.5) / np.float64(inverse))
+        for x in (x0, np.nextafter(x0, np.float32(0)), np.nextafter(x0, np.float32(1e9))):
+            product = np.float32(x * inverse)
+            if product == k + 0.5 and np.float64(x) * np.float64(inverse) != k + 0.5:
+                rows.append([a, x, -x] + [0.0] * (width - 3))
+                break
+    return np.array(rows, np.float32)
+
+
 def assert_same_scales(s, s_ref):
     """Bitwise, except that llvm-cpu flushes a subnormal scale (a tiny row's a/127) to 0."""
     subnormal = (s_ref != 0) & (np.abs(s_ref) < np.finfo(np.float32).tiny)
@@ -152,12 +201,14 @@ def assert_same_scales(s, s_ref):
 def test_the_cpu_lowering_quantizes_like_the_numpy_reference():
     """lower-quantize compiled by IREE llvm-cpu (where LLVM contracts a multiply
     feeding an add into an fma): bitwise the reference's q and s over the special
-    rows, ties and random rows (signed), and over W >= 0 rows with ties, tiny, zero
-    and non-finite groups (unsigned)."""
+    rows, ties, products on a tie the exact product misses, and random rows
+    (signed), and over W >= 0 rows with ties, tiny, zero and non-finite groups
+    (unsigned)."""
     rng = seeded_rng(61)
     special = special_rows(rng)
     magnitudes = (10.0 ** rng.integers(-20, 20, (64, 1))).astype(np.float32)
-    x = np.concatenate([special, rng.standard_normal((64, 8)).astype(np.float32) * magnitudes])
+    x = np.concatenate([special, rng.standard_normal((64, 8)).astype(np.float32) * magnitudes,
+                        near_tie_rows(rng, 64)])
     q, s = cpu_quantize(x, None)
     with np.errstate(invalid="ignore", over="ignore"):
         q_ref, s_ref = ref.quantize(x)
