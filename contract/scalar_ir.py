@@ -149,30 +149,39 @@ def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants,
     return arith.subf(arith.bitcast(f32, bits), c.round_bias)
 
 
-def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
-    """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0."""
+def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants,
+                   width: int = 8) -> ir.Value:
+    """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0. With
+    `width` 32 the level as an i32 (its low byte the i8), for a caller that packs
+    four into a word itself."""
     clamped = arith.minimumf(arith.maximumf(arith.mulf(x, inverse), c.qmin), c.qmax)
-    return to_int(clamped, inverse, c, 8)
+    return to_int(clamped, inverse, c, width)
 
 
-def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants) -> ir.Value:
+def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
+                            width: int = 8) -> ir.Value:
     """The s8 `u - 128` of W against its group's unsigned `quantize_inverse`:
-    u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0."""
+    u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0 (`width` as
+    for `quantize_value`)."""
     clamped = arith.minimumf(arith.maximumf(arith.mulf(w, inverse), c.zero), c.umax)
     u = to_int(clamped, inverse, c, 32)
     i32 = ir.IntegerType.get_signless(32)
-    shifted = arith.subi(u, arith.constant(i32, W_OFFSET))
-    return arith.trunci(ir.IntegerType.get_signless(8), shifted)
+    return _narrow(arith.subi(u, arith.constant(i32, W_OFFSET)), width)
+
+
+def _narrow(value: ir.Value, width: int) -> ir.Value:
+    """An i32 level as i`width` (32: as it is)."""
+    return value if width == 32 else arith.trunci(ir.IntegerType.get_signless(width), value)
 
 
 def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
-                    unsigned: bool = False) -> tuple[ir.Value, ir.Value]:
+                    unsigned: bool = False, width: int = 8) -> tuple[ir.Value, ir.Value]:
     """Two-term W as digits (reference.quantize_w_digits): the i8 (high, low) of
     t = clamp(roundeven((W * inv) * BASE)) on the first term's levels times BASE
     (t = 0 where `inverse`, the group's `quantize_inverse`, is 0), high = (t + BASE/2)
-    >> log2(BASE) stored as the first term stores its level, low = t - high * BASE."""
+    >> log2(BASE) stored as the first term stores its level, low = t - high * BASE
+    (`width` as for `quantize_value`)."""
     i32 = ir.IntegerType.get_signless(32)
-    i8 = ir.IntegerType.get_signless(8)
     levels = (UMAX if unsigned else QMAX) * DIGIT_BASE
     # (w * inv) * BASE: the scaling is exact, and inv * BASE would overflow (a < 2^-112).
     fine = arith.mulf(arith.mulf(w, inverse), _f32(DIGIT_BASE))
@@ -185,7 +194,7 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     low = arith.subi(t, arith.shli(high, shift))
     if unsigned:
         high = arith.subi(high, arith.constant(i32, W_OFFSET))
-    return arith.trunci(i8, high), arith.trunci(i8, low)
+    return _narrow(high, width), _narrow(low, width)
 
 
 def join_digits(high: ir.Value, low: ir.Value) -> ir.Value:
@@ -218,9 +227,10 @@ def unsigned_offset(acc: ir.Value, column_sum: ir.Value) -> ir.Value:
 
 
 def w_level(wq: ir.Value, unsigned: bool) -> ir.Value:
-    """The integer (i32) a stored Wq stands for: Wq (s8), or u = Wq + 128 (u8)."""
+    """The integer (i32) a stored Wq (an i8, or an i32 level) stands for: Wq (s8), or
+    u = Wq + 128 (u8)."""
     i32 = ir.IntegerType.get_signless(32)
-    level = arith.extsi(i32, wq)
+    level = wq if wq.type == i32 else arith.extsi(i32, wq)
     return arith.addi(level, arith.constant(i32, W_OFFSET)) if unsigned else level
 
 

@@ -100,6 +100,25 @@ class Lanes:
                 for r in range(len(values) // inner)]
         return self.assemble(rows, shape) if outer else rows[0]
 
+    def pack_bytes(self, levels, shape) -> ir.Value:
+        """i32 levels (each standing for its low byte) as an i8 operand vector of
+        `shape`, row-major, four bytes to a word by shifts and ors: an i8 element
+        would cost two conversions on NVPTX, which holds it in 16 bits."""
+        *outer, inner = shape
+        rows = []
+        for r in range(len(levels) // inner):
+            words = []
+            for w in range(r * inner, (r + 1) * inner, 4):
+                word = None
+                for j, level in enumerate(levels[w:w + 4]):
+                    byte = level if j == 3 else arith.andi(level, self.i32(0xFF))
+                    byte = arith.shli(byte, self.i32(8 * j)) if j else byte
+                    word = byte if word is None else arith.ori(word, byte)
+                words.append(word)
+            packed = vector.from_elements(vector_type(len(words), "i32"), words)
+            rows.append(vector.bitcast(vector_type(inner, "i8"), packed))
+        return self.assemble(rows, shape) if outer else rows[0]
+
     # lane maps ---------------------------------------------------------------
     def of_lane(self, lane_map: LaneMap, of=None) -> ir.Value:
         """`lane_map` evaluated on the lane id (or on `of`, e.g. the thread id)."""

@@ -32,7 +32,8 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     """
     if plan.w_feed is not None:
         terms = [({}, {}) for _ in range(plan.numerics.w_terms)]     # ({element: Wq}, sw)
-        for members, quantized in _group_terms(plan, w):
+        # i32 levels: four packed into each A register (`Lanes.pack_bytes`)
+        for members, quantized in _group_terms(plan, w, width=32):
             key = (plan.row_map(members[0]),
                    plan.layout.uniform_group(members[0], plan.pv_layout.model))
             for (levels, scales), (term_levels, scale) in zip(terms, quantized):
@@ -63,9 +64,10 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     return StagedW(first.w, first.scales, second)
 
 
-def _group_terms(plan: StagePlan, w: dict):
+def _group_terms(plan: StagePlan, w: dict, width: int = 8):
     """Per W group class of the lane's elements: (members, [({element: Wq}, sW)] per
-    term), the contract's rule (contract/scalar_ir.py, as in lower-quantize): a zero
+    term), Wq an i`width` (8, or 32 for a sink that packs the bytes itself), the
+    contract's rule (contract/scalar_ir.py, as in lower-quantize): a zero
     or tiny group gives Wq = 0, a NaN/Inf group Wq = 0 and sW = NaN. The absmax is
     NaN-propagating in-lane and across the xor shuffles, so every lane of a group
     sees the same a. The second term is the residual W - level*sW1 on its own scale,
@@ -79,13 +81,13 @@ def _group_terms(plan: StagePlan, w: dict):
         values = {e: w[e] for e in members}
         inverse, scale = _group_scale(plan, members, values, c, unsigned)
         if numerics.w_digits:
-            digits = {e: contract.quantize_digits(values[e], inverse, c, unsigned)
+            digits = {e: contract.quantize_digits(values[e], inverse, c, unsigned, width)
                       for e in members}
             yield members, [({e: high for e, (high, _) in digits.items()},
                              contract.digit_scale(scale)),
                             ({e: low for e, (_, low) in digits.items()}, None)]
             continue
-        first = {e: value_of(values[e], inverse, c) for e in members}
+        first = {e: value_of(values[e], inverse, c, width) for e in members}
         if numerics.w_terms == 1:
             yield members, [(first, scale)]
             continue
@@ -93,20 +95,22 @@ def _group_terms(plan: StagePlan, w: dict):
                     for e in members}
         inverse2, scale2 = _group_scale(plan, members, residual, signed, False)
         yield members, [(first, scale),
-                        ({e: contract.quantize_value(residual[e], inverse2, signed)
+                        ({e: contract.quantize_value(residual[e], inverse2, signed, width)
                           for e in members}, scale2)]
 
 
 def _fed_fragments(plan: StagePlan, values: dict) -> tuple:
     """PV's A operand of each MMAC, its registers taken from the lane's score
-    elements `values` as the feed maps them."""
+    elements `values` as the feed maps them (i32 levels: packed, four to a word)."""
     layout, feed = plan.pv_layout, plan.w_feed
     inst = layout.instruction
     fragments = []
     for t in range(layout.model.mmacs_per_wave):
         registers = [values[plan.layout.element(block, slot)]
                      for slot, block in (feed.element(r, t) for r in range(inst.a.slots))]
-        fragments.append(plan.lanes.from_elements(registers, inst.a_vector))
+        fragments.append(plan.lanes.pack_bytes(registers, inst.a_vector)
+                         if str(registers[0].type) == "i32"
+                         else plan.lanes.from_elements(registers, inst.a_vector))
     return tuple(fragments)
 
 

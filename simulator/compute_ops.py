@@ -143,6 +143,17 @@ class ComputeOps:
         elements = np.broadcast_arrays(*[np.asarray(x) for x in operands])
         return np.stack(elements, axis=-1).reshape(elements[0].shape + shape)
 
+    def op_vector_broadcast(self, op, operands):
+        # Canonicalization's form of a one-element from_elements, among others: the
+        # source's dims align with the result's trailing ones.
+        shape = tuple(ir.VectorType(op.result.type).shape)
+        source = np.asarray(operands[0])
+        rank = (len(ir.VectorType(op.operands[0].type).shape)
+                if isinstance(op.operands[0].type, ir.VectorType) else 0)
+        lead = source.shape[:source.ndim - rank]
+        aligned = source.reshape(lead + (1,) * (len(shape) - rank) + source.shape[len(lead):])
+        return np.array(np.broadcast_to(aligned, lead + shape))
+
     def op_vector_extract_strided_slice(self, op, operands):
         offset = ir.IntegerAttr(ir.ArrayAttr(op.attributes["offsets"])[0]).value
         size = ir.IntegerAttr(ir.ArrayAttr(op.attributes["sizes"])[0]).value

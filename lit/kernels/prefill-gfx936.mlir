@@ -56,8 +56,11 @@
 // CHECK: %[[LSCALED:.*]] = arith.mulf %[[ALPHA]], %[[L]] : f32
 // CHECK: %[[LNEW:.*]] = arith.addf %[[LSCALED]], %{{.*}} : f32
 // W quantized per (row, MMAC group) into PV's A operands in registers, then PV:
-// 2 W digits x 2 MMACs x 8 head-dim tiles, no barrier in the tile loop.
+// 2 W digits x 2 MMACs x 8 head-dim tiles, no barrier in the tile loop. The levels
+// are packed four to a word (Lanes.pack_bytes), an MMAC's 8 bytes taken as one i64.
 // CHECK-NOT: gpu.barrier
+// CHECK: %[[WORDS:.*]] = vector.from_elements %{{.*}}, %{{.*}} : vector<2xi32>
+// CHECK: vector.bitcast %[[WORDS]] : vector<2xi32> to vector<1xi64>
 // CHECK-COUNT-32: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
 // CHECK-NOT: llvm.call_intrinsic
 // o' = alpha o + the tile's PV.
