@@ -61,3 +61,10 @@ ROUND_BIAS = 1.5 * 2.0 ** 23
 # the other way round, instead of the conversion instructions (quarter rate).
 ROUND_BIAS_BITS = 0x4B400000
 EXACT_BIAS_RANGE = 2 ** 22
+# ROUND_BIAS / DIGIT_BASE = 1.5*2^15: its sums with |y| <= 2^14 step by 1/DIGIT_BASE, so
+# adding it rounds y to DIGIT_BASE-times finer levels (ties to even) and the bits less
+# DIGIT_ROUND_BIAS_BITS are the level t = roundeven(y * DIGIT_BASE): the digits' rounding
+# with no multiply (whose y * inv * DIGIT_BASE form, inv * DIGIT_BASE, overflows f32 for
+# absmaxes below 2^-112).
+DIGIT_ROUND_BIAS = ROUND_BIAS / DIGIT_BASE
+DIGIT_ROUND_BIAS_BITS = ROUND_BIAS_BITS - ((DIGIT_BASE.bit_length() - 1) << 23)

@@ -50,7 +50,7 @@ from iree.compiler.dialects import arith, math
 
 from .constants import (EXACT_BIAS_RANGE, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
                         QUANTIZE_MIN_ABSMAX, ROUND_BIAS, ROUND_BIAS_BITS, UMAX, DIGIT_BASE,
-                        W_OFFSET)
+                        DIGIT_ROUND_BIAS, DIGIT_ROUND_BIAS_BITS, W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127
@@ -111,22 +111,24 @@ def round_even(x: ir.Value, c: QuantizeConstants) -> ir.Value:
 
 
 def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
-           width: int) -> ir.Value:
+           width: int, fine: bool = False) -> ir.Value:
     """The i`width` roundeven(clamped) (clamped to a level range within 2^22), 0 where
     the group's `inverse` is 0: fptosi of `round_even`; or, with `c.bias_bits`, the
     bits of the biased sum less the bias's bits: 1.5*2^23 + n has the bits
     ROUND_BIAS_BITS + n (an add and an integer subtract, where the GPUs convert at a
-    quarter of their f32 rate)."""
+    quarter of their f32 rate). With `fine`, roundeven(clamped * DIGIT_BASE) (the
+    digits' levels): through the bias 1.5*2^15 (DIGIT_ROUND_BIAS), whose sums step by
+    1/DIGIT_BASE, or fptosi of the exactly scaled value."""
     int_type = ir.IntegerType.get_signless(width)
-    if c.bias_bits is None:
-        steps = round_even(clamped, c)
-        skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-        return arith.fptosi(int_type, arith.select(skipped, c.zero, steps))
     i32 = ir.IntegerType.get_signless(32)
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    biased = arith.addf(arith.select(skipped, c.zero, clamped), c.round_bias)
-    value = arith.subi(arith.bitcast(i32, biased), c.bias_bits)
-    return value if width == 32 else arith.trunci(int_type, value)
+    if c.bias_bits is None:
+        scaled = arith.mulf(clamped, _f32(DIGIT_BASE)) if fine else clamped   # exact
+        return arith.fptosi(int_type, arith.select(skipped, c.zero, round_even(scaled, c)))
+    bias, bits = ((_f32(DIGIT_ROUND_BIAS), arith.constant(i32, DIGIT_ROUND_BIAS_BITS))
+                  if fine else (c.round_bias, c.bias_bits))
+    biased = arith.addf(arith.select(skipped, c.zero, clamped), bias)
+    return _narrow(arith.subi(arith.bitcast(i32, biased), bits), width)
 
 
 def through_bias(bound: int, c: QuantizeConstants) -> bool:
@@ -182,12 +184,12 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     >> log2(BASE) stored as the first term stores its level, low = t - high * BASE
     (`width` as for `quantize_value`)."""
     i32 = ir.IntegerType.get_signless(32)
-    levels = (UMAX if unsigned else QMAX) * DIGIT_BASE
-    # (w * inv) * BASE: the scaling is exact, and inv * BASE would overflow (a < 2^-112).
-    fine = arith.mulf(arith.mulf(w, inverse), _f32(DIGIT_BASE))
+    levels = UMAX if unsigned else QMAX
+    # W * inv on the first term's levels, then rounded on BASE-times finer ones
+    # (`to_int(fine=True)`; inv * BASE would overflow for a < 2^-112).
     bottom = c.zero if unsigned else _f32(-levels)
-    clamped = arith.minimumf(arith.maximumf(fine, bottom), _f32(levels))
-    t = to_int(clamped, inverse, c, 32)
+    clamped = arith.minimumf(arith.maximumf(arith.mulf(w, inverse), bottom), _f32(levels))
+    t = to_int(clamped, inverse, c, 32, fine=True)
     half, shift = (arith.constant(i32, v) for v in (DIGIT_BASE // 2,
                                                      DIGIT_BASE.bit_length() - 1))
     high = arith.shrsi(arith.addi(t, half), shift)

@@ -70,9 +70,10 @@ def special_rows(rng, width=8):
     return np.array(rows, dtype=np.float32)
 
 
-def simulate_contract(x: np.ndarray, digits: bool = False):
+def simulate_contract(x: np.ndarray, digits: bool = False, bias: bool = False):
     """q, s of each row of x through the contract's ops, one thread per row; with
-    `digits`, the (high, low) digits of `quantize_digits` (signed) and s."""
+    `digits`, the (high, low) digits of `quantize_digits` (signed) and s; with `bias`,
+    the lane kernels' conversions through the round bias's bits (else fptosi)."""
     rows, width = x.shape
     threads = 1 << (rows - 1).bit_length()
     x_pad = np.zeros((threads, width), np.float32)
@@ -93,7 +94,7 @@ def simulate_contract(x: np.ndarray, digits: bool = False):
                 qs = binding(args[1], (threads, width), "i8", zero)
                 ss = binding(args[2], (threads,), "f32", zero)
                 lows = binding(args[3], (threads, width), "i8", zero)
-                c = contract.quantize_constants(lanes.f32)
+                c = contract.quantize_constants(lanes.f32, i32=lanes.i32 if bias else None)
                 values = [memref.load(xs, [lanes.thread, lanes.index(j)]) for j in range(width)]
                 amax = c.zero
                 for value in values:
@@ -128,23 +129,31 @@ def test_the_scalar_contract_matches_the_numpy_reference():
     assert np.array_equal(q[13], [127, 0, 0, 2, -2, 4, 126, -126])
 
 
-def test_the_digits_of_a_tiny_but_quantizable_row():
+@pytest.mark.parametrize("bias", [False, True], ids=["fptosi", "through-the-bias"])
+def test_the_digits_of_a_tiny_but_quantizable_row(bias):
     # An absmax in [2^-118, 2^-112) is quantized, but inv * 256 overflows f32 there:
     # the contract's digits take (x * inv) * 256 (docs/design.md §2c), so such a row
     # gets the digits of the same row 2^100 times larger (powers of two scale exactly),
     # in the IR as in the reference. (With x * (inv * 256), every nonzero level was
-    # the top one.)
+    # the top one.) Both conversions: fptosi of the scaled value (the cpu pipeline), and
+    # the lane kernels' bits of the sum with 1.5 * 2^15, which steps by 1/256.
     rng = seeded_rng(66)
     exponents = rng.uniform(-118, -112, (16, 1))
     x = (rng.uniform(-1, 1, (16, 8)) * 2.0 ** exponents).astype(np.float32)
     x[:, 0] = (2.0 ** exponents[:, 0]).astype(np.float32)         # the absmax
-    high, low, s = simulate_contract(x, digits=True)
-    (big_high, _), (big_low, _) = ref.common.quantize_digits(x * np.float32(2.0 ** 100))
-    assert np.array_equal(high, big_high) and np.array_equal(low, big_low)
-    (ref_high, ref_s), (ref_low, _) = ref.common.quantize_digits(x)
+    fine_ties = np.array([[127, 1 / 512, 3 / 512, -5 / 512, 127 - 1 / 512, -7 / 512, 0, 1]],
+                         np.float32)                     # inv = 1: t on ties of 1/256 steps
+    x = np.concatenate([x, special_rows(rng), fine_ties])  # ties, NaN, Inf, zero, tiny rows
+    high, low, s = simulate_contract(x, digits=True, bias=bias)
+    with np.errstate(invalid="ignore", over="ignore"):
+        (big_high, _), (big_low, _) = ref.common.quantize_digits(x[:16] * np.float32(2.0 ** 100))
+        (ref_high, ref_s), (ref_low, _) = ref.common.quantize_digits(x)
+    assert np.array_equal(high[:16], big_high) and np.array_equal(low[:16], big_low)
     assert np.array_equal(high, ref_high) and np.array_equal(low, ref_low)
-    assert np.array_equal(s, ref_s)
-    assert (np.abs(high[:, 1:].astype(int)) < QMAX).any()
+    assert np.array_equal(s, ref_s, equal_nan=True)
+    assert (np.abs(high[:16, 1:].astype(int)) < QMAX).any()
+    t = high[-1].astype(int) * 256 + low[-1]
+    assert np.array_equal(t, [32512, 0, 2, -2, 32512, -4, 0, 256])       # ties to even
 
 
 # the CPU lowering, compiled by IREE ----------------------------------------------
