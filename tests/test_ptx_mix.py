@@ -1,0 +1,77 @@
+"""benchmarks/ptx_mix.py: the cuda kernels' instructions per MMA, from their PTX.
+
+The counting on a small hand-written PTX body, then properties of the compiled
+prefill kernels that a regression would break: the tiles seen whole carry no causal
+mask, and the chunked prefill's tile loop is the dense one's but for two block-table
+loads (its K and V loads stay 16-byte vector loads, which NVPTX emits only where the
+loads state their alignment).
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import ptx_mix  # noqa: E402
+
+PTX = """\
+.visible .entry prefill_attention(
+\t.param .u64 .ptr .align 16 prefill_attention_param_0
+)
+{
+\tmov.b32 \t%r1, 0;
+$L__BB0_1:
+\tld.global.nc.v4.b32 \t{%r2, %r3, %r4, %r5}, [%rd1];
+\tmma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32
+\t\t{%r6, %r7, %r8, %r9},
+\t\t{%r2, %r3, %r4, %r5},
+\t\t{%r2, %r3},
+\t\t{%r6, %r7, %r8, %r9};
+\tmul.rn.f32 \t%r10, %r6, %r7;
+\t@%p1 selp.f32 \t%r11, %r10, 0f00000000, %p2;
+\tsetp.lt.u32 \t%p1, %r1, 4;
+\t@%p1 bra \t$L__BB0_1;
+\tret;
+}
+"""
+
+
+def test_the_counting_reads_opcodes_loops_and_classes():
+    lines = ptx_mix.entry_lines(PTX, "prefill_attention")
+    ((first, last),) = ptx_mix.loops(lines)
+    ops = ptx_mix.opcodes(lines[first:last + 1])
+    assert ops == ["ld.global.nc.v4.b32", "mma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32",
+                   "mul.rn.f32", "selp.f32", "setp.lt.u32", "bra"]
+    assert ptx_mix.classify(ops) == {"mma": 1, "global loads": 1, "f32 mul/add/fma": 1,
+                                     "selects, compares": 2, "other": 1}
+
+
+def test_the_command_refuses_unknown_kernels():
+    with pytest.raises(SystemExit):
+        ptx_mix.main(["--kernels", "prefil"])
+
+
+@pytest.fixture(scope="module")
+def prefill_loops():
+    rows = {kernel: ptx_mix.measure(kernel, "seed", "int8")
+            for kernel in ("prefill", "paged-prefill")}
+    return {kernel: {r["region"]: r["classes"] for r in found} for kernel, found in rows.items()}
+
+
+def test_the_tiles_seen_whole_carry_no_mask(prefill_loops):
+    whole, masked = prefill_loops["prefill"]["tile loop 1"], prefill_loops["prefill"]["tile loop 2"]
+    assert whole["mma"] == masked["mma"] == 64
+    # the mask's compares and selects (-inf scores, zero p and W): 2 per element and more
+    assert masked["selects, compares"] - whole["selects, compares"] >= 64
+
+
+def test_the_chunked_prefill_reads_the_tiles_as_the_dense_one(prefill_loops):
+    for region in ("tile loop 1", "tile loop 2"):
+        dense = prefill_loops["prefill"][region]
+        paged = prefill_loops["paged-prefill"][region]
+        assert paged["mma"] == dense["mma"] == 64
+        # 32 16-byte K and V loads, 16 of the scales, and the tile's block ids: a lane's
+        # tokens of one block share one table slot (PagedRules.tile_address)
+        assert dense["global loads"] + 2 >= paged["global loads"] >= dense["global loads"]
+        assert abs(sum(paged.values()) - sum(dense.values())) < 0.05 * sum(dense.values())
