@@ -121,10 +121,12 @@ def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     1/DIGIT_BASE, or fptosi of the exactly scaled value."""
     int_type = ir.IntegerType.get_signless(width)
     i32 = ir.IntegerType.get_signless(32)
-    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
     if c.bias_bits is None:
         scaled = arith.mulf(clamped, _f32(DIGIT_BASE)) if fine else clamped   # exact
-        return arith.fptosi(int_type, arith.select(skipped, c.zero, round_even(scaled, c)))
+        steps = round_even(scaled, c)
+        skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
+        return arith.fptosi(int_type, arith.select(skipped, c.zero, steps))
+    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
     bias, bits = ((_f32(DIGIT_ROUND_BIAS), arith.constant(i32, DIGIT_ROUND_BIAS_BITS))
                   if fine else (c.round_bias, c.bias_bits))
     biased = arith.addf(arith.select(skipped, c.zero, clamped), bias)

@@ -10,12 +10,13 @@
 // CHECK-LABEL: func.func @decode_partition
 // The MMAs' starting accumulator: the round bias's bits (below).
 // CHECK: %[[INIT:.*]] = arith.constant dense<1262485504> : vector<2x2xi32>
-// The query rows: t = roundeven(clamp(q * inv * 256)), read off the bits of
-// t + 1.5*2^23 (contract.to_int); high = (t + 128) >> 8, low = t - (high << 8), as i8.
-// CHECK: %[[BIASED:.*]] = arith.addf %{{.*}}, %[[BIAS:cst_[0-9]+]] : f32
+// The query rows: t = roundeven(clamp(q * inv) * 256), read off the bits of
+// clamp(q * inv) + 1.5*2^15, whose sums step by 1/256 (contract.to_int(fine=True): its
+// bits 0x47400000 = 1195376640); high = (t + 128) >> 8, low = t - (high << 8), as i8.
+// CHECK: %[[BIASED:.*]] = arith.addf %{{.*}}, %{{cst_[0-9]+}} : f32
 // CHECK-NEXT: %[[BITS:.*]] = arith.bitcast %[[BIASED]] : f32 to i32
-// CHECK-NEXT: %[[T:.*]] = arith.subi %[[BITS]], %c1262485504_i32 : i32
-// CHECK-NEXT: %[[UP:.*]] = arith.addi %[[BITS]], %c-1262485376_i32 : i32
+// CHECK-NEXT: %[[T:.*]] = arith.subi %[[BITS]], %c1195376640_i32 : i32
+// CHECK-NEXT: %[[UP:.*]] = arith.addi %[[BITS]], %c-1195376512_i32 : i32
 // CHECK-NEXT: %[[HIGH:.*]] = arith.shrsi %[[UP]], %c8_i32 : i32
 // CHECK-NEXT: %[[BACK:.*]] = arith.shli %[[HIGH]], %c8_i32 : i32
 // CHECK-NEXT: %[[LOW:.*]] = arith.subi %[[T]], %[[BACK]] : i32
@@ -30,7 +31,7 @@
 // CHECK-NEXT: %[[QH:.*]] = vector.extract %[[QK]][0, 0] : i32 from vector<2x2xi32>
 // CHECK-NEXT: %[[QL:.*]] = vector.extract %[[QK]][1, 0] : i32 from vector<2x2xi32>
 // CHECK-NEXT: %[[QHF:.*]] = arith.bitcast %[[QH]] : i32 to f32
-// CHECK-NEXT: %[[QHX:.*]] = arith.subf %[[QHF]], %[[BIAS]] : f32
+// CHECK-NEXT: %[[QHX:.*]] = arith.subf %[[QHF]], %[[BIAS:cst_[0-9]+]] : f32
 // CHECK-NEXT: %[[QLF:.*]] = arith.bitcast %[[QL]] : i32 to f32
 // CHECK-NEXT: %[[QLX:.*]] = arith.subf %[[QLF]], %[[BIAS]] : f32
 // CHECK-NEXT: math.fma %[[QHX]], %{{.*}}, %[[QLX]] : f32
