@@ -134,6 +134,13 @@ class KVView:
     def at(self, first: ir.Value) -> "KVView":
         return replace(self, first=first)
 
+    def wave(self, wave_first: ir.Value, tokens: int) -> "KVView":
+        """The view of one wave's `tokens` tokens from `wave_first` (a multiple of
+        `tokens`, from this view's first): its token `local` (below `tokens`) is this
+        view's wave_first + local, so an address rule can split the wave's part from
+        the lane's (`PagedRules.tile_address`)."""
+        return replace(self, first=arith.addi(self.first, wave_first))
+
     def guard(self) -> ir.Value | None:
         """Does the workgroup have work (None: always)."""
         return None
@@ -274,6 +281,13 @@ class PagedView(_PoolView):
     block_ids: ir.Value = None          # LDS [blocks per partition] i32
     blocks_per_partition: int = 0
     partition: ir.Value = None
+    wave_first: ir.Value | None = None  # `wave`'s: tokens are the wave's, from here
+    wave_tokens: int = 0
+
+    def wave(self, wave_first: ir.Value, tokens: int) -> "PagedView":
+        # The partition's first and remaining tokens stay (the guard and the liveness
+        # are the partition's); only the addresses take the wave's tokens.
+        return replace(self, wave_first=wave_first, wave_tokens=tokens)
 
     def guard(self) -> ir.Value:
         """The workgroup's partition holds at least one of the sequence's tokens."""
@@ -295,9 +309,12 @@ class PagedView(_PoolView):
                          [lanes.thread])
 
     def _block(self, local: ir.Value):
-        return paged_ir_rules(self.block_size, self.lanes.index).address(
-            local, lambda slot: arith.index_cast(ir.IndexType.get(),
-                                                 memref.load(self.block_ids, [slot])))
+        rules = paged_ir_rules(self.block_size, self.lanes.index)
+        lookup = lambda slot: arith.index_cast(ir.IndexType.get(),
+                                               memref.load(self.block_ids, [slot]))
+        if self.wave_first is None:
+            return rules.address(local, lookup)
+        return rules.tile_address(self.wave_first, local, self.wave_tokens, lookup)
 
 
 class PagedKV:

@@ -318,35 +318,32 @@ def pv_stage(plan: StagePlan, w: dict, v_tiles) -> list[list]:
 
 
 # V ----------------------------------------------------------------------------
-def _v_pieces(plan: StagePlan, wave_token0: ir.Value, tiles=None):
-    """[load][tile]: (head-dim column, first token in the wave, first token in the
-    partition) of each of the lane's V loads, 16 bytes of consecutive tokens of
-    one head-dim column."""
+def _v_pieces(plan: StagePlan, tiles=None):
+    """[load][tile]: (head-dim column, first token in the wave) of each of the lane's
+    V loads, 16 bytes of consecutive tokens of one head-dim column."""
     lanes, layout = plan.lanes, plan.pv_layout
     inst = layout.instruction
     b_col = lanes.of_lane(layout.b_col())
     tiles = tiles if tiles is not None else range(plan.head_dim // inst.n)
-    pieces = []
-    for u in range(layout.v_loads()):
-        in_wave = lanes.of_lane(layout.v_load_start(u))
-        start = lanes.affine((wave_token0, 1), (in_wave, 1))
-        pieces.append([(lanes.plus(b_col, tile * inst.n), in_wave, start) for tile in tiles])
-    return pieces
+    return [[(lanes.plus(b_col, tile * inst.n), lanes.of_lane(layout.v_load_start(u)))
+             for tile in tiles] for u in range(layout.v_loads())]
 
 
 def load_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value, tiles=None,
            staged: ir.Value | None = None) -> list[list]:
-    """Each lane's V loads [load][tile], from the cache or from the LDS copy
-    `staged` [wave, head dim, wave token] (`stage_v`)."""
+    """Each lane's V loads [load][tile], from the cache (the wave's tokens from
+    `wave_token0`) or from the LDS copy `staged` [wave, head dim, wave token]
+    (`stage_v`)."""
     lanes, width = plan.lanes, plan.model.v_load.bytes_per_lane
     if staged is not None:
         return [[load_vector(staged, [lanes.wave, col, in_wave], width, "i8")
-                 for col, in_wave, _ in row] for row in _v_pieces(plan, wave_token0, tiles)]
+                 for col, in_wave in row] for row in _v_pieces(plan, tiles)]
     # Rows of the cache's last dimension (the padded sequence, or a block), read from
     # multiples of the wave's tokens; the bindings are 16-byte aligned (IREE's).
     alignment = plan.pv_layout.v_load_alignment(ir.MemRefType(kv.v.type).shape[-1])
-    return [[load_vector(kv.v, kv.v_row(col, start), width, "i8", alignment)
-             for col, _, start in row] for row in _v_pieces(plan, wave_token0, tiles)]
+    wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
+    return [[load_vector(kv.v, wave_kv.v_row(col, in_wave), width, "i8", alignment)
+             for col, in_wave in row] for row in _v_pieces(plan, tiles)]
 
 
 def stage_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value) -> tuple:
@@ -355,9 +352,10 @@ def stage_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value) -> tuple:
     the copies before the reads."""
     lanes, width = plan.lanes, plan.model.v_load.bytes_per_lane
     lds = lanes.shared([plan.waves, plan.head_dim, plan.model.wave_tokens], "i8")
-    copies = [lanes.async_copy(kv.v, kv.v_row(col, start), lds, [lanes.wave, col, in_wave],
-                               width)
-              for row in _v_pieces(plan, wave_token0) for col, in_wave, start in row]
+    wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
+    copies = [lanes.async_copy(kv.v, wave_kv.v_row(col, in_wave), lds,
+                               [lanes.wave, col, in_wave], width)
+              for row in _v_pieces(plan) for col, in_wave in row]
     return lds, lanes.async_group(copies)
 
 

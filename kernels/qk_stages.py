@@ -147,15 +147,15 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     init = (lanes.splat(inst.c_vector, "i32", ROUND_BIAS_BITS) if biased
             else lanes.zeros(inst.c_vector, "i32"))
     values, live, v_scales = {}, {}, {}
+    wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
     for n in range(layout.blocks):
-        k_row = kv.token_row(lanes.affine((wave_token0, 1),
-                                          (lanes.of_lane(layout.b_token(n)), 1)))
+        k_row = wave_kv.token_row(lanes.of_lane(layout.b_token(n)))
         loads = [load_vector(kv.k, k_row + [first], width, "i8", k_alignment)
                  for first in k_loads]
         # The block's K and V scales, issued with its K bytes (not after the MMAs,
         # nor the V scales after the softmax's barriers).
         elements = plan.live_elements(n)
-        rows = {e: kv.token_row(local_token(plan, wave_token0, e)) for e in elements}
+        rows = {e: wave_kv.token_row(lanes.of_lane(plan.token_in_wave(e))) for e in elements}
         k_scales = {e: memref.load(kv.k_scale, rows[e]) for e in elements}
         v_scales.update({e: memref.load(kv.v_scale, rows[e]) for e in elements})
         accs = [init for _ in operands.a_steps]

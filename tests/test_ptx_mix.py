@@ -75,3 +75,15 @@ def test_the_chunked_prefill_reads_the_tiles_as_the_dense_one(prefill_loops):
         # tokens of one block share one table slot (PagedRules.tile_address)
         assert dense["global loads"] + 2 >= paged["global loads"] >= dense["global loads"]
         assert abs(sum(paged.values()) - sum(dense.values())) < 0.05 * sum(dense.values())
+
+
+def test_the_paged_decode_reads_one_block_id_per_block_of_a_lane():
+    # The partition's block ids are staged in LDS once; a lane then reads the id of each
+    # block its wave's tokens touch (a wave view: the wave's part of the table slot plus
+    # the lane's), not one per token (18 more LDS loads than the dense decode before).
+    dense, = ptx_mix.measure("decode", "seed", "int8")
+    paged, = ptx_mix.measure("paged-decode", "seed", "int8")
+    dense, paged = dense["classes"], paged["classes"]
+    assert paged["mma"] == dense["mma"] == 64
+    assert paged["LDS"] - dense["LDS"] <= 8
+    assert paged["global loads"] <= dense["global loads"] + 4
