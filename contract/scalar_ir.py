@@ -7,6 +7,14 @@
           (= clamp(roundeven(x * inv)); roundeven as y + 1.5*2^23 - 1.5*2^23; the
           lane kernels take the integer from the bits of y + 1.5*2^23: `to_int`)
 
+Where x is quantized against its own row's absmax (`own_absmax`, all but the seed's bug
+on request), only the lower bound of the clamp is built: the upper one is implied. Every
+x of the row has |x| <= a, and inv = fl(L / a) <= (L / a)(1 + 2^-24) for the levels L
+(127, 255), so fl(x * inv) <= fl(L (1 + 2^-24)) <= L + ulp(L), which rounds to L (ulp(L)
+< 1/2). The lower one is implied as well for signed values, but a max must stay between
+the multiply and the rounding add: a backend that sees the add fed by the multiply fuses
+them into an FMA (LLVM does on x86), which rounds the exact product instead.
+
 A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
 NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
 
@@ -153,21 +161,29 @@ def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants,
     return arith.subf(arith.bitcast(f32, bits), c.round_bias)
 
 
+def _clamp(y: ir.Value, bottom: ir.Value, top: ir.Value, own_absmax: bool) -> ir.Value:
+    """clamp(y, bottom, top), the upper bound left out where it is implied (x against
+    its own row's absmax: module docstring)."""
+    low = arith.maximumf(y, bottom)
+    return low if own_absmax else arith.minimumf(low, top)
+
+
 def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants,
-                   width: int = 8) -> ir.Value:
+                   width: int = 8, own_absmax: bool = True) -> ir.Value:
     """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0. With
     `width` 32 the level as an i32 (its low byte the i8), for a caller that packs
-    four into a word itself."""
-    clamped = arith.minimumf(arith.maximumf(arith.mulf(x, inverse), c.qmin), c.qmax)
+    four into a word itself; `own_absmax` False where the inverse is another row's
+    (the seed's bug, on request): then the clamp is whole."""
+    clamped = _clamp(arith.mulf(x, inverse), c.qmin, c.qmax, own_absmax)
     return to_int(clamped, inverse, c, width)
 
 
 def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
-                            width: int = 8) -> ir.Value:
+                            width: int = 8, own_absmax: bool = True) -> ir.Value:
     """The s8 `u - 128` of W against its group's unsigned `quantize_inverse`:
-    u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0 (`width` as
-    for `quantize_value`)."""
-    clamped = arith.minimumf(arith.maximumf(arith.mulf(w, inverse), c.zero), c.umax)
+    u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0 (`width` and
+    `own_absmax` as for `quantize_value`)."""
+    clamped = _clamp(arith.mulf(w, inverse), c.zero, c.umax, own_absmax)
     u = to_int(clamped, inverse, c, 32)
     i32 = ir.IntegerType.get_signless(32)
     return _narrow(arith.subi(u, arith.constant(i32, W_OFFSET)), width)
@@ -190,7 +206,8 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     # W * inv on the first term's levels, then rounded on BASE-times finer ones
     # (`to_int(fine=True)`; inv * BASE would overflow for a < 2^-112).
     bottom = c.zero if unsigned else _f32(-levels)
-    clamped = arith.minimumf(arith.maximumf(arith.mulf(w, inverse), bottom), _f32(levels))
+    # the upper bound implied (module docstring): the digits are always of W's own group
+    clamped = arith.maximumf(arith.mulf(w, inverse), bottom)
     t = to_int(clamped, inverse, c, 32, fine=True)
     half, shift = (arith.constant(i32, v) for v in (DIGIT_BASE // 2,
                                                      DIGIT_BASE.bit_length() - 1))

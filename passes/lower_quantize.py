@@ -45,11 +45,11 @@ def row_absmax(x: ir.Value) -> ir.Value:
                          lambda xi, acc: contract.absmax_step(acc, xi))
 
 
-def _value_rule(c, unsigned: bool):
-    """The contract's scalar quantize of one element (signed, or unsigned W)."""
-    if unsigned:
-        return lambda xi, inv, _: contract.quantize_unsigned_value(xi, inv, c)
-    return lambda xi, inv, _: contract.quantize_value(xi, inv, c)
+def _value_rule(c, unsigned: bool, own_absmax: bool = True):
+    """The contract's scalar quantize of one element (signed, or unsigned W), against
+    its own row's absmax or another's (`own_absmax`)."""
+    rule = contract.quantize_unsigned_value if unsigned else contract.quantize_value
+    return lambda xi, inv, _: rule(xi, inv, c, own_absmax=own_absmax)
 
 
 def quantize_rows(x: ir.Value, amax: ir.Value | None = None,
@@ -59,14 +59,15 @@ def quantize_rows(x: ir.Value, amax: ir.Value | None = None,
     shape = d.shape_of(x)
     dims = "abcdefghij"[:len(shape)]
     row, row_shape = dims[:-1], shape[:-1]
-    amax = row_absmax(x) if amax is None else amax
+    own_absmax = amax is None
+    amax = row_absmax(x) if own_absmax else amax
     c = contract.quantize_constants(build.f32, unsigned)
     scale = build.generic([amax], [row], row, build.empty(row_shape, "f32", like=x),
                           lambda a, _: contract.quantize_scale(a, c, unsigned))
     inverse = build.generic([amax], [row], row, build.empty(row_shape, "f32", like=x),
                             lambda a, _: contract.quantize_inverse(a, c, unsigned))
     q = build.generic([x, inverse], [dims, row], dims, build.empty(shape, "i8", like=x),
-                      _value_rule(c, unsigned))
+                      _value_rule(c, unsigned, own_absmax))
     return q, scale
 
 

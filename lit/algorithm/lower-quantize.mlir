@@ -3,7 +3,8 @@
 // a = max|x|, s = (a == inf ? NaN : a/127),
 // inv = (a >= 2^-118 and a < inf ? 127/a : 0), q = (inv == 0 ? 0 : rne(clamp(x*inv))),
 // rne(y) = y + 1.5*2^23 - 1.5*2^23 (exact for |y| <= 2^22; the clamp first keeps the
-// product from being contracted into an fma with the add).
+// product from being contracted into an fma with the add). Against the row's own
+// absmax only the lower bound is built: x*inv <= 127 + ulp(127) rounds to 127.
 // CHECK-LABEL: func.func @rows
 // CHECK-SAME: (%[[X:.*]]: tensor<2x4x64xf32>)
 // CHECK-DAG: %[[QMAX:.*]] = arith.constant 1.270000e+02 : f32
@@ -29,8 +30,8 @@
 // CHECK: %[[Q:.*]] = linalg.generic {{.*}} ins(%[[X]], %[[INV]] :
 // CHECK:   %[[Y:.*]] = arith.mulf
 // CHECK:   %[[LO:.*]] = arith.maximumf %[[Y]], %[[QMIN]]
-// CHECK:   %[[HI:.*]] = arith.minimumf %[[LO]], %[[QMAX]]
-// CHECK:   %[[BIASED:.*]] = arith.addf %[[HI]], %[[BIAS]]
+// CHECK-NOT: arith.minimumf
+// CHECK:   %[[BIASED:.*]] = arith.addf %[[LO]], %[[BIAS]]
 // CHECK:   %[[R:.*]] = arith.subf %[[BIASED]], %[[BIAS]]
 // CHECK:   %[[SKIP:.*]] = arith.cmpf oeq, %{{.*}}, %[[ZERO]]
 // CHECK:   %[[SEL:.*]] = arith.select %[[SKIP]], %[[ZERO]], %[[R]]
@@ -93,7 +94,7 @@ func.func @no_digit_permutation(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, ten
 
 // Unsigned W (w_quant = "u8"): the same in-place view and absmax, scale a/255,
 // inverse 255/a (0 where skipped), u = rne(clamp(W * inv, 0, 255))
-// stored as the s8 u - 128.
+// stored as the s8 u - 128 (the bound 255 implied: W against its group's own absmax).
 // CHECK-LABEL: func.func @unsigned_groups
 // CHECK-SAME: (%[[W:.*]]: tensor<3x64xf32>)
 // CHECK-DAG: %[[C128:.*]] = arith.constant 128 : i32
@@ -107,8 +108,8 @@ func.func @no_digit_permutation(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, ten
 // CHECK:   arith.divf %[[U8MAX]], %{{.*}} : f32
 // CHECK: %[[Q:.*]] = linalg.generic {{.*}} ins(%[[WV]], %[[INV]] : tensor<3x4x2x8xf32>, tensor<3x2xf32>) outs(%{{.*}} : tensor<3x2x4x8xi8>)
 // CHECK:   %[[LOW:.*]] = arith.maximumf %{{.*}}, %[[ZERO]] : f32
-// CHECK:   %[[U:.*]] = arith.minimumf %[[LOW]], %[[U8MAX]] : f32
-// CHECK:   %[[BIASED:.*]] = arith.addf %[[U]],
+// CHECK-NOT: arith.minimumf
+// CHECK:   %[[BIASED:.*]] = arith.addf %[[LOW]],
 // CHECK:   %[[STEPS:.*]] = arith.subf %[[BIASED]]
 // CHECK:   %[[UI:.*]] = arith.fptosi %{{.*}} : f32 to i32
 // CHECK:   %[[S:.*]] = arith.subi %[[UI]], %[[C128]] : i32
@@ -119,5 +120,27 @@ func.func @no_digit_permutation(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, ten
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
 func.func @unsigned_groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u8"} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
+  return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
+}
+
+// -----
+
+// The seed's bug on request (scale_groups other than groups, which verify-scale-groups
+// would refuse): each group is quantized against the absmax of other tokens, so a value
+// may exceed it and the clamp is whole.
+// CHECK-LABEL: func.func @seed_bug_groups
+// CHECK-DAG: %[[QMAX:.*]] = arith.constant 1.270000e+02 : f32
+// CHECK-DAG: %[[QMIN:.*]] = arith.constant -1.270000e+02 : f32
+// CHECK: linalg.generic
+// CHECK:   %[[Y:.*]] = arith.mulf
+// CHECK:   %[[LO:.*]] = arith.maximumf %[[Y]], %[[QMIN]]
+// CHECK:   %[[HI:.*]] = arith.minimumf %[[LO]], %[[QMAX]]
+// CHECK:   arith.addf %[[HI]],
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+#contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
+               array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @seed_bug_groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
+  %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, scale_groups = #contiguous} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
   return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
 }
