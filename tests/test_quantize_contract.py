@@ -129,6 +129,20 @@ def test_the_scalar_contract_matches_the_numpy_reference():
     assert np.array_equal(q[13], [127, 0, 0, 2, -2, 4, 126, -126])
 
 
+@pytest.mark.parametrize("levels, base", [(127, 1), (255, 1), (127, 256), (255, 256)])
+def test_the_clamps_upper_bound_is_implied_by_the_inverse(levels, base):
+    # contract/scalar_ir.py builds only max(x * inv, -L) against a row's own absmax a:
+    # fl(x * fl(L / a)) for |x| <= a exceeds L by at most ulp(L), which rounds back to
+    # L (digits: times 256, exactly). Over a million absmaxes of every exponent from
+    # 2^-118, x = a: several percent land above L (the edge is reached), none rounds
+    # past it.
+    rng = seeded_rng(67)
+    a = (rng.uniform(1, 2, 10 ** 6) * 2.0 ** rng.integers(-118, 100, 10 ** 6)).astype(np.float32)
+    products = a * (np.float32(levels) / a)
+    assert (products > levels).mean() > 0.03
+    assert np.rint(products * np.float32(base)).max() == levels * base
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["fptosi", "through-the-bias"])
 def test_the_digits_of_a_tiny_but_quantizable_row(bias):
     # An absmax in [2^-118, 2^-112) is quantized, but inv * 256 overflows f32 there:
