@@ -28,7 +28,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, math, memref, scf, vector
 
 from ..fragments import thread_groups, thread_runs, xor_reduction_offsets
-from .lanes import Lanes, binding, vector_type, workgroup_id
+from .lanes import Lanes, binding, load_vector, vector_type, workgroup_id
 from .target_spec import DecodeTuning
 
 VECTOR = 4                # f32 per load: 16 bytes
@@ -204,7 +204,7 @@ def _load_run(memory, indices, n: int, alignment) -> list[ir.Value]:
     """n consecutive f32 as scalars, one vector load (scalar for n = 1)."""
     if n == 1:
         return [memref.load(memory, indices)]
-    loaded = vector.LoadOp(vector_type(n, "f32"), memory, indices, alignment=alignment).result
+    loaded = load_vector(memory, indices, n, "f32", alignment)
     return [vector.extract(loaded, [], [e]) for e in range(n)]
 
 
