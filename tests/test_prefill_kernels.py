@@ -245,6 +245,26 @@ def test_prefill_kernels_on_the_gpu(tmp_path):
     assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"] for r in rows)
 
 
+def test_exp2_target_scores_come_out_in_its_units():
+    """On a target whose exp is a hardware exp2, the softmax scale times log2 e sits
+    in each row's sQ (once, before the tile loops): per tile, each score a lane holds
+    takes one multiply fewer than the same kernel exponentiating with math.exp (which
+    takes no log2 e either), and no math.exp is left."""
+    spec = target_spec("cuda")
+    s = PrefillShape(1, 2, 4, 200, 70, 128, 0.125)
+
+    def loop_ops(spec):
+        with new_context(), ir.Location.unknown():
+            text = str(build_prefill_kernels(s, spec, numerics=SEED_NUMERICS).module)
+        loop = text[text.index("scf.for"):]
+        return loop.count("arith.mulf"), loop.count("math.exp")
+
+    folded, contract_order = loop_ops(spec), loop_ops(dataclasses.replace(spec, exp2_intrinsic=None))
+    scores_per_lane = spec.tile_rows * spec.model.wave_tokens // spec.wave_size
+    assert contract_order[0] - folded[0] == scores_per_lane * 2   # both tile loops
+    assert folded[1] == 0 and contract_order[1] > 0
+
+
 @pytest.mark.parametrize("target", ["gfx936", "cuda"])
 def test_w_fed_from_registers_matches_w_through_lds(target):
     """The register feed (fragments/score_feed.py) against the same kernel with W
@@ -263,7 +283,7 @@ def test_w_fed_from_registers_matches_w_through_lds(target):
             text = str(built.module)
             loop = text[text.index("scf.for"):]
             assert ("gpu.barrier" in loop) != feed
-            # cuda's online softmax takes exp from the hardware's exp2 (TargetSpec.exp)
+            # cuda's online softmax takes exp from the hardware's exp2 (TargetSpec.exp_units)
             hardware_exp = spec.exp2_intrinsic is not None
             assert ("math.exp" in loop) != hardware_exp
             assert hardware_exp == (target == "cuda")
