@@ -36,6 +36,13 @@ quantizes what the first left over, with the signed rule above:
 
 the residual rounded once, as q's second term (q_residual).
 
+PV's sums into O (docs/design.md §2), per term of W, one FMA per MMAC group:
+
+    o = +0;  o = fma(f32(acc_g), sW_g, o)  for the groups in order      accumulate_pv
+
+(each product and its add rounded once, as reference.pv_chain; a backend must not be
+left to choose whether it fuses them).
+
 Every compiler consumer builds the contract from these functions: lower-quantize
 inside its linalg.generic bodies, the lane-level kernels on the per-lane
 scalars of a row or W group. The numpy reference (reference/common.py) stays the
@@ -259,6 +266,12 @@ def w_residual(w: ir.Value, wq: ir.Value, scale: ir.Value, unsigned: bool) -> ir
     """What the second INT8 term of W quantizes: W - f32(level)*sW1 rounded once
     (the first term's level from `w_level`), as reference.w_residual states it."""
     return q_residual(w, w_level(wq, unsigned), scale)
+
+
+def accumulate_pv(total: ir.Value, value: ir.Value, scale: ir.Value) -> ir.Value:
+    """One MMAC group's f32 sum `value`, times its W scale, into the running O
+    `total` (+0 before the first group): fma(value, scale, total), rounded once."""
+    return math.fma(value, scale, total)
 
 
 def causal_last_key(query_token: ir.Value, history: int | ir.Value,

@@ -197,7 +197,7 @@ def _v_runs(layout: DecodeKernelLayout, loads, t: int) -> list[ir.Value]:
 
 def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
     """A wave's O [tile][C slot] in f32 from Wq x Vq on the INT8 instruction,
-    rescaled by sW per MMAC; unsigned W adds 128 * sum Vq of the MMAC's tokens to
+    rescaled by sW per MMAC (one FMA each, `contract.accumulate_pv`); unsigned W adds 128 * sum Vq of the MMAC's tokens to
     each int32 sum first. Two-term W: each term summed over the MMACs on its own,
     then the two added (the contract's order, reference.int8_pv); as digits, the
     two int32 sums joined (high * BASE + low) and converted once. A packed second
@@ -244,8 +244,8 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
             for regs, term_values, (term, slot) in zip(terms, values, scales):
                 for i, value in term_values.items():
                     sw = _scale(plan, term, layout.c_row(slot(i)), t)
-                    product = arith.mulf(value, sw)
-                    regs[i] = product if regs[i] is None else arith.addf(regs[i], product)
+                    regs[i] = contract.accumulate_pv(c.zero if regs[i] is None else regs[i],
+                                                     value, sw)
         o.append(_add_terms(terms))
     return o
 

@@ -3,7 +3,7 @@
 Rewrites `int8attn.grouped_pv(Wq, sW, v[, cs]) {groups}` into
 
     acc = int8attn.mmac_tiles(Wq, v[, cs]) {groups, fragment_model}   int32, one K group each
-    O   = sum_g f32(acc_g) * sW_g
+    O   = sum_g f32(acc_g) * sW_g      one FMA per group, in order (contract.accumulate_pv)
 
 With unsigned W the column sums `cs` go to the tiles, whose accumulator starts
 at 128 * cs (acc = sum Wq*Vq + 128 sum Vq = sum u*Vq, still an s8 x s8 MMAC).
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith
 
 from ..support.diagnostics import DiagnosticError
+from ..contract import scalar_ir as contract
 from ..dialects import int8attn as d
 from ..fragments import NUMPY_OPS, FragmentModelName, ceil_div, fragment_model
 from ..dialects import builders as build
@@ -50,7 +50,7 @@ def to_mmac_tiles(op: d.GroupedPVOp, rewriter, model_name: str):
         out = build.generic(
             [acc, sw], ["bhrngd", "bhrng"], "bhrnd",
             build.zeros(d.shape_of(wq)[:4] + [head_dim], "f32"),
-            lambda a, s, total: arith.addf(total, arith.mulf(build.to_f32(a), s)))
+            lambda a, s, total: contract.accumulate_pv(total, build.to_f32(a), s))
     rewriter.replace_op(op, [out])
 
 

@@ -251,16 +251,46 @@ def _group_sums(wq: np.ndarray, v_group: np.ndarray) -> np.ndarray:
                      np.ascontiguousarray(v_group, dtype=np.int32))
 
 
+def fma_f32(a, b, c) -> np.ndarray:
+    """fma(a, b, c) in f32, rounded once, as the hardware's: the product is exact in
+    float64; the float64 sum is made round-to-odd (stepped one ulp toward the exact
+    value where it was inexact and its last bit even, the error from TwoSum), so that
+    rounding it to f32, 29 bits coarser, rounds the exact value once."""
+    a, b, c = (np.asarray(x, F32).astype(np.float64) for x in (a, b, c))
+    with np.errstate(invalid="ignore", over="ignore"):
+        product = a * b
+        total = product + c
+        part = total - product
+        error = (product - (total - part)) + (c - part)
+        even = (total.view(np.int64) & 1) == 0
+        step = np.isfinite(total) & (error != 0) & even
+        total = np.where(step, np.nextafter(total, np.where(error > 0, np.inf, -np.inf)),
+                         total)
+        return total.astype(F32)
+
+
+def pv_chain(sums, scales) -> np.ndarray:
+    """One term's O from its per-group exact int32 sums and scales, the contract's
+    chain: o = +0, then o = fma(f32(acc_g), sW_g, o) over the groups in order
+    (contract.scalar_ir.accumulate_pv)."""
+    out = None
+    for acc, sw in zip(sums, scales):
+        start = np.zeros(acc.shape, F32) if out is None else out
+        out = fma_f32(acc.astype(F32), sw, start)
+    return out
+
+
 def int8_pv(w, v_blocks, groups, scale_groups=None,
             numerics: Numerics = Numerics()) -> np.ndarray:
-    """sum_g f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment model's groups.
+    """sum_g f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment model's groups,
+    as `pv_chain`: one FMA per group.
 
     `scale_groups` (default `groups`) are the token sets the scales come from;
     `numerics.w_quant="u8"` adds the offset compensation over the group's own tokens.
     `numerics.w_terms=2` adds the second (signed) term's own sum over the same groups:
-    O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, each sum over the groups in
-    order from zero, then the two added (f32). As digits (w-second "digit") one int32
-    joins them per group: O = sum_g f32(acc1_g * BASE + acc2_g) * sW2_g.
+    O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, each sum a `pv_chain`,
+    then the two added (f32). As digits (w-second "digit") one int32 joins them per
+    group: O = sum_g f32(acc1_g * BASE + acc2_g) * sW2_g.
     """
     w_quant = numerics.w_quant
     w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
@@ -282,10 +312,8 @@ def int8_pv(w, v_blocks, groups, scale_groups=None,
         terms = terms[1:]
     total = None
     for (_, sw), term_sums in zip(terms, sums):
-        out = np.zeros(term_sums[0].shape, dtype=F32)                     # [B,Hkv,R,N,D]
-        for g, acc in enumerate(term_sums):         # groups in order, like the IR
-            out += acc.astype(F32) * sw[:, :, :, :, g, None]
-        total = out if total is None else (total + out).astype(F32)
+        out = pv_chain(term_sums, [sw[:, :, :, :, g, None] for g in range(len(term_sums))])
+        total = out if total is None else (total + out).astype(F32)        # [B,Hkv,R,N,D]
     return total
 
 

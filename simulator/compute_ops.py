@@ -14,6 +14,7 @@ import numpy as np
 from iree.compiler import ir
 
 from ..kernels.target_spec import EXP2_INTRINSICS
+from ..reference.common import fma_f32
 from .isa import matrix_instruction, table_for
 from .memory import DTYPES, SimulationError, _element
 
@@ -63,11 +64,8 @@ class ComputeOps:
     op_arith_extsi = _binary(lambda x: np.asarray(x))    # integers are held signed
 
     def op_math_fma(self, op, operands):
-        # a*b is exact in float64 for f32 operands; one rounding of the sum, as the
-        # contract's residual (reference.quantize_q) is computed.
-        a, b, c = (np.asarray(x, np.float64) for x in operands)
-        with np.errstate(all="ignore"):
-            return (a * b + c).astype(np.float32)
+        # one rounding of the exact a*b + c, as the hardware's fma
+        return fma_f32(*operands)
     op_arith_andi = _binary(np.bitwise_and)
     op_arith_ori = _binary(np.bitwise_or)
     op_arith_shrui = _binary(np.right_shift)

@@ -1,16 +1,17 @@
 // RUN: int8attn-opt %s --split-input-file -p pv-to-mmac | filecheck %s
 
 // The int32 contraction stays inside one K=32 group (one MMAC); the groups
-// are summed in f32 after the per-group rescale by sW.
+// are summed in f32, each rescaled by its sW in one FMA (rounded once).
 // CHECK-LABEL: func.func @tiles
 // CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x32xi8>, %[[SW:.*]]: tensor<1x1x4x1x2xf32>, %[[V:.*]]: tensor<1x1x1x64x16xi8>)
 // CHECK: %[[ACC:.*]] = "int8attn.mmac_tiles"(%[[WQ]], %[[V]])
 // CHECK-SAME: fragment_model = "gfx936"
 // CHECK-SAME: -> tensor<1x1x4x1x2x16xi32>
 // CHECK: %[[O:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[ACC]], %[[SW]] :
+// CHECK:   ^bb0(%{{.*}}: i32, %[[SG:.*]]: f32, %[[TOTAL:.*]]: f32):
 // CHECK:   %[[F:.*]] = arith.sitofp %{{.*}} : i32 to f32
-// CHECK:   %[[S:.*]] = arith.mulf %[[F]]
-// CHECK:   arith.addf %{{.*}}, %[[S]]
+// CHECK:   %[[O2:.*]] = math.fma %[[F]], %[[SG]], %[[TOTAL]] : f32
+// CHECK:   linalg.yield %[[O2]]
 // CHECK: return %[[O]]
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
