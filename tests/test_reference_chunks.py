@@ -101,9 +101,9 @@ def test_int8_sums_are_exact_integer_sums(head_dim):
     wq, sw = ref.quantize(w[..., groups])
     acc = np.einsum("bhrngk,bhngkd->bhrngd", wq.astype(np.int64),
                     v_blocks[:, :, :, groups, :].astype(np.int64))
-    expected_pv = np.zeros((1, 2, 3, 2, 16), np.float32)
-    for g in range(2):
-        expected_pv += acc[:, :, :, :, g].astype(np.float32) * sw[:, :, :, :, g, None]
+    # the exact sums, rescaled by the contract's chain (its fma: tests/test_pv_chain.py)
+    expected_pv = common.pv_chain([acc[:, :, :, :, g] for g in range(2)],
+                                  [sw[:, :, :, :, g, None] for g in range(2)])
     assert np.array_equal(common.int8_pv(w, v_blocks, groups, numerics=SEED), expected_pv)
 
 
