@@ -22,12 +22,17 @@ scale groups of K tokens each.
 | cache_write     | k_new, v_new float [T,Hkv,D], slot_mapping i32 [T], k_cache, k_scale, v_cache, v_scale (as paged_attention's)[, k_bias f32 [Hkv,D] subtracted from k_new] -> the four caches, updated {block_size} (T, NB may be dynamic; a slot < 0 skips its token) |
 | quantize        | x float [..., X] -> (i8 [..., X], f32 [...]) per-row symmetric int8 |
 | softmax_pv      | scores f32 [B,Hkv,R,S], v, v_scale {mode[, query_tokens]} -> f32 [B,Hkv,R,D] |
-| pv              | p f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], v_scale f32 [B,Hkv,N,T] -> f32 [B,Hkv,R,N,D] |
-| folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D] -> f32 [B,Hkv,R,N,D] |
+| pv              | p f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], v_scale f32 [B,Hkv,N,T], acc f32 [B,Hkv,R,N,D] -> f32 acc-shape |
+| folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], acc -> f32 acc-shape |
 | group_quantize  | w f32 [..., T] {groups[, scale_groups]} -> (i8 [..., G, K], f32 [..., G]) |
-| grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v[, column_sums] {groups} -> f32 [B,Hkv,R,N,D] |
+| grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v, acc[, column_sums] {groups} -> f32 acc-shape |
 | mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v[, column_sums] {groups, fragment_model} -> i32 [B,Hkv,R,N,G,D] |
 | column_sums     | v i8 [B,Hkv,N,T,D] {groups} -> i32 [B,Hkv,N,G,D]: sum of v over each group's tokens |
+
+The PV ops accumulate into their `acc` operand (destination-passing, as linalg's
+outs): the result is acc plus the block's sums, each group's added by one FMA in the
+contract's order (docs/design.md §2). A decode partition starts from zeros, a prefill
+tile from α·o, a second W term from the first's result.
 
 Unsigned W (`group_quantize {w_quant = "u8"}`, docs/design.md §2c): per group
 `a = max|W|` (= max W, W >= 0), `u = clamp(rne(W*(255/a)), 0, 255)`, Wq = u - 128
@@ -115,12 +120,12 @@ def softmax_pv(scores, v, v_scale, *, mode: str, query_tokens: int = 1, loc=None
                              loc=loc).result
 
 
-def pv(p, v, v_scale, *, loc=None) -> ir.Value:
-    return PVOp.build(p, v, v_scale, loc=loc).result
+def pv(p, v, v_scale, acc, *, loc=None) -> ir.Value:
+    return PVOp.build(p, v, v_scale, acc, loc=loc).result
 
 
-def folded_pv(w, v, *, loc=None) -> ir.Value:
-    return FoldedPVOp.build(w, v, loc=loc).result
+def folded_pv(w, v, acc, *, loc=None) -> ir.Value:
+    return FoldedPVOp.build(w, v, acc, loc=loc).result
 
 
 def group_quantize(w, groups: np.ndarray, *, scale_groups: np.ndarray | None = None,
@@ -135,8 +140,8 @@ def group_quantize(w, groups: np.ndarray, *, scale_groups: np.ndarray | None = N
     return op.wq, op.sw
 
 
-def grouped_pv(wq, sw, v, groups: np.ndarray, *, column_sums=None, loc=None) -> ir.Value:
-    return GroupedPVOp.build(wq, sw, v, groups, column_sums=column_sums, loc=loc).result
+def grouped_pv(wq, sw, v, acc, groups: np.ndarray, *, column_sums=None, loc=None) -> ir.Value:
+    return GroupedPVOp.build(wq, sw, v, acc, groups, column_sums=column_sums, loc=loc).result
 
 
 def mmac_tiles(wq, v, groups: np.ndarray, *, fragment_model: str, column_sums=None,

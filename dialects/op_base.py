@@ -167,6 +167,12 @@ class _Check:
         self.ranked(result, "result", 5, ("f32",))
         self.same(shape_of(result), [b, hkv, rows, blocks, vs[4]], "result")
 
+    def accumulator(self, acc, result) -> None:
+        """The accumulator operand a PV op's result adds to: the result's type."""
+        self.ranked(acc, "acc", 5, ("f32",))
+        self.that(acc.type == result.type, f"acc {acc.type} must be the result's type "
+                                           f"{result.type}")
+
     def optional_arity(self, operands: int, results: int) -> bool:
         """`operands` operands, or one more (an optional last operand): is it there?"""
         given = len(self.op.operands)

@@ -21,9 +21,7 @@ from .op_base import (Int8AttnOp, _Check, _Dialect, _groups, _operand,
 from ..fragments import pv_model_named, pv_model_names
 
 
-def _block_output(weights, v) -> ir.RankedTensorType:
-    b, hkv, rows, blocks = shape_of(weights)[:4]
-    return tensor([b, hkv, rows, blocks, shape_of(v)[-1]], "f32")
+_ACC = "the O the block's sums accumulate into, f32 [B,Hkv,R,N,D]"
 
 
 @_cext.register_operation(_Dialect)
@@ -32,16 +30,18 @@ class PVOp(Int8AttnOp):
     p = _operand(0, "probabilities f32 [B,Hkv,R,N,T]")
     v = _operand(1, "values i8 [B,Hkv,N,T,D]")
     v_scale = _operand(2, "value scales f32 [B,Hkv,N,T]")
+    acc = _operand(3, _ACC)
 
     @classmethod
-    def build(cls, p, v, v_scale, *, loc=None) -> PVOp:
-        return cls._create([_block_output(p, v)], [p, v, v_scale], loc=loc)
+    def build(cls, p, v, v_scale, acc, *, loc=None) -> PVOp:
+        return cls._create([acc.type], [p, v, v_scale, acc], loc=loc)
 
     def verify(self) -> bool:
         c = _Check(self)
-        c.arity(3, 1)
+        c.arity(4, 1)
         ws = c.ranked(self.p, "p", 5, ("f32",))
         c.block_pv(ws, self.v, self.v_scale, self.result)
+        c.accumulator(self.acc, self.result)
         return True
 
 
@@ -50,16 +50,18 @@ class FoldedPVOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.folded_pv"
     w = _operand(0, "weights P * sV, f32 [B,Hkv,R,N,T]")
     v = _operand(1, "values i8 [B,Hkv,N,T,D]")
+    acc = _operand(2, _ACC)
 
     @classmethod
-    def build(cls, w, v, *, loc=None) -> FoldedPVOp:
-        return cls._create([_block_output(w, v)], [w, v], loc=loc)
+    def build(cls, w, v, acc, *, loc=None) -> FoldedPVOp:
+        return cls._create([acc.type], [w, v, acc], loc=loc)
 
     def verify(self) -> bool:
         c = _Check(self)
-        c.arity(2, 1)
+        c.arity(3, 1)
         ws = c.ranked(self.w, "w", 5, ("f32",))
         c.block_pv(ws, self.v, None, self.result)
+        c.accumulator(self.acc, self.result)
         return True
 
 
@@ -118,23 +120,25 @@ class GroupedPVOp(Int8AttnOp):
     wq = _operand(0, "quantized weights i8 [B,Hkv,R,N,G,K]")
     sw = _operand(1, "weight scales f32 [B,Hkv,R,N,G]")
     v = _operand(2, "values i8 [B,Hkv,N,T,D]")
+    acc = _operand(3, _ACC)
     groups = _groups("groups")
 
     @property
     def column_sums(self) -> ir.Value | None:
         """i32 [B,Hkv,N,G,D] sum of Vq over each group (unsigned W's offset), or None."""
         operands = self.operation.operands
-        return operands[3] if len(operands) == 4 else None
+        return operands[4] if len(operands) == 5 else None
 
     @classmethod
-    def build(cls, wq, sw, v, groups: np.ndarray, *, column_sums=None, loc=None) -> GroupedPVOp:
+    def build(cls, wq, sw, v, acc, groups: np.ndarray, *, column_sums=None,
+              loc=None) -> GroupedPVOp:
         sums = [] if column_sums is None else [column_sums]
-        return cls._create([_block_output(wq, v)], [wq, sw, v, *sums],
+        return cls._create([acc.type], [wq, sw, v, acc, *sums],
                            {"groups": groups_attr(groups)}, loc)
 
     def verify(self) -> bool:
         c = _Check(self)
-        has_sums = c.optional_arity(3, 1)
+        has_sums = c.optional_arity(4, 1)
         wq, sw, v = self.wq, self.sw, self.v
         c.grouped_weights(wq, v)
         if has_sums:
@@ -142,6 +146,7 @@ class GroupedPVOp(Int8AttnOp):
         c.ranked(sw, "sw", 5, ("f32",))
         c.same(shape_of(sw), shape_of(wq)[:5], "sw")
         c.block_pv(shape_of(wq)[:4] + [shape_of(v)[3]], v, None, self.result)
+        c.accumulator(self.acc, self.result)
         return True
 
 

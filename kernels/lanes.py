@@ -246,6 +246,14 @@ def c_element(acc: ir.Value, instruction: MatrixInstruction, i: int) -> ir.Value
     return vector.extract(acc, [], position)
 
 
+def c_fragment(values: dict, instruction: MatrixInstruction, fill: ir.Value) -> ir.Value:
+    """A C fragment holding values[i] in register i (`c_element`'s order), `fill` in
+    the registers not given."""
+    count = int(np.prod(instruction.c_vector))
+    return vector.from_elements(ir.VectorType.get(list(instruction.c_vector), fill.type),
+                                [values.get(i, fill) for i in range(count)])
+
+
 def mma(instruction: MatrixInstruction, target: str, a: ir.Value, b: ir.Value,
         c: ir.Value) -> ir.Value:
     """One int8 matrix instruction on its A/B/C operand vectors."""

@@ -19,7 +19,8 @@ tokens, which is also the contract's prefill tile). The same stages as decode
           guarded alpha, p = exp(s - m'), l' = alpha l + sum p, W = p * sV
           (on an exp2 target the scores come out times log2 e, folded with
           the softmax scale into each row's sQ: `TargetSpec.exp_units`)
-    PV    `pv_stage` as in decode; o' = alpha o + sum_g sW acc_g
+    PV    `pv_stage` as in decode, its chain starting from alpha o:
+          o' = alpha o + sum_g sW acc_g, one FMA per group
   O = o / l, stored for the real rows.
 
 Over the paged cache (chunked prefill: q [B, Hq, Sq, D], each sequence's last
@@ -217,15 +218,16 @@ def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, liv
     wave_token0 = lanes.index(0)        # every wave reads the whole tile
     scores = qk(plan, operands, tile_kv, wave_token0, live)
     m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
+    # The tile's sums go on from alpha o (the contract's chain, reference.pv_chain).
+    alpha_of = _per_pv_slot(plan, alpha, classes, slots)
+    tiles = plan.head_dim // plan.pv_layout.instruction.n
+    start = [{i: arith.mulf(alpha_of[i], o[tile * len(slots) + u]) for u, i in enumerate(slots)}
+             for tile in range(tiles)]
     # V loaded per 16-column tile just before its MMACs: fewer live registers
     # (the H200: INT8 the same, the BF16 twin 6% faster at 3 workgroups per SM).
-    tile_o = pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0, VSource(per_tile=True)))
-    alpha_of = _per_pv_slot(plan, alpha, classes, slots)
-    o_new = []
-    for tile, regs in enumerate(tile_o):
-        for u, i in enumerate(slots):
-            previous = o[tile * len(slots) + u]
-            o_new.append(arith.addf(arith.mulf(alpha_of[i], previous), regs[i]))
+    o_new = [regs[i] for regs in pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0,
+                                                           VSource(per_tile=True)), start)
+             for i in slots]
     if plan.w_feed is None:     # the next tile's W overwrites the LDS this PV read
         lanes.barrier()
     return m_new + l_new + o_new

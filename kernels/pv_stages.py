@@ -15,7 +15,7 @@ from ..contract import scalar_ir as contract
 from ..contract.constants import MAX_W_V_PRODUCT, ROUND_BIAS_BITS
 from ..fragments import DecodeKernelLayout, thread_distribution
 from .kv_access import KVView
-from .lanes import c_element, load_vector, vector_type
+from .lanes import c_element, c_fragment, load_vector, vector_type
 from .stage_plan import StagedW, StagePlan, VSource
 
 
@@ -195,14 +195,15 @@ def _v_runs(layout: DecodeKernelLayout, loads, t: int) -> list[ir.Value]:
             for u, offset, length in layout.v_runs_of_mmac(t)]
 
 
-def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
-    """A wave's O [tile][C slot] in f32 from Wq x Vq on the INT8 instruction,
-    rescaled by sW per MMAC (one FMA each, `contract.accumulate_pv`); unsigned W adds 128 * sum Vq of the MMAC's tokens to
-    each int32 sum first. Two-term W: each term summed over the MMACs on its own,
-    then the two added (the contract's order, reference.int8_pv); as digits, the
-    two int32 sums joined (high * BASE + low) and converted once. A packed second
-    term is the same MMAC's sum at the partner slot. `v_tiles`: (tile, the lane's V
-    loads) in tile order."""
+def pv(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
+    """A wave's O [tile][C slot] in f32: `start` [tile]{C slot} (None: +0) plus
+    Wq x Vq on the INT8 instruction, each MMAC's sum rescaled by its sW into the
+    running O by one FMA (`contract.accumulate_pv`); unsigned W adds 128 * sum Vq of
+    the MMAC's tokens to each int32 sum first. Two-term W: the second term's MMACs
+    go on into the first's chain (the contract's order, reference.pv_chain); as
+    digits, the two int32 sums joined (high * BASE + low) and converted once. A
+    packed second term is the same MMAC's sum at the partner slot. `v_tiles`:
+    (tile, the lane's V loads) in tile order."""
     lanes, layout, numerics = plan.lanes, plan.pv_layout, plan.numerics
     inst = layout.instruction
     a = _a_operands(plan, staged, "i8")
@@ -221,8 +222,9 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
         scales.append((staged.second, lambda i: i) if a_second is not None else
                       (staged, lambda i: plan.w_packing[1][i]))
     o = []
-    for _, loads in v_tiles:
-        terms = [[None] * inst.c.slots for _ in scales]
+    for tile, loads in v_tiles:
+        # per term, per live slot: its (f32 sum, sW) of each MMAC, in MMAC order
+        terms = [{i: [] for i in live} for _ in scales]
         for t in range(layout.model.mmacs_per_wave):
             bv = lanes.assemble(_v_runs(layout, loads, t), inst.b_vector)
             acc = plan.mma(layout, a[t], bv, init)
@@ -241,12 +243,16 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
             else:
                 values = [{i: contract.exact_f32(v, bound, c, biased) for i, v in term.items()}
                           for term in values]
-            for regs, term_values, (term, slot) in zip(terms, values, scales):
+            for chain, term_values, (term, slot) in zip(terms, values, scales):
                 for i, value in term_values.items():
-                    sw = _scale(plan, term, layout.c_row(slot(i)), t)
-                    regs[i] = contract.accumulate_pv(c.zero if regs[i] is None else regs[i],
-                                                     value, sw)
-        o.append(_add_terms(terms))
+                    chain[i].append((value, _scale(plan, term, layout.c_row(slot(i)), t)))
+        regs = [None] * inst.c.slots
+        for i in live:
+            regs[i] = c.zero if start is None else start[tile][i]
+            for chain in terms:
+                for value, sw in chain[i]:
+                    regs[i] = contract.accumulate_pv(regs[i], value, sw)
+        o.append(regs)
     return o
 
 
@@ -265,14 +271,6 @@ def _scale(plan: StagePlan, staged: StagedW, row, mmac: int) -> ir.Value:
     return memref.load(staged.scales, [lanes.wave, lanes.of_lane(row), lanes.index(mmac)])
 
 
-def _add_terms(terms: list[list]) -> list:
-    """Per C slot, the terms' sums added in term order (None where not computed)."""
-    total = terms[0]
-    for regs in terms[1:]:
-        total = [x if x is None else arith.addf(x, y) for x, y in zip(total, regs)]
-    return total
-
-
 def _column_sums(plan: StagePlan, acc: ir.Value, bv: ir.Value):
     """{live C slot: int32 sum Vq of its column over the MMAC's tokens}, or None
     for signed W."""
@@ -287,34 +285,37 @@ def _column_sums(plan: StagePlan, acc: ir.Value, bv: ir.Value):
     return {i: c_element(ones, inst, i) for i in live}
 
 
-def pv_bf16(plan: StagePlan, staged: StagedW, v_tiles) -> list[list]:
-    """O with bf16 W x bf16(Vq) on the bf16 instruction, f32 accumulate."""
+def pv_bf16(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
+    """O with bf16 W x bf16(Vq) on the bf16 instruction, accumulated in f32 by the
+    instruction itself from `start` [tile]{C slot} (None: +0): each MMA's C is the
+    one before it."""
     lanes, layout = plan.lanes, plan.pv_layout
     inst = layout.instruction
     a = _a_operands(plan, staged, "bf16")
     o = []
-    for _, loads in v_tiles:
-        regs = [None] * inst.c.slots
+    for tile, loads in v_tiles:
+        acc = (lanes.zeros(inst.c_vector, "f32") if start is None
+               else c_fragment(start[tile], inst, lanes.f32(0.0)))
         for t in range(layout.model.mmacs_per_wave):
             runs = []
             for piece in _v_runs(layout, loads, t):
                 length = ir.VectorType(piece.type).shape[0]
                 as_f32 = arith.sitofp(vector_type(length, "f32"), piece)
                 runs.append(arith.truncf(vector_type(length, "bf16"), as_f32))
-            acc = plan.mma(layout, a[t], lanes.assemble(runs, inst.b_vector),
-                           lanes.zeros(inst.c_vector, "f32"))
-            for i in plan.pv_live_slots():
-                term = c_element(acc, inst, i)
-                regs[i] = term if regs[i] is None else arith.addf(regs[i], term)
+            acc = plan.mma(layout, a[t], lanes.assemble(runs, inst.b_vector), acc)
+        regs = [None] * inst.c.slots
+        for i in plan.pv_live_slots():
+            regs[i] = c_element(acc, inst, i)
         o.append(regs)
     return o
 
 
-def pv_stage(plan: StagePlan, w: dict, v_tiles) -> list[list]:
-    """W to a wave's O: quantized on the INT8 instruction, or the bf16 baseline."""
+def pv_stage(plan: StagePlan, w: dict, v_tiles, start=None) -> list[list]:
+    """W to a wave's O, added to `start` [tile]{C slot} (None: from +0): quantized on
+    the INT8 instruction, or the bf16 baseline."""
     if plan.pv == "int8":
-        return pv(plan, quantize_w(plan, w), v_tiles)
-    return pv_bf16(plan, stage_bf16(plan, w), v_tiles)
+        return pv(plan, quantize_w(plan, w), v_tiles, start)
+    return pv_bf16(plan, stage_bf16(plan, w), v_tiles, start)
 
 
 # V ----------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def split_kv(op: d.SoftmaxPVOp, rewriter, partition_tokens: int):
                                [[0], [1], [2, 3]], [batch, kv_heads, blocks, partition_tokens])
 
         m, l, p = partition_softmax(scores)
-        partial = d.pv(p, v, v_scale)
+        partial = d.pv(p, v, v_scale, build.zeros(stats + [head_dim], "f32"))
 
         rows_shape = [batch, kv_heads, rows]
         m_all = build.generic([m], ["bhrn"], "bhr", build.full(rows_shape, "f32", neg_inf), _max)

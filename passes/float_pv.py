@@ -1,8 +1,8 @@
 """float-pv: the f32 and bf16 PV baselines.
 
-Rewrites `int8attn.folded_pv(W, v)` into a float contraction
+Rewrites `int8attn.folded_pv(W, v, acc)` into a float contraction into acc
 
-    O = sum_t W' * f32(Vq)      W' = W (pv=f32) or f32(bf16(W)) (pv=bf16)
+    O = acc + sum_t W' * f32(Vq)      W' = W (pv=f32) or f32(bf16(W)) (pv=bf16)
 
 Everything before PV (INT8 QK, partitions, the V-scale fold) is shared with
 the INT8 path, so the baselines differ from it only in PV.
@@ -44,7 +44,7 @@ def float_contraction(op: d.FoldedPVOp, rewriter, pv: str):
 
     with rewriter.ip, op.location:
         out = build.generic(
-            [w, v], ["bhrnt", "bhntd"], "bhrnd", build.zeros(d.shape_of(op.result), "f32"),
+            [w, v], ["bhrnt", "bhntd"], "bhrnd", op.acc,
             lambda w_i, v_i, total: arith.addf(total, arith.mulf(weight(w_i), build.to_f32(v_i))))
     rewriter.replace_op(op, [out])
 

@@ -1,9 +1,9 @@
 """fold-v-scale: move the per-token V scale into the weights.
 
-Rewrites `int8attn.pv(P, v, v_scale)` into
+Rewrites `int8attn.pv(P, v, v_scale, acc)` into
 
     W = P * v_scale                       (W_i = P_i * sV_i)
-    O = int8attn.folded_pv(W, v)          (O = sum_i W_i * Vq_i)
+    O = int8attn.folded_pv(W, v, acc)     (O = acc + sum_i W_i * Vq_i)
 
 so the remaining contraction has int8 V and a weight that can be quantized.
 """
@@ -27,7 +27,7 @@ def fold_scale(op: d.PVOp, rewriter):
         w = build.generic([p, v_scale], ["bhrnt", "bhnt"], "bhrnt",
                           build.empty(d.shape_of(p), "f32"),
                           lambda p_i, s_v, _: arith.mulf(p_i, s_v))
-        out = d.folded_pv(w, v)
+        out = d.folded_pv(w, v, op.acc)
     rewriter.replace_op(op, [out])
 
 

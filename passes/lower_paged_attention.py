@@ -121,7 +121,9 @@ def _partition(op, seq: _Sequence, terms, p, tokens: int):
     batch, kv_heads, rows, _ = d.shape_of(scores)
     m, l, probs = partition_softmax(build.expand(scores, [[0], [1], [2], [3, 4]],
                                                  [batch, kv_heads, rows, 1, tokens]))
-    partial = d.pv(probs, seq.gather(start, tokens, "v"), seq.gather(start, tokens, "v_scale"))
+    v = seq.gather(start, tokens, "v")
+    partial = d.pv(probs, v, seq.gather(start, tokens, "v_scale"),
+                   build.zeros([batch, kv_heads, rows, 1, d.shape_of(v)[-1]], "f32"))
     return (build.collapse(m, [[0], [1], [2, 3]]), build.collapse(l, [[0], [1], [2, 3]]),
             build.collapse(partial, [[0], [1], [2], [3, 4]]))
 

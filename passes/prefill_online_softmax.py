@@ -8,7 +8,7 @@ of S) into
         m' = max(m, max_t score_n)
         a  = m' == -inf ? 1 : exp(m - m')          (a fully masked tile so far)
         p  = m' == -inf ? 0 : exp(score_n - m')    (unnormalized weights)
-        o' = a * o + int8attn.pv(p, v_n, v_scale_n)
+        o' = int8attn.pv(p, v_n, v_scale_n, a * o)     (the tile's sums into a * o)
         l' = a * l + sum_t p
     O = o / l
 
@@ -75,7 +75,6 @@ def online_softmax_tile(s_tile, v_tile, vs_tile, m, l, o):
         [s_tile, m_new], ["bhrnt", "bhr"], "bhrnt", build.empty(d.shape_of(s_tile), "f32"),
         lambda s, new, _: arith.select(_is_neg_inf(new), build.f32(0.0),
                                        math.exp(arith.subf(s, new))))
-    tile_out = d.pv(p, v_tile, vs_tile)
     scaled_l = build.generic([l, alpha], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
                              lambda l_i, a, _: arith.mulf(a, l_i))
     l_new = build.generic([p], ["bhrnt"], "bhr", scaled_l,
@@ -83,8 +82,8 @@ def online_softmax_tile(s_tile, v_tile, vs_tile, m, l, o):
     scaled_o = build.generic([o, alpha], ["bhrd", "bhr"], "bhrd",
                              build.empty(state + [head_dim], "f32"),
                              lambda o_i, a, _: arith.mulf(a, o_i))
-    o_new = build.generic([tile_out], ["bhrnd"], "bhrd", scaled_o,
-                          lambda x, acc: arith.addf(acc, x))
+    tile_acc = build.expand(scaled_o, [[0], [1], [2], [3, 4]], state + [1, head_dim])
+    o_new = build.collapse(d.pv(p, v_tile, vs_tile, tile_acc), [[0], [1], [2], [3, 4]])
     return m_new, l_new, o_new
 
 

@@ -1,9 +1,9 @@
 """pv-to-mmac: the grouped PV contraction as MMAC tiles plus the rescale.
 
-Rewrites `int8attn.grouped_pv(Wq, sW, v[, cs]) {groups}` into
+Rewrites `int8attn.grouped_pv(Wq, sW, v, o[, cs]) {groups}` into
 
     acc = int8attn.mmac_tiles(Wq, v[, cs]) {groups, fragment_model}   int32, one K group each
-    O   = sum_g f32(acc_g) * sW_g      one FMA per group, in order (contract.accumulate_pv)
+    O   = o + sum_g f32(acc_g) * sW_g  one FMA per group into o, in order (contract.accumulate_pv)
 
 With unsigned W the column sums `cs` go to the tiles, whose accumulator starts
 at 128 * cs (acc = sum Wq*Vq + 128 sum Vq = sum u*Vq, still an s8 x s8 MMAC).
@@ -49,7 +49,7 @@ def to_mmac_tiles(op: d.GroupedPVOp, rewriter, model_name: str):
         acc = d.mmac_tiles(wq, v, groups, fragment_model=model_name, column_sums=op.column_sums)
         out = build.generic(
             [acc, sw], ["bhrngd", "bhrng"], "bhrnd",
-            build.zeros(d.shape_of(wq)[:4] + [head_dim], "f32"),
+            op.acc,
             lambda a, s, total: contract.accumulate_pv(total, build.to_f32(a), s))
     rewriter.replace_op(op, [out])
 

@@ -1,9 +1,9 @@
 """quantize-w-groups: quantize W per MMAC-owned group of tokens.
 
-Rewrites `int8attn.folded_pv(W, v)` into
+Rewrites `int8attn.folded_pv(W, v, o)` into
 
     Wq, sW = int8attn.group_quantize(W) {groups}
-    O      = int8attn.grouped_pv(Wq, sW, v) {groups}
+    O      = int8attn.grouped_pv(Wq, sW, v, o) {groups}
 
 `groups` is the fragment model's token table for a block: row g holds
 the tokens (in K-slot order) that one MMAC consumes. There is one scale per
@@ -16,7 +16,7 @@ exactly by the column sums of V over the same groups:
 
     Wq, sW = int8attn.group_quantize(W) {groups, w_quant = "u8"}
     cs     = int8attn.column_sums(v) {groups}              sum_k Vq, int32
-    O      = int8attn.grouped_pv(Wq, sW, v, cs) {groups}   sum_g f32(acc + 128 cs) sW
+    O      = int8attn.grouped_pv(Wq, sW, v, o, cs) {groups}   o + sum_g f32(acc + 128 cs) sW
 
 Option `w-terms=2` (docs/design.md §2c, two-term W) adds a second, signed INT8 term
 per group on the f32 residual of the first, read back in token order, and its
@@ -29,8 +29,9 @@ own MMAC tiles over the same groups:
                                      the groups table where they are no digit
                                      permutation)
     Wq2, sW2 = int8attn.group_quantize(R) {groups}
-    O        = int8attn.grouped_pv(Wq, sW, v[, cs]) {groups}
-             + int8attn.grouped_pv(Wq2, sW2, v) {groups}
+    O1       = int8attn.grouped_pv(Wq, sW, v, o[, cs]) {groups}
+    O        = int8attn.grouped_pv(Wq2, sW2, v, O1) {groups}     (the second term's
+                                     groups go on into the first's chain)
 
 verify-scale-groups proves each pair like the first (the residual is W's, in the
 same token order, so the second term's groups are the MMAC's tokens too).
@@ -135,14 +136,11 @@ def quantize_groups(op: d.FoldedPVOp, rewriter, model_name: str, scale_groups: s
             w, groups, scale_groups=None if scale_groups == "fragment" else scales,
             w_quant=w_quant)
         sums = d.column_sums(v, groups) if w_quant == "u8" else None
-        out = d.grouped_pv(wq, sw, v, groups, column_sums=sums)
+        out = d.grouped_pv(wq, sw, v, op.acc, groups, column_sums=sums)
         if w_terms == 2:
             residual = w_residual_tokens(w, wq, sw, groups, w_quant == "u8")
             wq2, sw2 = d.group_quantize(residual, groups)
-            second = d.grouped_pv(wq2, sw2, v, groups)
-            out = build.generic([out, second], ["bhrnd", "bhrnd"], "bhrnd",
-                                build.empty(d.shape_of(out), "f32", like=out),
-                                lambda a, b, _: arith.addf(a, b))
+            out = d.grouped_pv(wq2, sw2, v, out, groups)
     rewriter.replace_op(op, [out])
 
 

@@ -269,28 +269,37 @@ def fma_f32(a, b, c) -> np.ndarray:
         return total.astype(F32)
 
 
-def pv_chain(sums, scales) -> np.ndarray:
-    """One term's O from its per-group exact int32 sums and scales, the contract's
-    chain: o = +0, then o = fma(f32(acc_g), sW_g, o) over the groups in order
+def pv_chain(sums, scales, start: np.ndarray | None = None) -> np.ndarray:
+    """O from exact int32 sums and their scales, the contract's chain (docs/design.md §2):
+    o = `start` (+0 where None: a decode partition; a prefill tile's α·o), then
+    o = fma(f32(acc), sW, o) for each (term, group) in order
     (contract.scalar_ir.accumulate_pv)."""
-    out = None
+    out = np.zeros(np.shape(sums[0]), F32) if start is None else np.asarray(start, F32)
     for acc, sw in zip(sums, scales):
-        start = np.zeros(acc.shape, F32) if out is None else out
-        out = fma_f32(acc.astype(F32), sw, start)
+        out = fma_f32(acc.astype(F32), sw, out)
     return out
 
 
-def int8_pv(w, v_blocks, groups, scale_groups=None,
-            numerics: Numerics = Numerics()) -> np.ndarray:
-    """sum_g f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment model's groups,
-    as `pv_chain`: one FMA per group.
+def int8_pv(w, v_blocks, groups, scale_groups=None, numerics: Numerics = Numerics(),
+            start: np.ndarray | None = None) -> np.ndarray:
+    """`start` plus sum_g f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment
+    model's groups, as `pv_chain` of `int8_pv_terms`."""
+    sums, scales = int8_pv_terms(w, v_blocks, groups, scale_groups, numerics)
+    return pv_chain(sums, scales, start)
+
+
+def int8_pv_terms(w, v_blocks, groups, scale_groups=None,
+                  numerics: Numerics = Numerics()) -> tuple[list, list]:
+    """(exact int32 sums [B,Hkv,R,N,D], scales [B,Hkv,R,N,1]) of each (term, group)
+    in the chain's order: f32(sum_k Wq*Vq [+ 128 * sum_k Vq]) * sW over the fragment
+    model's groups.
 
     `scale_groups` (default `groups`) are the token sets the scales come from;
     `numerics.w_quant="u8"` adds the offset compensation over the group's own tokens.
     `numerics.w_terms=2` adds the second (signed) term's own sum over the same groups:
-    O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, each sum a `pv_chain`,
-    then the two added (f32). As digits (w-second "digit") one int32 joins them per
-    group: O = sum_g f32(acc1_g * BASE + acc2_g) * sW2_g.
+    O = sum_g f32(acc1_g)*sW1_g + sum_g f32(acc2_g)*sW2_g, the second term's groups
+    after the first's in one chain. As digits (w-second "digit") one int32 joins them
+    per group: O = sum_g f32(acc1_g * BASE + acc2_g) * sW2_g.
     """
     w_quant = numerics.w_quant
     w_groups = w[..., groups]                       # [B,Hkv,R,N,G,K]
@@ -310,11 +319,9 @@ def int8_pv(w, v_blocks, groups, scale_groups=None,
     if numerics.w_digits:
         sums = [[high * DIGIT_BASE + low for high, low in zip(*sums)]]
         terms = terms[1:]
-    total = None
-    for (_, sw), term_sums in zip(terms, sums):
-        out = pv_chain(term_sums, [sw[:, :, :, :, g, None] for g in range(len(term_sums))])
-        total = out if total is None else (total + out).astype(F32)        # [B,Hkv,R,N,D]
-    return total
+    chain = [(acc, sw[:, :, :, :, g, None]) for (_, sw), term_sums in zip(terms, sums)
+             for g, acc in enumerate(term_sums)]
+    return [acc for acc, _ in chain], [sw for _, sw in chain]
 
 
 def float_pv(w, v_blocks, pv: str) -> np.ndarray:

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..contract.numerics import Numerics
 from ..fragments import NUMPY_OPS, FragmentModel, ceil_div, pv_model_named
-from .common import (F32, PV_MODES, float_pv, group_rows, int8_pv,
-                     int8_scores, pad_tokens, row_chunks)
+from .common import (F32, PV_MODES, float_pv, group_rows, int8_pv_terms,
+                     int8_scores, pad_tokens, pv_chain, row_chunks)
 
 # Bytes per (row, token) held at once: the QK sums, scores, P, W and their
 # temporaries (f32); the PV sums per (row, block) add 16 * D / block_tokens.
@@ -141,23 +141,29 @@ def fragment_softmax_pv(scores, v, v_scale, mode: str, *, pv: str = "int8",
         model = fragments or pv_model_named(model)
         groups = model.token_groups(st.w.shape[-1])
         scales = model.scale_groups(st.w.shape[-1], scale_groups)
-        partial = int8_pv(st.w, st.v_blocks, groups,
-                          None if scale_groups == "fragment" else scales,
-                          numerics)                                         # [B,Hkv,R,N,D]
+        sums, sw = int8_pv_terms(st.w, st.v_blocks, groups,
+                                 None if scale_groups == "fragment" else scales, numerics)
+        # the tile's chain goes on from `start` (decode: +0; prefill: α·o)
+        tile = lambda n, start: pv_chain([a[:, :, :, n] for a in sums],
+                                         [s[:, :, :, n] for s in sw], start)
     else:
-        partial = float_pv(st.w, st.v_blocks, pv)
+        partial = float_pv(st.w, st.v_blocks, pv)                          # [B,Hkv,R,N,D]
+        tile = lambda n, start: start + partial[:, :, :, n]
     if mode == "decode":
+        zero = np.zeros(st.w.shape[:3] + st.v_blocks.shape[-1:], F32)
+        partial = np.stack([tile(n, zero) for n in range(st.w.shape[3])], axis=3)
         numerator = np.einsum("bhrn,bhrnd->bhrd", st.alpha, partial).astype(F32)
         return (numerator / st.alpha.sum(axis=-1, dtype=F32)[..., None]).astype(F32)
-    return _online_output(st, partial)
+    return _online_output(st, tile)
 
 
-def _online_output(st: Blocks, partial: np.ndarray) -> np.ndarray:
-    """Prefill: o' = alpha o + PV_n and l' = alpha l + sum p over the tiles, O = o / l."""
-    o = np.zeros(partial.shape[:3] + partial.shape[4:], dtype=F32)
-    l = np.zeros(partial.shape[:3], dtype=F32)
-    for n in range(partial.shape[3]):               # the loop's order of operations
-        o = st.alpha[..., n, None] * o + partial[:, :, :, n]
+def _online_output(st: Blocks, tile: Callable) -> np.ndarray:
+    """Prefill: o' = tile n's PV into alpha o (`tile(n, alpha o)`) and
+    l' = alpha l + sum p over the tiles, O = o / l."""
+    o = np.zeros(st.w.shape[:3] + st.v_blocks.shape[-1:], dtype=F32)
+    l = np.zeros(st.w.shape[:3], dtype=F32)
+    for n in range(st.w.shape[3]):                  # the loop's order of operations
+        o = tile(n, (st.alpha[..., n, None] * o).astype(F32))
         l = st.alpha[..., n] * l + st.l[..., n]
     return (o / l[..., None]).astype(F32)
 
@@ -176,4 +182,4 @@ def fixed_p_scale_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *,
     levels = np.rint(st.p * F32(127)).astype(F32)
     fixed = (levels / F32(127)) * v_scales[:, :, None]
     partial = float_pv(fixed.astype(F32), st.v_blocks, "f32")
-    return _online_output(st, partial).reshape(q.shape)
+    return _online_output(st, lambda n, start: start + partial[:, :, :, n]).reshape(q.shape)

@@ -62,17 +62,20 @@ def test_built_ops_have_typed_accessors():
         with ir.InsertionPoint(module.body):
             w = d.tensor([1, 2, 3, 4, 64], "f32")
             v = d.tensor([1, 2, 4, 64, 16], "i8")
-            @func.FuncOp.from_py_func(w, v)
-            def f(w_arg, v_arg):
+            o = d.tensor([1, 2, 3, 4, 16], "f32")
+            @func.FuncOp.from_py_func(w, v, o)
+            def f(w_arg, v_arg, o_arg):
                 quantize = d.GroupQuantizeOp.build(w_arg, groups)
-                return d.grouped_pv(quantize.wq, quantize.sw, v_arg, groups)
+                return d.grouped_pv(quantize.wq, quantize.sw, v_arg, o_arg, groups)
 
         (quantize,) = _ops(module.operation, d.GroupQuantizeOp)
         (grouped,) = _ops(module.operation, d.GroupedPVOp)
         assert np.array_equal(quantize.groups, groups) and quantize.groups.dtype == np.int64
         assert np.array_equal(quantize.scale_groups, groups)  # defaults to groups
-        assert grouped.wq.owner == quantize and grouped.v == list(
-            f.func_op.regions[0].blocks[0].arguments)[1]
+        arguments = list(f.func_op.regions[0].blocks[0].arguments)
+        assert grouped.wq.owner == quantize and grouped.v == arguments[1]
+        assert grouped.acc == arguments[2] and grouped.column_sums is None
+        assert grouped.result.type == grouped.acc.type
         assert np.array_equal(grouped.groups, groups)
         d.verify(module.operation)
 

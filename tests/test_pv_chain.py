@@ -80,9 +80,9 @@ def grouped_pv_module() -> str:
     sw = f"tensor<1x1x{ROWS}x1x{g}xf32>"
     v = f"tensor<1x1x1x64x{HEAD_DIM}xi8>"
     out = f"tensor<1x1x{ROWS}x1x{HEAD_DIM}xf32>"
-    return f"""func.func @pv(%wq: {wq}, %sw: {sw}, %v: {v}) -> {out} {{
-  %o = "int8attn.grouped_pv"(%wq, %sw, %v) {{groups = [{table}]}} : ({wq}, {sw}, {v}) -> {out}
-  return %o : {out}
+    return f"""func.func @pv(%wq: {wq}, %sw: {sw}, %v: {v}, %o: {out}) -> {out} {{
+  %r = "int8attn.grouped_pv"(%wq, %sw, %v, %o) {{groups = [{table}]}} : ({wq}, {sw}, {v}, {out}) -> {out}
+  return %r : {out}
 }}
 """
 
@@ -105,13 +105,16 @@ def test_cpu_rescale_is_the_reference_chain_bitwise(target_cpu):
     v = rng.integers(-128, 128, (1, 1, 1, 64, HEAD_DIM)).astype(np.int8)
     # scales with full 24-bit mantissas: products that are rarely exact
     sw = (rng.uniform(0.5, 1.0, (1, 1, ROWS, 1, g)) * 2.0 ** -7).astype(F32)
-    signature = [TensorSpec(x.shape, "f32" if x.dtype == F32 else "i8") for x in (wq, sw, v)]
-    out = LoadedModule(vmfb, {"pv": signature}).call("pv", wq, sw, v)[0]
+    # the running O the groups go on from (a prefill tile's alpha o)
+    start = (rng.standard_normal((1, 1, ROWS, 1, HEAD_DIM)) * 100).astype(F32)
+    signature = [TensorSpec(x.shape, "f32" if x.dtype == F32 else "i8")
+                 for x in (wq, sw, v, start)]
+    out = LoadedModule(vmfb, {"pv": signature}).call("pv", wq, sw, v, start)[0]
     sums = [np.einsum("bhrnk,bhnkd->bhrnd", wq[..., j, :].astype(np.int64),
                       v[:, :, :, GROUPS[j]].astype(np.int64)) for j in range(g)]
     scales = [sw[..., j, None] for j in range(g)]
-    want = pv_chain(sums, scales)
+    want = pv_chain(sums, scales, start)
     assert np.array_equal(np.asarray(out).view(np.uint32), want.view(np.uint32)), (
         f"max difference {np.abs(out - want).max()} (--target-cpu {target_cpu})")
-    two_roundings = sum((acc.astype(F32) * s).astype(F32) for acc, s in zip(sums, scales))
+    two_roundings = start + sum((acc.astype(F32) * s).astype(F32) for acc, s in zip(sums, scales))
     assert (two_roundings != want).any(), "the data cannot tell an FMA from a multiply-add"

@@ -25,7 +25,9 @@
 // CHECK:   arith.addf
 // CHECK: %[[P:.*]] = linalg.generic {{.*}} ins(%[[E]], %[[L]] :
 // CHECK:   arith.divf
-// CHECK: %[[OP:.*]] = "int8attn.pv"(%[[P]], %[[VB]], %[[VSB]]) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>, tensor<1x2x2x256xf32>) -> tensor<1x2x4x2x16xf32>
+// Each partition's sums accumulate from zeros.
+// CHECK: %[[O0:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%{{.*}} : tensor<1x2x4x2x16xf32>)
+// CHECK: %[[OP:.*]] = "int8attn.pv"(%[[P]], %[[VB]], %[[VSB]], %[[O0]]) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>, tensor<1x2x2x256xf32>, tensor<1x2x4x2x16xf32>) -> tensor<1x2x4x2x16xf32>
 // CHECK: %[[MALL:.*]] = linalg.generic {{.*}} ins(%[[M]] : tensor<1x2x4x2xf32>)
 // CHECK: %[[W:.*]] = linalg.generic {{.*}} ins(%[[M]], %[[MALL]], %[[L]] :
 // CHECK:   arith.subf
@@ -39,7 +41,7 @@
 
 // T64-LABEL: func.func @split
 // T64: tensor.expand_shape {{.*}} output_shape [1, 2, 4, 5, 64]
-// T64: "int8attn.pv"({{.*}}) : (tensor<1x2x4x5x64xf32>, tensor<1x2x5x64x16xi8>, tensor<1x2x5x64xf32>) -> tensor<1x2x4x5x16xf32>
+// T64: "int8attn.pv"({{.*}}) : (tensor<1x2x4x5x64xf32>, tensor<1x2x5x64x16xi8>, tensor<1x2x5x64xf32>, tensor<1x2x4x5x16xf32>) -> tensor<1x2x4x5x16xf32>
 func.func @split(%s: tensor<1x2x4x300xf32>, %v: tensor<1x2x300x16xi8>, %vs: tensor<1x2x300xf32>) -> tensor<1x2x4x16xf32> {
   %o = "int8attn.softmax_pv"(%s, %v, %vs) {mode = "decode"} : (tensor<1x2x4x300xf32>, tensor<1x2x300x16xi8>, tensor<1x2x300xf32>) -> tensor<1x2x4x16xf32>
   return %o : tensor<1x2x4x16xf32>

@@ -2,8 +2,9 @@
 // RUN: int8attn-opt %s -p "float-pv{pv=bf16}" | filecheck %s --check-prefix=BF16
 
 // F32-LABEL: func.func @baseline
-// F32-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>)
-// F32: %[[O:.*]] = linalg.generic {{.*}} ins(%[[W]], %[[V]] :
+// F32-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>, %[[O0:.*]]: tensor<1x2x4x2x16xf32>)
+// The contraction accumulates into the op's acc operand.
+// F32: %[[O:.*]] = linalg.generic {{.*}} ins(%[[W]], %[[V]] : {{.*}}) outs(%[[O0]] :
 // F32-NEXT: ^bb0(%[[WI:.*]]: f32, %[[VI:.*]]: i8, %[[ACC:.*]]: f32):
 // F32-NEXT:   %[[VF:.*]] = arith.sitofp %[[VI]] : i8 to f32
 // F32-NEXT:   %[[P:.*]] = arith.mulf %[[WI]], %[[VF]]
@@ -22,7 +23,7 @@
 // BF16:   %[[MASKED:.*]] = arith.andi %[[SUM]], %{{.*}}
 // BF16:   %[[WB:.*]] = arith.bitcast %[[MASKED]] : i32 to f32
 // BF16:   arith.mulf %[[WB]]
-func.func @baseline(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32> {
-  %o = "int8attn.folded_pv"(%w, %v) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32>
+func.func @baseline(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>, %acc: tensor<1x2x4x2x16xf32>) -> tensor<1x2x4x2x16xf32> {
+  %o = "int8attn.folded_pv"(%w, %v, %acc) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>, tensor<1x2x4x2x16xf32>) -> tensor<1x2x4x2x16xf32>
   return %o : tensor<1x2x4x2x16xf32>
 }

@@ -33,7 +33,8 @@
 // CHECK:     arith.cmpi ult
 // CHECK:     arith.select %{{.*}}, %{{.*}}, %cst{{.*}} : f32
 // CHECK:     tensor.extract %[[VC]][%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : tensor<?x2x64x16xi8>
-// CHECK:     %[[PV:.*]] = "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x4x1x256xf32>, tensor<1x2x1x256x64xi8>, tensor<1x2x1x256xf32>) -> tensor<1x2x4x1x64xf32>
+// CHECK:     %[[PV0:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%{{.*}} : tensor<1x2x4x1x64xf32>)
+// CHECK:     %[[PV:.*]] = "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}, %[[PV0]]) : (tensor<1x2x4x1x256xf32>, tensor<1x2x1x256x64xi8>, tensor<1x2x1x256xf32>, tensor<1x2x4x1x64xf32>) -> tensor<1x2x4x1x64xf32>
 // CHECK:     arith.maximumf
 // CHECK:     math.exp
 // CHECK:     scf.yield
@@ -43,7 +44,7 @@
 // CHECK: return %[[OUT]] : tensor<?x8x64xf32>
 
 // T64-LABEL: func.func @paged
-// T64: "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x4x1x64xf32>, tensor<1x2x1x64x64xi8>, tensor<1x2x1x64xf32>) -> tensor<1x2x4x1x64xf32>
+// T64: "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x4x1x64xf32>, tensor<1x2x1x64x64xi8>, tensor<1x2x1x64xf32>, tensor<1x2x4x1x64xf32>) -> tensor<1x2x4x1x64xf32>
 
 // The same W groups as the dense decode: the fragment model's 256-token partition table, verified.
 // ALGO-LABEL: func.func @paged
@@ -77,7 +78,8 @@ func.func @paged(%q: tensor<?x8x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<
 // PREFILL:       %[[QTOKEN:.*]] = arith.remui %{{.*}}, %c37 : index
 // PREFILL:       %[[LAST:.*]] = arith.addi %[[QTOKEN]], %[[HISTORY]] : index
 // PREFILL:       arith.cmpi ule, %[[KEY]], %[[LAST]] : index
-// PREFILL:     "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x148x1x64xf32>, tensor<1x2x1x64x64xi8>, tensor<1x2x1x64xf32>) -> tensor<1x2x148x1x64xf32>
+// The chunk's tile sums go on from alpha o.
+// PREFILL:     "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x2x148x1x64xf32>, tensor<1x2x1x64x64xi8>, tensor<1x2x1x64xf32>, tensor<1x2x148x1x64xf32>) -> tensor<1x2x148x1x64xf32>
 // PREFILL:     scf.yield
 // PREFILL:   arith.divf
 // PREFILL:   tensor.insert_slice %{{.*}} into %[[ACC]][%[[SEQ]], 0, 0, 0] [1, 8, 37, 64] [1, 1, 1, 1]

@@ -40,11 +40,13 @@
 // CHECK:     %[[DEADP:.*]] = arith.cmpf oeq, %{{.*}}, %[[NEG_INF]] : f32
 // CHECK:     %[[EP:.*]] = math.exp
 // CHECK:     arith.select %[[DEADP]], %[[ZERO]], %[[EP]] : f32
-// CHECK:   %[[PV:.*]] = "int8attn.pv"(%[[P]], %[[VTILE]], %[[VSTILE]]) : (tensor<1x2x8x1x64xf32>, tensor<1x2x1x64x16xi8>, tensor<1x2x1x64xf32>) -> tensor<1x2x8x1x16xf32>
 // CHECK:   %[[LSCALED:.*]] = linalg.generic {{.*}} ins(%[[L]], %[[ALPHA]] :
 // CHECK:   %[[LNEW:.*]] = linalg.generic {{.*}} ins(%[[P]] : {{.*}} outs(%[[LSCALED]] :
+// The tile's PV accumulates into alpha o (the contract's chain goes on from it).
 // CHECK:   %[[OSCALED:.*]] = linalg.generic {{.*}} ins(%[[O]], %[[ALPHA]] :
-// CHECK:   %[[ONEW:.*]] = linalg.generic {{.*}} ins(%[[PV]] : {{.*}} outs(%[[OSCALED]] :
+// CHECK:   %[[START:.*]] = tensor.expand_shape %[[OSCALED]] {{\[}}[0], [1], [2], [3, 4]] output_shape [1, 2, 8, 1, 16]
+// CHECK:   %[[PV:.*]] = "int8attn.pv"(%[[P]], %[[VTILE]], %[[VSTILE]], %[[START]]) : (tensor<1x2x8x1x64xf32>, tensor<1x2x1x64x16xi8>, tensor<1x2x1x64xf32>, tensor<1x2x8x1x16xf32>) -> tensor<1x2x8x1x16xf32>
+// CHECK:   %[[ONEW:.*]] = tensor.collapse_shape %[[PV]] {{\[}}[0], [1], [2], [3, 4]]
 // CHECK:   scf.yield %[[MNEW]], %[[LNEW]], %[[ONEW]]
 // CHECK: %[[OUT:.*]] = linalg.generic {{.*}} ins(%[[LOOP]]#2, %[[LOOP]]#1 :
 // CHECK:   arith.divf

@@ -8,11 +8,12 @@
 // gfx936 MMAC's real token sets with 16-byte V loads:
 // {0-7,16-23,32-39,48-55} and {8-15,24-31,40-47,56-63}.
 // CHECK-LABEL: func.func @groups
-// CHECK-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>)
+// CHECK-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>, %[[ACC:.*]]: tensor<1x2x4x2x16xf32>)
 // CHECK: %[[Q:.*]]:2 = "int8attn.group_quantize"(%[[W]])
 // CHECK-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>, array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>, array<i64: 64, 65, 66, 67, 68, 69, 70, 71, 80,
 // CHECK-SAME: : (tensor<1x2x4x2x256xf32>) -> (tensor<1x2x4x2x8x32xi8>, tensor<1x2x4x2x8xf32>)
-// CHECK: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]])
+// The sums go on into folded_pv's acc.
+// CHECK: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[ACC]])
 // CHECK-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
 // CHECK-SAME: -> tensor<1x2x4x2x16xf32>
 // CHECK: return %[[O]]
@@ -20,30 +21,31 @@
 // Unsigned W: the same groups, w_quant = "u8", and the column sums of V over
 // exactly those groups as grouped_pv's last operand (the +128 * sum Vq offset).
 // U8-LABEL: func.func @groups
-// U8-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>)
+// U8-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>, %[[ACC:.*]]: tensor<1x2x4x2x16xf32>)
 // U8: %[[Q:.*]]:2 = "int8attn.group_quantize"(%[[W]])
 // U8-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
 // U8-SAME: w_quant = "u8"
 // U8: %[[CS:.*]] = "int8attn.column_sums"(%[[V]])
 // U8-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
 // U8-SAME: : (tensor<1x2x2x256x16xi8>) -> tensor<1x2x2x8x16xi32>
-// U8: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[CS]])
+// U8: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[ACC]], %[[CS]])
 // U8: return %[[O]]
 // Two-term W: the first term as before (u8, with its column sums); the residual
 // W - (Wq + 128) * sW in W's token order, one generic over W's token digits
 // (wave, r, t, j) reading Wq and sW through views of their group (wave, t) and
 // slot (r, j) digits, no gather; a second, signed group_quantize of it over the
-// same groups, its own grouped_pv without column sums; the sum.
+// same groups, its own grouped_pv without column sums, accumulating into the first's
+// result (the second term's groups go on in the first's chain: no add).
 // The loops run over W's token digits (wave, r, t, j); Wq is read at its group
 // (wave, t) and slot (r, j), sW at its group:
 // TWO-DAG: #[[WQMAP:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d2, d3, d4, d6, d5, d7)>
 // TWO-DAG: #[[SMAP:.*]] = affine_map<(d0, d1, d2, d3, d4, d5, d6, d7) -> (d0, d1, d2, d3, d4, d6)>
 // TWO-LABEL: func.func @groups
-// TWO-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>)
+// TWO-SAME: (%[[W:.*]]: tensor<1x2x4x2x256xf32>, %[[V:.*]]: tensor<1x2x2x256x16xi8>, %[[ACC:.*]]: tensor<1x2x4x2x16xf32>)
 // TWO: %[[Q:.*]]:2 = "int8attn.group_quantize"(%[[W]])
 // TWO-SAME: w_quant = "u8"
 // TWO: %[[CS:.*]] = "int8attn.column_sums"(%[[V]])
-// TWO: %[[O1:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[CS]])
+// TWO: %[[O1:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %[[V]], %[[ACC]], %[[CS]])
 // TWO-DAG: %[[WQ1:.*]] = tensor.expand_shape %[[Q]]#0 {{.*}} into tensor<1x2x4x2x8x4x8xi8>
 // TWO-DAG: %[[WQ:.*]] = tensor.expand_shape %[[WQ1]] {{.*}} into tensor<1x2x4x2x4x2x4x8xi8>
 // TWO-DAG: %[[WV:.*]] = tensor.expand_shape %[[W]] {{.*}} into tensor<1x2x4x2x4x4x2x8xf32>
@@ -59,25 +61,24 @@
 // TWO-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
 // TWO-NOT: w_quant
 // TWO-SAME: -> (tensor<1x2x4x2x8x32xi8>, tensor<1x2x4x2x8xf32>)
-// TWO: %[[O2:.*]] = "int8attn.grouped_pv"(%[[Q2]]#0, %[[Q2]]#1, %[[V]])
+// TWO: %[[O:.*]] = "int8attn.grouped_pv"(%[[Q2]]#0, %[[Q2]]#1, %[[V]], %[[O1]])
 // TWO-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16,
-// TWO-SAME: (tensor<1x2x4x2x8x32xi8>, tensor<1x2x4x2x8xf32>, tensor<1x2x2x256x16xi8>)
-// TWO: %[[O:.*]] = linalg.generic {{.*}} ins(%[[O1]], %[[O2]]
-// TWO: arith.addf
+// TWO-SAME: (tensor<1x2x4x2x8x32xi8>, tensor<1x2x4x2x8xf32>, tensor<1x2x2x256x16xi8>, tensor<1x2x4x2x16xf32>)
+// TWO-NOT: arith.addf
 // TWO: return %[[O]]
 
 // Two-term W over s8: the level is Wq itself (no +128), no column sums.
 // TWO-S8-LABEL: func.func @groups
 // TWO-S8-NOT: column_sums
 // TWO-S8: %[[Q:.*]]:2 = "int8attn.group_quantize"
-// TWO-S8: "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %{{[^,]*}})
+// TWO-S8: %[[O1:.*]] = "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1, %{{[^,]*}}, %{{[^,]*}})
 // TWO-S8: linalg.generic
 // TWO-S8: %[[LEVEL:.*]] = arith.extsi %{{.*}} : i8 to i32
 // TWO-S8-NEXT: %[[F:.*]] = arith.sitofp %[[LEVEL]] : i32 to f32
 // TWO-S8: "int8attn.group_quantize"
-// TWO-S8: "int8attn.grouped_pv"
-// TWO-S8: arith.addf
-func.func @groups(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32> {
-  %o = "int8attn.folded_pv"(%w, %v) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>) -> tensor<1x2x4x2x16xf32>
+// TWO-S8: "int8attn.grouped_pv"(%{{[^,]*}}, %{{[^,]*}}, %{{[^,]*}}, %[[O1]])
+// TWO-S8-NOT: arith.addf
+func.func @groups(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>, %acc: tensor<1x2x4x2x16xf32>) -> tensor<1x2x4x2x16xf32> {
+  %o = "int8attn.folded_pv"(%w, %v, %acc) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>, tensor<1x2x4x2x16xf32>) -> tensor<1x2x4x2x16xf32>
   return %o : tensor<1x2x4x2x16xf32>
 }

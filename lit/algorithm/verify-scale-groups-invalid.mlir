@@ -8,9 +8,9 @@
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
 #contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
                array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @contiguous_scales(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+func.func @contiguous_scales(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, scale_groups = #contiguous} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
-  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %acc) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
 
@@ -22,9 +22,9 @@ func.func @contiguous_scales(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16x
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
 #contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
                array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @v_gather_mismatch(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+func.func @v_gather_mismatch(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
-  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v) {groups = #contiguous} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %acc) {groups = #contiguous} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
 
@@ -47,8 +47,8 @@ func.func @not_the_mmac(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) 
 // CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 4]]:8: error: cannot prove the W scale groups of 'int8attn.grouped_pv': its Wq operand is not produced by 'int8attn.group_quantize'
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @opaque(%wq: tensor<1x1x4x1x2x32xi8>, %sw: tensor<1x1x4x1x2xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
-  %o = "int8attn.grouped_pv"(%wq, %sw, %v) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+func.func @opaque(%wq: tensor<1x1x4x1x2x32xi8>, %sw: tensor<1x1x4x1x2xf32>, %v: tensor<1x1x1x64x16xi8>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
+  %o = "int8attn.grouped_pv"(%wq, %sw, %v, %acc) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
 
@@ -63,10 +63,10 @@ func.func @opaque(%wq: tensor<1x1x4x1x2x32xi8>, %sw: tensor<1x1x4x1x2xf32>, %v: 
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
 #contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
                array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @contiguous_column_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+func.func @contiguous_column_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u8"} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
   %cs = "int8attn.column_sums"(%v) {groups = #contiguous} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x2x16xi32>
-  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %acc, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
 
@@ -91,9 +91,9 @@ func.func @tiles_column_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16x
 // CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 5]]:8: error: 'int8attn.grouped_pv' op consumes unsigned W (Wq = u - 128) without the column sums that compensate the offset
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @no_column_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+func.func @no_column_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u8"} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
-  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %acc) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
 
@@ -103,10 +103,10 @@ func.func @no_column_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>
 // CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 5]]:9: error: column sums of another V than the one 'int8attn.grouped_pv' reads
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @other_v(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %v2: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+func.func @other_v(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %v2: tensor<1x1x1x64x16xi8>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u8"} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
   %cs = "int8attn.column_sums"(%v2) {groups = #groups} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x2x16xi32>
-  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %acc, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
 
@@ -116,10 +116,10 @@ func.func @other_v(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %v2: 
 // CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 6]]:8: error: 'int8attn.grouped_pv' op adds 128 * column sums to signed (s8) W; only w_quant = "u8" has an offset
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @signed_with_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+func.func @signed_with_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
   %cs = "int8attn.column_sums"(%v) {groups = #groups} : (tensor<1x1x1x64x16xi8>) -> tensor<1x1x1x2x16xi32>
-  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %acc, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
 
@@ -129,8 +129,8 @@ func.func @signed_with_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi
 // CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 5]]:8: error: cannot prove the column sums of 'int8attn.grouped_pv': they are not produced by 'int8attn.column_sums'
 #groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @opaque_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %cs: tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32> {
+func.func @opaque_sums(%w: tensor<1x1x4x1x64xf32>, %v: tensor<1x1x1x64x16xi8>, %cs: tensor<1x1x1x2x16xi32>, %acc: tensor<1x1x4x1x16xf32>) -> tensor<1x1x4x1x16xf32> {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u8"} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
-  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
+  %o = "int8attn.grouped_pv"(%q#0, %q#1, %v, %acc, %cs) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>, tensor<1x1x4x1x16xf32>, tensor<1x1x1x2x16xi32>) -> tensor<1x1x4x1x16xf32>
   return %o : tensor<1x1x4x1x16xf32>
 }
