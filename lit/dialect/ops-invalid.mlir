@@ -133,3 +133,23 @@ func.func @w_quant_value(%w: tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, w_quant = "u4"} : (tensor<1x1x4x1x64xf32>) -> (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>)
   return %q#0, %q#1 : tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>
 }
+
+// -----
+
+// The PV ops accumulate into their acc operand: it must be the result's type.
+// CHECK: ops-invalid.mlir:[[# @LINE + 2]]:8: error: 'int8attn.pv' op acc tensor<1x2x4x2x8xf32> must be the result's type tensor<1x2x4x2x16xf32>
+func.func @pv_acc(%p: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>, %vs: tensor<1x2x2x256xf32>, %acc: tensor<1x2x4x2x8xf32>) -> tensor<1x2x4x2x16xf32> {
+  %o = "int8attn.pv"(%p, %v, %vs, %acc) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>, tensor<1x2x2x256xf32>, tensor<1x2x4x2x8xf32>) -> tensor<1x2x4x2x16xf32>
+  return %o : tensor<1x2x4x2x16xf32>
+}
+
+// -----
+
+// A grouped_pv without its acc (the form before the PV ops accumulated).
+// CHECK: ops-invalid.mlir:[[# @LINE + 4]]:8: error: 'int8attn.grouped_pv' op expects 4 or 5 operands, got 3
+#groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>,
+           array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
+func.func @grouped_without_acc(%wq: tensor<1x1x4x1x2x32xi8>, %sw: tensor<1x1x4x1x2xf32>, %v: tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32> {
+  %o = "int8attn.grouped_pv"(%wq, %sw, %v) {groups = #groups} : (tensor<1x1x4x1x2x32xi8>, tensor<1x1x4x1x2xf32>, tensor<1x1x1x64x16xi8>) -> tensor<1x1x4x1x16xf32>
+  return %o : tensor<1x1x4x1x16xf32>
+}
