@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from iree.compiler import ir
-from iree.compiler.dialects import amdgpu, arith, llvm, math, vector
+from iree.compiler.dialects import amdgpu, llvm, math, vector
 
 from ..contract.numerics import KERNEL_NUMERICS, Numerics
 from ..fragments import (PV_ATOMS, FragmentModel, MatrixInstruction, bf16_pv_model,

@@ -49,7 +49,7 @@ from typing import ClassVar
 
 import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import arith, tensor
+from iree.compiler.dialects import tensor
 
 from ..support.diagnostics import DiagnosticError
 from ..dialects import int8attn as d
