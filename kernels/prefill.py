@@ -17,8 +17,6 @@ tokens, which is also the contract's prefill tile). The same stages as decode
           causal limit (`contract.causal_visible`)
     online softmax   `online_softmax`: per row m' = max(m, tile max),
           guarded alpha, p = exp(s - m'), l' = alpha l + sum p, W = p * sV
-          (on an exp2 target the scores come out times log2 e, folded with
-          the softmax scale into each row's sQ: `TargetSpec.exp_units`)
     PV    `pv_stage` as in decode, its chain starting from alpha o:
           o' = alpha o + sum_g sW acc_g, one FMA per group
   O = o / l, stored for the real rows.
@@ -117,13 +115,8 @@ class PrefillKernel:
                       lanes.index(0))
         rows = _Rows(plan, s, block, self.rows_per_workgroup)
         staged_q = quantize_rows(plan, kv.q, rows.rows, lambda row: _q_source(rows, kv, row))
-        # Where the target's exp is an exp2, the scores come out in its units: the
-        # softmax scale times log2 e is folded into each row's sQ once, and no score
-        # is multiplied by either (`TargetSpec.exp_units`).
-        units = self.spec.exp_units
         operands = q_operands(plan, staged_q,
-                              lambda row: lanes.affine((lanes.wave, plan.tile_rows), (row, 1)),
-                              None if units == 1.0 else s.softmax_scale * units)
+                              lambda row: lanes.affine((lanes.wave, plan.tile_rows), (row, 1)))
         classes = plan.row_classes()
         query_tokens = [rows.token_and_head(rows.packed(lanes.of_lane(plan.row_map(c[0])),
                                                         lanes.wave))[0] for c in classes]

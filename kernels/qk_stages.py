@@ -91,13 +91,10 @@ def _stores_term(plan: StagePlan, row: ir.Value, term: int) -> ir.Value | None:
 
 
 def q_operands(plan: StagePlan, staged: StagedQ,
-               staged_row: Callable[[ir.Value], ir.Value],
-               fold: float | None = None) -> QOperands:
+               staged_row: Callable[[ir.Value], ir.Value]) -> QOperands:
     """The Q fragment of each term and K step (A, in the layout's head-dim order),
     loaded once for all token blocks, and sQ of the rows the lane's C elements
-    hold. `staged_row` maps a row of the wave's tile to its staged row; `fold`, the
-    softmax scale (in the units the kernel's exp takes), is multiplied into each
-    row's sQ once, so that `qk` need not multiply every score by it."""
+    hold. `staged_row` maps a row of the wave's tile to its staged row."""
     lanes, inst, layout = plan.lanes, plan.instruction, plan.layout
     d = plan.head_dim
     sq_of_row = {}
@@ -113,15 +110,13 @@ def q_operands(plan: StagePlan, staged: StagedQ,
             if key not in sq_of_row:
                 row = layout.c_row(slot(i))
                 sq_of_row[key] = memref.load(sq, [staged_row(lanes.of_lane(row))])
-                if fold is not None:
-                    sq_of_row[key] = arith.mulf(sq_of_row[key], lanes.f32(fold))
     a_steps = tuple(
         tuple(lanes.assemble([load_vector(qq, [staged_row(lanes.of_lane(row)),
                                                lanes.of_lane(dim)], length, "i8")
                               for row, dim, length in layout.qk_a_runs(d, step)],
                              inst.a_vector) for step in range(d // inst.k))
         for qq, _ in staged.terms)
-    return QOperands(a_steps, sq_of_row, fold is not None)
+    return QOperands(a_steps, sq_of_row)
 
 
 def local_token(plan: StagePlan, wave_token0: ir.Value, element: int) -> ir.Value:
@@ -173,8 +168,7 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                     for a, acc in zip(operands.a_steps, accs)]
         for element in elements:
             i = layout.element_slot(element)
-            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order (the
-            # scale inside the s where `q_operands` folded it); a packed
+            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order; a packed
             # second term is the same MMA's sum at the partner slot; digits are joined
             # (acc1 * BASE + acc2) and converted once.
             sums = [c_element(acc, inst, i) for acc in accs]
@@ -189,8 +183,7 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                 term = arith.mulf(value, operands.sq_of_row[(t, plan.row_map(element))])
                 score = term if score is None else arith.addf(score, term)
             value = arith.mulf(score, k_scales[element])
-            if not operands.scale_folded:
-                value = arith.mulf(value, lanes.f32(plan.softmax_scale))
+            value = arith.mulf(value, lanes.f32(plan.softmax_scale))
             live[element] = (None if token_live is None
                              else token_live(element, local_token(plan, wave_token0, element)))
             values[element] = masked(live[element], value, lanes.f32(float("-inf")))
@@ -251,10 +244,10 @@ def partition_softmax(plan: StagePlan, scores: Scores, classes):
 def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
     """Prefill: (m', alpha, l', W) of one tile, the contract's guarded online
     softmax per row class: alpha = exp(m - m') (1 while m' = -inf),
-    p = exp(s - m'), l' = alpha l + sum p, W = p * sV; the scores in the units of
-    the target's fastest exp (`TargetSpec.exp_units`, `exp_of_units`)."""
+    p = exp(s - m'), l' = alpha l + sum p, W = p * sV; exp the target's fastest
+    (`TargetSpec.exp`)."""
     lanes = plan.lanes
-    exp = plan.spec.exp_of_units
+    exp = lambda x: plan.spec.exp(x, lanes.f32)
     m_new, alpha, l_new, p = [], [], [], {}
     for c, members in enumerate(classes):
         running = arith.maximumf(m[c], row_reduce(plan, scores.values, members,

@@ -139,12 +139,10 @@ class StagedQ:
 @dataclass(frozen=True)
 class QOperands:
     """Per term, the A operand of each K step; sQ of the rows the lane's C
-    elements hold, by (term, row map); whether the softmax scale is folded into
-    those sQ (then `qk` does not multiply by it)."""
+    elements hold, by (term, row map)."""
 
     a_steps: tuple[tuple[ir.Value, ...], ...]
     sq_of_row: dict
-    scale_folded: bool = False
 
 
 @dataclass(frozen=True)

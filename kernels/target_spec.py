@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from iree.compiler import ir
-from iree.compiler.dialects import amdgpu, llvm, math, vector
+from iree.compiler.dialects import amdgpu, arith, llvm, math, vector
 
 from ..contract.numerics import KERNEL_NUMERICS, Numerics
 from ..fragments import (PV_ATOMS, FragmentModel, MatrixInstruction, bf16_pv_model,
@@ -169,20 +169,15 @@ class TargetSpec:
         numerics.check_head_dim(head_dim)
         return numerics
 
-    @property
-    def exp_units(self) -> float:
-        """What the prefill multiplies its scores by besides the softmax scale, so that
-        its online softmax exponentiates them in one instruction (`exp_of_units`):
-        log2 e where the target has a hardware exp2 (a few ulps from exp; the
-        references' rounding-tie window covers W's), 1 where it takes math.exp (the
-        contract's order: nothing is folded)."""
-        return 1.0 if self.exp2_intrinsic is None else LOG2_E
-
-    def exp_of_units(self, x: ir.Value) -> ir.Value:
-        """e^(x / exp_units): the hardware's exp2 of x, or math.exp."""
+    def exp(self, x: ir.Value, lanes_f32) -> ir.Value:
+        """exp(x) as the target computes it fastest: exp2(x * log2 e) on the hardware's
+        exp2 where it has one (a few ulps from exp; the references' rounding-tie
+        window covers W's), else math.exp. `lanes_f32` builds an f32 constant."""
         if self.exp2_intrinsic is None:
             return math.exp(x)
-        return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [x], [], []).result
+        scaled = arith.mulf(x, lanes_f32(LOG2_E))
+        return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [scaled],
+                                    [], []).result
 
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         return self.occupancy_attributes(tuning.workgroups_per_sm)
