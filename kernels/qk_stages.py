@@ -228,11 +228,12 @@ def workgroup_reduce(plan: StagePlan, values: dict, classes, combine) -> list[ir
 
 def partition_softmax(plan: StagePlan, scores: Scores, classes):
     """Decode: the partition's (m, l) per row class and W = P * sV, exactly 0 for
-    a dead token (whatever its slot's scale holds)."""
+    a dead token (whatever its slot's scale holds); exp the target's fastest
+    (`TargetSpec.exp`)."""
     lanes = plan.lanes
     m = workgroup_reduce(plan, scores.values, classes, arith.maximumf)
-    e = {i: math.exp(arith.subf(x, m[class_of(classes, i)]))
-         for i, x in scores.values.items()}
+    exp = lambda x: plan.spec.exp(x, lanes.f32)
+    e = {i: exp(arith.subf(x, m[class_of(classes, i)])) for i, x in scores.values.items()}
     l = workgroup_reduce(plan, e, classes, arith.addf)
     w = {}
     for i, value in e.items():

@@ -109,7 +109,8 @@ class TargetSpec:
     # the IR the `llvm` stage writes): (name, number of trailing zero immediates).
     llvm_stand_in: tuple[str, int] | None = None
     # The hardware's approximate exp2 (an LLVM intrinsic f32 -> f32), which the
-    # prefill's online softmax takes exp from; None: math.exp (IREE expands it into
+    # prefill's online softmax and the decode partition's softmax take exp from (the
+    # merge's few weights keep math.exp); None: math.exp (IREE expands it into
     # a polynomial with two conversions).
     exp2_intrinsic: str | None = None
     # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and

@@ -35,6 +35,11 @@
 // CHECK-NEXT: %[[QLF:.*]] = arith.bitcast %[[QL]] : i32 to f32
 // CHECK-NEXT: %[[QLX:.*]] = arith.subf %[[QLF]], %[[BIAS]] : f32
 // CHECK-NEXT: math.fma %[[QHX]], %{{.*}}, %[[QLX]] : f32
+// The partition softmax: e = exp(s - m) on the hardware's exp2, of (s - m) * log2 e
+// (TargetSpec.exp), not IREE's polynomial expansion of math.exp.
+// CHECK-NOT: math.exp
+// CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.f32"(%{{.*}}) : (f32) -> f32
+// CHECK-NOT: math.exp
 // PV the same way, scaled by sW1 / 256 per (row, MMAC).
 // CHECK: %[[PV:.*]] = nvgpu.mma.sync(%{{.*}}, %{{.*}}, %[[INIT]])
 // CHECK: %[[WH:.*]] = vector.extract %[[PV]][0, 0] : i32 from vector<2x2xi32>
