@@ -78,9 +78,7 @@ def quantize_q(x: np.ndarray, terms: int = 1,
     the f32 residual quantized by the same rule (a NaN/Inf row's NaN scale makes
     the residual NaN, so the second term is NaN too; a tiny row stays zero).
     The residual is rounded once, as a fused multiply-add `fma(-Qq1, s1, x)`
-    (the compiler emits math.fma; LLVM fused the separate multiply and subtract
-    anyway): computed in float64, where it is exact (|x| >= s1/2 wherever
-    Qq1 != 0, so x - Qq1*s1 spans < 40 bits), then rounded to f32. With `second`
+    (the compiler emits math.fma; `fma_f32` here). With `second`
     "digit", the two terms are the digits of one rounding (`quantize_digits`).
     """
     if terms not in Q_TERMS:
@@ -92,10 +90,7 @@ def quantize_q(x: np.ndarray, terms: int = 1,
     if terms == 1:
         return [first]
     qq, sq = first
-    with np.errstate(invalid="ignore"):
-        residual = (x.astype(np.float64) - qq.astype(np.float64)
-                    * sq[..., None].astype(np.float64)).astype(F32)
-    return [first, quantize(residual)]
+    return [first, quantize(fma_f32(-qq.astype(F32), sq[..., None], x))]
 
 
 def quantize_cache(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -195,12 +190,8 @@ def w_residual(w: np.ndarray, wq: np.ndarray, sw: np.ndarray, w_quant: str) -> n
     """What the second INT8 term of W quantizes (two-term W, docs/design.md §2c):
     `fma(-f32(level), sW, W)` per group (w [..., G, K], wq [..., G, K], sw [..., G]),
     level = Wq (s8) or Wq + 128 (u8), rounded once to f32 like `quantize_q`'s
-    residual: in float64 the product (8 x 24 bits) and the difference are exact
-    (|W| >= sW/2 wherever level != 0), then one rounding. A NaN scale gives NaN."""
-    with np.errstate(invalid="ignore"):
-        exact = (np.asarray(w, np.float64)
-                 - w_levels(wq, w_quant).astype(np.float64) * sw[..., None].astype(np.float64))
-    return exact.astype(F32)
+    residual (`fma_f32`). A NaN scale gives NaN."""
+    return fma_f32(-w_levels(wq, w_quant).astype(F32), sw[..., None], w)
 
 
 def quantize_w_terms(w_groups: np.ndarray, numerics: Numerics = Numerics(),
