@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from ..kernels.target_spec import EXP2_INTRINSICS
+from ..kernels.target_spec import EXP2_INTRINSICS, FLUSHED_BELOW
 from ..reference.common import fma_f32
 from .isa import matrix_instruction, table_for
 from .memory import DTYPES, SimulationError, _element
@@ -182,8 +182,9 @@ class ComputeOps:
     def op_llvm_call_intrinsic(self, op, operands):
         name = ir.StringAttr(op.attributes["intrin"]).value
         if name in EXP2_INTRINSICS.values():
-            with np.errstate(over="ignore"):
-                return np.exp2(np.asarray(operands[0], np.float32))
+            with np.errstate(over="ignore", under="ignore"):
+                exp2 = np.exp2(np.asarray(operands[0], np.float32))
+            return np.where(exp2 < FLUSHED_BELOW, np.float32(0), exp2)
         if name not in INTRINSICS:
             raise SimulationError(f"unknown intrinsic {name}")
         a, b, c = operands

@@ -67,3 +67,26 @@ def test_run_target_cuda_on_the_gpu(tmp_path):
     out = run("int8attn", "run", path, "--target", "cuda", "--seed", "3", check_rc=0).stdout
     fragment = float(re.search(r"vs fragment-level reference\s+max abs ([0-9.e+-]+)", out).group(1))
     assert fragment <= 5e-5
+
+
+def test_the_simulated_ex2_flushes_as_ptx_ftz_does():
+    # ex2.approx.ftz.f32: a result below 2^-126 is +0; the simulator must agree, or a
+    # kernel's tiny probabilities would differ from the GPU's in the simulator only.
+    from iree.compiler import ir
+
+    from int8attn.kernels.target_spec import EXP2_INTRINSICS
+    from int8attn.simulator.compute_ops import ComputeOps
+    from int8attn.support.ir import new_context
+
+    x = np.array([0.0, -1.0, -125.5, -126.0, -126.5, -140.0, -200.0, 3.0], np.float32)
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(
+            "func.func @f(%x: f32) -> f32 {\n"
+            f'  %y = llvm.call_intrinsic "{EXP2_INTRINSICS["cuda"]}"(%x) : (f32) -> f32\n'
+            "  return %y : f32\n}")
+        call = module.body.operations[0].regions[0].blocks[0].operations[0]
+        got = ComputeOps().op_llvm_call_intrinsic(call.operation, [x])
+    assert "ftz" in EXP2_INTRINSICS["cuda"]
+    np.testing.assert_array_equal(got[:4], np.exp2(x[:4]))
+    assert got[3] == np.float32(2.0 ** -126)
+    assert not got[4:7].any() and got[7] == 8

@@ -38,7 +38,7 @@
 // The partition softmax: e = exp(s - m) on the hardware's exp2, of (s - m) * log2 e
 // (TargetSpec.exp), not IREE's polynomial expansion of math.exp.
 // CHECK-NOT: math.exp
-// CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.f32"(%{{.*}}) : (f32) -> f32
+// CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f32"(%{{.*}}) : (f32) -> f32
 // CHECK-NOT: math.exp
 // PV the same way, scaled by sW1 / 256 per (row, MMAC).
 // CHECK: %[[PV:.*]] = nvgpu.mma.sync(%{{.*}}, %{{.*}}, %[[INIT]])
