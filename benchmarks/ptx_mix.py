@@ -96,14 +96,20 @@ def _graph(kernel: str):
     return paged_attention_graph(32, 8, 128, 16), "decode_partition"
 
 
-def measure(kernel: str, numerics: str, pv: str) -> list[dict]:
-    """One row per counted region of the kernel's PTX: the tile loops, or the kernel."""
+def compile_ptx(kernel: str, numerics: str, pv: str) -> tuple[str, str]:
+    """(the PTX of `kernel`'s module at the bench's shape, its kernel's entry name)."""
     from int8attn.driver.compile import compile
     from int8attn.driver.options import CompileOptions
 
     source, entry = _graph(kernel)
     options = CompileOptions(target="cuda", pv=pv, **dataclasses.asdict(NUMERICS[numerics]))
-    ptx = compile(source, options, filename=f"{kernel}.mlir", until="ptx").artifacts["ptx"]
+    return compile(source, options, filename=f"{kernel}.mlir",
+                   until="ptx").artifacts["ptx"], entry
+
+
+def measure(kernel: str, numerics: str, pv: str) -> list[dict]:
+    """One row per counted region of the kernel's PTX: the tile loops, or the kernel."""
+    ptx, entry = compile_ptx(kernel, numerics, pv)
     lines = entry_lines(ptx, entry)
     regions = [(f"tile loop {i + 1}", lines[a:b + 1]) for i, (a, b) in enumerate(loops(lines))
                if classify(opcodes(lines[a:b + 1])).get("mma")]
@@ -130,6 +136,18 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def check_selection(parser, kernels: str, numerics: str) -> tuple[list[str], list[str]]:
+    """The comma-separated `--kernels` and `--numerics`, each name known (else a usage
+    error naming the choices)."""
+    kernels, numerics = kernels.split(","), numerics.split(",")
+    unknown = [k for k in kernels if k not in KERNELS] + [n for n in numerics
+                                                          if n not in NUMERICS]
+    if unknown:
+        parser.error(f"unknown {', '.join(unknown)}: kernels are {', '.join(KERNELS)}, "
+                     f"numerics {', '.join(NUMERICS)}")
+    return kernels, numerics
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default=",".join(KERNELS),
@@ -139,12 +157,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pv", default="int8", choices=("int8", "bf16"))
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    kernels, numerics = args.kernels.split(","), args.numerics.split(",")
-    unknown = [k for k in kernels if k not in KERNELS] + [n for n in numerics
-                                                          if n not in NUMERICS]
-    if unknown:
-        parser.error(f"unknown {', '.join(unknown)}: kernels are {', '.join(KERNELS)}, "
-                     f"numerics {', '.join(NUMERICS)}")
+    kernels, numerics = check_selection(parser, args.kernels, args.numerics)
     rows = []
     for kernel in kernels:
         for n in numerics:

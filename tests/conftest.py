@@ -176,6 +176,8 @@ FAST_TESTS = {
         "test_bench_from_a_good_folder_gets_past_the_checks",
         "test_bench_misuse_is_a_usage_error_before_any_work"},
     "test_pv_chain.py": {"test_fma_f32_rounds_once", "test_fma_f32_special_values"},
+    "test_sass_mix.py": {"test_the_listing_reads_instructions_loops_and_classes",
+                         "test_the_command_refuses_unknown_kernels"},
     "test_fast_tier.py": {
         "test_the_guard_fails_fast_tests_that_compile_or_simulate",
         "test_the_guard_is_on_when_the_marks_select_only_fast_tests",

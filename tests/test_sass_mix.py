@@ -1,0 +1,74 @@
+"""benchmarks/sass_mix.py: the cuda kernels in SASS (ptxas, nvdisasm; no GPU).
+
+The listing's parsing on a small hand-written body always runs; what needs NVIDIA's
+assembler skips where it is not installed (benchmarks/sass_mix.py says how to get it).
+"""
+
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import sass_mix  # noqa: E402
+
+SASS = """\
+//--------------------- .text.prefill_attention   --------------------------
+.text.prefill_attention:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDG.E.128.CONSTANT R56, desc[UR20][R36.64] ;
+        /*0020*/                   IMMA.16832.S8.S8.SAT R60, R28.ROW, R56.COL, R80 ;
+        /*0030*/              @!P5 FMUL R57, R57, 0.5 ;
+        /*0040*/                   LDL.LU R99, [R1+0x98]                          (*"SpillRefill"*) ;
+        /*0050*/                   FCHK P0, R49, R0 ;
+        /*0060*/              @P0 BRA `(.L_x_1) ;
+        /*0070*/                   EXIT ;
+//--------------------- .text.other   --------------------------
+"""
+
+
+def test_the_listing_reads_instructions_loops_and_classes():
+    found, labels = sass_mix.instructions(SASS, "prefill_attention")
+    assert len(found) == 8 and labels == {".L_x_1": 1}
+    assert sass_mix.loops(found, labels) == [(1, 6)]
+    ops = [sass_mix.opcode(i) for i in found[1:7]]
+    assert ops == ["LDG", "IMMA", "FMUL", "LDL", "FCHK", "BRA"]
+    assert sass_mix.classify(ops) == {"mma": 1, "global loads": 1, "spills": 1,
+                                      "f32 mul/add/fma": 1, "division checks": 1, "other": 1}
+
+
+def test_the_command_refuses_unknown_kernels():
+    with pytest.raises(SystemExit):
+        sass_mix.main(["--kernels", "prefil"])
+
+
+needs_ptxas = pytest.mark.skipif(sass_mix.tool("ptxas") is None, reason="no ptxas")
+needs_nvdisasm = pytest.mark.skipif(sass_mix.tool("nvdisasm") is None, reason="no nvdisasm")
+
+
+@needs_ptxas
+def test_the_prefill_fits_the_registers_of_its_occupancy_request():
+    # cuda's prefill asks for 3 workgroups of 128 threads per SM (.minnctapersm):
+    # ptxas must allocate at most 65536 / 384 registers a thread, as the driver's JIT.
+    (row, *_) = sass_mix.measure("prefill", "seed", "int8", "sm_90")
+    assert 0 < row["registers"] <= 65536 // (3 * 128)
+
+
+@needs_ptxas
+@needs_nvdisasm
+def test_the_exp_is_one_mufu_in_the_tile_loop():
+    # ex2.approx.ftz: no compare against -126 and no rescaling multiplies around MUFU.EX2
+    # (the subnormal-keeping form's three extra instructions per exp).
+    ptx, entry = sass_mix.ptx_mix.compile_ptx("prefill", "seed", "int8")
+    with tempfile.TemporaryDirectory() as workdir:
+        _, cubin = sass_mix.assemble(ptx, "sm_90", workdir)
+        listing = sass_mix.subprocess.run([sass_mix.tool("nvdisasm"), "-c", cubin],
+                                          capture_output=True, text=True, check=True).stdout
+    found, labels = sass_mix.instructions(listing, entry)
+    first, last = sass_mix.loops(found, labels)[0]
+    body = found[first:last + 1]
+    exps = [i for i in body if i.startswith("MUFU.EX2")]
+    assert len(exps) >= 32
+    assert not [i for i in body if "-126" in i]
