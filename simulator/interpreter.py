@@ -2,10 +2,13 @@
 
 Each SSA value is a numpy array with a leading thread axis (all workgroups'
 threads, in order), or a broadcastable uniform. Threads run in lockstep op by
-op, so `gpu.barrier` orders LDS accesses by construction. Global and LDS
-memory are flat arrays (LDS one region per workgroup, poisoned until written);
-stores that put different values at one address in the same op are reported
-as races, loads out of bounds as errors.
+op; a `gpu.barrier` starts a new interval, and an LDS access that another
+thread's access in the same interval would race with on the hardware (one of
+them a write; an asynchronous copy counts from its issue) is an error, as is a
+barrier that some threads of a workgroup skip. Global and LDS memory are flat
+arrays (LDS one region per workgroup, poisoned until written); stores that put
+different values at one address in the same op are reported as races, loads out
+of bounds as errors.
 
 This module is the machine: its threads and workgroups, the block walk, the
 structured control flow under active masks, the kernel environment, memory
@@ -40,6 +43,7 @@ class Machine(ComputeOps):
         self.thread_id = np.tile(np.arange(threads), groups)
         self.values: dict = {}
         self.active: np.ndarray | None = None   # threads running the current region
+        self.interval = 0                       # barriers passed (LDS hazards)
         self.pending_copies: list = []          # async copies not yet in a group
         self.copy_groups: list = []             # groups not yet waited for, oldest first
 
@@ -144,7 +148,12 @@ class Machine(ComputeOps):
                        _element_bytes(t))
 
     def op_gpu_barrier(self, op, _):
-        return None
+        if self.active is not None:
+            per_group = self.active.reshape(-1, self.threads)
+            if (per_group.any(axis=1) & ~per_group.all(axis=1)).any():
+                raise SimulationError("a barrier that some threads of a workgroup do not "
+                                      "reach (divergent control flow)")
+        self.interval += 1
 
     def op_gpu_shuffle(self, op, operands):
         value, offset, width = operands
@@ -176,16 +185,20 @@ class Machine(ComputeOps):
         count = ir.VectorType(op.operands[0].type).shape[0]
         operands[1].store(operands[0], operands[2:], self, count)
 
-    # asynchronous copies: they land at the wait that completes their group, so a
-    # read before it sees LDS's poison. (Hardware makes them visible to the issuing
-    # thread only; another thread's read also needs a barrier, which this model
-    # does not demand.) ---------------------------------------------------------
+    # asynchronous copies: they land at the wait that completes their group, visible
+    # to the issuing thread (another thread's read needs a barrier after the wait,
+    # as on the hardware); a read of their elements before it is an error. ------
     def op_nvgpu_device_async_copy(self, op, operands):
         count = ir.IntegerAttr(op.attributes["dstElements"]).value
         target_rank = ir.MemRefType(op.operands[0].type).rank
         target, target_indices = operands[0], operands[1:1 + target_rank]
         source, source_indices = operands[1 + target_rank], operands[2 + target_rank:]
+        # cp.async reads and writes its 4, 8 or 16 bytes aligned to their size
+        size = count * target.element_bytes
+        for memory, indices in ((source, source_indices), (target, target_indices)):
+            memory.check_alignment(indices, self, size)
         values = source.load(source_indices, self, count)
+        target.start_copy(target_indices, self, count)
         self.pending_copies.append((target, target_indices, values, self.active, count))
         return np.zeros(1, np.int64)
 
@@ -201,7 +214,7 @@ class Machine(ComputeOps):
         active = self.active
         for group in landing:
             for target, indices, values, self.active, count in group:
-                target.store(values, indices, self, count)
+                target.store(values, indices, self, count, landing=True)
         self.active = active
 
 

@@ -4,8 +4,11 @@
 global or one region per workgroup (LDS). It turns each thread's indices into
 linear addresses, refusing out-of-bounds accesses of active threads, and
 reports a race when threads store different values to one address in the same
-op. `DTYPES` maps IR element types to numpy's; `SimulationError` is what the
-simulator raises for anything the kernel may not do.
+op. LDS also keeps `_Hazards`: who last wrote and read each element in which
+barrier interval, so that a thread reading what another wrote, or writing what
+another read, with no barrier between, is an error, as is reading an element an
+asynchronous copy has not landed in. `DTYPES` maps IR element types to numpy's;
+`SimulationError` is what the simulator raises for anything the kernel may not do.
 """
 
 from __future__ import annotations
@@ -22,6 +25,50 @@ class SimulationError(RuntimeError):
     pass
 
 
+MANY = -2          # an element read by more than one thread in the interval
+
+
+class _Hazards:
+    """Per LDS element: the thread that last wrote it and the barrier interval
+    (`machine.interval`) it did so in, the thread that read it in the latest
+    interval (MANY: several), and whether an asynchronous copy to it is in flight.
+    Threads are the simulator's thread axis (every workgroup's threads)."""
+
+    def __init__(self, size: int):
+        self.writer = np.full(size, -1, np.int64)
+        self.written = np.full(size, -1, np.int64)
+        self.reader = np.full(size, -1, np.int64)
+        self.read = np.full(size, -1, np.int64)
+        self.in_flight = np.zeros(size, np.bool_)
+
+    def check_read(self, where, threads, interval: int, shape) -> None:
+        if self.in_flight[where].any():
+            raise SimulationError(f"a thread reads LDS {shape} that an asynchronous copy "
+                                  f"has not landed in (no wait for its group)")
+        other = (self.written[where] == interval) & (self.writer[where] != threads)
+        if other.any():
+            raise SimulationError(f"race: a thread reads LDS {shape} that another thread "
+                                  f"wrote with no barrier between")
+        order = np.argsort(where, kind="stable")
+        where, threads = where[order], threads[order]
+        starts = np.flatnonzero(np.r_[True, where[1:] != where[:-1]])
+        first, low = where[starts], np.minimum.reduceat(threads, starts)
+        one = np.where(low == np.maximum.reduceat(threads, starts), low, MANY)
+        again = (self.read[first] == interval) & (self.reader[first] != one)
+        self.reader[first] = np.where(again, MANY, one)
+        self.read[first] = interval
+
+    def check_write(self, where, threads, interval: int, shape) -> None:
+        other = (self.read[where] == interval) & (self.reader[where] != threads)
+        if other.any():
+            raise SimulationError(f"race: a thread writes LDS {shape} that another thread "
+                                  f"read with no barrier between")
+
+    def wrote(self, where, threads, interval: int) -> None:
+        self.writer[where], self.written[where] = threads, interval
+        self.in_flight[where] = False
+
+
 class _Memory:
     """A memref view: flat buffer, shape, row-major strides, per-workgroup or global."""
 
@@ -31,6 +78,7 @@ class _Memory:
         self.element_bytes = element_bytes or buffer.dtype.itemsize
         self.strides = tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
         self.per_workgroup_size = per_workgroup_size
+        self.hazards = _Hazards(buffer.size) if per_workgroup_size else None
 
     def addresses(self, indices, machine, count: int = 1) -> np.ndarray:
         """Linear addresses per thread; threads outside the active mask (an
@@ -51,32 +99,58 @@ class _Memory:
         return linear[:, None] + np.arange(count) if count > 1 else linear
 
     def check_alignment(self, indices, machine, alignment: int) -> None:
-        """A load that claims `alignment` bytes: every active thread's byte offset in
-        the buffer is a multiple of it (the buffer's base is, as IREE's bindings are
-        16-byte aligned)."""
+        """An access that needs (or a load that claims) `alignment` bytes: every
+        active thread's byte offset in the buffer is a multiple of it (the buffer's
+        base is, as IREE's bindings are 16-byte aligned, and its LDS allocations)."""
         offsets = self.addresses(indices, machine) * self.element_bytes
         if machine.active is not None:
             offsets = offsets[machine.active]
         wrong = offsets % alignment != 0
         if wrong.any():
-            raise SimulationError(f"a load claims {alignment}-byte alignment, but reads "
+            raise SimulationError(f"an access needing {alignment}-byte alignment reaches "
                                   f"byte {int(offsets[wrong][0])} of memref {self.shape}")
 
-    def load(self, indices, machine, count: int = 1) -> np.ndarray:
-        return self.buffer[self.addresses(indices, machine, count)]
+    def _active(self, where, machine):
+        """(addresses, the thread of each) of the active threads, flat."""
+        threads = np.broadcast_to(np.arange(machine.thread_count).reshape(
+            (-1,) + (1,) * (where.ndim - 1)), where.shape)
+        if machine.active is not None:
+            where, threads = where[machine.active], threads[machine.active]
+        return where.ravel(), threads.ravel()
 
-    def store(self, value, indices, machine, count: int = 1) -> None:
+    def load(self, indices, machine, count: int = 1) -> np.ndarray:
+        where = self.addresses(indices, machine, count)
+        if self.hazards is not None:
+            self.hazards.check_read(*self._active(where, machine), machine.interval,
+                                    self.shape)
+        return self.buffer[where]
+
+    def start_copy(self, indices, machine, count: int = 1) -> None:
+        """An asynchronous copy is issued to these elements: it may land at once, so
+        it may not overwrite what another thread read in this interval; until its wait,
+        no thread may read them."""
+        where, threads = self._active(self.addresses(indices, machine, count), machine)
+        self.hazards.check_write(where, threads, machine.interval, self.shape)
+        self.hazards.in_flight[where] = True
+
+    def store(self, value, indices, machine, count: int = 1, landing: bool = False) -> None:
+        """`landing`: an asynchronous copy's data at its wait (checked at its issue)."""
         where = self.addresses(indices, machine, count)
         value = np.broadcast_to(value, (machine.thread_count,) + ((count,) if count > 1 else ()))
         if machine.active is not None:
-            where, value = where[machine.active], value[machine.active]
-        where, value = where.ravel(), value.ravel()
+            value = value[machine.active]
+        where, threads = self._active(where, machine)
+        value = value.ravel()
         order = np.argsort(where, kind="stable")
         same = where[order][1:] == where[order][:-1]
         clash = same & ~_equal(value[order][1:], value[order][:-1])
         if clash.any():
             raise SimulationError(f"race: threads store different values to one address of "
                                   f"memref {self.shape} in the same op")
+        if self.hazards is not None:
+            if not landing:
+                self.hazards.check_write(where, threads, machine.interval, self.shape)
+            self.hazards.wrote(where, threads, machine.interval)
         self.buffer[where] = value
 
 

@@ -117,7 +117,7 @@ def test_a_load_claiming_more_alignment_than_it_has_is_refused():
         run_paged_kernels(module, layout, *arrays)
         for op in claims:
             op.attributes["alignment"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 32)
-        with pytest.raises(SimulationError, match="claims 32-byte alignment"):
+        with pytest.raises(SimulationError, match="needing 32-byte alignment"):
             run_paged_kernels(module, layout, *arrays)
 
 
