@@ -39,6 +39,12 @@ def new_context() -> ir.Context:
     _remember_foreign_dialects()
     context = ir.Context()
     context.allow_unregistered_dialects = True
+    # MLIR verifies ops isolated from above on worker threads, and a diagnostic raised
+    # there waits for the GIL, which the bindings hold through verify() and the pass
+    # manager's run: an invalid op (a kernel generator's bug) would hang the compile
+    # instead of being reported. Our passes run on the whole module, so only that
+    # verification was ever parallel.
+    context.enable_multithreading(False)
     return context
 
 

@@ -92,3 +92,36 @@ def test_outputs_are_bitwise_identical_across_runs_and_cache_hits(tmp_path):
         for _ in range(3):
             assert np.array_equal(graph(*arrays), expected)
     assert hit.vmfb == fresh.vmfb == uncached.vmfb
+
+
+def test_an_invalid_kernel_op_is_reported_not_hung():
+    # MLIR verifies the driver's module (kernels and host function, several ops
+    # isolated from above) on worker threads; a diagnostic raised there needs the GIL
+    # the bindings hold, so a kernel generator's invalid op hung the compile until
+    # support.ir.new_context turned the context's threading off. In a subprocess with
+    # a deadline: a hang here must fail, not stall the suite.
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent("""
+        import int8attn
+        from int8attn.driver.graph import prefill_graph
+        from int8attn.kernels.lanes import Lanes
+        from int8attn.support.diagnostics import DiagnosticError
+        from iree.compiler import ir
+        copy = Lanes.async_copy
+        def always_past_l1(self, *args):
+            token = copy(self, *args)
+            token.owner.attributes["bypassL1"] = ir.UnitAttr.get()   # cp.async.cg: 16 B only
+            return token
+        Lanes.async_copy = always_past_l1
+        try:
+            int8attn.compile(prefill_graph(1, 8, 2, 150, 37, 64), filename="prefill.mlir",
+                             target="cuda", simulate=True)
+        except DiagnosticError as error:
+            print(error)
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=300)
+    assert "prefill.mlir:" in done.stdout and "bypassL1" in done.stdout, done.stderr[-2000:]
