@@ -24,14 +24,14 @@ from .instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
                            OperandLayout)
 from .kernel_layout import DecodeKernelLayout
 from .lane_maps import (LaneMap, element_classes, thread_distribution, thread_groups,
-                        thread_runs, xor_reduction_offsets)
+                        thread_runs, tile_copies, xor_reduction_offsets)
 from .model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS, PVAtomName,
                     SCALE_GROUP_KINDS, FragmentModel, FragmentModelName,
                     ScaleGroupKind, VLoadScheme, bf16_pv_model,
                     format_token_set, fragment_model, pv_model,
                     pv_model_named, pv_model_names)
 from .index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
-                          PackedRows, arith_ops, ceil_div, floor_div)
+                          PackedRows, TileRing, arith_ops, ceil_div, floor_div)
 from .layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from .linear_layout import LinearLayout, NotInvertible, NotLinear
 from .mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
@@ -51,6 +51,7 @@ __all__ = [
     "HeadMajorRows",
     "arith_ops",
     "PackedRows",
+    "TileRing",
     "ceil_div",
     "floor_div",
     "SCALE_GROUP_KINDS",
@@ -82,6 +83,7 @@ __all__ = [
     "thread_distribution",
     "thread_groups",
     "thread_runs",
+    "tile_copies",
     "ScoreFeed",
     "score_feed",
     "a_token_layout",

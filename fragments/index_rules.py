@@ -80,6 +80,20 @@ def floor_div(ops: IndexOps, count, unit: int):
     return ops.div(count, ops.const(unit))
 
 
+@dataclass(frozen=True)
+class TileRing:
+    """A loop's tiles staged through `stages` buffers in turn: tile t in stage
+    t % stages, and the tile copied while t is computed, the next one (the last, of
+    `count`, copies itself again: no branch)."""
+
+    stages: int
+
+    def stage(self, ops: IndexOps, tile):
+        return ops.rem(tile, ops.const(self.stages))
+
+    def following(self, ops: IndexOps, tile, count):
+        return ops.min(ops.add(tile, ops.const(1)), ops.sub(count, ops.const(1)))
+
 
 @dataclass(frozen=True)
 class PackedRows:

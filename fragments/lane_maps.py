@@ -139,3 +139,24 @@ def thread_runs(rows, cols: int, threads: int,
         length = 1
     runs.append((*slots[per - length], length))
     return per, runs
+
+
+def tile_copies(rows: int, cols: int, threads: int,
+                chunk: int) -> list[tuple[LaneMap, LaneMap]]:
+    """A workgroup's copy of a rows x cols tile in chunks of `chunk` consecutive
+    columns, for asynchronous copies: per slot u, the (row, first column) maps of
+    the thread id; slot u of thread t takes chunk u * threads + t, so that one slot
+    of consecutive threads reads consecutive chunks. A tile of fewer chunks than
+    threads is copied by every thread, chunk t mod chunks (the repeats write the same
+    bytes). Raises ValueError where the chunks do not split evenly over the threads
+    or the maps are not linear in the thread bits (e.g. 6 chunks a row)."""
+    if cols % chunk:
+        raise ValueError(f"{cols} columns are not whole {chunk}-column chunks")
+    per_row = cols // chunk
+    chunks = rows * per_row
+    if chunks % threads and threads % chunks:
+        raise ValueError(f"{chunks} chunks do not split over {threads} threads")
+    thread = np.arange(threads)
+    return [(LaneMap.fit(c // per_row), LaneMap.fit(c % per_row * chunk))
+            for c in (u * threads + thread % chunks
+                      for u in range(max(1, chunks // threads)))]

@@ -171,16 +171,23 @@ class Lanes:
 
     def async_copy(self, source: ir.Value, source_indices, target: ir.Value, target_indices,
                    count: int) -> ir.Value:
-        """Start copying `count` elements from global memory into LDS, past L1;
-        the token joins a group (`async_group`) that `async_wait` completes."""
+        """Start copying `count` elements from global memory into LDS, past L1
+        where the copy is 16 bytes (cp.async.cg takes no other size; 4 and 8 go
+        through L1); the token joins a group (`async_group`) that `async_wait`
+        completes."""
         source_indices, target_indices = list(source_indices), list(target_indices)
         segments = [1, len(target_indices), 1, len(source_indices), 0]
+        element = ir.MemRefType(target.type).element_type
+        bits = ir.IntegerType(element).width if isinstance(element, ir.IntegerType) \
+            else ir.FloatType(element).width
+        attributes = {"dstElements": ir.IntegerAttr.get(index_type(), count),
+                      "operandSegmentSizes": ir.DenseI32ArrayAttr.get(segments)}
+        if count * bits == 128:
+            attributes["bypassL1"] = ir.UnitAttr.get()
         return ir.Operation.create(
             "nvgpu.device_async_copy", results=[ir.Type.parse(self.ASYNC_TOKEN)],
             operands=[target, *target_indices, source, *source_indices],
-            attributes={"dstElements": ir.IntegerAttr.get(index_type(), count),
-                        "bypassL1": ir.UnitAttr.get(),
-                        "operandSegmentSizes": ir.DenseI32ArrayAttr.get(segments)}).result
+            attributes=attributes).result
 
     def async_group(self, copies) -> ir.Value:
         return ir.Operation.create("nvgpu.device_async_create_group",

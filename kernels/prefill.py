@@ -36,11 +36,12 @@ from iree.compiler.dialects import arith, memref, scf
 
 from ..contract import scalar_ir as contract
 from ..contract.numerics import Numerics
-from ..fragments import NUMPY_OPS, PackedRows, ceil_div, floor_div
+from ..fragments import NUMPY_OPS, PackedRows, TileRing, ceil_div, floor_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
 from .executable import build_kernel
-from .kv_access import (KVView, PagedPrefillKV, PagedPrefillShape, PrefillKV, PrefillShape)
+from .kv_access import (KVRing, KVView, PagedPrefillKV, PagedPrefillShape, PrefillKV,
+                        PrefillShape)
 from .lanes import Lanes, binding, workgroup_id
 from .pv_stages import pv_stage, v_tiles
 from .qk_stages import online_softmax, q_operands, qk, quantize_rows
@@ -188,12 +189,31 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
         return live
 
     unmasked = lambda tile_kv: None
+    tile_of = lambda tile: kv.at(lanes.affine((tile, plan.model.wave_tokens)))
+    ring = _ring(plan, kv)
+    if ring is not None:
+        # Tile 0 before the loops (a sequence has one: it holds its queries); each
+        # tile then copies the next into the other stage while it computes (the last
+        # tile copies itself again there: no branch). Tile t reads stage t % 2; the
+        # barrier at the top of a tile publishes its copies and orders the reads of
+        # the tile before it (the stage now refilled) before the refill.
+        lanes.async_wait(ring.fill(tile_of(lanes.index(0)), lanes.index(0)))
     for lower, upper, mask in ((lanes.index(0), whole, unmasked), (whole, seen, masked)):
         loop = lanes.loop(lower, upper, carried)
         with ir.InsertionPoint(loop.body):
-            tile_kv = kv.at(lanes.affine((loop.induction_variable, plan.model.wave_tokens)))
-            scf.YieldOp(_tile_step(plan, tile_kv, operands, list(loop.inner_iter_args),
-                                   classes, mask(tile_kv)))
+            tile = loop.induction_variable
+            tile_kv = reads = tile_of(tile)
+            if ring is not None:
+                lanes.barrier()
+                stages = TileRing(KVRing.STAGES)
+                group = ring.fill(tile_of(stages.following(lanes.ops, tile, seen)),
+                                  stages.stage(lanes.ops, lanes.plus(tile, 1)))
+                reads = ring.view(tile_kv, stages.stage(lanes.ops, tile))
+            carried_out = _tile_step(plan, reads, operands, list(loop.inner_iter_args),
+                                     classes, mask(tile_kv))
+            if ring is not None:
+                lanes.async_wait(group)
+            scf.YieldOp(carried_out)
         carried = list(loop.results)
     o_flat = carried[2 * count:]
     o = [{i: o_flat[tile * len(slots) + u] for u, i in enumerate(slots)}
@@ -201,8 +221,23 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
     return o, carried[count:2 * count]
 
 
+def _ring(plan: StagePlan, kv: KVView) -> KVRing | None:
+    """The K/V ring in LDS where the target stages the prefill's tiles
+    (`TargetSpec.prefill_kv_ring`), the copies split linearly over the threads and
+    the ring fits the target's LDS budget; else None (loads from the cache)."""
+    spec, lanes, tokens = plan.spec, plan.lanes, plan.model.wave_tokens
+    if not spec.prefill_kv_ring or KVRing.lds_bytes(tokens, plan.head_dim) > spec.ring_lds_bytes:
+        return None
+    try:
+        KVRing.copies(tokens, plan.head_dim, lanes.threads)
+    except ValueError:
+        return None
+    return KVRing.allocate(lanes, tokens, plan.head_dim)
+
+
 def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live) -> list:
-    """One tile (QK, the online softmax, PV) under the mask `live`; returns the carried
+    """One tile (QK, the online softmax, PV) under the mask `live`, its K and V read
+    through `tile_kv` (the cache's tile, or its staged copy); returns the carried
     (m, l, o) after it."""
     lanes = plan.lanes
     slots = plan.pv_live_slots()

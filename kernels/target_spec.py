@@ -122,6 +122,11 @@ class TargetSpec:
     # SM is left to the backend (the cap only costs registers there).
     prefill_workgroups_per_sm: int = 0
     measured_sms: int = 0
+    # The prefill's K/V tiles through a ring in LDS filled by the asynchronous copy
+    # (kv_access.KVRing), where it fits `ring_lds_bytes` (the LDS a workgroup may
+    # take without opting in to more).
+    prefill_kv_ring: bool = False
+    ring_lds_bytes: int = 48 * 1024
 
     @property
     def wave_size(self) -> int:
@@ -225,7 +230,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
         # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)
-        prefill_workgroups_per_sm=3, measured_sms=132),
+        prefill_workgroups_per_sm=3, measured_sms=132, prefill_kv_ring=True),
 }
 
 

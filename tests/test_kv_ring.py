@@ -1,0 +1,129 @@
+"""The prefill's K/V ring in LDS (cuda: cp.async; kernels/kv_access.py, `KVRing`).
+
+The ring changes where a tile's K and V come from, not what is computed: the kernel
+with it gives the bits of the kernel without it (dense and chunked, both numerics,
+with a ragged last tile and a history). Its copies are split over the threads by
+`fragments.tile_copies`, which covers every chunk; a head dim whose split is not
+linear in the thread bits reads the cache directly. The simulator's LDS hazards hold
+the ring's barrier discipline: a ring of one stage, refilled while it is read, is
+refused.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from iree.compiler import ir
+
+from conftest import seeded_rng
+from int8attn.contract.numerics import SEED_NUMERICS
+from int8attn.driver.options import KERNEL_NUMERICS
+from int8attn.fragments import TileRing, tile_copies
+from int8attn.kernels import prefill as prefill_kernel
+from int8attn.kernels.kv_access import KVRing, PagedPrefillShape, PrefillShape
+from int8attn.kernels.prefill import build_prefill_kernels
+from int8attn.kernels.target_spec import target_spec
+from int8attn.simulator import SimulationError
+from int8attn.simulator.prefill import run_paged_prefill_kernels, run_prefill_kernels
+from int8attn.support.ir import new_context
+from test_paged import paged_batch
+from test_prefill import prefill_inputs
+
+CUDA = target_spec("cuda")
+NO_RING = dataclasses.replace(CUDA, prefill_kv_ring=False)
+
+
+@pytest.mark.parametrize("rows, cols, chunk", [(64, 128, 16), (128, 64, 16), (64, 64, 16),
+                                               (64, 32, 16), (64, 1, 1), (256, 64, 16)])
+def test_the_copies_cover_every_chunk_once_per_slot(rows, cols, chunk):
+    threads = np.arange(128)
+    slots = tile_copies(rows, cols, 128, chunk)
+    chunks = [(int(r), int(c)) for rm, cm in slots for r, c in zip(rm(threads), cm(threads))]
+    expected = {(r, c) for r in range(rows) for c in range(0, cols, chunk)}
+    assert set(chunks) == expected
+    if len(expected) >= 128:            # no repeats where the threads suffice
+        assert len(chunks) == len(expected)
+    for rm, cm in slots:                # one slot of consecutive threads: consecutive chunks
+        flat = rm(threads) * cols + cm(threads)
+        if len(expected) >= 128:
+            assert (np.diff(flat[:32]) == chunk).all() or cols == chunk
+
+
+def test_a_split_that_is_not_linear_is_refused():
+    with pytest.raises(ValueError, match="not linear"):
+        tile_copies(64, 96, 128, 16)
+    with pytest.raises(ValueError, match="whole"):
+        tile_copies(64, 100, 128, 16)
+
+
+def test_the_ring_rule_turns_stages_and_stops_at_the_last_tile():
+    from int8attn.fragments import NUMPY_OPS
+    ring = TileRing(2)
+    tiles = np.arange(7)
+    assert (ring.stage(NUMPY_OPS, tiles) == tiles % 2).all()
+    assert list(ring.following(NUMPY_OPS, tiles, 7)) == [1, 2, 3, 4, 5, 6, 6]
+
+
+def _module_text(shape, spec):
+    with new_context(), ir.Location.unknown():
+        return str(build_prefill_kernels(shape, spec, numerics=SEED_NUMERICS).module)
+
+
+def test_the_tile_loop_reads_k_and_v_from_the_ring():
+    shape = PrefillShape(1, 2, 4, 300, 300, 128, 0.125)
+    text = _module_text(shape, CUDA)
+    loop = text[text.index("scf.for"):]
+    body = loop[:loop.index("scf.yield")]
+    assert body.count("nvgpu.device_async_copy") == KVRing.copy_count(64, 128, 128)
+    assert body.count("gpu.barrier") == 1 and "nvgpu.device_async_wait" in body
+    # every vector load of the loop reads LDS (the ring), none the cache's bindings
+    loads = [line for line in body.splitlines() if "vector.load" in line]
+    assert loads and all("#gpu.address_space<workgroup>" in line for line in loads)
+    assert "nvgpu.device_async_copy" not in _module_text(shape, NO_RING)
+
+
+def test_a_head_dim_without_a_linear_split_reads_the_cache():
+    # D 96: 6 chunks a K row, not linear in the thread bits; the kernel still builds
+    text = _module_text(PrefillShape(1, 2, 4, 130, 70, 96, 0.125), CUDA)
+    assert "nvgpu.device_async_copy" not in text
+
+
+@pytest.mark.parametrize("numerics", [SEED_NUMERICS, KERNEL_NUMERICS], ids=["seed", "kernel"])
+@pytest.mark.parametrize("shape", [(1, 8, 2, 200, 37, 64), (2, 4, 4, 129, 129, 32)],
+                         ids=["history", "sq_is_s_b2"])
+def test_the_ring_gives_the_bits_of_direct_loads(shape, numerics):
+    seed = 5150 + shape[3]
+    args = prefill_inputs(seed, *shape)
+    b, hq, hkv, s, sq, d = shape
+    prefill = PrefillShape(b, hkv, hq // hkv, s, sq, d, d ** -0.5)
+    outs = []
+    for spec in (CUDA, NO_RING):
+        with new_context(), ir.Location.unknown():
+            built = build_prefill_kernels(prefill, spec, numerics=numerics)
+            outs.append(run_prefill_kernels(built.module, built.layout, *args))
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_the_chunked_prefills_ring_gives_the_bits_of_direct_loads():
+    rng = seeded_rng(5201)
+    lengths, (hq, hkv, d), bs = [37, 100, 300], (8, 2, 64), 16
+    arrays = paged_batch(rng, lengths, hq, hkv, d, bs, query_tokens=37)
+    shape = PagedPrefillShape(hkv, hq // hkv, 37, d, bs, d ** -0.5)
+    outs = []
+    for spec in (CUDA, NO_RING):
+        with new_context(), ir.Location.unknown():
+            built = build_prefill_kernels(shape, spec)
+            outs.append(run_paged_prefill_kernels(built.module, built.layout, *arrays))
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_ring_refilled_while_it_is_read_is_refused(monkeypatch):
+    # One stage for every tile: the next tile's copy lands where this tile is read.
+    monkeypatch.setattr(prefill_kernel, "TileRing", lambda stages: TileRing(1))
+    args = prefill_inputs(5300, 1, 8, 2, 200, 37, 64)
+    with new_context(), ir.Location.unknown():
+        built = build_prefill_kernels(PrefillShape(1, 2, 4, 200, 37, 64, 0.125), CUDA)
+        with pytest.raises(SimulationError, match="has not landed|another thread"):
+            run_prefill_kernels(built.module, built.layout, *args)
