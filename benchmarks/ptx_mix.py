@@ -28,6 +28,7 @@ KERNELS = ("prefill", "paged-prefill", "decode", "paged-decode")
 CLASSES = (
     ("mma", ("mma.",)),
     ("global loads", ("ld.global",)),
+    ("async copies", ("cp.async",)),
     ("LDS", ("ld.shared", "st.shared")),
     ("shuffles", ("shfl.",)),
     ("barriers", ("bar.",)),

@@ -33,6 +33,7 @@ import ptx_mix
 CLASSES = (
     ("mma", ("IMMA", "HMMA")),
     ("global loads", ("LDG",)),
+    ("async copies", ("LDGSTS", "LDGDEPBAR", "DEPBAR")),
     ("LDS", ("LDS", "STS", "LDSM")),
     ("spills", ("LDL", "STL")),
     ("shuffles", ("SHFL",)),

@@ -11,7 +11,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, arith, gpu, llvm, memref, scf, stream, vector
 
-from ..fragments import IndexOps, LaneMap, MatrixInstruction, arith_ops
+from ..fragments import CallableBuilder, IndexOps, LaneMap, MatrixInstruction, arith_ops
 
 
 def index_type() -> ir.Type:
@@ -46,6 +46,15 @@ class Lanes:
     def ops(self) -> IndexOps:
         """The index rules' builder (fragments/index_rules.py) on this kernel's values."""
         return arith_ops(self.index)
+
+    @property
+    def layout_builder(self) -> CallableBuilder:
+        """`LinearLayout.emit`'s builder (fragments/layout_emit.py) on index values."""
+        constant = self.index
+        return CallableBuilder(
+            const=constant, and_=lambda v, m: arith.andi(v, constant(m)),
+            shl=lambda v, s: arith.shli(v, constant(s)),
+            shru=lambda v, s: arith.shrui(v, constant(s)), or_=arith.ori, xor=arith.xori)
 
     # constants -------------------------------------------------------------
     def index(self, value: int) -> ir.Value:

@@ -21,6 +21,11 @@ tokens, which is also the contract's prefill tile). The same stages as decode
           o' = alpha o + sum_g sW acc_g, one FMA per group
   O = o / l, stored for the real rows.
 
+Where the target copies into LDS asynchronously (cuda), the loops read K, V and the
+scales from a two-stage ring in LDS (kv_ring.KVRing): the workgroup copies the next
+tile while it computes this one, so the waves share one copy of each tile and no lane
+holds registers for loads in flight.
+
 Over the paged cache (chunked prefill: q [B, Hq, Sq, D], each sequence's last
 Sq tokens) the same kernel reads its tiles through the block table and takes
 the history len_b - Sq of its sequence at run time (kv_access.PagedPrefillKV).
@@ -40,8 +45,9 @@ from ..fragments import NUMPY_OPS, PackedRows, TileRing, ceil_div, floor_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
 from .executable import build_kernel
-from .kv_access import (KVRing, KVView, PagedPrefillKV, PagedPrefillShape, PrefillKV,
+from .kv_access import (KVView, PagedPrefillKV, PagedPrefillShape, PrefillKV,
                         PrefillShape)
+from .kv_ring import KVRing
 from .lanes import Lanes, binding, workgroup_id
 from .pv_stages import pv_stage, v_tiles
 from .qk_stages import online_softmax, q_operands, qk, quantize_rows
@@ -232,7 +238,7 @@ def _ring(plan: StagePlan, kv: KVView) -> KVRing | None:
         KVRing.copies(tokens, plan.head_dim, lanes.threads)
     except ValueError:
         return None
-    return KVRing.allocate(lanes, tokens, plan.head_dim)
+    return KVRing.allocate(lanes, plan.layout, plan.head_dim)
 
 
 def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live) -> list:

@@ -149,8 +149,8 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     values, live, v_scales = {}, {}, {}
     wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
     for n in range(layout.blocks):
-        k_row = wave_kv.token_row(lanes.of_lane(layout.b_token(n)))
-        loads = [load_vector(kv.k, k_row + [first], width, "i8", k_alignment)
+        token = lanes.of_lane(layout.b_token(n))
+        loads = [load_vector(kv.k, wave_kv.k_bytes(token, first), width, "i8", k_alignment)
                  for first in k_loads]
         # The block's K and V scales, issued with its K bytes (not after the MMAs,
         # nor the V scales after the softmax's barriers).

@@ -123,7 +123,7 @@ class TargetSpec:
     prefill_workgroups_per_sm: int = 0
     measured_sms: int = 0
     # The prefill's K/V tiles through a ring in LDS filled by the asynchronous copy
-    # (kv_access.KVRing), where it fits `ring_lds_bytes` (the LDS a workgroup may
+    # (kv_ring.KVRing), where it fits `ring_lds_bytes` (the LDS a workgroup may
     # take without opting in to more).
     prefill_kv_ring: bool = False
     ring_lds_bytes: int = 48 * 1024

@@ -68,6 +68,7 @@ class ComputeOps:
         return fma_f32(*operands)
     op_arith_andi = _binary(np.bitwise_and)
     op_arith_ori = _binary(np.bitwise_or)
+    op_arith_xori = _binary(np.bitwise_xor)
     op_arith_shrui = _binary(np.right_shift)
     op_arith_shrsi = _binary(np.right_shift)           # integers are held signed
     op_arith_shli = _binary(np.left_shift)

@@ -1,4 +1,4 @@
-"""The prefill's K/V ring in LDS (cuda: cp.async; kernels/kv_access.py, `KVRing`).
+"""The prefill's K/V ring in LDS (cuda: cp.async; kernels/kv_ring.py, `KVRing`).
 
 The ring changes where a tile's K and V come from, not what is computed: the kernel
 with it gives the bits of the kernel without it (dense and chunked, both numerics,
@@ -20,7 +20,8 @@ from int8attn.contract.numerics import SEED_NUMERICS
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.fragments import TileRing, tile_copies
 from int8attn.kernels import prefill as prefill_kernel
-from int8attn.kernels.kv_access import KVRing, PagedPrefillShape, PrefillShape
+from int8attn.kernels.kv_access import PagedPrefillShape, PrefillShape
+from int8attn.kernels.kv_ring import KVRing
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.target_spec import target_spec
 from int8attn.simulator import SimulationError
@@ -127,3 +128,95 @@ def test_a_ring_refilled_while_it_is_read_is_refused(monkeypatch):
         built = build_prefill_kernels(PrefillShape(1, 2, 4, 200, 37, 64, 0.125), CUDA)
         with pytest.raises(SimulationError, match="has not landed|another thread"):
             run_prefill_kernels(built.module, built.layout, *args)
+
+
+def test_the_ring_at_d128_gives_the_bits_of_direct_loads():
+    # D 128: the K tile is swizzled (a token bit into a byte bit), as are its copies
+    shape = (1, 8, 2, 200, 37, 128)
+    args = prefill_inputs(5128, *shape)
+    prefill = PrefillShape(1, 2, 4, 200, 37, 128, 128 ** -0.5)
+    outs = []
+    for spec in (CUDA, NO_RING):
+        with new_context(), ir.Location.unknown():
+            built = build_prefill_kernels(prefill, spec)
+            outs.append(run_prefill_kernels(built.module, built.layout, *args))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def _ring_wavefronts(monkeypatch, head_dim: int) -> dict:
+    """Per ring buffer: simulated LDS wavefronts of its loads over the ideal (one per
+    128 bytes a phase reads), counted on the first workgroup's waves."""
+    from int8attn.fragments.lds_tile import lds_wavefronts
+    from int8attn.simulator import interpreter
+
+    counts = {}
+    load = interpreter.Machine.op_vector_load
+
+    def counting(self, op, operands):
+        memory = operands[0]
+        if memory.per_workgroup_size and len(memory.shape) == 3:     # the ring's K, V
+            width = ir.VectorType(op.result.type).shape[0] * memory.element_bytes
+            addresses = memory.addresses(operands[1:], self) * memory.element_bytes
+            for wave in range(self.threads // 32):
+                lanes = addresses[wave * 32:(wave + 1) * 32]
+                total = counts.setdefault(memory.shape, [0, 0])
+                total[0] += lds_wavefronts(lanes, width)
+                total[1] += 32 * width // 128
+        return load(self, op, operands)
+
+    monkeypatch.setattr(interpreter.Machine, "op_vector_load", counting)
+    args = prefill_inputs(5129, 1, 4, 1, 64, 64, head_dim)
+    with new_context(), ir.Location.unknown():
+        built = build_prefill_kernels(PrefillShape(1, 1, 4, 64, 64, head_dim, 0.125), CUDA)
+        run_prefill_kernels(built.module, built.layout, *args)
+    return {shape: found / ideal for shape, (found, ideal) in counts.items()}
+
+
+@pytest.mark.parametrize("head_dim, k_ratio", [(32, 2.0), (64, 1.0), (128, 1.0)])
+def test_the_rings_loads_are_free_of_bank_conflicts(monkeypatch, head_dim, k_ratio):
+    # Measured on the simulated addresses, independently of the swizzle's derivation.
+    # D 32: a phase's 8-byte K loads read four tokens whose 32-byte rows pair up on
+    # the same 8 banks, which no permutation inside a row can separate (2-way).
+    ratios = _ring_wavefronts(monkeypatch, head_dim)
+    assert ratios == {(2, 64, head_dim): k_ratio, (2, head_dim, 64): 1.0}
+
+
+def test_a_ring_past_the_lds_budget_is_not_built(monkeypatch):
+    # D 256: two stages of K and V are 66.5 KB, past the 48 KB a workgroup takes
+    # without opting in to more; the kernel reads the cache
+    assert KVRing.lds_bytes(64, 256) > CUDA.ring_lds_bytes >= KVRing.lds_bytes(64, 128)
+    assert _ring_wavefronts(monkeypatch, 256) == {}
+
+
+def test_without_the_swizzle_k_loads_conflict_at_d128(monkeypatch):
+    from int8attn.fragments.lds_tile import _swizzle
+    from int8attn.kernels import kv_ring
+    monkeypatch.setattr(kv_ring, "k_tile_swizzle",
+                        lambda layout, d: _swizzle(layout.model.wave_tokens, d, None, None))
+    assert _ring_wavefronts(monkeypatch, 128)[(2, 64, 128)] == 2.0
+
+
+def test_the_bank_model_counts_wavefronts():
+    from int8attn.fragments.lds_tile import lds_wavefronts
+    lanes = np.arange(32)
+    assert lds_wavefronts(lanes * 16, 16) == 4            # 4 phases of 8 lanes, 128 B each
+    assert lds_wavefronts(lanes * 4, 4) == 1              # one phase of 32 words
+    assert lds_wavefronts(np.zeros(32, np.int64), 16) == 4  # one address: broadcast
+    assert lds_wavefronts(lanes * 128, 16) == 32          # 8 rows of one phase on 4 banks
+    assert lds_wavefronts(lanes * 8, 4) == 2              # two words a bank
+
+
+def test_the_swizzle_is_derived_from_the_k_loads():
+    from int8attn.fragments.lds_tile import _swizzle, k_tile_swizzle, k_tile_wavefronts
+    from int8attn.fragments import DecodeKernelLayout
+    layout = DecodeKernelLayout(CUDA.model)
+    for head_dim, gain in ((64, 1), (128, 2), (256, 2)):
+        chosen = k_tile_swizzle(layout, head_dim)
+        plain = _swizzle(64, head_dim, None, None)
+        assert k_tile_wavefronts(layout, head_dim, plain) == \
+            gain * k_tile_wavefronts(layout, head_dim, chosen)
+        # a permutation of each row's bytes that keeps every 16-byte load whole
+        tokens, bytes_ = np.meshgrid(np.arange(64), np.arange(head_dim), indexing="ij")
+        moved = chosen.apply(token=tokens, byte=bytes_)["byte"]
+        assert (np.sort(moved, axis=1) == bytes_).all()
+        assert (moved % 16 == bytes_ % 16).all()

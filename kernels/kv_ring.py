@@ -1,0 +1,123 @@
+"""A prefill's K/V tiles staged in LDS by asynchronous copies (cuda: cp.async).
+
+`KVRing` holds `STAGES` copies of a tile's K [T, D] (its rows' bytes through the
+K loads' bank swizzle, fragments/lds_tile.py), V [D, T] and both scales [T]; its
+`fill` starts the workgroup's copies of a tile (each thread's chunks are
+`fragments.tile_copies`'), and its `view` is the tile's `KVView` reading the staged
+copy, so the stages (kernels/qk_stages.py, pv_stages.py) read a staged tile as they
+read the cache. The loop that turns the stages is the prefill kernel's
+(kernels/prefill.py, `TileRing`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith
+
+from ..fragments import DecodeKernelLayout, LinearLayout, tile_copies
+from ..fragments.lds_tile import k_tile_swizzle
+from .kv_access import KVView
+from .lanes import Lanes
+
+
+@dataclass(frozen=True)
+class _StageView(KVView):
+    """A tile staged in LDS ([stages, T, D] K, [stages, D, T] V, [stages, T] scales):
+    its token `local` at [stage, first + local]."""
+
+    stage: ir.Value = None
+    k_swizzle: LinearLayout = None      # (token, byte) -> byte of the K tile
+
+    def token_row(self, local: ir.Value) -> list[ir.Value]:
+        return [self.stage, arith.addi(self.first, local)]
+
+    def k_bytes(self, local: ir.Value, first: ir.Value) -> list[ir.Value]:
+        token = arith.addi(self.first, local)
+        byte = self.k_swizzle.emit(self.lanes.layout_builder, {"token": token, "byte": first},
+                                   assume_in_range=True)["byte"]
+        return [self.stage, token, byte]
+
+    def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
+        return [self.stage, col, arith.addi(self.first, local)]
+
+
+COPY_BYTES = 16           # an asynchronous copy's largest chunk (cp.async: 4, 8 or 16)
+
+
+@dataclass(frozen=True)
+class KVRing:
+    """A prefill's K/V tiles staged in LDS by asynchronous copies, `STAGES` of them:
+    the workgroup copies the next tile while it computes this one, so no lane holds
+    registers for loads in flight and the waves share one copy of each tile. Which
+    thread copies which chunk is `fragments.tile_copies`'."""
+
+    STAGES = 2
+
+    lanes: Lanes
+    k: ir.Value              # LDS [stages, T, D] i8, each row's bytes through k_swizzle
+    k_scale: ir.Value        # LDS [stages, T] f32
+    v: ir.Value              # LDS [stages, D, T] i8
+    v_scale: ir.Value        # LDS [stages, T] f32
+    tokens: int
+    head_dim: int
+    k_swizzle: LinearLayout  # fragments.k_tile_swizzle: (token, byte) -> byte
+
+    @staticmethod
+    def lds_bytes(tokens: int, head_dim: int) -> int:
+        return KVRing.STAGES * tokens * (2 * head_dim + 8)
+
+    @staticmethod
+    def copies(tokens: int, head_dim: int, threads: int):
+        """(K, V, scales) copy slots of `tile_copies`; ValueError where a split is
+        not linear in the thread bits (then the kernel reads the cache directly)."""
+        return (tile_copies(tokens, head_dim, threads, COPY_BYTES),
+                tile_copies(head_dim, tokens, threads, COPY_BYTES),
+                tile_copies(tokens, 1, threads, 1))
+
+    @staticmethod
+    def copy_count(tokens: int, head_dim: int, threads: int) -> int:
+        """Asynchronous copies a thread issues per tile (K, V, and both scales)."""
+        k, v, scales = KVRing.copies(tokens, head_dim, threads)
+        return len(k) + len(v) + 2 * len(scales)
+
+    @staticmethod
+    def allocate(lanes: Lanes, layout: DecodeKernelLayout, head_dim: int) -> "KVRing":
+        """The ring of a kernel whose QK reads K as `layout` says (its swizzle's)."""
+        stages, tokens = KVRing.STAGES, layout.model.wave_tokens
+        return KVRing(lanes, lanes.shared([stages, tokens, head_dim], "i8"),
+                      lanes.shared([stages, tokens], "f32"),
+                      lanes.shared([stages, head_dim, tokens], "i8"),
+                      lanes.shared([stages, tokens], "f32"), tokens, head_dim,
+                      k_tile_swizzle(layout, head_dim))
+
+    def fill(self, tile: KVView, stage: ir.Value) -> ir.Value:
+        """Start copying the tile `tile` views into `stage`; returns the copies'
+        group for `lanes.async_wait` (each thread waits for its own copies; a barrier
+        after the wait publishes them to the workgroup)."""
+        lanes = self.lanes
+        of = lambda lane_map: lanes.of_lane(lane_map, lanes.thread)
+        k_slots, v_slots, scale_slots = self.copies(self.tokens, self.head_dim, lanes.threads)
+        copies = []
+        staged = self.view(tile, stage)
+        for token_map, byte_map in k_slots:
+            token, byte = of(token_map), of(byte_map)
+            copies.append(lanes.async_copy(tile.k, tile.k_bytes(token, byte), self.k,
+                                           staged.k_bytes(token, byte), COPY_BYTES))
+        for col_map, token_map in v_slots:
+            col, token = of(col_map), of(token_map)
+            copies.append(lanes.async_copy(tile.v, tile.v_row(col, token), self.v,
+                                           [stage, col, token], COPY_BYTES))
+        for token_map, _ in scale_slots:
+            token = of(token_map)
+            for source, target in ((tile.k_scale, self.k_scale), (tile.v_scale, self.v_scale)):
+                copies.append(lanes.async_copy(source, tile.token_row(token), target,
+                                               [stage, token], 1))
+        return lanes.async_group(copies)
+
+    def view(self, tile: KVView, stage: ir.Value) -> KVView:
+        """`tile`'s view reading its staged copy in `stage` (the same tokens)."""
+        return _StageView(self.lanes, tile.q, self.k, self.k_scale, self.v, self.v_scale,
+                          tile.b, tile.h, self.lanes.index(0), batch=tile.batch,
+                          history=tile.history, stage=stage, k_swizzle=self.k_swizzle)
