@@ -122,8 +122,12 @@ class PrefillKernel:
                       lanes.index(0))
         rows = _Rows(plan, s, block, self.rows_per_workgroup)
         staged_q = quantize_rows(plan, kv.q, rows.rows, lambda row: _q_source(rows, kv, row))
-        operands = q_operands(plan, staged_q,
-                              lambda row: lanes.affine((lanes.wave, plan.tile_rows), (row, 1)))
+        wave_row = lambda row: lanes.affine((lanes.wave, plan.tile_rows), (row, 1))
+        if self.spec.prefill_q_per_tile:
+            operands = lambda: q_operands(plan, staged_q, wave_row)
+        else:
+            fixed = q_operands(plan, staged_q, wave_row)
+            operands = lambda: fixed
         classes = plan.row_classes()
         query_tokens = [rows.token_and_head(rows.packed(lanes.of_lane(plan.row_map(c[0])),
                                                         lanes.wave))[0] for c in classes]
@@ -243,14 +247,15 @@ def _ring(plan: StagePlan, kv: KVView) -> KVRing | None:
 
 def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live) -> list:
     """One tile (QK, the online softmax, PV) under the mask `live`, its K and V read
-    through `tile_kv` (the cache's tile, or its staged copy); returns the carried
-    (m, l, o) after it."""
+    through `tile_kv` (the cache's tile, or its staged copy) and Q's operands from
+    `operands()` (held in registers, or read from LDS in the tile); returns the
+    carried (m, l, o) after it."""
     lanes = plan.lanes
     slots = plan.pv_live_slots()
     count = len(classes)
     m, l, o = carried[:count], carried[count:2 * count], carried[2 * count:]
     wave_token0 = lanes.index(0)        # every wave reads the whole tile
-    scores = qk(plan, operands, tile_kv, wave_token0, live)
+    scores = qk(plan, operands(), tile_kv, wave_token0, live)
     m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
     # The tile's sums go on from alpha o (the contract's chain, reference.pv_chain).
     alpha_of = _per_pv_slot(plan, alpha, classes, slots)

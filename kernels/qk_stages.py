@@ -11,7 +11,7 @@ from contextlib import nullcontext
 from typing import Callable
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, math, memref, vector
+from iree.compiler.dialects import arith, memref, vector
 
 from ..contract import scalar_ir as contract
 from ..contract.constants import MAX_Q_K_PRODUCT, ROUND_BIAS_BITS

@@ -127,6 +127,11 @@ class TargetSpec:
     # take without opting in to more).
     prefill_kv_ring: bool = False
     ring_lds_bytes: int = 48 * 1024
+    # Read Q's operands from LDS in every prefill tile instead of holding them in
+    # registers (16 registers a lane, 32 with two-term Q; with the ring's barrier in
+    # the loop the loads stay there). Not the default: untimed (benchmarks/
+    # results-sass-mix.md has what ptxas makes of it).
+    prefill_q_per_tile: bool = False
 
     @property
     def wave_size(self) -> int:

@@ -176,6 +176,12 @@ FAST_TESTS = {
         "test_bench_from_a_good_folder_gets_past_the_checks",
         "test_bench_misuse_is_a_usage_error_before_any_work"},
     "test_pv_chain.py": {"test_fma_f32_rounds_once", "test_fma_f32_special_values"},
+    "test_kv_ring.py": {"test_the_copies_cover_every_chunk_once_per_slot",
+                        "test_a_split_that_is_not_linear_is_refused",
+                        "test_the_ring_rule_turns_stages_and_stops_at_the_last_tile",
+                        "test_the_bank_model_counts_wavefronts",
+                        "test_the_swizzle_is_derived_from_the_k_loads",
+                        "test_the_variants_command_refuses_what_is_no_prefill_choice"},
     "test_sass_mix.py": {"test_the_listing_reads_instructions_loops_and_classes",
                          "test_the_command_refuses_unknown_kernels"},
     "test_fast_tier.py": {

@@ -220,3 +220,34 @@ def test_the_swizzle_is_derived_from_the_k_loads():
         moved = chosen.apply(token=tokens, byte=bytes_)["byte"]
         assert (np.sort(moved, axis=1) == bytes_).all()
         assert (moved % 16 == bytes_ % 16).all()
+
+
+def test_the_variants_command_refuses_what_is_no_prefill_choice():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import prefill_variants
+
+    for fields in (["prefill_ring=False"], ["prefill_kv_ring=yes"],
+                   ["prefill_workgroups_per_sm=two"]):
+        with pytest.raises(SystemExit):
+            prefill_variants.main(["/nonexistent/dir", *fields])
+
+
+def test_q_read_in_every_tile_gives_the_same_bits():
+    # TargetSpec.prefill_q_per_tile: Q's operands from LDS in the tile loop (the ring's
+    # barrier keeps the loads there) instead of registers held across it
+    shape = (1, 8, 2, 200, 37, 64)
+    args = prefill_inputs(5140, *shape)
+    prefill = PrefillShape(1, 2, 4, 200, 37, 64, 0.125)
+    outs, texts = [], []
+    for spec in (CUDA, dataclasses.replace(CUDA, prefill_q_per_tile=True)):
+        with new_context(), ir.Location.unknown():
+            built = build_prefill_kernels(prefill, spec)
+            text = str(built.module)
+            loop = text[text.index("scf.for"):]
+            texts.append(loop[:loop.index("scf.yield")])
+            outs.append(run_prefill_kernels(built.module, built.layout, *args))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    q_loads = [t.count("memref<64x64xi8, #gpu.address_space<workgroup>>, vector") for t in texts]
+    assert q_loads[0] == 0 < q_loads[1]

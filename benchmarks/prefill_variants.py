@@ -1,0 +1,68 @@
+"""Prepare prefill bench modules with the cuda target's prefill choices changed.
+
+    python benchmarks/prefill_variants.py DIR prefill_kv_ring=False
+    python benchmarks/prefill_variants.py DIR prefill_workgroups_per_sm=2
+    python -m int8attn.bench_prefill --run DIR --iterations 10      # on the GPU
+
+Each folder holds what `int8attn bench --mode prefill --prepare-only` writes (the same
+cases: `--context`, `--history`, `--new-tokens`), built with the named `TargetSpec`
+fields of the cuda target changed (kernels/target_spec.py: `prefill_kv_ring`, the
+K/V ring in LDS; `prefill_workgroups_per_sm`, the register cap; `ring_lds_bytes`;
+`prefill_q_per_tile`, Q's operands read from LDS in every tile), so a
+GPU session times a choice against the default with the bench's checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields, replace
+from pathlib import Path
+
+from int8attn import bench_prefill
+from int8attn.kernels import target_spec as specs
+
+CHOICES = ("prefill_kv_ring", "prefill_workgroups_per_sm", "ring_lds_bytes",
+           "prefill_q_per_tile")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/prefill_variants.py")
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("fields", nargs="+", metavar="FIELD=VALUE", help=", ".join(CHOICES))
+    parser.add_argument("--context", default="4096,8192,16384")
+    parser.add_argument("--history", type=int, default=8192)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--q-heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    args = parser.parse_args(argv)
+    types = {f.name: f.type for f in fields(specs.TargetSpec) if f.name in CHOICES}
+    changes = {}
+    for pair in args.fields:
+        name, _, value = pair.partition("=")
+        if name not in types:
+            parser.error(f"{name!r} is not a prefill choice of the cuda target "
+                         f"({', '.join(CHOICES)})")
+        if types[name] == "bool":
+            if value not in ("True", "False"):
+                parser.error(f"{name} takes True or False, not {value!r}")
+            changes[name] = value == "True"
+        else:
+            try:
+                changes[name] = int(value)
+            except ValueError:
+                parser.error(f"{name} takes an integer, not {value!r}")
+    try:
+        contexts = [int(c) for c in args.context.split(",")]
+    except ValueError:
+        parser.error(f"--context takes comma-separated token counts, not {args.context!r}")
+    specs.TARGET_SPECS["cuda"] = replace(specs.TARGET_SPECS["cuda"], **changes)
+    print(f"{args.directory}: cuda prefill with {changes}", flush=True)
+    bench_prefill.prepare(args.directory, contexts, args.history, args.new_tokens,
+                          args.batch, args.q_heads, args.kv_heads, args.head_dim)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
