@@ -165,12 +165,16 @@ def main(argv=None) -> int:
             print(f"compiling {kernel} ({n} numerics, {args.pv} PV) to PTX", file=sys.stderr,
                   flush=True)
             rows += measure(kernel, n, args.pv)
-    table = markdown(rows)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
+    write_table(markdown(rows), args.out)
     return 0
+
+
+def write_table(table: str, out: str | None) -> None:
+    """Print the markdown table, and write it to `out` if given."""
+    print(table)
+    if out:
+        with open(out, "w") as f:
+            f.write(table)
 
 
 if __name__ == "__main__":

@@ -181,11 +181,7 @@ def main(argv=None) -> int:
             print(f"compiling {kernel} ({n} numerics, {args.pv} PV) to PTX and {args.arch}",
                   file=sys.stderr, flush=True)
             rows += measure(kernel, n, args.pv, args.arch)
-    table = markdown(rows)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
+    ptx_mix.write_table(markdown(rows), args.out)
     return 0
 
 
