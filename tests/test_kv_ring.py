@@ -34,6 +34,16 @@ CUDA = target_spec("cuda")
 NO_RING = dataclasses.replace(CUDA, prefill_kv_ring=False)
 
 
+def _with_and_without_ring(shape, run, inputs, **options) -> list[np.ndarray]:
+    """The kernel for `shape` run (by `run`, on `inputs`) with the ring, then without."""
+    outs = []
+    for spec in (CUDA, NO_RING):
+        with new_context(), ir.Location.unknown():
+            built = build_prefill_kernels(shape, spec, **options)
+            outs.append(run(built.module, built.layout, *inputs))
+    return outs
+
+
 @pytest.mark.parametrize("rows, cols, chunk", [(64, 128, 16), (128, 64, 16), (64, 64, 16),
                                                (64, 32, 16), (64, 1, 1), (256, 64, 16)])
 def test_the_copies_cover_every_chunk_once_per_slot(rows, cols, chunk):
@@ -97,11 +107,7 @@ def test_the_ring_gives_the_bits_of_direct_loads(shape, numerics):
     args = prefill_inputs(seed, *shape)
     b, hq, hkv, s, sq, d = shape
     prefill = PrefillShape(b, hkv, hq // hkv, s, sq, d, d ** -0.5)
-    outs = []
-    for spec in (CUDA, NO_RING):
-        with new_context(), ir.Location.unknown():
-            built = build_prefill_kernels(prefill, spec, numerics=numerics)
-            outs.append(run_prefill_kernels(built.module, built.layout, *args))
+    outs = _with_and_without_ring(prefill, run_prefill_kernels, args, numerics=numerics)
     assert np.isfinite(outs[0]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
 
@@ -111,11 +117,7 @@ def test_the_chunked_prefills_ring_gives_the_bits_of_direct_loads():
     lengths, (hq, hkv, d), bs = [37, 100, 300], (8, 2, 64), 16
     arrays = paged_batch(rng, lengths, hq, hkv, d, bs, query_tokens=37)
     shape = PagedPrefillShape(hkv, hq // hkv, 37, d, bs, d ** -0.5)
-    outs = []
-    for spec in (CUDA, NO_RING):
-        with new_context(), ir.Location.unknown():
-            built = build_prefill_kernels(shape, spec)
-            outs.append(run_paged_prefill_kernels(built.module, built.layout, *arrays))
+    outs = _with_and_without_ring(shape, run_paged_prefill_kernels, arrays)
     assert np.isfinite(outs[0]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
 
@@ -135,11 +137,7 @@ def test_the_ring_at_d128_gives_the_bits_of_direct_loads():
     shape = (1, 8, 2, 200, 37, 128)
     args = prefill_inputs(5128, *shape)
     prefill = PrefillShape(1, 2, 4, 200, 37, 128, 128 ** -0.5)
-    outs = []
-    for spec in (CUDA, NO_RING):
-        with new_context(), ir.Location.unknown():
-            built = build_prefill_kernels(prefill, spec)
-            outs.append(run_prefill_kernels(built.module, built.layout, *args))
+    outs = _with_and_without_ring(prefill, run_prefill_kernels, args)
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
