@@ -108,9 +108,11 @@ def compile_ptx(kernel: str, numerics: str, pv: str) -> tuple[str, str]:
                    until="ptx").artifacts["ptx"], entry
 
 
-def measure(kernel: str, numerics: str, pv: str) -> list[dict]:
-    """One row per counted region of the kernel's PTX: the tile loops, or the kernel."""
-    ptx, entry = compile_ptx(kernel, numerics, pv)
+def measure(kernel: str, numerics: str, pv: str, compiled: tuple[str, str] | None = None
+            ) -> list[dict]:
+    """One row per counted region of the kernel's PTX: the tile loops, or the kernel
+    (`compiled`: its `compile_ptx`, where the caller has it already)."""
+    ptx, entry = compiled or compile_ptx(kernel, numerics, pv)
     lines = entry_lines(ptx, entry)
     regions = [(f"tile loop {i + 1}", lines[a:b + 1]) for i, (a, b) in enumerate(loops(lines))
                if classify(opcodes(lines[a:b + 1])).get("mma")]

@@ -11,9 +11,11 @@ Where x is quantized against its own row's absmax (`own_absmax`, all but the see
 on request), only the lower bound of the clamp is built: the upper one is implied. Every
 x of the row has |x| <= a, and inv = fl(L / a) <= (L / a)(1 + 2^-24) for the levels L
 (127, 255), so fl(x * inv) <= fl(L (1 + 2^-24)) <= L + ulp(L), which rounds to L (ulp(L)
-< 1/2). The lower one is implied as well for signed values, but a max must stay between
-the multiply and the rounding add: a backend that sees the add fed by the multiply fuses
-them into an FMA (LLVM does on x86), which rounds the exact product instead.
+< 1/2). The lower one is implied as well (x >= -a; W >= 0 for unsigned W), but something
+must stay between the multiply and the rounding add: a backend that sees the add fed by
+the multiply fuses them into an FMA (LLVM does on x86, and NVPTX), which rounds the exact
+product instead. Through the bias (`to_int` with `bias_bits`, the lane kernels) the
+select of skipped groups stands there, so no bound is built; else the lower one's max.
 
 A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
 NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
@@ -168,9 +170,13 @@ def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants,
     return arith.subf(arith.bitcast(f32, bits), c.round_bias)
 
 
-def _clamp(y: ir.Value, bottom: ir.Value, top: ir.Value, own_absmax: bool) -> ir.Value:
-    """clamp(y, bottom, top), the upper bound left out where it is implied (x against
-    its own row's absmax: module docstring)."""
+def _clamp(y: ir.Value, bottom: ir.Value, top: ir.Value | None, own_absmax: bool,
+           c: QuantizeConstants) -> ir.Value:
+    """clamp(y, bottom, top), the bounds left out that are implied (x against its own
+    row's absmax) and need not keep the multiply and the rounding add apart (module
+    docstring)."""
+    if own_absmax and c.bias_bits is not None:
+        return y
     low = arith.maximumf(y, bottom)
     return low if own_absmax else arith.minimumf(low, top)
 
@@ -181,7 +187,7 @@ def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     `width` 32 the level as an i32 (its low byte the i8), for a caller that packs
     four into a word itself; `own_absmax` False where the inverse is another row's
     (the seed's bug, on request): then the clamp is whole."""
-    clamped = _clamp(arith.mulf(x, inverse), c.qmin, c.qmax, own_absmax)
+    clamped = _clamp(arith.mulf(x, inverse), c.qmin, c.qmax, own_absmax, c)
     return to_int(clamped, inverse, c, width)
 
 
@@ -190,7 +196,7 @@ def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants
     """The s8 `u - 128` of W against its group's unsigned `quantize_inverse`:
     u = clamp(roundeven(W * inv), 0, 255), u = 0 where the inverse is 0 (`width` and
     `own_absmax` as for `quantize_value`)."""
-    clamped = _clamp(arith.mulf(w, inverse), c.zero, c.umax, own_absmax)
+    clamped = _clamp(arith.mulf(w, inverse), c.zero, c.umax, own_absmax, c)
     u = to_int(clamped, inverse, c, 32)
     i32 = ir.IntegerType.get_signless(32)
     return _narrow(arith.subi(u, arith.constant(i32, W_OFFSET)), width)
@@ -213,8 +219,8 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     # W * inv on the first term's levels, then rounded on BASE-times finer ones
     # (`to_int(fine=True)`; inv * BASE would overflow for a < 2^-112).
     bottom = c.zero if unsigned else _f32(-levels)
-    # the upper bound implied (module docstring): the digits are always of W's own group
-    clamped = arith.maximumf(arith.mulf(w, inverse), bottom)
+    # the digits are always of W's own group: the bounds implied (module docstring)
+    clamped = _clamp(arith.mulf(w, inverse), bottom, None, True, c)
     t = to_int(clamped, inverse, c, 32, fine=True)
     half, shift = (arith.constant(i32, v) for v in (DIGIT_BASE // 2,
                                                      DIGIT_BASE.bit_length() - 1))

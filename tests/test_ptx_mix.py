@@ -53,10 +53,31 @@ def test_the_command_refuses_unknown_kernels():
 
 
 @pytest.fixture(scope="module")
-def prefill_loops():
-    rows = {kernel: ptx_mix.measure(kernel, "seed", "int8")
+def prefill_ptx():
+    return {kernel: ptx_mix.compile_ptx(kernel, "seed", "int8")
             for kernel in ("prefill", "paged-prefill")}
+
+
+@pytest.fixture(scope="module")
+def prefill_loops(prefill_ptx):
+    rows = {kernel: ptx_mix.measure(kernel, "seed", "int8", compiled)
+            for kernel, compiled in prefill_ptx.items()}
     return {kernel: {r["region"]: r["classes"] for r in found} for kernel, found in rows.items()}
+
+
+def test_no_rounding_add_is_contracted_with_its_multiply(prefill_ptx):
+    # The lane kernels round x * inv through the bias 1.5 * 2^23 with no clamp between
+    # the multiply and the add (contract/scalar_ir.py): that is the contract only while
+    # the add rounds the rounded product. NVPTX keeps them apart where the IR does not
+    # mark them contractable, writing both with an explicit .rn, which ptxas may not
+    # fuse either (PTX ISA, mul/add); an fma on the bias would round the exact product.
+    ptx, _ = prefill_ptx["prefill"]
+    bias = "0f4B400000"
+    adds = [line for line in ptx.splitlines() if bias in line and line.split()[0].startswith("add")]
+    assert len(adds) >= 32          # a tile's W levels, at least
+    assert all(line.split()[0] == "add.rn.f32" for line in adds)
+    assert not [line for line in ptx.splitlines()
+                if line.split() and line.split()[0].startswith("fma") and bias in line]
 
 
 def test_the_tiles_seen_whole_carry_no_mask(prefill_loops):
