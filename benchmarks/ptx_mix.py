@@ -73,14 +73,23 @@ def entry_lines(ptx: str, kernel: str) -> list[str]:
 
 
 def loops(lines) -> list[tuple[int, int]]:
-    """(first, last) line of each backward branch's body, in program order."""
+    """(first, last) line of each loop, in program order: from a label that a branch
+    below jumps back to, to the last such branch (a body with a branch in it can
+    jump back from more than one place)."""
     labels = {m.group(1): n for n, l in enumerate(lines) if (m := _LABEL.match(l.strip()))}
-    found = []
-    for n, line in enumerate(lines):
-        m = _BRANCH.search(line)
-        if m and labels.get(m.group(1), n + 1) < n:
-            found.append((labels[m.group(1)], n))
-    return found
+    return back_edges((labels.get(m.group(1)), n) for n, line in enumerate(lines)
+                      if (m := _BRANCH.search(line)))
+
+
+def back_edges(branches) -> list[tuple[int, int]]:
+    """(header, last latch) per loop from (target, position) of every branch
+    (target None: not a label of the code): the branches that go back, the latest
+    one of each header."""
+    last = {}
+    for target, n in branches:
+        if target is not None and target <= n:
+            last[target] = max(n, last.get(target, n))
+    return sorted(last.items())
 
 
 def _graph(kernel: str):

@@ -106,13 +106,9 @@ def classify(ops) -> dict[str, int]:
 
 
 def loops(found: list[str], labels: dict[str, int]) -> list[tuple[int, int]]:
-    """(first, last) instruction of each backward branch's body, in program order."""
-    spans = []
-    for n, instruction in enumerate(found):
-        m = _BRANCH.search(instruction)
-        if m and labels.get(m.group(1), n + 1) <= n:
-            spans.append((labels[m.group(1)], n))
-    return spans
+    """(first, last) instruction of each loop, in program order (`ptx_mix.back_edges`)."""
+    return ptx_mix.back_edges((labels.get(m.group(1)), n) for n, instruction in enumerate(found)
+                              if (m := _BRANCH.search(instruction)))
 
 
 def measure(kernel: str, numerics: str, pv: str, arch: str) -> list[dict]:

@@ -215,6 +215,17 @@ class Lanes:
         branch = scf.IfOp(condition)
         return _Region(branch.then_block)
 
+    def branch(self, condition: ir.Value, then, otherwise: list) -> list:
+        """An scf.if yielding `then()` (built in its then block) where `condition`
+        holds and `otherwise` (values built before it) where not: work the lanes
+        skip when none of a warp needs it, where a select would run it always."""
+        branch = scf.IfOp(condition, [v.type for v in otherwise], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            scf.YieldOp(list(then()))
+        with ir.InsertionPoint(branch.else_block):
+            scf.YieldOp(list(otherwise))
+        return list(branch.results)
+
     def loop(self, lower: ir.Value, upper: ir.Value, carried, step: int = 1):
         """scf.for lower..upper step `step` carrying `carried`; returns the op, whose
         body the caller fills and ends with `scf.yield`."""

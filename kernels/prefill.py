@@ -258,10 +258,7 @@ def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, liv
     scores = qk(plan, operands(), tile_kv, wave_token0, live)
     m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
     # The tile's sums go on from alpha o (the contract's chain, reference.pv_chain).
-    alpha_of = _per_pv_slot(plan, alpha, classes, slots)
-    tiles = plan.head_dim // plan.pv_layout.instruction.n
-    start = [{i: arith.mulf(alpha_of[i], o[tile * len(slots) + u]) for u, i in enumerate(slots)}
-             for tile in range(tiles)]
+    start = _rescaled(plan, _per_pv_slot(plan, alpha, classes, slots), o)
     # V loaded per 16-column tile just before its MMACs: fewer live registers
     # (the H200: INT8 the same, the BF16 twin 6% faster at 3 workgroups per SM).
     o_new = [regs[i] for regs in pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0,
@@ -270,6 +267,31 @@ def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, liv
     if plan.w_feed is None:     # the next tile's W overwrites the LDS this PV read
         lanes.barrier()
     return m_new + l_new + o_new
+
+
+def _rescaled(plan: StagePlan, alpha_of: dict, o: list) -> list[dict]:
+    """alpha o per tile and PV C slot, each row's products under a branch on its
+    alpha != 1: alpha is exactly 1 wherever the tile leaves the row's max where it was
+    (most tiles once a row has seen its largest scores), and 1 * o is o bitwise, so
+    the multiplies run only where some lane of the warp needs them. Unordered: a NaN
+    alpha still multiplies."""
+    slots = plan.pv_live_slots()
+    tiles = plan.head_dim // plan.pv_layout.instruction.n
+    flat = {(tile, i): o[tile * len(slots) + u] for tile in range(tiles)
+            for u, i in enumerate(slots)}
+    by_row = {}
+    for i in slots:
+        by_row.setdefault(plan.pv_layout.c_row(i), []).append(i)
+    start = [{} for _ in range(tiles)]
+    for members in by_row.values():
+        keys = [(tile, i) for tile in range(tiles) for i in members]
+        moved = arith.cmpf(arith.CmpFPredicate.UNE, alpha_of[members[0]], plan.lanes.f32(1.0))
+        values = plan.lanes.branch(
+            moved, lambda: [arith.mulf(alpha_of[i], flat[tile, i]) for tile, i in keys],
+            [flat[key] for key in keys])
+        for (tile, i), value in zip(keys, values):
+            start[tile][i] = value
+    return start
 
 
 def _store(plan: StagePlan, rows: _Rows, kv: KVView, o, l, classes, out) -> None:

@@ -21,7 +21,10 @@ from .memory import DTYPES, SimulationError, _element
 INTRINSICS = {"llvm.amdgcn.mmac.i32.16x16x32i8": "gfx936"}
 CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
         5: np.greater_equal, 6: np.less, 7: np.less_equal, 8: np.greater, 9: np.greater_equal}
-CMPF = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal}
+# arith.cmpf's predicates: the ordered ones (false on NaN) and une (true on NaN), which
+# is numpy's !=.
+CMPF = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal,
+        13: np.not_equal}
 
 
 class ComputeOps:

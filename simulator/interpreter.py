@@ -79,18 +79,27 @@ class Machine(ComputeOps):
         return mask if self.active is None else mask & self.active
 
     def op_scf_if(self, op, operands):
-        if len(op.results):
-            raise SimulationError("scf.if with results is not simulated")
+        """Each region under its threads' mask; a result is the then region's yield
+        in the threads that took it, the else region's in the others."""
         outer = self.active
-        self.active = self._masked(operands[0])
-        if self.active.any():
-            self._run_block(op.regions[0].blocks[0])
-        if len(op.regions[1].blocks):
-            self.active = self._masked(~np.asarray(operands[0], np.bool_))
-            if self.active.any():
-                self._run_block(op.regions[1].blocks[0])
+        taken = np.broadcast_to(np.asarray(operands[0], np.bool_), (self.thread_count,))
+        yields = []
+        for region, mask in ((op.regions[0], taken), (op.regions[1], ~taken)):
+            self.active = self._masked_from(outer, mask)
+            ran = len(region.blocks) and self.active.any()
+            yields.append(self._run_block(region.blocks[0]) if ran else None)
         self.active = outer
-        return None
+        if not len(op.results):
+            return None
+        then, otherwise = (y if y is not None else z for y, z in (yields, yields[::-1]))
+        merged = []
+        for a, b in zip(then, otherwise):
+            # values are [threads, ...] or broadcast to it (uniform: [1, ...] or scalars)
+            tail = np.broadcast_shapes(np.shape(a)[1:], np.shape(b)[1:])
+            full = (self.thread_count,) + tail
+            merged.append(np.where(taken.reshape((-1,) + (1,) * len(tail)),
+                                   np.broadcast_to(a, full), np.broadcast_to(b, full)))
+        return merged[0] if len(merged) == 1 else tuple(merged)
 
     def op_scf_for(self, op, operands):
         """Each thread runs its own trip count; carried values of finished threads

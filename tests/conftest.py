@@ -63,6 +63,18 @@ def seeded_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def first_loop_body(text: str) -> str:
+    """The printed body of a module's first scf.for: from its `{` to the matching `}`
+    (the branches and loops nested in it included)."""
+    start = text.index("{", text.index("scf.for"))
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start:end + 1]
+    raise ValueError("unbalanced braces after scf.for")
+
+
 @lru_cache(maxsize=None)
 def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8",
                     numerics=SEED_NUMERICS):

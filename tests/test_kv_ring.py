@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from iree.compiler import ir
 
-from conftest import seeded_rng
+from conftest import first_loop_body, seeded_rng
 from int8attn.contract.numerics import SEED_NUMERICS
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.fragments import TileRing, tile_copies
@@ -83,8 +83,7 @@ def _module_text(shape, spec):
 def test_the_tile_loop_reads_k_and_v_from_the_ring():
     shape = PrefillShape(1, 2, 4, 300, 300, 128, 0.125)
     text = _module_text(shape, CUDA)
-    loop = text[text.index("scf.for"):]
-    body = loop[:loop.index("scf.yield")]
+    body = first_loop_body(text)
     assert body.count("nvgpu.device_async_copy") == KVRing.copy_count(64, 128, 128)
     assert body.count("gpu.barrier") == 1 and "nvgpu.device_async_wait" in body
     # every vector load of the loop reads LDS (the ring), none the cache's bindings
@@ -243,8 +242,7 @@ def test_q_read_in_every_tile_gives_the_same_bits():
         with new_context(), ir.Location.unknown():
             built = build_prefill_kernels(prefill, spec)
             text = str(built.module)
-            loop = text[text.index("scf.for"):]
-            texts.append(loop[:loop.index("scf.yield")])
+            texts.append(first_loop_body(text))
             outs.append(run_prefill_kernels(built.module, built.layout, *args))
     np.testing.assert_array_equal(outs[0], outs[1])
     q_loads = [t.count("memref<64x64xi8, #gpu.address_space<workgroup>>, vector") for t in texts]

@@ -17,7 +17,7 @@ import pytest
 from iree.compiler import ir
 
 from accuracy import check_against_references
-from conftest import seeded_rng
+from conftest import first_loop_body, seeded_rng
 from int8attn import reference as ref
 from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.driver.options import KERNEL_NUMERICS
@@ -277,11 +277,9 @@ def test_w_fed_from_registers_matches_w_through_lds(target):
     for feed in (True, False):
         with new_context(), ir.Location.unknown():
             built = build_prefill_kernels(s, spec, numerics=SEED_NUMERICS, feed_w=feed)
-            text = str(built.module)
-            loop = text[text.index("scf.for"):]
-            body = loop[:loop.index("scf.yield")]
+            loop = first_loop_body(str(built.module))
             ring = 1 if spec.prefill_kv_ring else 0
-            barriers = body.count("gpu.barrier")
+            barriers = loop.count("gpu.barrier")
             assert barriers == ring if feed else barriers > ring
             # cuda's online softmax takes exp from the hardware's exp2 (TargetSpec.exp)
             hardware_exp = spec.exp2_intrinsic is not None

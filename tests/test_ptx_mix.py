@@ -47,6 +47,14 @@ def test_the_counting_reads_opcodes_loops_and_classes():
                                      "selects, compares": 2, "other": 1}
 
 
+def test_a_loop_is_one_region_however_many_branches_go_back():
+    # a body with a branch in it (the prefill's rescale under alpha != 1) can jump back
+    # to its header from two places: one loop, to the last of them; branches forward
+    # and to no label are no loops
+    branches = [(0, 5), (0, 9), (None, 3), (12, 10), (2, 4), (11, 11)]
+    assert ptx_mix.back_edges(branches) == [(0, 9), (2, 4), (11, 11)]
+
+
 def test_the_command_refuses_unknown_kernels():
     with pytest.raises(SystemExit):
         ptx_mix.main(["--kernels", "prefil"])

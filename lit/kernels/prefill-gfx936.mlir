@@ -55,8 +55,13 @@
 // CHECK: %[[ALPHA:.*]] = arith.select %[[DEAD]], %cst{{.*}}, %[[EXP]] : f32
 // CHECK: %[[LSCALED:.*]] = arith.mulf %[[ALPHA]], %[[L]] : f32
 // CHECK: %[[LNEW:.*]] = arith.addf %[[LSCALED]], %{{.*}} : f32
-// The tile's PV goes on from alpha o (the contract's chain).
-// CHECK: %[[OSCALED:.*]] = arith.mulf %[[ALPHA]], %[[O0]] : f32
+// The tile's PV goes on from alpha o (the contract's chain); the row's 32 products
+// under a branch on alpha != 1 (1 * o is o bitwise; une: a NaN alpha multiplies).
+// CHECK: %[[MOVED:.*]] = arith.cmpf une, %[[ALPHA]], %cst{{.*}} : f32
+// CHECK: %[[OSCALED:.*]]:32 = scf.if %[[MOVED]] -> (f32,
+// CHECK-NEXT: arith.mulf %[[ALPHA]], %[[O0]] : f32
+// CHECK: } else {
+// CHECK-NEXT: scf.yield %[[O0]],
 // W quantized per (row, MMAC group) into PV's A operands in registers, then PV:
 // 2 W digits x 2 MMACs x 8 head-dim tiles, no barrier in the tile loop. The levels
 // are packed four to a word (Lanes.pack_bytes), an MMAC's 8 bytes taken as one i64.
@@ -66,7 +71,7 @@
 // The first head-dim tile's 4 MMACs, then its elements' chains:
 // o' = alpha o + sum_g f32(acc_g) sW_g, one FMA per MMAC group into alpha o.
 // CHECK-COUNT-4: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
-// CHECK: %[[O1:.*]] = math.fma %{{.*}}, %{{.*}}, %[[OSCALED]] : f32
+// CHECK: %[[O1:.*]] = math.fma %{{.*}}, %{{.*}}, %[[OSCALED]]#0 : f32
 // CHECK-NEXT: %[[ONEW:.*]] = math.fma %{{.*}}, %{{.*}}, %[[O1]] : f32
 // CHECK-COUNT-28: llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"
 // CHECK-NOT: llvm.call_intrinsic
