@@ -62,6 +62,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
@@ -108,10 +110,26 @@ def absmax_merge(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.maximumf(a, b)
 
 
-def quantize_scale(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False) -> ir.Value:
-    """s = a / 127 (a / 255 unsigned), NaN when the row held NaN (a is NaN) or Inf."""
+def quantize_scale(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False,
+                   tiny_exact: bool = True) -> ir.Value:
+    """s = a / 127 (a / 255 unsigned), NaN when the row held NaN (a is NaN) or Inf.
+
+    With `tiny_exact` False (a kernel whose s multiplies only its own row's levels,
+    never stored), the quotient is a multiply by y = RN(1/L) and one FMA correction,
+    q0 = a y, r = fma(-L, q0, a), s = fma(r, y, q0): correctly rounded wherever a / L
+    is normal (r is then exact, a multiple of ulp(q0)), which every quantizable a
+    (>= 2^-118) gives, for every mantissa (tests/test_quantize_contract.py); below the
+    threshold, where every level is 0 and no output can see s, it may be an ulp off.
+    Three instructions where the checked division takes eleven."""
     is_inf = arith.cmpf(arith.CmpFPredicate.OEQ, amax, c.inf)
-    return arith.select(is_inf, c.nan, arith.divf(amax, c.umax if unsigned else c.qmax))
+    levels = UMAX if unsigned else QMAX
+    if tiny_exact:
+        quotient = arith.divf(amax, c.umax if unsigned else c.qmax)
+    else:
+        y = _f32(float(np.float32(1.0) / np.float32(levels)))
+        q0 = arith.mulf(amax, y)
+        quotient = math.fma(math.fma(_f32(-levels), q0, amax), y, q0)
+    return arith.select(is_inf, c.nan, quotient)
 
 
 def quantize_inverse(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False) -> ir.Value:

@@ -131,7 +131,7 @@ def _group_scale(plan: StagePlan, members: list[int], values: dict, c, unsigned:
     offsets = plan.layout.group_max_offsets(plan.pv_layout.model)
     amax = plan.lanes.xor_reduce(amax, offsets, contract.absmax_merge)
     return (contract.quantize_inverse(amax, c, unsigned),
-            contract.quantize_scale(amax, c, unsigned))
+            contract.quantize_scale(amax, c, unsigned, tiny_exact=False))
 
 
 def _row(plan: StagePlan, element: int, shift: int) -> ir.Value:

@@ -63,7 +63,7 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
             amax = contract.absmax_step(amax, x)
         amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
         inverse = contract.quantize_inverse(amax, c)
-        scale = contract.quantize_scale(amax, c)
+        scale = contract.quantize_scale(amax, c, tiny_exact=False)   # never stored
         if numerics.q_digits:       # one rounding: the high digit, the low one (scale s1/BASE)
             digits = [contract.quantize_digits(x, inverse, c) for x in values]
             store(0, [high for high, _ in digits], contract.digit_scale(scale))

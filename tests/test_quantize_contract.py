@@ -73,7 +73,8 @@ def special_rows(rng, width=8):
 def simulate_contract(x: np.ndarray, digits: bool = False, bias: bool = False):
     """q, s of each row of x through the contract's ops, one thread per row; with
     `digits`, the (high, low) digits of `quantize_digits` (signed) and s; with `bias`,
-    the lane kernels' conversions through the round bias's bits (else fptosi)."""
+    the lane kernels' conversions through the round bias's bits (else fptosi) and
+    their scale by the reciprocal (`quantize_scale(tiny_exact=False)`)."""
     rows, width = x.shape
     threads = 1 << (rows - 1).bit_length()
     x_pad = np.zeros((threads, width), np.float32)
@@ -99,7 +100,8 @@ def simulate_contract(x: np.ndarray, digits: bool = False, bias: bool = False):
                 amax = c.zero
                 for value in values:
                     amax = contract.absmax_step(amax, value)
-                memref.store(contract.quantize_scale(amax, c), ss, [lanes.thread])
+                memref.store(contract.quantize_scale(amax, c, tiny_exact=not bias), ss,
+                             [lanes.thread])
                 inverse = contract.quantize_inverse(amax, c)
                 for j, value in enumerate(values):
                     where = [lanes.thread, lanes.index(j)]
@@ -114,12 +116,16 @@ def simulate_contract(x: np.ndarray, digits: bool = False, bias: bool = False):
     return (q[:rows], low[:rows], s[:rows]) if digits else (q[:rows], s[:rows])
 
 
-def test_the_scalar_contract_matches_the_numpy_reference():
+@pytest.mark.parametrize("bias", [False, True], ids=["fptosi", "lane-kernels"])
+def test_the_scalar_contract_matches_the_numpy_reference(bias):
     x = special_rows(seeded_rng(60))
-    q, s = simulate_contract(x)
+    q, s = simulate_contract(x, bias=bias)
     with np.errstate(invalid="ignore", over="ignore"):
         q_ref, s_ref = ref.quantize(x)
     assert np.array_equal(q, q_ref)
+    if bias:
+        assert_scales_of_quantizable_rows(s, s_ref, x)
+        return
     assert np.array_equal(s, s_ref, equal_nan=True)
     # the rules themselves, not only agreement
     nonfinite = ~np.isfinite(x).all(axis=1)
@@ -164,10 +170,47 @@ def test_the_digits_of_a_tiny_but_quantizable_row(bias):
         (ref_high, ref_s), (ref_low, _) = ref.common.quantize_digits(x)
     assert np.array_equal(high[:16], big_high) and np.array_equal(low[:16], big_low)
     assert np.array_equal(high, ref_high) and np.array_equal(low, ref_low)
-    assert np.array_equal(s, ref_s, equal_nan=True)
+    assert_scales_of_quantizable_rows(s, ref_s, x)
     assert (np.abs(high[:16, 1:].astype(int)) < QMAX).any()
     t = high[-1].astype(int) * 256 + low[-1]
     assert np.array_equal(t, [32512, 0, 2, -2, 32512, -4, 0, 256])       # ties to even
+
+
+def assert_scales_of_quantizable_rows(s, s_ref, x):
+    """Bitwise where a row quantizes (or is NaN); the rows below the threshold (every
+    level 0, so no output sees s) within an ulp: the lane kernels' scale by the
+    reciprocal is correctly rounded only where a / L is normal."""
+    quantizable = ~(np.abs(x).max(axis=1) < QUANTIZE_MIN_ABSMAX)
+    assert np.array_equal(s[quantizable], s_ref[quantizable], equal_nan=True)
+    tiny = ~quantizable
+    ulps = np.abs(s[tiny].view(np.int32).astype(np.int64) - s_ref[tiny].view(np.int32))
+    assert (ulps <= 1).all()
+
+
+def test_the_lane_kernels_scale_is_correctly_rounded_for_every_mantissa():
+    # quantize_scale(tiny_exact=False): q0 = a y, r = fma(-L, q0, a), s = fma(r, y, q0)
+    # with y = fl(1 / L). Scaling a by a power of two scales q0, r and s exactly while
+    # q0 is normal (r, a multiple of ulp(q0), stays exact even where subnormal), so
+    # every mantissa of the lowest quantizable binade, of [1, 2) and of the top
+    # binade covers every quantizable a. Emulated exactly: q0 and r in f64 are exact;
+    # q0 + r y in f64 is rounded once more, so each sum must lie farther than its f64
+    # error from an f32 midpoint (asserted), and then rounds to f32 as the exact sum.
+    mantissas = np.arange(1 << 23, dtype=np.int64)
+    for levels in (QMAX, 255.0):
+        y = np.float64(np.float32(1) / np.float32(levels))
+        for exponent in (-118, 0, 127):
+            bits = mantissas | ((exponent + 127) << 23)
+            a = bits.astype(np.int32).view(np.float32).astype(np.float64)
+            q0 = (a * y).astype(np.float32).astype(np.float64)
+            r = a - levels * q0                              # exact in f64, and in f32
+            assert np.array_equal(r.astype(np.float32).astype(np.float64), r)
+            t = q0 + r * y
+            s = t.astype(np.float32)
+            # the f32 neighbour on t's side of s, and the midpoint between them
+            neighbour = np.nextafter(s, np.where(t > s, np.float32(np.inf), np.float32(0)))
+            midpoint = (s.astype(np.float64) + neighbour.astype(np.float64)) / 2
+            assert (np.abs(t - midpoint) > 2 * np.spacing(np.abs(t))).all()
+            assert np.array_equal(s, (a / levels).astype(np.float32)), (levels, exponent)
 
 
 # the CPU lowering, compiled by IREE ----------------------------------------------
