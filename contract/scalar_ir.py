@@ -11,11 +11,13 @@ Where x is quantized against its own row's absmax (`own_absmax`, all but the see
 on request), only the lower bound of the clamp is built: the upper one is implied. Every
 x of the row has |x| <= a, and inv = fl(L / a) <= (L / a)(1 + 2^-24) for the levels L
 (127, 255), so fl(x * inv) <= fl(L (1 + 2^-24)) <= L + ulp(L), which rounds to L (ulp(L)
-< 1/2). The lower one is implied as well (x >= -a; W >= 0 for unsigned W), but something
-must stay between the multiply and the rounding add: a backend that sees the add fed by
-the multiply fuses them into an FMA (LLVM does on x86, and NVPTX), which rounds the exact
-product instead. Through the bias (`to_int` with `bias_bits`, the lane kernels) the
-select of skipped groups stands there, so no bound is built; else the lower one's max.
+< 1/2). The lower one is implied as well (x >= -a; W >= 0 for unsigned W), but where the
+backend contracts (IREE's llvm-cpu on x86 does) something must stay between the multiply
+and the rounding add, or they fuse into an FMA, which rounds the exact product instead:
+there the lower bound's max is built. The lane kernels (their conversions through the
+bias, `bias_bits`) build neither bound: NVPTX and AMDGPU contract no multiply and add
+the IR does not mark contractable (NVPTX writes both with .rn, which ptxas may not fuse;
+tests/test_ptx_mix.py checks the prefill's PTX).
 
 A zero or tiny row (a < QUANTIZE_MIN_ABSMAX) gives q = 0, s = a/127; a row holding
 NaN or Inf gives q = 0, s = NaN; fptosi never sees a NaN or an out-of-range value.
@@ -191,7 +193,8 @@ def exact_f32(value: ir.Value, bound: int, c: QuantizeConstants,
 def _clamp(y: ir.Value, bottom: ir.Value, top: ir.Value | None, own_absmax: bool,
            c: QuantizeConstants) -> ir.Value:
     """clamp(y, bottom, top), the bounds left out that are implied (x against its own
-    row's absmax) and need not keep the multiply and the rounding add apart (module
+    row's absmax) and need not keep the multiply and the rounding add apart: all of
+    them in the lane kernels (`c.bias_bits`), whose backends do not contract (module
     docstring)."""
     if own_absmax and c.bias_bits is not None:
         return y
