@@ -279,6 +279,36 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(markdown_table(COLUMNS, rows))
 
 
+PLOTTED = (("int8_s", "INT8 PV kernel (IREE)"), ("bf16_s", "BF16 PV twin (IREE)"),
+           ("paged_s", f"INT8 chunked over the pool (BS {BLOCK_SIZE})"),
+           ("torch_sdpa_bf16_s", "torch SDPA, bf16"))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """TFLOP/s on the causal work per case, one bar per variant the rows timed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [(key, label) for key, label in PLOTTED if any(r.get(key) for r in rows)]
+    width = 0.8 / len(shown)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(rows), 4))
+    for n, (key, label) in enumerate(shown):
+        rates = [r["causal_flops"] / r[key] / 1e12 if r.get(key) else 0.0 for r in rows]
+        ax.bar([i + (n - (len(shown) - 1) / 2) * width for i in range(len(rows))], rates,
+               width, label=label)
+    ax.set_xticks(range(len(rows)), [r["case"] for r in rows])
+    ax.set_ylabel("TFLOP/s (causal work)")
+    first = rows[0]
+    ax.set_title(f"causal prefill, B={first['batch']}, Hq={first['q_heads']}, "
+                 f"Hkv={first['kv_heads']}, D={first['head_dim']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _prepare(directory: Path, settings: BenchSettings) -> None:
     history = HISTORY if settings.history is None else settings.history
     new_tokens = NEW_TOKENS if settings.new_tokens is None else settings.new_tokens
@@ -290,7 +320,7 @@ def _run(directory: Path, settings: BenchSettings) -> list[dict]:
     return run(directory, seed=settings.seed, iterations=settings.iterations)
 
 
-KIND = BenchKind("prefill", MANIFEST, module_files, _prepare, _run, markdown,
+KIND = BenchKind("prefill", MANIFEST, module_files, _prepare, _run, markdown, plot=plot,
                  default_batch=1, flags=(("--history", "history"), ("--new-tokens", "new_tokens")),
                  query_heads_in_one_tile=False)
 

@@ -10,6 +10,7 @@ reproducible."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -282,7 +283,7 @@ def test_the_kinds_table():
     assert {m: k.batch(BenchSettings()) for m, k in BENCH_KINDS.items()} == dict(
         decode=16, paged=16, prefill=1)
     assert BENCH_KINDS["paged"].batch(BenchSettings(batch=3)) == 3
-    assert [m for m, k in BENCH_KINDS.items() if k.plot] == ["decode"]
+    assert [m for m, k in BENCH_KINDS.items() if k.plot] == ["decode", "prefill"]
     assert mode_flags() == {"--ragged-mean": ("ragged_mean", "paged"),
                             "--numerics": ("numerics", "paged"),
                             "--history": ("history", "prefill"),
@@ -331,7 +332,8 @@ def test_cli_bench_dispatches_through_the_table(tmp_path, monkeypatch):
     assert settings == BenchSettings(contexts=(128,), q_heads=8, kv_heads=2, head_dim=64,
                                      history=64)
     assert (tmp_path / "b.md").read_text() == PREFILL_MD + "\n"
-    assert not (tmp_path / "b.png").exists()
+    # the prefill plot, where matplotlib is installed (else a note says how)
+    assert (tmp_path / "b.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
 
 
 # ---- the timer and one variant's measurement ------------------------------------------------
@@ -533,3 +535,31 @@ def test_prefill_runs_every_case_and_a_bad_output_fails_its_check(tmp_path, no_t
     bad = bench_prefill.run(tmp_path, device=FakeDevice(error=1e-3), timer=FakeTimer(0, 1))
     assert not any(r["int8_within_tolerance"] or r["bf16_within_tolerance"] for r in bad)
     assert "| NO |" in bench_prefill.markdown(bad)
+
+
+def test_the_prefill_plot_shows_each_timed_variant(tmp_path):
+    # bench --mode prefill --out PREFIX writes PREFIX.png through the kind's plot; the
+    # second row timed no SDPA and no chunked prefill: those bars are left out there
+    assert bench_kind("prefill").plot is bench_prefill.plot
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "prefill.png"
+    bench_prefill.plot(PREFILL_ROWS, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_script_refuses_what_holds_no_rows(tmp_path, capsys):
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import plot_prefill
+
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps({"main": PREFILL_ROWS, "made_with": "a command"}))
+    for argv, why in (([str(saved)], "choose one with --key"),
+                      ([str(saved), "--key", "made_with"], "holds no prefill bench rows"),
+                      ([str(tmp_path / "none.json")], "cannot read rows")):
+        with pytest.raises(SystemExit):
+            plot_prefill.main(argv + ["--out", str(tmp_path / "x.png")])
+        assert why in capsys.readouterr().err
+    pytest.importorskip("matplotlib")
+    assert plot_prefill.main([str(saved), "--key", "main", "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").exists()
