@@ -269,6 +269,14 @@ def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, liv
     return m_new + l_new + o_new
 
 
+def _slots_by_row(plan: StagePlan) -> dict:
+    """{PV C row (its lane map): the live C slots of a lane that hold it}."""
+    by_row = {}
+    for i in plan.pv_live_slots():
+        by_row.setdefault(plan.pv_layout.c_row(i), []).append(i)
+    return by_row
+
+
 def _rescaled(plan: StagePlan, alpha_of: dict, o: list) -> list[dict]:
     """alpha o per tile and PV C slot, each row's products under a branch on its
     alpha != 1: alpha is exactly 1 wherever the tile leaves the row's max where it was
@@ -279,11 +287,8 @@ def _rescaled(plan: StagePlan, alpha_of: dict, o: list) -> list[dict]:
     tiles = plan.head_dim // plan.pv_layout.instruction.n
     flat = {(tile, i): o[tile * len(slots) + u] for tile in range(tiles)
             for u, i in enumerate(slots)}
-    by_row = {}
-    for i in slots:
-        by_row.setdefault(plan.pv_layout.c_row(i), []).append(i)
     start = [{} for _ in range(tiles)]
-    for members in by_row.values():
+    for members in _slots_by_row(plan).values():
         keys = [(tile, i) for tile in range(tiles) for i in members]
         moved = arith.cmpf(arith.CmpFPredicate.UNE, alpha_of[members[0]], plan.lanes.f32(1.0))
         values = plan.lanes.branch(
@@ -301,10 +306,7 @@ def _store(plan: StagePlan, rows: _Rows, kv: KVView, o, l, classes, out) -> None
     slots = plan.pv_live_slots()
     l_of = _per_pv_slot(plan, l, classes, slots)
     # Slots of one row: stored under one guard.
-    by_row = {}
-    for i in slots:
-        by_row.setdefault(plan.pv_layout.c_row(i), []).append(i)
-    for row, members in by_row.items():
+    for row, members in _slots_by_row(plan).items():
         packed = rows.packed(lanes.of_lane(row), lanes.wave)
         with lanes.when(rows.real(packed)):
             token, head = rows.token_and_head(packed, clamp=False)
