@@ -41,7 +41,7 @@ from iree.compiler.dialects import arith, memref, scf
 
 from ..contract import scalar_ir as contract
 from ..contract.numerics import Numerics
-from ..fragments import NUMPY_OPS, PackedRows, TileRing, ceil_div, floor_div
+from ..fragments import NUMPY_OPS, PackedRows, ceil_div, floor_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
 from .executable import build_kernel
@@ -202,23 +202,14 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
     tile_of = lambda tile: kv.at(lanes.affine((tile, plan.model.wave_tokens)))
     ring = _ring(plan, kv)
     if ring is not None:
-        # Tile 0 before the loops (a sequence has one: it holds its queries); each
-        # tile then copies the next into the other stage while it computes (the last
-        # tile copies itself again there: no branch). Tile t reads stage t % 2; the
-        # barrier at the top of a tile publishes its copies and orders the reads of
-        # the tile before it (the stage now refilled) before the refill.
-        lanes.async_wait(ring.fill(tile_of(lanes.index(0)), lanes.index(0)))
+        ring.start(tile_of, seen)
     for lower, upper, mask in ((lanes.index(0), whole, unmasked), (whole, seen, masked)):
         loop = lanes.loop(lower, upper, carried)
         with ir.InsertionPoint(loop.body):
             tile = loop.induction_variable
             tile_kv = reads = tile_of(tile)
             if ring is not None:
-                lanes.barrier()
-                stages = TileRing(KVRing.STAGES)
-                group = ring.fill(tile_of(stages.following(lanes.ops, tile, seen)),
-                                  stages.stage(lanes.ops, lanes.plus(tile, 1)))
-                reads = ring.view(tile_kv, stages.stage(lanes.ops, tile))
+                reads, group = ring.turn(tile_of, tile, seen)
             carried_out = _tile_step(plan, reads, operands, list(loop.inner_iter_args),
                                      classes, mask(tile_kv))
             if ring is not None:
@@ -236,13 +227,15 @@ def _ring(plan: StagePlan, kv: KVView) -> KVRing | None:
     (`TargetSpec.prefill_kv_ring`), the copies split linearly over the threads and
     the ring fits the target's LDS budget; else None (loads from the cache)."""
     spec, lanes, tokens = plan.spec, plan.lanes, plan.model.wave_tokens
-    if not spec.prefill_kv_ring or KVRing.lds_bytes(tokens, plan.head_dim) > spec.ring_lds_bytes:
+    table_slots = kv.table_slots()
+    if (not spec.prefill_kv_ring
+            or KVRing.lds_bytes(tokens, plan.head_dim, table_slots) > spec.ring_lds_bytes):
         return None
     try:
         KVRing.copies(tokens, plan.head_dim, lanes.threads)
     except ValueError:
         return None
-    return KVRing.allocate(lanes, plan.layout, plan.head_dim)
+    return KVRing.allocate(lanes, plan.layout, plan.head_dim, table_slots)
 
 
 def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live) -> list:
