@@ -102,15 +102,14 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
         low_bits = (st.w.view(np.uint32) & 0xFFFF).astype(np.int64)
         near = np.abs(low_bits - 0x8000) <= BF16_TIE_ULPS
         moves = near * np.abs(st.w.astype(np.float64)) * 2.0 ** -7
-        per_block = np.einsum("bhrnt,bhntd->bhrnd", moves, np.abs(st.v_blocks.astype(np.float64)))
-        return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
+        tokens = np.arange(st.w.shape[-1])
+        return _output_moves(moves, st.omega, st.v_blocks, tokens).reshape(q.shape)
     groups = _groups(st, model, fragments)
     w_groups = st.w[..., groups]
     amax = np.abs(w_groups).max(axis=-1)
     levels = 255 if w_quant == "u8" else 127
     steps = w_groups * (quantization_inverse(amax) * F32(levels / 127))[..., None]
     ties = np.abs(steps - np.floor(steps) - 0.5) < TIE_WINDOW
-    v_groups = np.abs(st.v_blocks[:, :, :, groups, :].astype(np.float64))
     step1 = (amax / levels).astype(np.float64)
     if w_terms == 1:
         moves = ties * step1[..., None]
@@ -128,8 +127,25 @@ def rounding_tie_slack(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
         ties2 = np.abs(steps2 - np.floor(steps2) - 0.5) < window[..., None]
         flipped = ties.any(axis=-1, keepdims=True)
         moves = ties2 * sw2[..., None] + flipped * (step1 / 254)[..., None]
-    per_block = np.einsum("bhrngk,bhngkd->bhrnd", moves, v_groups)
-    return np.einsum("bhrn,bhrnd->bhrd", st.omega, per_block).reshape(q.shape)
+    return _output_moves(moves, st.omega, st.v_blocks, groups).reshape(q.shape)
+
+
+def _output_moves(moves, omega, v_blocks, tokens) -> np.ndarray:
+    """sum over blocks n and their elements e of omega [b,h,r,n] * moves [b,h,r,n,*e]
+    * |V| of the element's token (`tokens[*e]`, an index into the block's tokens of
+    v_blocks [b,h,n,t,d]), as [b,h,r,d] in float64. Only the elements near a tie move:
+    where they are few (one-term W), they are summed one by one."""
+    flat = moves.reshape(moves.shape[:4] + (-1,))
+    if np.count_nonzero(flat) * 16 > flat.size:
+        v_rows = np.abs(v_blocks[:, :, :, tokens.reshape(-1)].astype(np.float64))
+        per_block = np.einsum("bhrne,bhned->bhrnd", flat, v_rows)
+        return np.einsum("bhrn,bhrnd->bhrd", omega, per_block)
+    b, h, r, n, e = np.nonzero(flat)
+    out = np.zeros(omega.shape[:3] + v_blocks.shape[-1:])
+    weight = flat[b, h, r, n, e] * omega[b, h, r, n]
+    v_rows = np.abs(v_blocks[b, h, n, tokens.reshape(-1)[e]].astype(np.float64))
+    np.add.at(out, (b, h, r), weight[:, None] * v_rows)
+    return out
 
 
 def bf16_rounding_error_scale(q, k, k_scale, v, v_scale, softmax_scale: float, *,
