@@ -188,11 +188,8 @@ def _kernel_name(info: FunctionInfo) -> str:
 def _build_kernels(info: FunctionInfo, spec, options: CompileOptions):
     """The decode (dense or paged) or prefill kernels of the graph's attention."""
     from ..kernels.decode import build_decode_kernels, dense_access, paged_access
-    from ..kernels.kv_access import (DenseShape, PagedPrefillShape, PagedShape,
-                                     PrefillShape)
+    from ..kernels.shapes import DenseShape, PagedPrefillShape, PagedShape, PrefillShape
     from ..kernels.prefill import build_prefill_kernels
-
-    from ..contract.numerics import Numerics
 
     call = info.attention
     if call.mode == "cache_write":

@@ -9,7 +9,7 @@ from functools import cached_property
 import numpy as np
 
 from .instructions import MatrixInstruction
-from .lane_maps import LaneMap, power_of_two_divisor, xor_reduction_offsets
+from .lane_maps import LaneMap, power_of_two_divisor
 from .linear_layout import LinearLayout
 from .mma_layouts import (MmaLayouts, mma_layouts, score_group_layout,
                           score_layout, xor_partners)

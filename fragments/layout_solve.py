@@ -9,6 +9,8 @@ inverse of a surjective, non-injective layout leaves the dependent input bits 0.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 

@@ -34,62 +34,7 @@ from iree.compiler.dialects import arith, memref
 from ..fragments import NUMPY_OPS, ceil_div, tile_copies
 from ..fragments.cache_layout import paged_ir_rules
 from .lanes import Lanes, binding
-
-
-@dataclass(frozen=True)
-class DenseShape:
-    batch: int
-    kv_heads: int
-    rows: int          # query heads per KV head (<= 16)
-    tokens: int
-    head_dim: int
-    softmax_scale: float
-
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
-
-
-@dataclass(frozen=True)
-class PagedShape:
-    kv_heads: int
-    rows: int
-    head_dim: int
-    block_size: int
-    softmax_scale: float
-
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
-
-
-@dataclass(frozen=True)
-class PrefillShape:
-    batch: int
-    kv_heads: int
-    rows: int          # query heads per KV head
-    tokens: int        # S: the cached tokens, the new ones last
-    query_tokens: int  # Sq: the new tokens, causal over the history
-    head_dim: int
-    softmax_scale: float
-
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
-
-
-@dataclass(frozen=True)
-class PagedPrefillShape:
-    kv_heads: int
-    rows: int          # query heads per KV head
-    query_tokens: int  # Sq: the new tokens, the last Sq of each sequence
-    head_dim: int
-    block_size: int
-    softmax_scale: float
-
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
+from .shapes import DenseShape, PagedPrefillShape, PagedShape
 
 
 def pool_slot(lanes: Lanes, slot: ir.Value, blocks: ir.Value, block_size: int):

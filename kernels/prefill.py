@@ -45,12 +45,12 @@ from ..fragments import NUMPY_OPS, PackedRows, ceil_div, floor_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
 from .executable import build_kernel
-from .kv_access import (KVView, PagedPrefillKV, PagedPrefillShape, PrefillKV,
-                        PrefillShape)
+from .kv_access import KVView, PagedPrefillKV, PrefillKV
 from .kv_ring import KVRing
 from .lanes import Lanes, binding, workgroup_id
 from .pv_stages import pv_stage, v_tiles
 from .qk_stages import online_softmax, q_operands, qk, quantize_rows
+from .shapes import PagedPrefillShape, PrefillShape
 from .stage_plan import StagePlan, VSource, class_of
 from .target_spec import TargetSpec
 

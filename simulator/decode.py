@@ -14,7 +14,7 @@ from ..contract.numerics import Numerics
 from ..fragments import NUMPY_OPS, FragmentModel, ceil_div
 from ..kernels.decode import build_decode_kernels, dense_access, paged_access
 from ..kernels.target_spec import target_spec
-from ..kernels.kv_access import DenseShape, PagedShape
+from ..kernels.shapes import DenseShape, PagedShape
 from ..kernels.abi import DENSE_INPUTS, PAGED_INPUTS, paged_sizes
 from ..kernels.cache_write import inputs as cache_write_inputs
 from .run import dense_kernel_inputs, run_abi

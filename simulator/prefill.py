@@ -13,7 +13,7 @@ from iree.compiler import ir
 from ..contract.numerics import Numerics
 from ..fragments import NUMPY_OPS, FragmentModel, ceil_div
 from ..kernels.target_spec import target_spec
-from ..kernels.kv_access import PagedPrefillShape, PrefillShape
+from ..kernels.shapes import PagedPrefillShape, PrefillShape
 from ..kernels.prefill import build_prefill_kernels
 from ..kernels.abi import DENSE_INPUTS, PAGED_INPUTS
 from .run import dense_kernel_inputs, run_abi

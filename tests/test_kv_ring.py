@@ -21,7 +21,8 @@ from int8attn.contract.numerics import SEED_NUMERICS
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.fragments import TileRing, tile_copies
 from int8attn.kernels import kv_ring
-from int8attn.kernels.kv_access import PagedPrefillShape, PagedPrefillView, PrefillShape
+from int8attn.kernels.kv_access import PagedPrefillView
+from int8attn.kernels.shapes import PagedPrefillShape, PrefillShape
 from int8attn.kernels.kv_ring import KVRing
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.target_spec import target_spec

@@ -18,7 +18,7 @@ from int8attn.driver.options import KERNEL_NUMERICS
 from conftest import seeded_rng
 from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.decode import build_decode_kernels, paged_access
-from int8attn.kernels.kv_access import PagedShape
+from int8attn.kernels.shapes import PagedShape
 from int8attn.reference import sequence_cache
 from int8attn.simulator.decode import run_paged_kernels, simulate_paged
 from int8attn.simulator.interpreter import SimulationError

@@ -19,7 +19,7 @@ from conftest import seeded_rng
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.driver.paged_decode import paged_attention_graph
 from int8attn.kernels.target_spec import target_spec
-from int8attn.kernels.kv_access import PagedPrefillShape
+from int8attn.kernels.shapes import PagedPrefillShape
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.runtime.module import InputError
 from int8attn.simulator.prefill import run_paged_prefill_kernels

@@ -22,7 +22,7 @@ from int8attn import reference as ref
 from int8attn.contract.numerics import SEED_NUMERICS, Numerics
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
-from int8attn.kernels.kv_access import PrefillShape
+from int8attn.kernels.shapes import PrefillShape
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.target_spec import target_spec
 from int8attn.simulator import simulate_prefill
