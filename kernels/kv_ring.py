@@ -118,23 +118,26 @@ class KVRing:
         lanes = self.lanes
         of = lambda lane_map: lanes.of_lane(lane_map, lanes.thread)
         k_slots, v_slots, scale_slots = self.copies(self.tokens, self.head_dim, lanes.threads)
-        copies = []
-        if self.ids is not None and after is not None:
-            copies += after[0].copy_table(self.ids, after[1])
+        # Every source address before the first copy: a copy writes LDS, so block ids
+        # read from LDS after one would be read again for each copy.
         staged = self.view(tile, stage)
+        pending = []
         for token_map, byte_map in k_slots:
             token, byte = of(token_map), of(byte_map)
-            copies.append(lanes.async_copy(tile.k, tile.k_bytes(token, byte), self.k,
-                                           staged.k_bytes(token, byte), COPY_BYTES))
+            pending.append((tile.k, tile.k_bytes(token, byte), self.k,
+                            staged.k_bytes(token, byte), COPY_BYTES))
         for col_map, token_map in v_slots:
             col, token = of(col_map), of(token_map)
-            copies.append(lanes.async_copy(tile.v, tile.v_row(col, token), self.v,
-                                           [stage, col, token], COPY_BYTES))
+            pending.append((tile.v, tile.v_row(col, token), self.v, [stage, col, token],
+                            COPY_BYTES))
         for token_map, _ in scale_slots:
             token = of(token_map)
-            for source, target in ((tile.k_scale, self.k_scale), (tile.v_scale, self.v_scale)):
-                copies.append(lanes.async_copy(source, tile.token_row(token), target,
-                                               [stage, token], 1))
+            row = tile.token_row(token)
+            pending += [(tile.k_scale, row, self.k_scale, [stage, token], 1),
+                        (tile.v_scale, row, self.v_scale, [stage, token], 1)]
+        copies = [lanes.async_copy(*copy) for copy in pending]
+        if self.ids is not None and after is not None:
+            copies += after[0].copy_table(self.ids, after[1])
         return lanes.async_group(copies)
 
     # the loop's turns: tile t reads stage t % STAGES (fragments.TileRing) ---------
