@@ -101,55 +101,23 @@ class PagedRules:
         """(block, offset) of `token` (`block`, then `offset`)."""
         return self.block(token, lookup, last), self.offset(token)
 
-    def tile_split(self, first, local, tile_tokens: int):
-        """(the tile's table slot, the token's slot from it, its offset) of token
-        first + local, where `first` is a multiple of `tile_tokens` and
-        0 <= local < tile_tokens: the token's table slot is the first two's sum, the
-        tile's part computed once per tile and the token's shared by the tokens of a
-        block. Where the tile and the block nest (one divides the other) the split
-        is the cheap one; else the tile's offset in its first block is carried."""
-        ops = self.ops
-        if tile_tokens % self.block_size == 0:      # whole blocks per tile
-            return ops.div(first, self.bs), ops.div(local, self.bs), ops.rem(local, self.bs)
-        if self.block_size % tile_tokens == 0:      # whole tiles per block
-            return (ops.div(first, self.bs), ops.const(0),
-                    ops.add(ops.rem(first, self.bs), local))
-        into = ops.add(ops.rem(first, self.bs), local)
-        return ops.div(first, self.bs), ops.div(into, self.bs), ops.rem(into, self.bs)
-
-    def tile_table_slots(self, tile_tokens: int) -> int:
-        """Table slots the tokens of one tile (`tile_split`'s) can span."""
-        if tile_tokens % self.block_size == 0:
-            return tile_tokens // self.block_size
-        if self.block_size % tile_tokens == 0:
-            return 1
-        return (self.block_size - 1 + tile_tokens - 1) // self.block_size + 1
-
-    def tile_table_slot(self, first, slot, last=None):
-        """The table slot read for the tile's `slot`-th (`tile_split`'s token part);
-        with `last`, never past the last used one."""
-        ops = self.ops
-        tile_slot = ops.add(ops.div(first, self.bs), slot)
-        return tile_slot if last is None else ops.min(tile_slot, last)
-
     def tile_address(self, first, local, tile_tokens: int, lookup: Callable[[Any], Any],
                      last=None):
-        """`address` of token first + local (`tile_split`): a kernel's per-lane
-        `local` reads the same table slot for every token of a block and the
-        tile's part is computed once per tile."""
-        if tile_tokens % self.block_size and self.block_size % tile_tokens:
-            return self.address(self.ops.add(first, local), lookup, last)
-        tile_slot, slot, offset = self.tile_split(first, local, tile_tokens)
-        slot = self.ops.add(tile_slot, slot)
-        return lookup(slot if last is None else self.ops.min(slot, last)), offset
-
-    def staged_tile_address(self, first, local, tile_tokens: int,
-                            lookup: Callable[[Any], Any]):
-        """(block, offset) of token first + local where the tile's block ids were
-        staged, id j that of `tile_table_slot(first, j, last)`: `lookup(j)` reads the
-        staged copy."""
-        _, slot, offset = self.tile_split(first, local, tile_tokens)
-        return lookup(slot), offset
+        """`address` of token first + local, where `first` is a multiple of
+        `tile_tokens` and 0 <= local < tile_tokens: where the tile and the block nest
+        (one divides the other), split into the tile's part and the token's part, so
+        a kernel's per-lane `local` reads the same table slot for every token of a
+        block and the tile's part is computed once per tile."""
+        ops = self.ops
+        if tile_tokens % self.block_size == 0:      # whole blocks per tile
+            slot = ops.add(ops.div(first, self.bs), ops.div(local, self.bs))
+            offset = ops.rem(local, self.bs)
+        elif self.block_size % tile_tokens == 0:    # whole tiles per block
+            slot = ops.div(first, self.bs)
+            offset = ops.add(ops.rem(first, self.bs), local)
+        else:
+            return self.address(ops.add(first, local), lookup, last)
+        return lookup(slot if last is None else ops.min(slot, last)), offset
 
     def live(self, token, length):
         """The token is one of the sequence's (`token < length`)."""

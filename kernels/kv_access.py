@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
-from ..fragments import NUMPY_OPS, ceil_div, tile_copies
+from ..fragments import NUMPY_OPS, ceil_div
 from ..fragments.cache_layout import paged_ir_rules
 from .lanes import Lanes, binding
 from .shapes import DenseShape, PagedPrefillShape, PagedShape
@@ -103,20 +103,6 @@ class KVView:
 
     def v_row(self, col: ir.Value, local: ir.Value) -> list[ir.Value]:
         return [self.b, self.h, col, arith.addi(self.first, local)]
-
-    # a tile's block ids, staged ahead by a ring (kernels/kv_ring.py) -------------
-    def table_slots(self) -> int:
-        """Block ids a tile of this view reads from a block table (0: none)."""
-        return 0
-
-    def copy_table(self, ids: ir.Value, stage: ir.Value) -> list[ir.Value]:
-        """Asynchronous copies of the tile's `table_slots` block ids into
-        ids [stage, :] (LDS [stages, table_slots] i32)."""
-        return []
-
-    def through_table(self, ids: ir.Value, stage: ir.Value) -> "KVView":
-        """This tile's view reading its block ids from `copy_table`'s copy."""
-        return self
 
 
 class DenseKV:
@@ -193,40 +179,13 @@ class PagedPrefillView(_PoolView):
 
     last_slot: ir.Value = None
     tile_tokens: int = 0
-    staged_ids: tuple | None = None     # (LDS [stages, table_slots] i32, stage)
 
     def _block(self, local: ir.Value):
         # `first` is the tile's first token: the table slot of a lane's token is the
         # tile's part plus the lane's own, shared by the lane's tokens of one block.
-        rules = paged_ir_rules(self.block_size, self.lanes.index)
-        if self.staged_ids is not None:
-            ids, stage = self.staged_ids
-            return rules.staged_tile_address(self.first, local, self.tile_tokens,
-                                             lambda slot: _block_id(ids, [stage, slot]))
-        return rules.tile_address(self.first, local, self.tile_tokens,
-                                  lambda slot: _block_id(self.tables, [self.b, slot]),
-                                  self.last_slot)
-
-    def table_slots(self) -> int:
-        # rounded up to a power of two so that the copies split over the threads (a
-        # slot past the tile's reads a used one: the last, or one the tile reads)
-        count = paged_ir_rules(self.block_size, self.lanes.index).tile_table_slots(
-            self.tile_tokens)
-        return 1 << (count - 1).bit_length()
-
-    def copy_table(self, ids: ir.Value, stage: ir.Value) -> list[ir.Value]:
-        lanes = self.lanes
-        rules = paged_ir_rules(self.block_size, lanes.index)
-        copies = []
-        for slot_map, _ in tile_copies(self.table_slots(), 1, lanes.threads, 1):
-            slot = lanes.of_lane(slot_map, lanes.thread)
-            copies.append(lanes.async_copy(
-                self.tables, [self.b, rules.tile_table_slot(self.first, slot, self.last_slot)],
-                ids, [stage, slot], 1))
-        return copies
-
-    def through_table(self, ids: ir.Value, stage: ir.Value) -> "PagedPrefillView":
-        return replace(self, staged_ids=(ids, stage))
+        return paged_ir_rules(self.block_size, self.lanes.index).tile_address(
+            self.first, local, self.tile_tokens,
+            lambda slot: _block_id(self.tables, [self.b, slot]), self.last_slot)
 
 
 def _block_id(ids: ir.Value, indices: list[ir.Value]) -> ir.Value:

@@ -7,10 +7,6 @@ K loads' bank swizzle, fragments/lds_tile.py), V [D, T] and both scales [T]; its
 copy, so the stages (kernels/qk_stages.py, pv_stages.py) read a staged tile as they
 read the cache. `start` and `turn` are a tile loop's steps (the prefill kernel's,
 kernels/prefill.py): tile t in stage t % STAGES (`fragments.TileRing`).
-
-Through a block table (the chunked prefill) a tile's copies need its block ids: the
-ring stages them too, a tile ahead (`KVView.copy_table`), so that no copy waits on
-a global load of the table.
 """
 
 from __future__ import annotations
@@ -68,13 +64,10 @@ class KVRing:
     tokens: int
     head_dim: int
     k_swizzle: LinearLayout  # fragments.k_tile_swizzle: (token, byte) -> byte
-    # LDS [stages, slots] i32: the block ids of the tile a stage will hold, where the
-    # tiles are read through a block table (`KVView.table_slots`); else None.
-    ids: ir.Value | None = None
 
     @staticmethod
-    def lds_bytes(tokens: int, head_dim: int, table_slots: int = 0) -> int:
-        return KVRing.STAGES * (tokens * (2 * head_dim + 8) + 4 * table_slots)
+    def lds_bytes(tokens: int, head_dim: int) -> int:
+        return KVRing.STAGES * tokens * (2 * head_dim + 8)
 
     @staticmethod
     def copies(tokens: int, head_dim: int, threads: int):
@@ -91,82 +84,58 @@ class KVRing:
         return len(k) + len(v) + 2 * len(scales)
 
     @staticmethod
-    def allocate(lanes: Lanes, layout: DecodeKernelLayout, head_dim: int,
-                 table_slots: int = 0) -> "KVRing":
-        """The ring of a kernel whose QK reads K as `layout` says (its swizzle's), its
-        tiles' `table_slots` block ids staged too (0: none)."""
+    def allocate(lanes: Lanes, layout: DecodeKernelLayout, head_dim: int) -> "KVRing":
+        """The ring of a kernel whose QK reads K as `layout` says (its swizzle's)."""
         stages, tokens = KVRing.STAGES, layout.model.wave_tokens
         return KVRing(lanes, lanes.shared([stages, tokens, head_dim], "i8"),
                       lanes.shared([stages, tokens], "f32"),
                       lanes.shared([stages, head_dim, tokens], "i8"),
                       lanes.shared([stages, tokens], "f32"), tokens, head_dim,
-                      k_tile_swizzle(layout, head_dim),
-                      lanes.shared([stages, table_slots], "i32") if table_slots else None)
+                      k_tile_swizzle(layout, head_dim))
 
-    def addressed(self, tile: KVView, stage: ir.Value) -> KVView:
-        """`tile`'s view reading its block ids from the ring's copy in `stage` (the one
-        `fill` made of them a tile ahead); a tile without a table is its own."""
-        return tile if self.ids is None else tile.through_table(self.ids, stage)
-
-    def fill(self, tile: KVView, stage: ir.Value,
-             after: tuple[KVView, ir.Value] | None = None) -> ir.Value:
-        """Start copying the tile `tile` views into `stage`, and with `after` = (the
-        tile after it, its stage) that tile's block ids, so that its own fill will
-        not wait on the table; returns the copies' group for `lanes.async_wait` (each
-        thread waits for its own copies; a barrier after the wait publishes them to
-        the workgroup)."""
+    def fill(self, tile: KVView, stage: ir.Value) -> ir.Value:
+        """Start copying the tile `tile` views into `stage`; returns the copies'
+        group for `lanes.async_wait` (each thread waits for its own copies; a barrier
+        after the wait publishes them to the workgroup)."""
         lanes = self.lanes
         of = lambda lane_map: lanes.of_lane(lane_map, lanes.thread)
         k_slots, v_slots, scale_slots = self.copies(self.tokens, self.head_dim, lanes.threads)
-        # Every source address before the first copy: a copy writes LDS, so block ids
-        # read from LDS after one would be read again for each copy.
+        copies = []
         staged = self.view(tile, stage)
-        pending = []
         for token_map, byte_map in k_slots:
             token, byte = of(token_map), of(byte_map)
-            pending.append((tile.k, tile.k_bytes(token, byte), self.k,
-                            staged.k_bytes(token, byte), COPY_BYTES))
+            copies.append(lanes.async_copy(tile.k, tile.k_bytes(token, byte), self.k,
+                                           staged.k_bytes(token, byte), COPY_BYTES))
         for col_map, token_map in v_slots:
             col, token = of(col_map), of(token_map)
-            pending.append((tile.v, tile.v_row(col, token), self.v, [stage, col, token],
-                            COPY_BYTES))
+            copies.append(lanes.async_copy(tile.v, tile.v_row(col, token), self.v,
+                                           [stage, col, token], COPY_BYTES))
         for token_map, _ in scale_slots:
             token = of(token_map)
-            row = tile.token_row(token)
-            pending += [(tile.k_scale, row, self.k_scale, [stage, token], 1),
-                        (tile.v_scale, row, self.v_scale, [stage, token], 1)]
-        copies = [lanes.async_copy(*copy) for copy in pending]
-        if self.ids is not None and after is not None:
-            copies += after[0].copy_table(self.ids, after[1])
+            for source, target in ((tile.k_scale, self.k_scale), (tile.v_scale, self.v_scale)):
+                copies.append(lanes.async_copy(source, tile.token_row(token), target,
+                                               [stage, token], 1))
         return lanes.async_group(copies)
 
     # the loop's turns: tile t reads stage t % STAGES (fragments.TileRing) ---------
-    def start(self, tile_of: Callable[[ir.Value], KVView], count: ir.Value) -> None:
-        """Before the tile loop: tile 0 copied (a sequence has one: it holds its
-        queries), and through a block table tile 1's block ids, both waited for."""
-        lanes, ring = self.lanes, TileRing(self.STAGES)
-        zero = lanes.index(0)
-        after = ring.following(lanes.ops, zero, count)
-        lanes.async_wait(self.fill(tile_of(zero), zero,
-                                   (tile_of(after), ring.stage(lanes.ops, lanes.index(1)))))
+    def start(self, tile_of: Callable[[ir.Value], KVView]) -> None:
+        """Before the tile loop: tile 0 copied and waited for (a sequence has one: it
+        holds its queries)."""
+        zero = self.lanes.index(0)
+        self.lanes.async_wait(self.fill(tile_of(zero), zero))
 
     def turn(self, tile_of: Callable[[ir.Value], KVView], tile: ir.Value,
              count: ir.Value) -> tuple[KVView, ir.Value]:
         """At the top of tile `tile` of `count`: the barrier that publishes its copies
         and orders the reads of the tile before it (the stage refilled now) before
         the refill; then the copies of the next tile into the other stage (the last
-        tile copies itself again there: no branch) and of the block ids of the tile
-        after that. Returns (the tile's staged view, the copies' group, to wait for
-        at the bottom of the tile)."""
+        tile copies itself again there: no branch). Returns (the tile's staged view,
+        the copies' group, to wait for at the bottom of the tile)."""
         lanes, ring = self.lanes, TileRing(self.STAGES)
-        stage = lambda t: ring.stage(lanes.ops, t)
         lanes.barrier()
-        copied = ring.following(lanes.ops, tile, count)
-        filled = stage(lanes.plus(tile, 1))
-        group = self.fill(self.addressed(tile_of(copied), filled), filled,
-                          (tile_of(ring.following(lanes.ops, copied, count)),
-                           stage(lanes.plus(tile, 2))))
-        return self.view(tile_of(tile), stage(tile)), group
+        group = self.fill(tile_of(ring.following(lanes.ops, tile, count)),
+                          ring.stage(lanes.ops, lanes.plus(tile, 1)))
+        return self.view(tile_of(tile), ring.stage(lanes.ops, tile)), group
 
     def view(self, tile: KVView, stage: ir.Value) -> KVView:
         """`tile`'s view reading its staged copy in `stage` (the same tokens)."""

@@ -202,7 +202,7 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
     tile_of = lambda tile: kv.at(lanes.affine((tile, plan.model.wave_tokens)))
     ring = _ring(plan, kv)
     if ring is not None:
-        ring.start(tile_of, seen)
+        ring.start(tile_of)
     for lower, upper, mask in ((lanes.index(0), whole, unmasked), (whole, seen, masked)):
         loop = lanes.loop(lower, upper, carried)
         with ir.InsertionPoint(loop.body):
@@ -227,15 +227,13 @@ def _ring(plan: StagePlan, kv: KVView) -> KVRing | None:
     (`TargetSpec.prefill_kv_ring`), the copies split linearly over the threads and
     the ring fits the target's LDS budget; else None (loads from the cache)."""
     spec, lanes, tokens = plan.spec, plan.lanes, plan.model.wave_tokens
-    table_slots = kv.table_slots()
-    if (not spec.prefill_kv_ring
-            or KVRing.lds_bytes(tokens, plan.head_dim, table_slots) > spec.ring_lds_bytes):
+    if not spec.prefill_kv_ring or KVRing.lds_bytes(tokens, plan.head_dim) > spec.ring_lds_bytes:
         return None
     try:
         KVRing.copies(tokens, plan.head_dim, lanes.threads)
     except ValueError:
         return None
-    return KVRing.allocate(lanes, plan.layout, plan.head_dim, table_slots)
+    return KVRing.allocate(lanes, plan.layout, plan.head_dim)
 
 
 def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live) -> list:

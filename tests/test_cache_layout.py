@@ -114,32 +114,6 @@ def test_tile_addresses_are_the_token_addresses(block_size, tile_tokens):
             np.testing.assert_array_equal(got[1], want[1], err_msg=f"length {length}")
 
 
-@pytest.mark.parametrize("block_size", BLOCK_SIZES + (64, 128, 48, 80))
-@pytest.mark.parametrize("tile_tokens", [16, 64])
-def test_staged_tile_addresses_are_the_token_addresses(block_size, tile_tokens):
-    # A tile's block ids staged ahead (`tile_table_slot` for each of its
-    # `tile_table_slots`), then read by each token's part of the split, give what
-    # `address` gives for every token, past the length too; every table slot a tile
-    # touches is one of the staged ones, and none past the last used one is read.
-    rng = seeded_rng(SEED + 600 + block_size + tile_tokens)
-    rules = CacheLayout.paged(block_size).rules()
-    width = 6
-    table = rng.permutation(100)[:width]
-    tokens = width * block_size
-    count = rules.tile_table_slots(tile_tokens)
-    for length in (1, block_size + 1, tokens - 5, tokens):
-        last = rules.last_table_slot(length)
-        for first in range(0, tokens, tile_tokens):
-            slots = [rules.tile_table_slot(first, j, last) for j in range(count)]
-            assert max(slots) <= last
-            staged = table[slots]
-            local = np.arange(tile_tokens)
-            want = rules.address(first + local, lambda slot: table[slot], last)
-            got = rules.staged_tile_address(first, local, tile_tokens, lambda j: staged[j])
-            np.testing.assert_array_equal(got[0], want[0], err_msg=f"length {length}")
-            np.testing.assert_array_equal(got[1], want[1], err_msg=f"length {length}")
-
-
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_pool_slots_enumerate_the_pool(block_size):
     rng = seeded_rng(SEED + 100 + block_size)

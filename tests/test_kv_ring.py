@@ -14,14 +14,12 @@ import dataclasses
 import numpy as np
 import pytest
 from iree.compiler import ir
-from iree.compiler.dialects import arith
 
 from conftest import first_loop_body, seeded_rng
 from int8attn.contract.numerics import SEED_NUMERICS
 from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.fragments import TileRing, tile_copies
 from int8attn.kernels import kv_ring
-from int8attn.kernels.kv_access import PagedPrefillView
 from int8attn.kernels.shapes import PagedPrefillShape, PrefillShape
 from int8attn.kernels.kv_ring import KVRing
 from int8attn.kernels.prefill import build_prefill_kernels
@@ -115,9 +113,8 @@ def test_the_ring_gives_the_bits_of_direct_loads(shape, numerics):
 
 @pytest.mark.parametrize("bs", [16, 32, 48, 128])
 def test_the_chunked_prefills_ring_gives_the_bits_of_direct_loads(bs):
-    # The ring copies each tile's block ids a tile ahead (whole blocks per tile at
-    # 16 and 32, a tile inside a block at 128, a tile across three blocks at 48);
-    # the shuffled table makes a wrong id read another sequence's tokens.
+    # The copies' sources through the block table: whole blocks per tile at 16 and
+    # 32, a tile inside a block at 128, a tile across three blocks at 48.
     rng = seeded_rng(5201 + bs)
     lengths, (hq, hkv, d) = [37, 100, 300], (8, 2, 64)
     arrays = paged_batch(rng, lengths, hq, hkv, d, bs, query_tokens=37)
@@ -135,21 +132,6 @@ def test_a_ring_refilled_while_it_is_read_is_refused(monkeypatch):
         built = build_prefill_kernels(PrefillShape(1, 2, 4, 200, 37, 64, 0.125), CUDA)
         with pytest.raises(SimulationError, match="has not landed|another thread"):
             run_prefill_kernels(built.module, built.layout, *args)
-
-
-def test_block_ids_copied_where_the_next_fill_reads_them_are_refused(monkeypatch):
-    # The chunked prefill's block ids of the tile after the next go to the other
-    # stage: the one this tile's copies read their ids from in the same interval (and
-    # before the loop, tile 1's ids where tile 0's are: tile 1's copies then read a
-    # stage nothing was copied into, whose poison is no block).
-    copy_table = PagedPrefillView.copy_table
-    monkeypatch.setattr(PagedPrefillView, "copy_table", lambda view, ids, stage: copy_table(
-        view, ids, arith.subi(view.lanes.index(1), stage)))
-    arrays = paged_batch(seeded_rng(5310), [300], 8, 2, 64, 16, query_tokens=37)
-    with new_context(), ir.Location.unknown():
-        built = build_prefill_kernels(PagedPrefillShape(2, 4, 37, 64, 16, 0.125), CUDA)
-        with pytest.raises(SimulationError, match="has not landed|another thread|out of bounds"):
-            run_paged_prefill_kernels(built.module, built.layout, *arrays)
 
 
 def test_the_ring_at_d128_gives_the_bits_of_direct_loads():
