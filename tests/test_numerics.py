@@ -129,3 +129,25 @@ def test_groups_matter_numerically():
     same = ref.fragment_attention(*args, scale, numerics=SEED)
     assert np.abs(out - same).max() <= FRAGMENT_TOL
     assert np.abs(out - other).max() > 10 * np.abs(out - same).max()
+
+
+@pytest.mark.parametrize("density", [0.002, 0.5], ids=["few ties", "many"])
+def test_the_tie_slack_sums_every_moving_element(density):
+    # The slack's sum over the moving W elements (summed one by one where they are
+    # few, by einsum where they are many) is sum omega * move * |V of its token|.
+    from conftest import seeded_rng
+    from int8attn.reference.error_model import _output_moves
+
+    rng = seeded_rng(8100)
+    b, h, r, n, g, k, t, d = 2, 3, 4, 5, 2, 8, 16, 6
+    moves = rng.random((b, h, r, n, g, k)) * (rng.random((b, h, r, n, g, k)) < density)
+    moves[0, 1, 2, 3, 1, 5] = 0.75         # at least one element moves
+    omega = rng.random((b, h, r, n))
+    v_blocks = rng.integers(-127, 128, (b, h, n, t, d)).astype(np.int8)
+    tokens = rng.permutation(t).reshape(g, k)
+    want = np.zeros((b, h, r, d))
+    for i in np.ndindex(b, h, r, n, g, k):
+        token = tokens[i[4], i[5]]
+        want[i[:3]] += omega[i[:4]] * moves[i] * np.abs(v_blocks[i[0], i[1], i[3], token])
+    np.testing.assert_allclose(_output_moves(moves, omega, v_blocks, tokens), want,
+                               rtol=1e-12, atol=0)
