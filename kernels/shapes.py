@@ -10,8 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class _GroupedHeads:
+    """Query heads: `rows` per KV head (the GQA group), `kv_heads` of them."""
+
+    kv_heads: int
+    rows: int
+
+    @property
+    def q_heads(self) -> int:
+        return self.kv_heads * self.rows
+
+
 @dataclass(frozen=True)
-class DenseShape:
+class DenseShape(_GroupedHeads):
     batch: int
     kv_heads: int
     rows: int          # query heads per KV head (<= 16)
@@ -19,26 +30,18 @@ class DenseShape:
     head_dim: int
     softmax_scale: float
 
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
-
 
 @dataclass(frozen=True)
-class PagedShape:
+class PagedShape(_GroupedHeads):
     kv_heads: int
     rows: int
     head_dim: int
     block_size: int
     softmax_scale: float
 
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
-
 
 @dataclass(frozen=True)
-class PrefillShape:
+class PrefillShape(_GroupedHeads):
     batch: int
     kv_heads: int
     rows: int          # query heads per KV head
@@ -47,20 +50,12 @@ class PrefillShape:
     head_dim: int
     softmax_scale: float
 
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
-
 
 @dataclass(frozen=True)
-class PagedPrefillShape:
+class PagedPrefillShape(_GroupedHeads):
     kv_heads: int
     rows: int          # query heads per KV head
     query_tokens: int  # Sq: the new tokens, the last Sq of each sequence
     head_dim: int
     block_size: int
     softmax_scale: float
-
-    @property
-    def q_heads(self) -> int:
-        return self.kv_heads * self.rows
