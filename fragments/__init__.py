@@ -31,9 +31,10 @@ from .model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS, PVAtomName,
                     format_token_set, fragment_model, pv_model,
                     pv_model_named, pv_model_names)
 from .index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
-                          PackedRows, TileRing, arith_ops, ceil_div, floor_div)
+                          PackedRows, PackedTerms, TileRing, arith_ops, ceil_div, floor_div)
 from .layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from .linear_layout import LinearLayout, NotInvertible, NotLinear
+from .operand_staging import OperandStaging, StagingNotLinear
 from .mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
                           group_tokens, k_slot_tokens, mma_layouts,
                           pv_token_layout, register_feed,
@@ -51,6 +52,7 @@ __all__ = [
     "HeadMajorRows",
     "arith_ops",
     "PackedRows",
+    "PackedTerms",
     "TileRing",
     "ceil_div",
     "floor_div",
@@ -78,6 +80,8 @@ __all__ = [
     "format_token_set",
     "LaneMap",
     "DecodeKernelLayout",
+    "OperandStaging",
+    "StagingNotLinear",
     "xor_reduction_offsets",
     "element_classes",
     "thread_distribution",

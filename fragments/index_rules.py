@@ -34,12 +34,13 @@ class IndexOps:
     sge: Callable[[Any, Any], Any]
     slt: Callable[[Any, Any], Any]
     and_: Callable[[Any, Any], Any]
+    or_: Callable[[Any, Any], Any]
 
 
 NUMPY_OPS = IndexOps(
     const=lambda c: c, add=operator.add, sub=operator.sub, mul=operator.mul,
     div=operator.floordiv, rem=operator.mod, min=np.minimum, lt=operator.lt,
-    sge=operator.ge, slt=operator.lt, and_=operator.and_)
+    sge=operator.ge, slt=operator.lt, and_=operator.and_, or_=operator.or_)
 """Python ints, numpy arrays (elementwise) and, but for `min`, torch tensors."""
 
 TEXT_OPS = IndexOps(
@@ -47,7 +48,8 @@ TEXT_OPS = IndexOps(
     mul=lambda a, b: f"({a} * {b})", div=lambda a, b: f"({a} / {b})",
     rem=lambda a, b: f"({a} % {b})", min=lambda a, b: f"min({a}, {b})",
     lt=lambda a, b: f"({a} < {b})", sge=lambda a, b: f"({a} >= {b})",
-    slt=lambda a, b: f"({a} < {b})", and_=lambda a, b: f"({a} & {b})")
+    slt=lambda a, b: f"({a} < {b})", and_=lambda a, b: f"({a} & {b})",
+    or_=lambda a, b: f"({a} | {b})")
 
 
 def arith_ops(const: Callable[[int], Any], *, signed: bool = False) -> IndexOps:
@@ -67,7 +69,8 @@ def arith_ops(const: Callable[[int], Any], *, signed: bool = False) -> IndexOps:
         rem=arith.remsi if signed else arith.remui,
         min=arith.minsi if signed else arith.minui,
         lt=compare(predicate.slt if signed else predicate.ult),
-        sge=compare(predicate.sge), slt=compare(predicate.slt), and_=arith.andi)
+        sge=compare(predicate.sge), slt=compare(predicate.slt), and_=arith.andi,
+        or_=arith.ori)
 
 
 def ceil_div(ops: IndexOps, count, unit: int):
@@ -105,6 +108,23 @@ class PackedRows:
     def split(self, ops: IndexOps, row):
         """(query token, head in the group) of packed row `row`."""
         return ops.div(row, ops.const(self.group)), ops.rem(row, ops.const(self.group))
+
+
+@dataclass(frozen=True)
+class PackedTerms:
+    """A second term packed into the padding rows of the first's A tile: staged row r
+    (< `live`) holds its second term at row r + `shift`, so the first term is stored
+    outside rows shift .. shift + live - 1 and the second from the live rows only."""
+
+    shift: int
+    live: int
+
+    def stores(self, ops: IndexOps, row, term: int):
+        """Does the thread of staged row `row` store its term `term` (0 or 1)?"""
+        if term == 1:
+            return ops.lt(row, ops.const(self.live))
+        return ops.or_(ops.lt(row, ops.const(self.shift)),
+                       ops.lt(ops.const(self.shift + self.live - 1), row))
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,14 @@ access object's business (kernels/kv_access.py); the kernels are the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
 
 from ..contract.numerics import Numerics
-from ..fragments import DecodeKernelLayout, score_feed, thread_distribution
+from ..fragments import (DecodeKernelLayout, StagingNotLinear, score_feed,
+                         thread_distribution)
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .executable import build_kernel
 from .kv_access import DenseKV, KVView, PagedKV
@@ -47,19 +48,25 @@ MERGE_KERNEL = "decode_merge"
 
 
 def output_rows(rows: int, head_dim: int, threads: int, tile_rows: int) -> int:
-    """Rows of the partial outputs: the real query rows, rounded up until the
-    rows x head_dim tile splits evenly over the workgroup's threads."""
-    return next(r for r in range(rows, tile_rows + 1) if r * head_dim % threads == 0)
+    """Rows of the partial outputs: the real query rows, rounded up to a power of two
+    until the rows x head_dim tile splits evenly over the workgroup's threads (a
+    thread's rows are then a lane map of its id: 3 rows of 128 over 128 threads are
+    not)."""
+    return next(r for r in (1 << b for b in range(tile_rows.bit_length()))
+                if r >= rows and r * head_dim % threads == 0)
 
 
 def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: str,
                rows_out: int, pv_atom: str | None = None, pack_q_terms: bool = False,
-               pack_w_terms: bool = False, feed_w: bool = False) -> StagePlan:
+               pack_w_terms: bool = False, feed_w: bool = False,
+               a_register_order: bool = False) -> StagePlan:
     """The stages' plan; with `pack_q_terms` (`pack_w_terms`), two-term Q (W) shares
     one A tile of QK (PV) where its layout has the padding rows for it
     (`DecodeKernelLayout.term_rows`); with `feed_w`, W goes from QK's C registers
     straight into PV's A operand where the layouts allow it (`score_feed`: every
-    row of the tile live, QK's K rows then read in the feed's token order)."""
+    row of the tile live, QK's K rows then read in the feed's token order); with
+    `a_register_order`, Q and W sit in LDS in the MMA's register order where that
+    holds (`OperandStaging`)."""
     pv_model = spec.pv_model(pv, pv_atom)
     layout = DecodeKernelLayout(spec.model)
     pv_layout = DecodeKernelLayout(pv_model)
@@ -74,7 +81,8 @@ def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: st
                  if pack_w_terms and pv == "int8" and numerics.w_terms == 2 and feed is None
                  else None)
     return StagePlan(lanes, spec, layout, pv_layout, numerics, pv, shape.head_dim,
-                     shape.softmax_scale, rows_out, q_packing, w_packing, feed)
+                     shape.softmax_scale, rows_out, q_packing, w_packing, feed,
+                     a_register_order)
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,8 @@ class PartitionKernel:
         kv, outputs = self.access.bind(lanes, args, (b, h, p))
         plan = stage_plan(lanes, self.spec, self.access.shape, self.numerics, self.pv,
                           self.rows_out, self.pv_atom, self.tuning.pack_q_terms,
-                          self.tuning.pack_w_terms)
+                          self.tuning.pack_w_terms,
+                          a_register_order=self.tuning.a_register_order)
         guard = kv.guard()
         if guard is None:
             self.body(plan, kv, outputs, p)
@@ -227,11 +236,23 @@ def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
     merge = MergePlan.of(access.shape, partition.rows_out, spec.tile_rows, spec.wave_size,
                          partition.threads, tuning)
     abi = decode_abi(access, partition, merge)
+    try:
+        module = _decode_module(partition, merge, abi)
+    except StagingNotLinear:     # this shape's Q or W writers have no register-order map
+        partition = replace(partition, tuning=replace(tuning, a_register_order=False))
+        module = _decode_module(partition, merge, abi)
+    return DecodeKernels(module.operation, access, partition.rows_out, spec.tile_rows, abi)
+
+
+def _decode_module(partition: PartitionKernel, merge: MergePlan,
+                   abi: tuple[KernelABI, ...]) -> ir.Module:
+    spec, access = partition.spec, partition.access
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
-        build_kernel(abi[0], partition.build, spec.wave_size, spec.kernel_attributes(tuning))
+        build_kernel(abi[0], partition.build, spec.wave_size,
+                     spec.kernel_attributes(partition.tuning))
         build_kernel(abi[1], lambda args: build_merge(merge, access, args), spec.wave_size)
-    return DecodeKernels(module.operation, access, partition.rows_out, spec.tile_rows, abi)
+    return module
 
 
 def decode_abi(access: DenseKV | PagedKV, partition: PartitionKernel,

@@ -16,7 +16,7 @@ from ..contract.constants import MAX_W_V_PRODUCT, ROUND_BIAS_BITS
 from ..fragments import DecodeKernelLayout, thread_distribution
 from .kv_access import KVView
 from .lanes import c_element, c_fragment, load_vector, vector_type
-from .stage_plan import StagedW, StagePlan, VSource
+from .stage_plan import StagedW, StagePlan, VSource, load_operand
 
 
 def quantize_w(plan: StagePlan, w: dict) -> StagedW:
@@ -57,7 +57,7 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
             if scale is not None:
                 _store_scale(plan, members[0], scale, staged, at)
             for e in members:
-                _store_w(plan, e, levels[e], staged, at)
+                _store_w(plan, e, levels[e], staged.w, at)
     plan.lanes.barrier()
     if second is None or second is first:
         return first
@@ -146,11 +146,14 @@ def _store_scale(plan: StagePlan, element: int, scale: ir.Value, staged: StagedW
     memref.store(scale, staged.scales, [lanes.wave, _row(plan, element, shift), group])
 
 
-def _store_w(plan: StagePlan, element: int, wq: ir.Value, staged: StagedW,
+def _store_w(plan: StagePlan, element: int, wq: ir.Value, w_lds: ir.Value,
              shift: int = 0) -> None:
+    """W element `element` of the lane (its row + `shift`) where `plan.w_staging`
+    places it."""
     lanes = plan.lanes
-    memref.store(wq, staged.w, [lanes.wave, _row(plan, element, shift),
-                                lanes.of_lane(plan.token_in_wave(element))])
+    at = plan.w_staging.place(plan.row_map(element), plan.token_in_wave(element),
+                              lanes.wave_size, shift)
+    memref.store(wq, w_lds, [lanes.wave] + [lanes.of_lane(m) for m in at])
 
 
 def _store_ones_rows(plan: StagePlan, wq_lds: ir.Value, rows) -> None:
@@ -158,7 +161,8 @@ def _store_ones_rows(plan: StagePlan, wq_lds: ir.Value, rows) -> None:
     lanes, one = plan.lanes, plan.lanes.i8(1)
     _, slots = thread_distribution(rows, plan.model.wave_tokens, lanes.wave_size)
     for row, token in slots:
-        memref.store(one, wq_lds, [lanes.wave, lanes.of_lane(row), lanes.of_lane(token)])
+        at = plan.w_staging.place(row, token, lanes.wave_size)
+        memref.store(one, wq_lds, [lanes.wave] + [lanes.of_lane(m) for m in at])
 
 
 def stage_bf16(plan: StagePlan, w: dict) -> StagedW:
@@ -170,22 +174,15 @@ def stage_bf16(plan: StagePlan, w: dict) -> StagedW:
             plan, {e: arith.truncf(bf16, value) for e, value in w.items()}))
     w_lds = lanes.shared([plan.waves, plan.w_rows, plan.model.wave_tokens], "bf16")
     for e, value in w.items():
-        memref.store(arith.truncf(bf16, value), w_lds,
-                     [lanes.wave, lanes.of_lane(plan.row_map(e)),
-                      lanes.of_lane(plan.token_in_wave(e))])
+        _store_w(plan, e, arith.truncf(bf16, value), w_lds)
     lanes.barrier()
     return StagedW(w_lds)
 
 
-def _w_fragments(plan: StagePlan, layout: DecodeKernelLayout, w_lds: ir.Value,
-                 element: str) -> list[ir.Value]:
+def _w_fragments(plan: StagePlan, w_lds: ir.Value, element: str) -> list[ir.Value]:
     """The wave's A operand of each PV MMAC, read from W staged in LDS."""
-    lanes, inst = plan.lanes, layout.instruction
-    return [lanes.assemble([load_vector(w_lds, [lanes.wave, lanes.of_lane(row),
-                                                lanes.of_lane(token)], length, element)
-                            for row, token, length in layout.a_token_runs(t)],
-                           inst.a_vector)
-            for t in range(layout.model.mmacs_per_wave)]
+    return [load_operand(plan, w_lds, [plan.lanes.wave], plan.w_staging, t, element)
+            for t in range(plan.pv_layout.model.mmacs_per_wave)]
 
 
 def _v_runs(layout: DecodeKernelLayout, loads, t: int) -> list[ir.Value]:
@@ -260,7 +257,7 @@ def _a_operands(plan: StagePlan, staged: StagedW, element: str) -> list:
     """PV's A operand of each MMAC: fed from registers, or read from LDS."""
     if staged.fragments is not None:
         return list(staged.fragments)
-    return _w_fragments(plan, plan.pv_layout, staged.w, element)
+    return _w_fragments(plan, staged.w, element)
 
 
 def _scale(plan: StagePlan, staged: StagedW, row, mmac: int) -> ir.Value:

@@ -10,15 +10,18 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
+import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, vector
 
 from ..contract import scalar_ir as contract
 from ..contract.constants import MAX_Q_K_PRODUCT, ROUND_BIAS_BITS
-from ..fragments import thread_distribution, xor_reduction_offsets
+from ..fragments import (NUMPY_OPS, PackedTerms, thread_distribution,
+                         xor_reduction_offsets)
 from .kv_access import KVView
 from .lanes import c_element, load_vector, vector_type
-from .stage_plan import QOperands, Scores, StagedQ, StagePlan, class_of
+from .stage_plan import (QOperands, Scores, StagedQ, StagePlan, class_of,
+                         load_operand)
 
 # (is `row` a real query row, its q indices but the head dim), for a staged row.
 RowSource = Callable[[ir.Value], tuple[ir.Value, list[ir.Value]]]
@@ -47,15 +50,21 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
         tiles.append((lanes.shared([rows, d], "i8"),
                       None if numerics.q_digits else lanes.shared([rows], "f32")))
 
+    staging = plan.q_staging
+    if staging.in_register_order and rows != plan.tile_rows:
+        raise ValueError(f"{rows} staged query rows are not one A tile in register order")
+
     def store(term: int, quantized: list, scale: ir.Value | None) -> None:
         qq_lds, sq_lds = tiles[term if packing is None else 0]
         guard = _stores_term(plan, row, term)
+        shift = 0 if packing is None or term == 0 else packing[0]
+        writes = _term_writers(plan, row_map(range(lanes.threads)), term)
         with nullcontext() if guard is None else lanes.when(guard):
-            at = row if packing is None or term == 0 else lanes.plus(row, packing[0])
-            for qv, col in zip(quantized, cols):
-                memref.store(qv, qq_lds, [at, col])
+            for qv, (_, col_map) in zip(quantized, slots):
+                at = staging.place(row_map, col_map, lanes.threads, shift, writes)
+                memref.store(qv, qq_lds, [lanes.of_lane(m, of=lanes.thread) for m in at])
             if scale is not None:
-                memref.store(scale, sq_lds, [at])
+                memref.store(scale, sq_lds, [lanes.plus(row, shift)])
 
     for term in range(1 if numerics.q_digits else numerics.q_terms):
         amax = c.zero
@@ -76,18 +85,18 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
     return StagedQ(tuple(tiles))
 
 
-def _stores_term(plan: StagePlan, row: ir.Value, term: int) -> ir.Value | None:
-    """Does the thread of staged row `row` store its term `term` (None: always)?
-    Packed with shift s over the tile's n live rows: term 1 outside rows s .. s+n-1
-    (they hold the second terms), term 2 (at row + s) for the live rows."""
-    lanes, packing = plan.lanes, plan.q_packing
-    if packing is None:
+def _term_writers(plan: StagePlan, rows: np.ndarray, term: int) -> np.ndarray | None:
+    """Which threads (of staged rows `rows`) store term `term` (None: all)."""
+    if plan.q_packing is None:
         return None
-    shift, live = packing[0], plan.rows_out
-    if term == 1:
-        return arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(live))
-    return arith.ori(arith.cmpi(arith.CmpIPredicate.ult, row, lanes.index(shift)),
-                     arith.cmpi(arith.CmpIPredicate.uge, row, lanes.index(shift + live)))
+    return PackedTerms(plan.q_packing[0], plan.rows_out).stores(NUMPY_OPS, rows, term)
+
+
+def _stores_term(plan: StagePlan, row: ir.Value, term: int) -> ir.Value | None:
+    """Does the thread of staged row `row` store its term `term` (None: always)?"""
+    if plan.q_packing is None:
+        return None
+    return PackedTerms(plan.q_packing[0], plan.rows_out).stores(plan.lanes.ops, row, term)
 
 
 def q_operands(plan: StagePlan, staged: StagedQ,
@@ -111,10 +120,8 @@ def q_operands(plan: StagePlan, staged: StagedQ,
                 row = layout.c_row(slot(i))
                 sq_of_row[key] = memref.load(sq, [staged_row(lanes.of_lane(row))])
     a_steps = tuple(
-        tuple(lanes.assemble([load_vector(qq, [staged_row(lanes.of_lane(row)),
-                                               lanes.of_lane(dim)], length, "i8")
-                              for row, dim, length in layout.qk_a_runs(d, step)],
-                             inst.a_vector) for step in range(d // inst.k))
+        tuple(load_operand(plan, qq, [], plan.q_staging, step, "i8", staged_row)
+              for step in range(d // inst.k))
         for qq, _ in staged.terms)
     return QOperands(a_steps, sq_of_row)
 

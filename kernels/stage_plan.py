@@ -14,13 +14,18 @@ QK C tiles; which row and token an element holds is the layout's business
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
 
 from iree.compiler import ir
+from iree.compiler.dialects import vector
 
 from ..contract import scalar_ir as contract
 from ..contract.numerics import Numerics
-from ..fragments import DecodeKernelLayout, LaneMap, ScoreFeed, element_classes
-from .lanes import Lanes
+from ..fragments import (DecodeKernelLayout, LaneMap, OperandStaging, ScoreFeed,
+                         element_classes)
+from ..fragments.lane_maps import power_of_two_divisor
+from .lanes import Lanes, load_vector, vector_type
 from .target_spec import TargetSpec
 
 
@@ -45,6 +50,9 @@ class StagePlan:
     # W straight from QK's C registers into PV's A operand (fragments/score_feed.py;
     # `layout` then reads the K rows in the feed's token order), or None: through LDS.
     w_feed: ScoreFeed | None = None
+    # The A tiles staged in LDS (Q, W) in register order where it holds
+    # (fragments/operand_staging.py), else row-major.
+    a_register_order: bool = False
     dead: frozenset = field(init=False)
     pv_dead: frozenset = field(init=False)
 
@@ -92,6 +100,26 @@ class StagePlan:
             written |= {row + self.w_packing[0] for row in written}
         return self.pv_layout.column_sum_slots(self.rows_out, reserved=written)
 
+    def _staging(self, instruction, cols_of) -> OperandStaging:
+        if self.a_register_order:
+            return OperandStaging.register_order(instruction, cols_of)
+        return OperandStaging.row_major(instruction, cols_of)
+
+    @cached_property
+    def q_staging(self) -> OperandStaging:
+        """Where the quantized query rows sit in LDS (one operand per K step)."""
+        return self._staging(self.instruction, self.layout.qk_head_dim_order(self.head_dim))
+
+    @cached_property
+    def w_staging(self) -> OperandStaging:
+        """Where W sits in LDS (one operand per PV MMAC), for PV's instruction. The
+        BF16-PV twin's stays row-major: in register order ptxas spills it at the
+        decode's 80 registers (benchmarks/results-sass-mix.md)."""
+        pv = self.pv_layout
+        if self.pv != "int8":
+            return OperandStaging.row_major(pv.instruction, pv.model.wave_token_groups)
+        return self._staging(pv.instruction, pv.model.wave_token_groups)
+
     def mma(self, layout: DecodeKernelLayout, a: ir.Value, b: ir.Value, c: ir.Value):
         return self.spec.emit_mma(layout.instruction, a, b, c)
 
@@ -122,6 +150,34 @@ class StagePlan:
     def live_elements(self, block: int) -> list[int]:
         """The lane's computed score elements of QK C tile `block`."""
         return [self.layout.element(block, i) for i in self.live_slots()]
+
+
+def load_operand(plan: StagePlan, base: ir.Value, prefix: list, staging: OperandStaging,
+                 operand: int, element: str,
+                 row: Callable[[ir.Value], ir.Value] = lambda r: r) -> ir.Value:
+    """A lane's A operand `operand` read from the tile staged in `base`[*prefix, row,
+    col] as `staging` placed it; `row` maps a staged row to the array's."""
+    lanes, inst = plan.lanes, staging.instruction
+    shape = inst.a_vector
+    width = ir.MemRefType(base.type).shape[-1]
+    element_bytes = 2 if element == "bf16" else 1
+    pieces = []
+    for row_map, col_map, length in staging.loads(operand):
+        alignment = None
+        if staging.in_register_order:    # the whole operand, at a multiple of its size
+            alignment = min(power_of_two_divisor(width), col_map.alignment(),
+                            power_of_two_divisor(length)) * element_bytes
+        loaded = load_vector(base, list(prefix) + [row(lanes.of_lane(row_map)),
+                                                    lanes.of_lane(col_map)],
+                             length, element, alignment)
+        inner = shape[-1]
+        if len(shape) == 1 or length == inner:
+            pieces.append(loaded)
+            continue
+        pieces += [vector.extract_strided_slice(vector_type(inner, element), loaded,
+                                                [first], [inner], [1])
+                   for first in range(0, length, inner)]
+    return lanes.assemble(pieces, shape)
 
 
 def class_of(classes: list[list[int]], element: int) -> int:

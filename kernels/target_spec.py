@@ -40,6 +40,9 @@ class DecodeTuning:
     pack_q_terms: bool = True
     # Two-term W the same way in PV's A tile: the second term's rows below the first's.
     pack_w_terms: bool = True
+    # Q and W staged in LDS in the MMA's register order (fragments/operand_staging.py):
+    # each operand one load, no register copies before the MMA.
+    a_register_order: bool = True
     merge_unroll: int = 8     # partitions each merge thread loads per loop iteration
     merge_splits: int = 1     # thread groups of the merge, each over every splits-th partition
     merge_chunks: int = 1     # merge workgroups per (KV head, sequence), each D / chunks columns

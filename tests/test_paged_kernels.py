@@ -128,12 +128,12 @@ def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
 
 
 @pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(v_async=True),
-                                    dict(merge_unroll=1),
+                                    dict(a_register_order=False), dict(merge_unroll=1),
                                     dict(workgroups_per_sm=6), dict(merge_chunks=2),
                                     dict(merge_chunks=4, merge_unroll=3)])
 def test_schedule_choices_do_not_change_a_bit(tuning):
-    # DecodeTuning moves loads, caps registers and splits the merge's columns over
-    # workgroups; the arithmetic stays the same.
+    # DecodeTuning moves loads, places Q and W in LDS, caps registers and splits the
+    # merge's columns over workgroups; the arithmetic stays the same.
     from int8attn.kernels.decode import DecodeTuning
 
     rng = seeded_rng(83)
@@ -307,3 +307,41 @@ def test_two_term_q_in_the_padding_rows_is_bitwise_the_two_mma_form(target, q_he
     steps, blocks = head_dim // spec.model.instruction.k, 64 // spec.model.instruction.n
     assert counts[0] - counts[1] == steps * blocks
     _check(outs[1], arrays, np.float32(0.125), target, numerics)
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+@pytest.mark.parametrize("q_heads", [6, 10, 14])
+def test_a_gqa_group_that_is_no_power_of_two_runs_on_every_target(target, q_heads):
+    # 3, 5 and 7 query heads per KV head (Qwen2's 28/4, Qwen2.5's 40/8): the partial
+    # outputs' rows are the next power of two, so every thread's rows stay a lane map
+    # (3 rows of 128 over 128 threads were not, and the build failed).
+    seed = 120 + q_heads
+    rng = seeded_rng(seed)
+    arrays = paged_batch(rng, [1, 255, 600], q_heads, 2, 64, 16)
+    out = simulate_paged(*arrays, 0.125, target=target)
+    _check(out, arrays, np.float32(0.125), target)
+
+
+def test_a_shape_whose_writers_have_no_register_order_map_is_staged_row_major(monkeypatch):
+    # Q and W go to LDS in the MMA's register order only where every writer's places
+    # are a lane map (fragments/operand_staging.py); elsewhere the kernel is built
+    # row-major, the same module as with `a_register_order=False`.
+    from int8attn.fragments import OperandStaging, StagingNotLinear
+
+    spec = target_spec("cuda")
+    shape = PagedShape(2, 4, 64, 16, 0.125)
+
+    def refuse(self, *args, **kwargs):
+        if self.in_register_order:
+            raise StagingNotLinear("no lane map")
+        return place(self, *args, **kwargs)
+
+    with new_context(), ir.Location.unknown():
+        tuning = replace(spec.default_tuning(64), a_register_order=False)
+        row_major = str(build_decode_kernels(paged_access(shape, spec), spec,
+                                             tuning=tuning).module)
+        register_order = str(build_decode_kernels(paged_access(shape, spec), spec).module)
+        place = OperandStaging.place
+        monkeypatch.setattr(OperandStaging, "place", refuse)
+        fallen_back = str(build_decode_kernels(paged_access(shape, spec), spec).module)
+    assert fallen_back == row_major != register_order

@@ -4,6 +4,7 @@ The listing's parsing on a small hand-written body always runs; what needs NVIDI
 assembler skips where it is not installed (benchmarks/sass_mix.py says how to get it).
 """
 
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -56,19 +57,46 @@ def test_the_prefill_fits_the_registers_of_its_occupancy_request():
     assert 0 < row["registers"] <= 65536 // (3 * 128)
 
 
+def _sass(kernel: str, numerics: str) -> tuple[list[str], dict[str, int]]:
+    """The SASS instructions of `kernel` and its labels' positions."""
+    ptx, entry = sass_mix.ptx_mix.compile_ptx(kernel, numerics, "int8")
+    with tempfile.TemporaryDirectory() as workdir:
+        _, cubin = sass_mix.assemble(ptx, "sm_90", workdir)
+        listing = sass_mix.subprocess.run([sass_mix.tool("nvdisasm"), "-c", cubin],
+                                          capture_output=True, text=True, check=True).stdout
+    return sass_mix.instructions(listing, entry)
+
+
 @needs_ptxas
 @needs_nvdisasm
 def test_the_exp_is_one_mufu_in_the_tile_loop():
     # ex2.approx.ftz: no compare against -126 and no rescaling multiplies around MUFU.EX2
     # (the subnormal-keeping form's three extra instructions per exp).
-    ptx, entry = sass_mix.ptx_mix.compile_ptx("prefill", "seed", "int8")
-    with tempfile.TemporaryDirectory() as workdir:
-        _, cubin = sass_mix.assemble(ptx, "sm_90", workdir)
-        listing = sass_mix.subprocess.run([sass_mix.tool("nvdisasm"), "-c", cubin],
-                                          capture_output=True, text=True, check=True).stdout
-    found, labels = sass_mix.instructions(listing, entry)
+    found, labels = _sass("prefill", "seed")
     first, last = sass_mix.loops(found, labels)[0]
     body = found[first:last + 1]
     exps = [i for i in body if i.startswith("MUFU.EX2")]
     assert len(exps) >= 32
     assert not [i for i in body if "-126" in i]
+
+
+_WRITES = re.compile(r"^(?:@\S+\s+)?(\S+)\s+(R\d+)\b")
+_A_OPERAND = re.compile(r"\b(R\d+)(?:\.reuse)?\.ROW\b")
+
+
+@needs_ptxas
+@needs_nvdisasm
+@pytest.mark.parametrize("kernel", ["decode", "paged-decode"])
+def test_the_decode_mmas_read_q_and_w_as_loaded(kernel):
+    # Q and W sit in LDS in the MMA's register order (fragments/operand_staging.py):
+    # every IMMA's A quad is the destination of one LDS.128, not assembled by MOVs
+    # (row-major, each took four: ~250 of the partition's ~2,000 instructions).
+    found, _ = _sass(kernel, "kernel")
+    writer, sources = {}, []
+    for instruction in found:
+        if instruction.startswith("IMMA"):
+            sources.append(writer.get(_A_OPERAND.search(instruction).group(1)))
+        if m := _WRITES.match(instruction):
+            writer[m.group(2)] = m.group(1)
+    assert len(sources) == 64
+    assert sources == ["LDS.128"] * 64
