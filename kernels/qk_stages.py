@@ -236,15 +236,18 @@ def workgroup_reduce(plan: StagePlan, values: dict, classes, combine) -> list[ir
 def partition_softmax(plan: StagePlan, scores: Scores, classes):
     """Decode: the partition's (m, l) per row class and W = P * sV, exactly 0 for
     a dead token (whatever its slot's scale holds); exp the target's fastest
-    (`TargetSpec.exp`)."""
+    (`TargetSpec.exp`), P = e / l by the row's reciprocal and one FMA correction
+    (`contract.divide_by_reciprocal`: e / l rounded once, but an ulp below 2^-102)."""
     lanes = plan.lanes
     m = workgroup_reduce(plan, scores.values, classes, arith.maximumf)
     exp = lambda x: plan.spec.exp(x, lanes.f32)
     e = {i: exp(arith.subf(x, m[class_of(classes, i)])) for i, x in scores.values.items()}
     l = workgroup_reduce(plan, e, classes, arith.addf)
+    inverse = [contract.reciprocal(total) for total in l]      # once per row
     w = {}
     for i, value in e.items():
-        p = arith.divf(value, l[class_of(classes, i)])
+        c = class_of(classes, i)
+        p = contract.divide_by_reciprocal(value, l[c], inverse[c])
         w[i] = arith.select(scores.live[i], arith.mulf(p, scores.v_scales[i]), lanes.f32(0.0))
     return m, l, w
 
