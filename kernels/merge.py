@@ -12,7 +12,8 @@ spreads over many SMs.
   cells    `splits` thread groups each cover the chunk's tile; group g runs
            over partitions g, g + splits, ..., `unroll` of them per
            iteration with all their loads issued first (a slot past the
-           last partition re-reads it with weight 0). A thread's cells are
+           last partition re-reads it with weight 0); the first iteration's
+           loads are issued before the rows' M, in flight with its loads. A thread's cells are
            runs of one row, read 16 bytes at a time, and one weight
            e^(m_p - M) l_p per (row, partition) serves all of them.
   combine  with one M for all, the groups' numerators and denominators are
@@ -100,7 +101,6 @@ def build_merge(plan: MergePlan, access, args) -> None:
     m = binding(m_arg, kv + (plan.tile_rows,), "f32", zero)
     l = binding(l_arg, kv + (plan.tile_rows,), "f32", zero)
     out = binding(out_arg, (batch, plan.kv_heads, plan.rows_out, d), "f32", zero)
-    top_lds = _row_max(plan, lanes, m, (b, h), parts)
 
     _, runs = thread_runs(plan.rows_out, plan.columns, plan.group_threads, VECTOR)
     member_map, group_map = thread_groups(plan.group_threads, plan.splits)
@@ -111,8 +111,15 @@ def build_merge(plan: MergePlan, access, args) -> None:
     cells = _Cells([lanes.of_lane(row, of=member) for row in row_maps],
                    [(row_maps.index(row), arith.addi(first, lanes.of_lane(col, of=member)), n,
                      _alignment(plan, col, n)) for row, col, n in runs])
+    # The first partitions' partials are loaded before M: their loads need no M, so
+    # they are in flight with the max's instead of one L2 round trip after it.
+    partials = (o, m, l)
+    first_chunk = _load_chunk(plan, lanes, partials, (b, h), parts, cells, group, zero)
+    top_lds = _row_max(plan, lanes, m, (b, h), parts)
     top = [memref.load(top_lds, [row]) for row in cells.rows]
-    sums = _sums(plan, lanes, (o, m, l), (b, h), parts, cells, top, group)
+    sums = _accumulate(lanes, [lanes.f32(0.0)] * (cells.count + len(cells.rows)),
+                       first_chunk, cells, top)
+    sums = _sums(plan, lanes, partials, (b, h), parts, cells, top, group, sums)
     if plan.splits == 1:
         _store(out, (b, h), cells, sums)
         return
@@ -154,37 +161,52 @@ def _row_max(plan: MergePlan, lanes: Lanes, m, where, parts) -> ir.Value:
     return lds
 
 
-def _sums(plan: MergePlan, lanes: Lanes, partials, where, parts, cells: _Cells, top,
-          group) -> list[ir.Value]:
-    """[numerator per cell..., denominator per row...] over this group's partitions."""
+def _load_chunk(plan: MergePlan, lanes: Lanes, partials, where, parts, cells: _Cells,
+                group, base: ir.Value) -> list:
+    """The loads of one loop iteration of the group: `unroll` partitions from `base`,
+    (valid, m_p, l_p, O_p runs) each; a slot past the last partition re-reads it."""
     (o, m, l), (b, h) = partials, where
     last = arith.subi(parts, lanes.index(1))
-    start = [lanes.f32(0.0)] * (cells.count + len(cells.rows))
-    loop = lanes.loop(lanes.index(0), parts, start, step=plan.unroll * plan.splits)
+    chunk = []
+    for j in range(plan.unroll):
+        slot = lanes.affine((base, 1), (group, 1), j * plan.splits)
+        p = arith.minui(slot, last)
+        valid = arith.cmpi(arith.CmpIPredicate.ult, slot, parts)
+        chunk.append((valid, [memref.load(m, [b, h, p, row]) for row in cells.rows],
+                      [memref.load(l, [b, h, p, row]) for row in cells.rows],
+                      [_load_run(o, [b, h, p, cells.rows[r], col], n, align)
+                       for r, col, n, align in cells.runs]))
+    return chunk
+
+
+def _accumulate(lanes: Lanes, sums: list, chunk: list, cells: _Cells, top) -> list:
+    """`sums` [numerator per cell..., denominator per row...] plus the chunk's
+    partitions, each weighted e^(m_p - M) l_p (0 past the last)."""
+    sums = list(sums)
+    for valid, m_p, l_p, o_p in chunk:
+        weights = [arith.select(valid, arith.mulf(math.exp(arith.subf(mp, t)), lp),
+                                lanes.f32(0.0))
+                   for mp, lp, t in zip(m_p, l_p, top)]
+        cell = 0
+        for (r, _, n, _), loaded in zip(cells.runs, o_p):
+            for e in range(n):
+                term = arith.mulf(weights[r], loaded[e])
+                sums[cell] = arith.addf(sums[cell], term)
+                cell += 1
+        for r, weight in enumerate(weights):
+            sums[cells.count + r] = arith.addf(sums[cells.count + r], weight)
+    return sums
+
+
+def _sums(plan: MergePlan, lanes: Lanes, partials, where, parts, cells: _Cells, top,
+          group, start: list) -> list[ir.Value]:
+    """`start` plus this group's partitions past its first iteration's."""
+    step = plan.unroll * plan.splits
+    loop = lanes.loop(lanes.index(step), parts, start, step=step)
     with ir.InsertionPoint(loop.body):
-        chunk = []
-        for j in range(plan.unroll):
-            slot = lanes.affine((loop.induction_variable, 1), (group, 1), j * plan.splits)
-            p = arith.minui(slot, last)
-            valid = arith.cmpi(arith.CmpIPredicate.ult, slot, parts)
-            chunk.append((valid, [memref.load(m, [b, h, p, row]) for row in cells.rows],
-                          [memref.load(l, [b, h, p, row]) for row in cells.rows],
-                          [_load_run(o, [b, h, p, cells.rows[r], col], n, align)
-                           for r, col, n, align in cells.runs]))
-        sums = list(loop.inner_iter_args)
-        for valid, m_p, l_p, o_p in chunk:
-            weights = [arith.select(valid, arith.mulf(math.exp(arith.subf(mp, t)), lp),
-                                    lanes.f32(0.0))
-                       for mp, lp, t in zip(m_p, l_p, top)]
-            cell = 0
-            for (r, _, n, _), loaded in zip(cells.runs, o_p):
-                for e in range(n):
-                    term = arith.mulf(weights[r], loaded[e])
-                    sums[cell] = arith.addf(sums[cell], term)
-                    cell += 1
-            for r, weight in enumerate(weights):
-                sums[cells.count + r] = arith.addf(sums[cells.count + r], weight)
-        scf.YieldOp(sums)
+        chunk = _load_chunk(plan, lanes, partials, where, parts, cells, group,
+                            loop.induction_variable)
+        scf.YieldOp(_accumulate(lanes, loop.inner_iter_args, chunk, cells, top))
     return list(loop.results)
 
 

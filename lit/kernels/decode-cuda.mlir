@@ -22,6 +22,9 @@
 // CHECK-NEXT: %[[LOW:.*]] = arith.subi %[[T]], %[[BACK]] : i32
 // CHECK-NEXT: arith.trunci %[[HIGH]] : i32 to i8
 // CHECK-NEXT: arith.trunci %[[LOW]] : i32 to i8
+// Qq sits in LDS in the MMA's register order (fragments/operand_staging.py): each K
+// step's A operand is one aligned 16-byte load, its registers a0..a3 in order.
+// CHECK-COUNT-4: vector.load %{{.*}} alignment = 16 : memref<16x128xi8, #gpu.address_space<workgroup>>, vector<16xi8>
 // A score: the high digit's sum (C row g) and the low digit's (row g + 8) of one MMA
 // (the 32 QK MMAs are issued before the first score is read). The MMAs start from
 // the bias's bits, so each sum's bits are the f32 1.5*2^23 + sum (contract.exact_f32):
@@ -40,7 +43,8 @@
 // CHECK-NOT: math.exp
 // CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f32"(%{{.*}}) : (f32) -> f32
 // CHECK-NOT: math.exp
-// PV the same way, scaled by sW1 / 256 per (row, MMAC).
+// PV the same way, scaled by sW1 / 256 per (row, MMAC); Wq read in register order too.
+// CHECK-COUNT-2: vector.load %{{.*}} alignment = 16 : memref<4x16x64xi8, #gpu.address_space<workgroup>>, vector<16xi8>
 // CHECK: %[[PV:.*]] = nvgpu.mma.sync(%{{.*}}, %{{.*}}, %[[INIT]])
 // CHECK: %[[WH:.*]] = vector.extract %[[PV]][0, 0] : i32 from vector<2x2xi32>
 // CHECK: %[[WL:.*]] = vector.extract %[[PV]][1, 0] : i32 from vector<2x2xi32>
@@ -48,6 +52,11 @@
 // CHECK: arith.bitcast %[[WL]] : i32 to f32
 // CHECK: math.fma
 // CHECK-LABEL: stream.executable private @decode_merge
+// The merge loads its first partitions' partials before the rows' max M (shuffles,
+// then LDS behind a barrier): their L2 round trip overlaps the max's.
+// CHECK: vector.load %{{.*}} : memref<1x8x16x4x128xf32>, vector<4xf32>
+// CHECK: gpu.shuffle xor
+// CHECK: gpu.barrier
 
 // The scaled second terms (the cpu pipeline's): the same MMA count (packed too), but
 // a residual, its own absmax and two conversions per score, no digit split.
