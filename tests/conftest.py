@@ -63,6 +63,35 @@ def seeded_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+_ELEMENTS = {np.dtype(np.float32): "f32", np.dtype(np.int8): "i8", np.dtype(np.int32): "i32"}
+
+
+def simulate_workgroup(name: str, arrays: list[np.ndarray], threads: int, body) -> None:
+    """One workgroup of `threads` threads (one wave) in the lane simulator, its kernel
+    `name` built by `body(lanes, views)`: one binding per array of `arrays`, viewed in
+    its shape and element type; the arrays are read and written in place."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import func
+
+    from int8attn.kernels.lanes import Lanes, binding
+    from int8attn.simulator.interpreter import Machine
+    from int8attn.support.ir import new_context
+
+    with new_context() as context, ir.Location.unknown():
+        context.allow_unregistered_dialects = True
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            binding_type = ir.Type.parse("!stream.binding")
+            kernel = func.FuncOp(name, ir.FunctionType.get([binding_type] * len(arrays), []))
+            with ir.InsertionPoint(kernel.add_entry_block()):
+                lanes = Lanes(threads, threads)
+                zero = lanes.index(0)
+                body(lanes, [binding(argument, array.shape, _ELEMENTS[array.dtype], zero)
+                             for argument, array in zip(kernel.arguments, arrays)])
+                func.ReturnOp([])
+        Machine(kernel.operation, list(arrays), (1, 1, 1), threads, threads).run()
+
+
 def first_loop_body(text: str) -> str:
     """The printed body of a module's first scf.for: from its `{` to the matching `}`
     (the branches and loops nested in it included)."""

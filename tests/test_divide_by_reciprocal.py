@@ -9,14 +9,11 @@ large numpy emulation with the same exactly rounded f32 fma (reference.common.fm
 from fractions import Fraction
 
 import numpy as np
-from iree.compiler import ir
-from iree.compiler.dialects import func, memref
+from iree.compiler.dialects import memref
 
-from conftest import seeded_rng
+from conftest import seeded_rng, simulate_workgroup
 from int8attn.contract import scalar_ir as contract
-from int8attn.kernels.lanes import Lanes, binding
 from int8attn.reference.common import fma_f32
-from int8attn.simulator.interpreter import Machine
 
 F32 = np.float32
 EXACT_FROM = 2.0 ** -102
@@ -82,26 +79,17 @@ def test_the_contract_ir_computes_the_emulated_quotient():
     e, l = draw(rng, threads * width)
     e, l = e.reshape(threads, width), l[:threads]
     p = np.zeros_like(e)
-    with ir.Context() as context, ir.Location.unknown():
-        context.allow_unregistered_dialects = True
-        module = ir.Module.create()
-        with ir.InsertionPoint(module.body):
-            binding_type = ir.Type.parse("!stream.binding")
-            kernel = func.FuncOp("divide", ir.FunctionType.get([binding_type] * 3, []))
-            with ir.InsertionPoint(kernel.add_entry_block()):
-                lanes = Lanes(threads, threads)
-                zero = lanes.index(0)
-                es = binding(kernel.arguments[0], (threads, width), "f32", zero)
-                ls = binding(kernel.arguments[1], (threads,), "f32", zero)
-                ps = binding(kernel.arguments[2], (threads, width), "f32", zero)
-                total = memref.load(ls, [lanes.thread])
-                inverse = contract.reciprocal(total)
-                for j in range(width):
-                    at = [lanes.thread, lanes.index(j)]
-                    quotient = contract.divide_by_reciprocal(memref.load(es, at), total, inverse)
-                    memref.store(quotient, ps, at)
-                func.ReturnOp([])
-        Machine(kernel.operation, [e, l, p], (1, 1, 1), threads, threads).run()
+
+    def body(lanes, views):
+        es, ls, ps = views
+        total = memref.load(ls, [lanes.thread])
+        inverse = contract.reciprocal(total)
+        for j in range(width):
+            at = [lanes.thread, lanes.index(j)]
+            memref.store(contract.divide_by_reciprocal(memref.load(es, at), total, inverse),
+                         ps, at)
+
+    simulate_workgroup("divide", [e, l, p], threads, body)
     rows = np.broadcast_to(l[:, None], e.shape)
     assert np.array_equal(p, emulated(e, rows))
     above = e >= EXACT_FROM

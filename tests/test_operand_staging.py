@@ -36,6 +36,18 @@ def _stage(staging: OperandStaging, tile: np.ndarray) -> np.ndarray:
     return lds
 
 
+def _assert_each_lane_reads_its_operands(staging: OperandStaging) -> None:
+    """A tile of distinct values, staged: every lane's loads give, slot by slot, the
+    element (row, cols_of[o, k]) its A lane table names, for every operand o."""
+    inst, cols_of = staging.instruction, staging.cols_of
+    tile = np.arange(inst.m * cols_of.size).reshape(inst.m, cols_of.size)
+    lds = _stage(staging, tile)
+    coords = inst.a.coords
+    for o in range(cols_of.shape[0]):
+        expected = tile[coords[:, :, 0], cols_of[o][coords[:, :, 1]]]
+        assert np.array_equal(_read_back(staging, lds, o), expected)
+
+
 CASES = ([(target, d) for target in ("gfx936", "gfx942", "cuda")
           for d in (32, 64, 96, 128, 256)]
          + [(target, None) for target in ("gfx936", "gfx942", "cuda")])
@@ -44,18 +56,10 @@ CASES = ([(target, d) for target in ("gfx936", "gfx942", "cuda")
 @pytest.mark.parametrize("target, head_dim", CASES)
 @pytest.mark.parametrize("register_order", [False, True])
 def test_each_lane_reads_back_its_operand(target, head_dim, register_order):
-    # A tile of distinct values: every lane's loads must give, slot by slot, the
-    # element (row, cols_of[o, k]) its A lane table names, for every operand.
     layout = DecodeKernelLayout(fragment_model(target))
     inst, cols_of = _operands(layout, head_dim)
     make = OperandStaging.register_order if register_order else OperandStaging.row_major
-    staging = make(inst, cols_of)
-    tile = np.arange(inst.m * cols_of.size).reshape(inst.m, cols_of.size)
-    lds = _stage(staging, tile)
-    coords = inst.a.coords
-    for o in range(cols_of.shape[0]):
-        expected = tile[coords[:, :, 0], cols_of[o][coords[:, :, 1]]]
-        assert np.array_equal(_read_back(staging, lds, o), expected)
+    _assert_each_lane_reads_its_operands(make(inst, cols_of))
 
 
 @pytest.mark.parametrize("target, head_dim", CASES)
@@ -107,13 +111,7 @@ def test_every_pv_atom_reads_back_its_operand(name):
     model = bf16_pv_model(target) if kind == "bf16" else pv_model_named(name)
     layout = DecodeKernelLayout(model)
     inst, cols_of = _operands(layout, None)
-    staging = OperandStaging.register_order(inst, cols_of)
-    tile = np.arange(inst.m * cols_of.size).reshape(inst.m, cols_of.size)
-    lds = _stage(staging, tile)
-    coords = inst.a.coords
-    for o in range(cols_of.shape[0]):
-        expected = tile[coords[:, :, 0], cols_of[o][coords[:, :, 1]]]
-        assert np.array_equal(_read_back(staging, lds, o), expected)
+    _assert_each_lane_reads_its_operands(OperandStaging.register_order(inst, cols_of))
 
 
 def test_a_writers_maps_land_where_the_staging_places_its_elements():

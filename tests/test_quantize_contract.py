@@ -13,14 +13,12 @@ raises on it, so a kernel that reaches it fails here.
 
 import numpy as np
 import pytest
-from iree.compiler import ir
-from iree.compiler.dialects import func, memref
+from iree.compiler.dialects import memref
 
-from conftest import seeded_rng
+from conftest import seeded_rng, simulate_workgroup
 from int8attn import reference as ref
 from int8attn.contract.numerics import KERNEL_NUMERICS  # the simulated kernels' default
 from int8attn.fragments import fragment_model
-from int8attn.kernels.lanes import Lanes, binding
 from int8attn.contract import scalar_ir as contract
 from int8attn.contract.constants import QMAX
 from int8attn.reference.common import QUANTIZE_MIN_ABSMAX
@@ -32,7 +30,6 @@ from int8attn.runtime import LoadedModule
 from int8attn.runtime.module import TensorSpec
 from int8attn.simulator import simulate_decode
 from int8attn.support.ir import new_context, parse_module
-from int8attn.simulator.interpreter import Machine, SimulationError
 
 TARGETS = ("gfx936", "gfx942", "cuda")
 SHAPE = (1, 4, 1, 300, 32)            # B, Hq, Hkv, S, D: two partitions, the second ragged
@@ -81,38 +78,26 @@ def simulate_contract(x: np.ndarray, digits: bool = False, bias: bool = False):
     x_pad[:rows] = x
     q, s = np.zeros((threads, width), np.int8), np.zeros(threads, np.float32)
     low = np.zeros((threads, width), np.int8)
-    with ir.Context() as context, ir.Location.unknown():
-        context.allow_unregistered_dialects = True
-        module = ir.Module.create()
-        with ir.InsertionPoint(module.body):
-            binding_type = ir.Type.parse("!stream.binding")
-            kernel = func.FuncOp("contract", ir.FunctionType.get([binding_type] * 4, []))
-            with ir.InsertionPoint(kernel.add_entry_block()):
-                args = list(kernel.arguments)
-                lanes = Lanes(threads, threads)
-                zero = lanes.index(0)
-                xs = binding(args[0], (threads, width), "f32", zero)
-                qs = binding(args[1], (threads, width), "i8", zero)
-                ss = binding(args[2], (threads,), "f32", zero)
-                lows = binding(args[3], (threads, width), "i8", zero)
-                c = contract.quantize_constants(lanes.f32, i32=lanes.i32 if bias else None)
-                values = [memref.load(xs, [lanes.thread, lanes.index(j)]) for j in range(width)]
-                amax = c.zero
-                for value in values:
-                    amax = contract.absmax_step(amax, value)
-                memref.store(contract.quantize_scale(amax, c, tiny_exact=not bias), ss,
-                             [lanes.thread])
-                inverse = contract.quantize_inverse(amax, c)
-                for j, value in enumerate(values):
-                    where = [lanes.thread, lanes.index(j)]
-                    if digits:
-                        high, low_digit = contract.quantize_digits(value, inverse, c)
-                        memref.store(high, qs, where)
-                        memref.store(low_digit, lows, where)
-                    else:
-                        memref.store(contract.quantize_value(value, inverse, c), qs, where)
-                func.ReturnOp([])
-        Machine(kernel.operation, [x_pad, q, s, low], (1, 1, 1), threads, threads).run()
+
+    def body(lanes, views):
+        xs, qs, ss, lows = views
+        c = contract.quantize_constants(lanes.f32, i32=lanes.i32 if bias else None)
+        values = [memref.load(xs, [lanes.thread, lanes.index(j)]) for j in range(width)]
+        amax = c.zero
+        for value in values:
+            amax = contract.absmax_step(amax, value)
+        memref.store(contract.quantize_scale(amax, c, tiny_exact=not bias), ss, [lanes.thread])
+        inverse = contract.quantize_inverse(amax, c)
+        for j, value in enumerate(values):
+            where = [lanes.thread, lanes.index(j)]
+            if digits:
+                high, low_digit = contract.quantize_digits(value, inverse, c)
+                memref.store(high, qs, where)
+                memref.store(low_digit, lows, where)
+            else:
+                memref.store(contract.quantize_value(value, inverse, c), qs, where)
+
+    simulate_workgroup("contract", [x_pad, q, s, low], threads, body)
     return (q[:rows], low[:rows], s[:rows]) if digits else (q[:rows], s[:rows])
 
 

@@ -9,12 +9,10 @@ gives the expected data, the form with the barrier (or the wait) left out is ref
 
 import numpy as np
 import pytest
-from iree.compiler import ir
-from iree.compiler.dialects import arith, func, memref
+from iree.compiler.dialects import arith, memref
 
-from int8attn.kernels.lanes import Lanes, binding
-from int8attn.simulator.interpreter import Machine, SimulationError
-from int8attn.support.ir import new_context
+from conftest import simulate_workgroup
+from int8attn.simulator.interpreter import SimulationError
 
 THREADS = 8
 
@@ -24,20 +22,8 @@ def run(body) -> np.ndarray:
     `source` holds 0..THREADS-1 (f32), `out` [THREADS] is returned."""
     source = np.arange(THREADS, dtype=np.float32)
     out = np.zeros(THREADS, np.float32)
-    with new_context() as context, ir.Location.unknown():
-        context.allow_unregistered_dialects = True
-        module = ir.Module.create()
-        with ir.InsertionPoint(module.body):
-            binding_type = ir.Type.parse("!stream.binding")
-            kernel = func.FuncOp("hazards", ir.FunctionType.get([binding_type] * 2, []))
-            with ir.InsertionPoint(kernel.add_entry_block()):
-                lanes = Lanes(THREADS, THREADS)
-                zero = lanes.index(0)
-                src = binding(kernel.arguments[0], (THREADS,), "f32", zero)
-                dst = binding(kernel.arguments[1], (THREADS,), "f32", zero)
-                body(lanes, src, dst)
-                func.ReturnOp([])
-        Machine(kernel.operation, [source, out], (1, 1, 1), THREADS, THREADS).run()
+    simulate_workgroup("hazards", [source, out], THREADS,
+                       lambda lanes, views: body(lanes, *views))
     return out
 
 
