@@ -151,3 +151,26 @@ def test_a_writer_map_is_fitted_on_the_threads_that_store_only():
         _fit_where(values, threads < 41)             # thread 40 stores the wrong value
     with pytest.raises(StagingNotLinear, match="thread 0"):
         _fit_where(values, threads > 0)
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+def test_register_order_reads_take_the_fewest_lds_wavefronts(target):
+    # A wave reads each operand as one contiguous run of lanes x slots bytes: the
+    # fewest wavefronts there are (bytes / 128; fragments/lds_tile.py's bank model).
+    # Row-major puts the rows of one operand D bytes apart, on the same banks.
+    from int8attn.fragments.lds_tile import lds_wavefronts
+
+    layout = DecodeKernelLayout(fragment_model(target))
+    inst = layout.instruction
+    lanes = np.arange(inst.a.lanes)
+    for head_dim in (64, 128, None):
+        _, cols_of = _operands(layout, head_dim)
+        costs = {}
+        for make in (OperandStaging.row_major, OperandStaging.register_order):
+            staging = make(inst, cols_of)
+            costs[make] = sum(lds_wavefronts(row(lanes) * cols_of.size + col(lanes), n)
+                              for o in range(cols_of.shape[0])
+                              for row, col, n in staging.loads(o))
+        fewest = cols_of.size * inst.m // 128
+        assert costs[OperandStaging.register_order] == fewest
+        assert costs[OperandStaging.row_major] > fewest
