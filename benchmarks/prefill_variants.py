@@ -8,7 +8,7 @@ Each folder holds what `int8attn bench --mode prefill --prepare-only` writes (th
 cases: `--context`, `--history`, `--new-tokens`), built with the named `TargetSpec`
 fields of the cuda target changed (kernels/target_spec.py: `prefill_kv_ring`, the
 K/V ring in LDS; `prefill_workgroups_per_sm`, the register cap; `ring_lds_bytes`;
-`prefill_q_per_tile`, Q's operands read from LDS in every tile), so a
+`prefill_q_per_tile`, Q's operands read from LDS in every tile: cuda's default), so a
 GPU session times a choice against the default with the bench's checks.
 """
 

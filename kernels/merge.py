@@ -113,13 +113,13 @@ def build_merge(plan: MergePlan, access, args) -> None:
                      _alignment(plan, col, n)) for row, col, n in runs])
     # The first partitions' partials are loaded before M: their loads need no M, so
     # they are in flight with the max's instead of one L2 round trip after it.
-    partials = (o, m, l)
-    first_chunk = _load_chunk(plan, lanes, partials, (b, h), parts, cells, group, zero)
+    partials, bounds = (o, m, l), (parts, arith.subi(parts, lanes.index(1)))
+    first_chunk = _load_chunk(plan, lanes, partials, (b, h), bounds, cells, group, zero)
     top_lds = _row_max(plan, lanes, m, (b, h), parts)
     top = [memref.load(top_lds, [row]) for row in cells.rows]
     sums = _accumulate(lanes, [lanes.f32(0.0)] * (cells.count + len(cells.rows)),
                        first_chunk, cells, top)
-    sums = _sums(plan, lanes, partials, (b, h), parts, cells, top, group, sums)
+    sums = _sums(plan, lanes, partials, (b, h), bounds, cells, top, group, sums)
     if plan.splits == 1:
         _store(out, (b, h), cells, sums)
         return
@@ -164,9 +164,9 @@ def _row_max(plan: MergePlan, lanes: Lanes, m, where, parts) -> ir.Value:
 def _load_chunk(plan: MergePlan, lanes: Lanes, partials, where, parts, cells: _Cells,
                 group, base: ir.Value) -> list:
     """The loads of one loop iteration of the group: `unroll` partitions from `base`,
-    (valid, m_p, l_p, O_p runs) each; a slot past the last partition re-reads it."""
-    (o, m, l), (b, h) = partials, where
-    last = arith.subi(parts, lanes.index(1))
+    (valid, m_p, l_p, O_p runs) each; a slot past the last partition (`parts`: (count,
+    count - 1)) re-reads it."""
+    (o, m, l), (b, h), (parts, last) = partials, where, parts
     chunk = []
     for j in range(plan.unroll):
         slot = lanes.affine((base, 1), (group, 1), j * plan.splits)
@@ -200,9 +200,10 @@ def _accumulate(lanes: Lanes, sums: list, chunk: list, cells: _Cells, top) -> li
 
 def _sums(plan: MergePlan, lanes: Lanes, partials, where, parts, cells: _Cells, top,
           group, start: list) -> list[ir.Value]:
-    """`start` plus this group's partitions past its first iteration's."""
+    """`start` plus this group's partitions past its first iteration's (`parts`: the
+    count and the last, as for `_load_chunk`)."""
     step = plan.unroll * plan.splits
-    loop = lanes.loop(lanes.index(step), parts, start, step=step)
+    loop = lanes.loop(lanes.index(step), parts[0], start, step=step)
     with ir.InsertionPoint(loop.body):
         chunk = _load_chunk(plan, lanes, partials, where, parts, cells, group,
                             loop.induction_variable)

@@ -8,8 +8,9 @@ head r % G, so one K/V tile serves every head of the group. Each wave owns
 tokens, which is also the contract's prefill tile). The same stages as decode
 (kernels/qk_stages.py, kernels/pv_stages.py), composed differently:
 
-  Q       `quantize_rows`: the workgroup's 64 rows into LDS once; each wave
-          keeps its A fragments in registers (`q_operands`)
+  Q       `quantize_rows`: the workgroup's 64 rows into LDS once, in the MMA's
+          register order; each wave keeps its A fragments in registers, or reads
+          them in every tile (`TargetSpec.prefill_q_per_tile`) (`q_operands`)
   loop over the tiles the block's last row can see (later tiles are never
   computed; the causal limit of a row is S - Sq + its token), in two loops: the
   tiles the block's first row sees whole build no mask at all, the rest mask:
@@ -117,7 +118,7 @@ class PrefillKernel:
         # C slot is dead, unsigned W takes its column sums from one more MMAC, and W
         # can go from QK's C registers straight into PV's A operand.
         plan = stage_plan(lanes, self.spec, s, self.numerics, self.pv, self.spec.tile_rows,
-                          self.pv_atom, feed_w=self.feed_w)
+                          self.pv_atom, feed_w=self.feed_w, a_register_order=True)
         out = binding(out_arg, (kv.batch, s.q_heads, s.query_tokens, s.head_dim), "f32",
                       lanes.index(0))
         rows = _Rows(plan, s, block, self.rows_per_workgroup)

@@ -132,8 +132,9 @@ class TargetSpec:
     ring_lds_bytes: int = 48 * 1024
     # Read Q's operands from LDS in every prefill tile instead of holding them in
     # registers (16 registers a lane, 32 with two-term Q; with the ring's barrier in
-    # the loop the loads stay there). Not the default: untimed (benchmarks/
-    # results-sass-mix.md has what ptxas makes of it).
+    # the loop the loads stay there): one LDS.128 per K step in register order
+    # (fragments/operand_staging.py). cuda's choice from ptxas's counts, not yet timed
+    # (benchmarks/results-sass-mix.md).
     prefill_q_per_tile: bool = False
 
     @property
@@ -238,7 +239,10 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
         # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)
-        prefill_workgroups_per_sm=3, measured_sms=132, prefill_kv_ring=True),
+        prefill_workgroups_per_sm=3, measured_sms=132, prefill_kv_ring=True,
+        # Q in register order costs the loop no instruction and frees the registers
+        # it spilled: 76 -> 16 spill bytes (digits), 180 -> 28 (chunked, digits)
+        prefill_q_per_tile=True),
 }
 
 

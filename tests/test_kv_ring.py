@@ -241,7 +241,8 @@ def test_q_read_in_every_tile_gives_the_same_bits():
     args = prefill_inputs(5140, *shape)
     prefill = PrefillShape(1, 2, 4, 200, 37, 64, 0.125)
     outs, texts = [], []
-    for spec in (CUDA, dataclasses.replace(CUDA, prefill_q_per_tile=True)):
+    for spec in (dataclasses.replace(CUDA, prefill_q_per_tile=False),
+                 dataclasses.replace(CUDA, prefill_q_per_tile=True)):
         with new_context(), ir.Location.unknown():
             built = build_prefill_kernels(prefill, spec)
             text = str(built.module)

@@ -47,16 +47,23 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // CHECK: %[[MLEN:.*]] = arith.index_cast %{{.*}} : i32 to index
 // CHECK: %[[ROUND:.*]] = arith.addi %[[MLEN]], %c255 : index
 // CHECK: %[[PARTS:.*]] = arith.divui %[[ROUND]], %c256 : index
-// Each row's max first: the 64 lanes of a wave stride over the partitions,
-// eight each per iteration (a slot past the last re-reads it: same max).
+// Four thread groups, eight partitions each per iteration: group g's slot j is
+// iv + g + 4j; a slot past the last re-reads it with weight 0. The first
+// iteration's loads come before each row's max M (they need no M: one L2 round
+// trip for both).
+// CHECK: %[[LASTP:.*]] = arith.subi %[[PARTS]], %c1 : index
+// CHECK: arith.minui %[[G:.*]], %[[LASTP]] : index
+// CHECK: arith.cmpi ult, %[[G]], %[[PARTS]] : index
+// CHECK: %[[FIRST1:.*]] = arith.addi %[[G]], %c4 : index
+// CHECK: arith.minui %[[FIRST1]], %[[LASTP]] : index
+// Then each row's max: the 64 lanes of a wave stride over the partitions, eight
+// each per iteration (a slot past the last re-reads it: same max).
 // CHECK: scf.for %{{.*}} = %c0 to %[[PARTS]] step %c512
 // CHECK: arith.maximumf
 // CHECK: gpu.barrier
-// Then four thread groups, eight partitions each per iteration: group g's slot j
-// is iv + g + 4j; a slot past the last re-reads it with weight 0.
-// CHECK: %[[LASTP:.*]] = arith.subi %[[PARTS]], %c1 : index
-// CHECK: scf.for %[[P0:.*]] = %c0 to %[[PARTS]] step %c32
-// CHECK: %[[SLOT0:.*]] = arith.addi %[[P0]], %[[G:.*]] : index
+// Then the groups' other iterations, from partition 32.
+// CHECK: scf.for %[[P0:.*]] = %c32 to %[[PARTS]] step %c32
+// CHECK: %[[SLOT0:.*]] = arith.addi %[[P0]], %[[G]] : index
 // CHECK: arith.minui %[[SLOT0]], %[[LASTP]] : index
 // CHECK: arith.cmpi ult, %[[SLOT0]], %[[PARTS]] : index
 // CHECK: %[[BASE1:.*]] = arith.addi %[[P0]], %[[G]] : index
