@@ -1,8 +1,9 @@
 """Where an A tile staged in LDS puts its elements: row-major, or in register order.
 
-The decode kernel writes two A tiles into LDS element by element and reads them
-back as MMA operands: the quantized query rows (QK's A, rows x head dim, one
-operand per K step) and W (PV's A, rows x wave tokens, one operand per PV MMAC).
+The lane kernels write A tiles into LDS element by element and read them back as
+MMA operands: the quantized query rows (QK's A, rows x head dim, one operand per K
+step; the prefill's 64 rows are one tile per wave) and the decode's W (PV's A, rows x
+wave tokens, one operand per PV MMAC).
 Row-major, a lane reads its operand as the instruction's A runs, one load each;
 where the operand is several runs (cuda's m16n8k32: a0..a3 are rows g and g + 8
 of two K halves) the loads land in registers in load order, and the backend

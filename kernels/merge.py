@@ -13,8 +13,8 @@ spreads over many SMs.
            over partitions g, g + splits, ..., `unroll` of them per
            iteration with all their loads issued first (a slot past the
            last partition re-reads it with weight 0); the first iteration's
-           loads are issued before the rows' M, in flight with its loads. A thread's cells are
-           runs of one row, read 16 bytes at a time, and one weight
+           loads go before the rows' M, in flight with its loads. A thread's
+           cells are runs of one row, read 16 bytes at a time, and one weight
            e^(m_p - M) l_p per (row, partition) serves all of them.
   combine  with one M for all, the groups' numerators and denominators are
            plain sums: through LDS, then group 0 divides and stores.
