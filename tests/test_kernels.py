@@ -152,3 +152,21 @@ def test_kernel_targets_reject_what_they_do_not_cover(tmp_path):
     assert "there is no 'isa' to emit" in run("int8attn", "compile", decode, "--target",
                                               "gfx936", "--emit", "isa", "-o", tmp_path / "x.s",
                                               check_rc=2).stderr
+
+
+@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
+@pytest.mark.parametrize("q_heads", [6, 14])
+def test_a_gqa_group_that_is_no_power_of_two_through_the_driver(target, q_heads):
+    # 3 and 7 query heads per KV head at D 128: the partial outputs hold 4 and 8 rows (a
+    # power of two; 3 rows of 128 over cuda's 128 threads were no lane map, and the
+    # build failed), and the host function hands back the real ones, in q's layout.
+    import int8attn
+    from accuracy import check_against_references
+
+    args = decode_inputs(150 + q_heads, 2, q_heads, 2, 300, 128)
+    graph = int8attn.compile(decode_graph(2, q_heads, 2, 300, 128), target=target,
+                             simulate=True, cache=False)
+    out = graph(*args)
+    assert out.shape == args[0].shape
+    check_against_references(out, args, np.float32(128 ** -0.5), model=target,
+                             numerics=KERNEL_NUMERICS)
