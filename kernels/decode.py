@@ -207,7 +207,7 @@ def check_decode_shape(shape, spec: TargetSpec) -> None:
     """The limits of the lane-level kernel, as errors a user can act on."""
     if shape.rows > spec.tile_rows:
         raise ValueError(f"{shape.rows} query heads per KV head do not fit one "
-                         f"{spec.tile_rows}-row MMAC tile")
+                         f"{spec.tile_rows}-row MMAC tile; --target cpu takes any group")
     check_head_dim(shape, spec)
 
 
@@ -215,7 +215,7 @@ def check_head_dim(shape, spec: TargetSpec) -> None:
     inst = spec.model.instruction
     if shape.head_dim % inst.k or shape.head_dim % inst.n:
         raise ValueError(f"head dim {shape.head_dim} must be a multiple of {inst.k} "
-                         f"(the MMAC K) for the lane-level kernel")
+                         f"(the MMAC K) for the lane-level kernel; --target cpu takes any")
 
 
 def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,

@@ -263,8 +263,10 @@ def test_a_truncated_npz_is_named_as_not_an_npz(small, tmp_path, capsys):
 # Kernel limits are located errors, for compile and simulate alike -----------
 
 @pytest.mark.parametrize("shape, message", [
-    ((1, 4, 1, 64, 80), "head dim 80 must be a multiple of"),
-    ((1, 32, 1, 64, 32), "32 query heads per KV head do not fit one 16-row"),
+    ((1, 4, 1, 64, 80), "head dim 80 must be a multiple of 32 (the MMAC K) for the "
+                        "lane-level kernel; --target cpu takes any"),
+    ((1, 32, 1, 64, 32), "32 query heads per KV head do not fit one 16-row MMAC tile; "
+                         "--target cpu takes any group"),
 ])
 def test_kernel_limits_are_located_errors(shape, message, tmp_path, capsys):
     path = tmp_path / "limit.mlir"
