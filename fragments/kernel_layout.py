@@ -14,6 +14,7 @@ from .linear_layout import LinearLayout
 from .mma_layouts import (MmaLayouts, mma_layouts, score_group_layout,
                           score_layout, xor_partners)
 from .model import FragmentModel
+from .operand_staging import OperandStaging
 
 # The widest vector load of every target (bytes per lane): K rows are read in
 # loads of this width.
@@ -221,16 +222,9 @@ class DecodeKernelLayout:
 
     def qk_a_runs(self, head_dim: int, step: int) -> list[tuple[LaneMap, LaneMap, int]]:
         """(row, first head-dim index, length) of each A run at `step`, in register
-        order: slots of one row whose head-dim indices are consecutive."""
-        order = self.qk_head_dim_order(head_dim)
-        coords = self.instruction.a.coords
-        rows, dims = coords[:, :, 0], order[step, coords[:, :, 1]]
-        starts = [0] + [s for s in range(1, coords.shape[1])
-                        if not ((rows[:, s] == rows[:, s - 1]) &
-                                (dims[:, s] == dims[:, s - 1] + 1)).all()]
-        bounds = starts + [coords.shape[1]]
-        return [(LaneMap.fit(rows[:, a]), LaneMap.fit(dims[:, a]), b - a)
-                for a, b in zip(bounds, bounds[1:])]
+        order: the Q tile's row-major loads (`OperandStaging.loads`)."""
+        staging = OperandStaging.row_major(self.instruction, self.qk_head_dim_order(head_dim))
+        return staging.loads(step)
 
     def dead_c_slots(self, rows: int) -> list[int]:
         """C registers whose row is >= `rows` on every lane (padding rows only)."""
@@ -283,20 +277,7 @@ class DecodeKernelLayout:
             return None
         return partner, ones
 
-    # PV: A = Wq rows x the group's tokens (from LDS), B = V tokens x head dim.
-    def a_token_runs(self, mmac: int) -> list[tuple[LaneMap, LaneMap, int]]:
-        """(row, first wave token, length) of each A run of PV MMAC `mmac`: the
-        run's K slots must be consecutive tokens, i.e. consecutive LDS bytes."""
-        groups = self.model.wave_token_groups[mmac]
-        coords = self.instruction.a.coords
-        runs = []
-        for first, length in self.instruction.a.runs(axis=1):
-            tokens = groups[coords[:, first:first + length, 1]]
-            if not np.array_equal(tokens, tokens[:, :1] + np.arange(length)):
-                raise ValueError("an A run's K slots are not consecutive tokens in LDS")
-            runs.append((LaneMap.fit(coords[:, first, 0]), LaneMap.fit(tokens[:, 0]), length))
-        return runs
-
+    # PV: B = V tokens x head dim, V loaded per the model's scheme.
     def v_loads(self) -> int:
         return self.model.mmacs_per_wave * self.instruction.b.slots // \
             self.model.v_load.bytes_per_lane

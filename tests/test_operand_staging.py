@@ -89,21 +89,6 @@ def test_cuda_row_major_reads_four_runs_and_register_order_one():
     assert len(OperandStaging.register_order(inst, cols_of).loads(0)) == 1
 
 
-@pytest.mark.parametrize("target", ["gfx936", "gfx942", "cuda"])
-def test_row_major_loads_are_the_layouts_runs(target):
-    # Row-major is the staging the kernels had: the same loads as the layout's runs.
-    layout = DecodeKernelLayout(fragment_model(target))
-    for head_dim in (64, 96, 128):
-        inst, cols_of = _operands(layout, head_dim)
-        staging = OperandStaging.row_major(inst, cols_of)
-        for step in range(cols_of.shape[0]):
-            assert staging.loads(step) == layout.qk_a_runs(head_dim, step)
-    inst, cols_of = _operands(layout, None)
-    staging = OperandStaging.row_major(inst, cols_of)
-    for mmac in range(cols_of.shape[0]):
-        assert staging.loads(mmac) == layout.a_token_runs(mmac)
-
-
 @pytest.mark.parametrize("name", pv_model_names() + ("bf16:cuda",))
 def test_every_pv_atom_reads_back_its_operand(name):
     # the INT8 atoms, and the BF16-PV twin's (its W staged the same way)
