@@ -8,7 +8,10 @@ IR rules (`scalar_ir`) all read them from here.
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
+
+import numpy as np
 
 # The PV product: INT8 (the contract), or the baselines (docs/design.md §2).
 PVKind = Literal["int8", "bf16", "f32"]
@@ -34,6 +37,19 @@ W_TERMS = get_args(WTerms)
 SecondTerm = Literal["scaled", "digit"]
 SECOND_TERMS = get_args(SecondTerm)
 DIGIT_BASE = 256
+# Scores are in log2 units (docs/design.md §2): the softmax is exp2 of a score less its
+# row's max, and the score's constant is softmax_scale * log2 e, rounded once to f32,
+# which each query row's scale takes up (`score_scale`). So a kernel's exp2 takes the
+# score as it is, with no multiply by log2 e and none by softmax_scale per score.
+LOG2_E = math.log2(math.e)
+
+
+def score_scale(softmax_scale: float) -> float:
+    """c = f32(f32(softmax_scale) * log2 e): the one constant of every score (an f32
+    value as a Python float). Each query row's scale is multiplied by it once, sQ * c."""
+    return float(np.float32(float(np.float32(softmax_scale)) * LOG2_E))
+
+
 # A row whose absmax is below this quantizes to zero (127/a would overflow f32).
 # Every implementation (IR rules, kernels, numpy references) reads it from here.
 QUANTIZE_MIN_ABSMAX = 2.0 ** -118

@@ -338,3 +338,27 @@ def q_residual(x: ir.Value, qq: ir.Value, scale: ir.Value) -> ir.Value:
     """What the second INT8 term of q quantizes: x - f32(Qq1)*s1, rounded once
     (fma(-f32(Qq1), s1, x)), as reference.quantize_q states it."""
     return math.fma(arith.negf(arith.sitofp(ir.F32Type.get(), qq)), scale, x)
+
+
+def score_row_scale(sq: ir.Value, c: ir.Value) -> ir.Value:
+    """A query row's (or term's) score scale sQ * c, rounded once, c = `score_scale`
+    (softmax_scale * log2 e): the score is then (f32(acc) * (sQ * c)) * sK, in log2
+    units, as reference.int8_scores states it."""
+    return arith.mulf(sq, c)
+
+
+def exp2(x: ir.Value) -> ir.Value:
+    """2^x for the softmax's x = s - m <= 0 (or NaN, -inf), within an ulp or two of the
+    exact value everywhere, +0 below 2^-126.5: 2^n * 2^f with n = roundeven(x) clamped
+    to [-127, 128] and f = x - n (exact; |f| <= 1/2 wherever 2^x is normal), 2^n built
+    from its bits and 2^-127 as +0. IREE's own math.exp2 is accurate only near 0 (it
+    lost up to 56 ulps at x = -126 on llvm-cpu); the kernel whose hardware has an exp2
+    takes that instead (`TargetSpec.exp2`)."""
+    f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
+    n = arith.minimumf(arith.maximumf(math.roundeven(x), _f32(-127.0)), _f32(128.0))
+    fraction = math.exp2(arith.subf(x, n))
+    # NaN x: any n will do (the fraction is NaN); fptosi of a NaN is poison
+    number = arith.cmpf(arith.CmpFPredicate.OEQ, n, n)
+    exponent = arith.fptosi(i32, arith.select(number, n, _f32(0.0)))
+    bits = arith.shli(arith.addi(exponent, arith.constant(i32, 127)), arith.constant(i32, 23))
+    return arith.mulf(fraction, arith.bitcast(f32, bits))

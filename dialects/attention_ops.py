@@ -101,7 +101,7 @@ class QuantizeOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class SoftmaxPVOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.softmax_pv"
-    scores = _operand(0, "scores f32 [B,Hkv,R,S]")
+    scores = _operand(0, "scores f32 [B,Hkv,R,S], in log2 units")
     v = _operand(1, "values i8 [B,Hkv,S,D]")
     v_scale = _operand(2, "value scales f32 [B,Hkv,S]")
     mode = _string("mode")

@@ -21,7 +21,7 @@ scale groups of K tokens each.
 | paged_attention | q [B,Hq,D], k_cache i8 [NB,Hkv,BS,D], k_scale f32 [NB,Hkv,BS], v_cache i8 [NB,Hkv,D,BS], v_scale, block_tables i32 [B,MB], context_lens i32 [B] -> f32 [B,Hq,D] (B, NB, MB may be dynamic; `dialects/paged.py`) |
 | cache_write     | k_new, v_new float [T,Hkv,D], slot_mapping i32 [T], k_cache, k_scale, v_cache, v_scale (as paged_attention's)[, k_bias f32 [Hkv,D] subtracted from k_new] -> the four caches, updated {block_size} (T, NB may be dynamic; a slot < 0 skips its token) |
 | quantize        | x float [..., X] -> (i8 [..., X], f32 [...]) per-row symmetric int8 |
-| softmax_pv      | scores f32 [B,Hkv,R,S], v, v_scale {mode[, query_tokens]} -> f32 [B,Hkv,R,D] |
+| softmax_pv      | scores f32 [B,Hkv,R,S] (log2 units: the softmax is exp2 of them), v, v_scale {mode[, query_tokens]} -> f32 [B,Hkv,R,D] |
 | pv              | p f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], v_scale f32 [B,Hkv,N,T], acc f32 [B,Hkv,R,N,D] -> f32 acc-shape |
 | folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], acc -> f32 acc-shape |
 | group_quantize  | w f32 [..., T] {groups[, scale_groups]} -> (i8 [..., G, K], f32 [..., G]) |

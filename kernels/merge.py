@@ -1,6 +1,6 @@
 """The decode merge kernel: a sequence's partitions into its output rows.
 
-out = sum_p e^(m_p - M) l_p O_p / sum_p e^(m_p - M) l_p over the sequence's
+out = sum_p 2^(m_p - M) l_p O_p / sum_p 2^(m_p - M) l_p over the sequence's
 partitions, M = max_p m_p per output row.
 
 Grid (chunk, KV head, sequence): workgroup c covers head-dim columns
@@ -15,7 +15,7 @@ spreads over many SMs.
            last partition re-reads it with weight 0); the first iteration's
            loads go before the rows' M, in flight with its loads. A thread's
            cells are runs of one row, read 16 bytes at a time, and one weight
-           e^(m_p - M) l_p per (row, partition) serves all of them.
+           2^(m_p - M) l_p per (row, partition) serves all of them.
   combine  with one M for all, the groups' numerators and denominators are
            plain sums: through LDS, then group 0 divides and stores.
 """
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import arith, math, memref, scf, vector
+from iree.compiler.dialects import arith, memref, scf, vector
 
+from ..contract import scalar_ir as contract
 from ..fragments import thread_groups, thread_runs, xor_reduction_offsets
 from .lanes import Lanes, binding, load_vector, vector_type, workgroup_id
 from .target_spec import DecodeTuning
@@ -181,10 +182,10 @@ def _load_chunk(plan: MergePlan, lanes: Lanes, partials, where, parts, cells: _C
 
 def _accumulate(lanes: Lanes, sums: list, chunk: list, cells: _Cells, top) -> list:
     """`sums` [numerator per cell..., denominator per row...] plus the chunk's
-    partitions, each weighted e^(m_p - M) l_p (0 past the last)."""
+    partitions, each weighted 2^(m_p - M) l_p (0 past the last; m in log2 units)."""
     sums = list(sums)
     for valid, m_p, l_p, o_p in chunk:
-        weights = [arith.select(valid, arith.mulf(math.exp(arith.subf(mp, t)), lp),
+        weights = [arith.select(valid, arith.mulf(contract.exp2(arith.subf(mp, t)), lp),
                                 lanes.f32(0.0))
                    for mp, lp, t in zip(m_p, l_p, top)]
         cell = 0

@@ -15,7 +15,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, vector
 
 from ..contract import scalar_ir as contract
-from ..contract.constants import MAX_Q_K_PRODUCT, ROUND_BIAS_BITS
+from ..contract.constants import MAX_Q_K_PRODUCT, ROUND_BIAS_BITS, score_scale
 from ..fragments import (NUMPY_OPS, PackedTerms, thread_distribution,
                          xor_reduction_offsets)
 from .kv_access import KVView
@@ -29,7 +29,9 @@ RowSource = Callable[[ir.Value], tuple[ir.Value, list[ir.Value]]]
 
 def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) -> StagedQ:
     """`rows` query rows, quantized per row (the contract's rule) into LDS: per
-    term, Qq [rows, D] i8 and sQ [rows] f32, rows past the real ones zero. The
+    term, Qq [rows, D] i8 and its score scale sQ * c [rows] f32 (c =
+    `score_scale(softmax_scale)`: the scores come out in log2 units), rows past the
+    real ones zero. The
     second term (q-terms 2) quantizes the residual fma(-Qq1, s1, q), or is the low
     digit of q quantized once (q-second digit: one scale, s1/BASE, with the first
     term's rows): into LDS of its own, or, where the plan packs the terms
@@ -51,6 +53,7 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
                       None if numerics.q_digits else lanes.shared([rows], "f32")))
 
     staging = plan.q_staging          # (rows past the A tile's M: further tiles)
+    score_c = lanes.f32(score_scale(plan.softmax_scale))
 
     def store(term: int, quantized: list, scale: ir.Value | None) -> None:
         qq_lds, sq_lds = tiles[term if packing is None else 0]
@@ -61,8 +64,9 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
             for qv, (_, col_map) in zip(quantized, slots):
                 at = staging.place(row_map, col_map, lanes.threads, shift, writes)
                 memref.store(qv, qq_lds, [lanes.of_lane(m, of=lanes.thread) for m in at])
-            if scale is not None:
-                memref.store(scale, sq_lds, [lanes.plus(row, shift)])
+            if scale is not None:       # the score's scale: sQ * c (log2 units)
+                memref.store(contract.score_row_scale(scale, score_c), sq_lds,
+                             [lanes.plus(row, shift)])
 
     for term in range(1 if numerics.q_digits else numerics.q_terms):
         amax = c.zero
@@ -173,9 +177,10 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                     for a, acc in zip(operands.a_steps, accs)]
         for element in elements:
             i = layout.element_slot(element)
-            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK * scale, the contract's order; a packed
-            # second term is the same MMA's sum at the partner slot; digits are joined
-            # (acc1 * BASE + acc2) and converted once.
+            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK, the contract's order in log2 units (the
+            # staged s = sQ * c, `quantize_rows`); a packed second term is the same MMA's
+            # sum at the partner slot; digits are joined (acc1 * BASE + acc2) and
+            # converted once.
             sums = [c_element(acc, inst, i) for acc in accs]
             if plan.q_packing is not None:
                 sums.append(c_element(accs[0], inst, plan.q_packing[1][i]))
@@ -188,7 +193,6 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                 term = arith.mulf(value, operands.sq_of_row[(t, plan.row_map(element))])
                 score = term if score is None else arith.addf(score, term)
             value = arith.mulf(score, k_scales[element])
-            value = arith.mulf(value, lanes.f32(plan.softmax_scale))
             live[element] = (None if token_live is None
                              else token_live(element, local_token(plan, wave_token0, element)))
             values[element] = masked(live[element], value, lanes.f32(float("-inf")))
@@ -233,12 +237,13 @@ def workgroup_reduce(plan: StagePlan, values: dict, classes, combine) -> list[ir
 
 def partition_softmax(plan: StagePlan, scores: Scores, classes):
     """Decode: the partition's (m, l) per row class and W = P * sV, exactly 0 for
-    a dead token (whatever its slot's scale holds); exp the target's fastest
-    (`TargetSpec.exp`), P = e / l by the row's reciprocal and one FMA correction
-    (`contract.divide_by_reciprocal`: e / l rounded once, but an ulp below 2^-102)."""
+    a dead token (whatever its slot's scale holds); e = 2^(s - m) (scores in log2
+    units) by the target's fastest exp2 (`TargetSpec.exp2`), P = e / l by the row's
+    reciprocal and one FMA correction (`contract.divide_by_reciprocal`: e / l rounded
+    once, but an ulp below 2^-102)."""
     lanes = plan.lanes
     m = workgroup_reduce(plan, scores.values, classes, arith.maximumf)
-    exp = lambda x: plan.spec.exp(x, lanes.f32)
+    exp = plan.spec.exp2
     e = {i: exp(arith.subf(x, m[class_of(classes, i)])) for i, x in scores.values.items()}
     l = workgroup_reduce(plan, e, classes, arith.addf)
     inverse = [contract.reciprocal(total) for total in l]      # once per row
@@ -252,11 +257,11 @@ def partition_softmax(plan: StagePlan, scores: Scores, classes):
 
 def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
     """Prefill: (m', alpha, l', W) of one tile, the contract's guarded online
-    softmax per row class: alpha = exp(m - m') (1 while m' = -inf),
-    p = exp(s - m'), l' = alpha l + sum p, W = p * sV; exp the target's fastest
-    (`TargetSpec.exp`)."""
+    softmax per row class (scores in log2 units): alpha = 2^(m - m') (1 while
+    m' = -inf), p = 2^(s - m'), l' = alpha l + sum p, W = p * sV; exp2 the target's
+    fastest (`TargetSpec.exp2`)."""
     lanes = plan.lanes
-    exp = lambda x: plan.spec.exp(x, lanes.f32)
+    exp = plan.spec.exp2
     m_new, alpha, l_new, p = [], [], [], {}
     for c, members in enumerate(classes):
         running = arith.maximumf(m[c], row_reduce(plan, scores.values, members,

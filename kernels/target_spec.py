@@ -15,8 +15,9 @@ from typing import Callable
 
 import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import amdgpu, arith, llvm, math, vector
+from iree.compiler.dialects import amdgpu, llvm, vector
 
+from ..contract import scalar_ir as contract
 from ..contract.numerics import KERNEL_NUMERICS, Numerics
 from ..fragments import (PV_ATOMS, FragmentModel, MatrixInstruction, bf16_pv_model,
                          fragment_model, pv_model)
@@ -80,7 +81,6 @@ def _mmac_intrinsic(instruction: MatrixInstruction, a, b, c) -> ir.Value:
                                 [as_i64(a), as_i64(b), c], [], []).result
 
 
-LOG2_E = 1.4426950408889634
 # PTX's ex2.approx.ftz.f32: a result below 2^-126 is +0 (the non-ftz form costs a
 # compare and two multiplies around each MUFU.EX2 in SASS to keep subnormals). A p that
 # small adds nothing a tolerance sees. The simulator evaluates these as exp2, flushed.
@@ -116,9 +116,9 @@ class TargetSpec:
     # the IR the `llvm` stage writes): (name, number of trailing zero immediates).
     llvm_stand_in: tuple[str, int] | None = None
     # The hardware's approximate exp2 (an LLVM intrinsic f32 -> f32), which the
-    # prefill's online softmax and the decode partition's softmax take exp from (the
-    # merge's few weights keep math.exp); None: math.exp (IREE expands it into
-    # a polynomial with two conversions).
+    # prefill's online softmax and the decode partition's softmax take (the merge's
+    # few weights take the contract's); None: the contract's `exp2` (a range reduction
+    # around math.exp2, which IREE expands into a polynomial).
     exp2_intrinsic: str | None = None
     # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and
     # the SMs of the GPU that was measured on: a grid too small to fill that many per
@@ -188,15 +188,13 @@ class TargetSpec:
         numerics.check_head_dim(head_dim)
         return numerics
 
-    def exp(self, x: ir.Value, lanes_f32) -> ir.Value:
-        """exp(x) as the target computes it fastest: exp2(x * log2 e) on the hardware's
-        exp2 where it has one (a few ulps from exp; the references' rounding-tie
-        window covers W's), else math.exp. `lanes_f32` builds an f32 constant."""
+    def exp2(self, x: ir.Value) -> ir.Value:
+        """2^x as the target computes it fastest, for the softmax's x = s - m (scores in
+        log2 units): the hardware's exp2 where it has one (a few ulps; the references'
+        rounding-tie window covers W's), else the contract's (`contract.exp2`)."""
         if self.exp2_intrinsic is None:
-            return math.exp(x)
-        scaled = arith.mulf(x, lanes_f32(LOG2_E))
-        return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [scaled],
-                                    [], []).result
+            return contract.exp2(x)
+        return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [x], [], []).result
 
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         return self.occupancy_attributes(tuning.workgroups_per_sm)

@@ -3,9 +3,9 @@
 Rewrites `int8attn.softmax_pv` (decode) into
 
     scores, v, v_scale  padded to N*T tokens (scores -inf, v and scales 0)
-    m_p = max_t score;  e = exp(score - m_p);  l_p = sum_t e;  P = e / l_p
+    m_p = max_t score;  e = exp2(score - m_p);  l_p = sum_t e;  P = e / l_p
     O_p = int8attn.pv(P, v, v_scale)                       per partition
-    M = max_p m_p;  w_p = exp(m_p - M) * l_p;  O = sum_p w_p O_p / sum_p w_p
+    M = max_p m_p;  w_p = exp2(m_p - M) * l_p;  O = sum_p w_p O_p / sum_p w_p
 
 T is `partition_tokens` (256 in the decode kernel: 4 waves of 64 tokens). Every
 partition holds at least one real token, so m_p is finite and the padding
@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, math
+from iree.compiler.dialects import arith
 
 from ..dialects import int8attn as d
 from ..dialects import builders as build
+from ..contract import scalar_ir as contract
 from .rewrite import apply_patterns
 from ..support.options import TypedOptions, option
 from ..fragments import NUMPY_OPS, ceil_div
@@ -42,7 +43,7 @@ def partition_softmax(scores: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
     m = build.generic([scores], ["bhrnt"], "bhrn",
                       build.full(stats, "f32", build.f32(float("-inf"))), _max)
     e = build.generic([scores, m], ["bhrnt", "bhrn"], "bhrnt", build.empty(probs_shape, "f32"),
-                      lambda s, m_p, _: math.exp(arith.subf(s, m_p)))
+                      lambda s, m_p, _: contract.exp2(arith.subf(s, m_p)))
     l = build.generic([e], ["bhrnt"], "bhrn", build.zeros(stats, "f32"), _add)
     p = build.generic([e, l], ["bhrnt", "bhrn"], "bhrnt", build.empty(probs_shape, "f32"),
                       lambda e_i, l_p, _: arith.divf(e_i, l_p))
@@ -76,7 +77,7 @@ def split_kv(op: d.SoftmaxPVOp, rewriter, partition_tokens: int):
         m_all = build.generic([m], ["bhrn"], "bhr", build.full(rows_shape, "f32", neg_inf), _max)
         weight = build.generic(
             [m, m_all, l], ["bhrn", "bhr", "bhrn"], "bhrn", build.empty(stats, "f32"),
-            lambda m_p, m_max, l_p, _: arith.mulf(math.exp(arith.subf(m_p, m_max)), l_p))
+            lambda m_p, m_max, l_p, _: arith.mulf(contract.exp2(arith.subf(m_p, m_max)), l_p))
         numerator = build.generic(
             [weight, partial], ["bhrn", "bhrnd"], "bhrd",
             build.zeros(rows_shape + [head_dim], "f32"),

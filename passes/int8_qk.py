@@ -4,14 +4,18 @@ Rewrites `int8attn.attention` into
 
     qq, sq  = int8attn.quantize(q)                     per query row
     acc     = sum_d i32(qq) * i32(k)                   int32 dot
-    scores  = f32(acc) * sq * k_scale * softmax_scale
+    scores  = (f32(acc) * (sq * c)) * k_scale          c = softmax_scale * log2 e
     o       = int8attn.softmax_pv(scores, v, v_scale)
+
+The scores are in log2 units (the softmax takes exp2 of them): c, rounded once
+to f32 (`contract.constants.score_scale`), is folded into each row's scale, so
+a score costs two multiplies.
 
 With `q-terms=2` (docs/design.md §2c) q is quantized in two INT8 terms, the second
 quantizing the f32 residual, and each term has its own int32 dot:
 
     qq1, s1 = int8attn.quantize(q);  qq2, s2 = int8attn.quantize(q - f32(qq1) * s1)
-    scores  = (f32(acc1) * s1 + f32(acc2) * s2) * k_scale * softmax_scale
+    scores  = (f32(acc1) * (s1 * c) + f32(acc2) * (s2 * c)) * k_scale
 
 Query heads are grouped by the KV head they read (GQA: head h reads KV head
 h // (Hq/Hkv)), so everything after this pass sees rows [B, Hkv, R, ...]: the
@@ -30,7 +34,7 @@ from ..dialects import int8attn as d
 from ..dialects import builders as build
 from ..contract import scalar_ir as contract
 from .rewrite import apply_patterns
-from ..contract.constants import QTerms
+from ..contract.constants import QTerms, score_scale
 from ..support.options import TypedOptions, option
 
 
@@ -88,14 +92,18 @@ def quantize_q(rows: ir.Value, q_terms: int) -> list[tuple[ir.Value, ir.Value]]:
 
 def int8_scores(terms: Sequence[tuple[ir.Value, ir.Value]], k: ir.Value, k_scale: ir.Value,
                 softmax_scale: float) -> ir.Value:
-    """scores[b,h,r,s] = (f32(sum_d qq1*k) * s1 [+ f32(sum_d qq2*k) * s2]) * k_scale
-    * softmax_scale (the contract's QK; `terms` from `quantize_q`)."""
+    """scores[b,h,r,s] = (f32(sum_d qq1*k) * (s1*c) [+ f32(sum_d qq2*k) * (s2*c)]) *
+    k_scale, c = softmax_scale * log2 e (the contract's QK, in log2 units; `terms` from
+    `quantize_q`)."""
     batch, kv_heads, rows = d.shape_of(terms[0][0])[:3]
     tokens = d.shape_of(k)[2]
     sums = [build.generic([qq, k], ["bhrd", "bhsd"], "bhrs",
                           build.zeros([batch, kv_heads, rows, tokens], "i32"), _int8_dot)
             for qq, _ in terms]
-    scale = build.f32(softmax_scale)
+    c = build.f32(score_scale(softmax_scale))
+    row_scales = [build.generic([sq], ["bhr"], "bhr", build.empty(d.shape_of(sq), "f32"),
+                                lambda s_q, _: contract.score_row_scale(s_q, c))
+                  for _, sq in terms]
 
     def body(*args):
         *pairs, s_k, _ = args
@@ -103,9 +111,9 @@ def int8_scores(terms: Sequence[tuple[ir.Value, ir.Value]], k: ir.Value, k_scale
         for a, s_q in zip(pairs[0::2], pairs[1::2]):
             term = arith.mulf(build.to_f32(a), s_q)
             qk = term if qk is None else arith.addf(qk, term)
-        return arith.mulf(arith.mulf(qk, s_k), scale)
+        return arith.mulf(qk, s_k)
 
-    inputs = [x for acc, (_, sq) in zip(sums, terms) for x in (acc, sq)]
+    inputs = [x for acc, sq in zip(sums, row_scales) for x in (acc, sq)]
     return build.generic(
         [*inputs, k_scale], ["bhrs", "bhr"] * len(terms) + ["bhs"], "bhrs",
         build.empty([batch, kv_heads, rows, tokens], "f32"), body)

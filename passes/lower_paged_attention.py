@@ -10,11 +10,12 @@ Rewrites `int8attn.paged_attention` (B, NB, MB possibly dynamic) into
             block_tables[b, t // BS], slot t % BS (the paged CacheLayout's rules,
             fragments/cache_layout.py); a token past len reads the sequence's
             last used table slot (never an unused one) and its scales are 0
-        scores = f32(qq . k) * sq * k_scale * softmax_scale;  -inf past len
-            (q-terms=2: (f32(qq1 . k) * s1 + f32(qq2 . k) * s2) * k_scale * softmax_scale)
+        scores = (f32(qq . k) * (sq * c)) * k_scale;  -inf past len   (log2 units,
+            c = softmax_scale * log2 e; q-terms=2: (f32(qq1 . k) * (s1 * c) +
+            f32(qq2 . k) * (s2 * c)) * k_scale: `int8_qk.int8_scores`)
         m_p, l_p, P = partition softmax;  O_p = int8attn.pv(P, v, v_scale)
-        M' = max(M, m_p);  w = exp(m_p - M') l_p
-        L' = exp(M - M') L + w;  O' = exp(M - M') O + w O_p
+        M' = max(M, m_p);  w = exp2(m_p - M') l_p
+        L' = exp2(M - M') L + w;  O' = exp2(M - M') O + w O_p
       out[b] = O / L
 
 Chunked prefill (q [B, Hq, Sq, D]: each sequence's last Sq tokens) loops over
@@ -36,10 +37,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, math, scf, tensor
+from iree.compiler.dialects import arith, scf, tensor
 
 from ..dialects import int8attn as d
 from ..dialects import builders as build
+from ..contract import scalar_ir as contract
 from .decode_split_kv import partition_softmax
 from .int8_qk import group_query_rows, int8_scores, quantize_q, ungroup_query_rows
 from .prefill_online_softmax import causal_mask, online_softmax_tile
@@ -135,10 +137,10 @@ def _merge(state, part):
     m_new = build.generic([m_run, m_p], ["bhr", "bhr"], "bhr", build.empty(rows, "f32"),
                           lambda a, b, _: arith.maximumf(a, b))
     keep = build.generic([m_run, m_new], ["bhr", "bhr"], "bhr", build.empty(rows, "f32"),
-                         lambda old, new, _: math.exp(arith.subf(old, new)))
+                         lambda old, new, _: contract.exp2(arith.subf(old, new)))
     weight = build.generic([m_p, l_p, m_new], ["bhr", "bhr", "bhr"], "bhr",
                            build.empty(rows, "f32"),
-                           lambda m_i, l_i, new, _: arith.mulf(math.exp(arith.subf(m_i, new)), l_i))
+                           lambda m_i, l_i, new, _: arith.mulf(contract.exp2(arith.subf(m_i, new)), l_i))
     l_new = build.generic([keep, l_run, weight], ["bhr", "bhr", "bhr"], "bhr",
                           build.empty(rows, "f32"),
                           lambda a, l_i, w, _: arith.addf(arith.mulf(a, l_i), w))

@@ -6,8 +6,8 @@ of S) into
     scores = causal mask(scores): token t of row r allowed iff t <= S - Sq + r % Sq
     scf.for n over KV tiles of T tokens, carrying (m, l, o) = (-inf, 0, 0):
         m' = max(m, max_t score_n)
-        a  = m' == -inf ? 1 : exp(m - m')          (a fully masked tile so far)
-        p  = m' == -inf ? 0 : exp(score_n - m')    (unnormalized weights)
+        a  = m' == -inf ? 1 : exp2(m - m')        (a fully masked tile so far)
+        p  = m' == -inf ? 0 : exp2(score_n - m')    (unnormalized weights)
         o' = int8attn.pv(p, v_n, v_scale_n, a * o)     (the tile's sums into a * o)
         l' = a * l + sum_t p
     O = o / l
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, math, scf
+from iree.compiler.dialects import arith, scf
 
 from ..dialects import int8attn as d
 from ..dialects import builders as build
@@ -70,11 +70,11 @@ def online_softmax_tile(s_tile, v_tile, vs_tile, m, l, o):
     alpha = build.generic(
         [m, m_new], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
         lambda old, new, _: arith.select(_is_neg_inf(new), build.f32(1.0),
-                                         math.exp(arith.subf(old, new))))
+                                         contract.exp2(arith.subf(old, new))))
     p = build.generic(
         [s_tile, m_new], ["bhrnt", "bhr"], "bhrnt", build.empty(d.shape_of(s_tile), "f32"),
         lambda s, new, _: arith.select(_is_neg_inf(new), build.f32(0.0),
-                                       math.exp(arith.subf(s, new))))
+                                       contract.exp2(arith.subf(s, new))))
     scaled_l = build.generic([l, alpha], ["bhr", "bhr"], "bhr", build.empty(state, "f32"),
                              lambda l_i, a, _: arith.mulf(a, l_i))
     l_new = build.generic([p], ["bhrnt"], "bhr", scaled_l,

@@ -9,7 +9,7 @@ import numpy as np
 from ..contract.constants import (  # noqa: F401  (the references' names)
     PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, DIGIT_BASE, W_OFFSET, W_QUANTS,
     W_TERMS, PVKind,
-    QTerms, WQuant, WTerms)
+    QTerms, WQuant, WTerms, score_scale)
 from ..contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
 
 F32 = np.float32
@@ -149,11 +149,13 @@ def pad_tokens(x: np.ndarray, axis: int, size: int, value) -> np.ndarray:
 
 def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
                 numerics: Numerics = Numerics()) -> np.ndarray:
-    """INT8 QK in f32, [B,Hkv,R,S] (the grouped rows `rows`), masked tokens -inf.
+    """INT8 QK in f32 and log2 units, [B,Hkv,R,S] (the grouped rows `rows`), masked
+    tokens -inf.
 
-    `(f32(sum Qq1*Kq)*s1 [+ f32(sum Qq2*Kq)*s2]) * sK * softmax_scale`, in that order
-    (`numerics.q_terms` terms); as digits (q-second "digit"),
-    `f32(sum Qq1*Kq * BASE + sum Qq2*Kq) * s2 * sK * softmax_scale`.
+    `(f32(sum Qq1*Kq)*(s1*c) [+ f32(sum Qq2*Kq)*(s2*c)]) * sK`, in that order, each
+    product rounded (`numerics.q_terms` terms; c = `score_scale(softmax_scale)`,
+    softmax_scale * log2 e); as digits (q-second "digit"),
+    `f32(sum Qq1*Kq * BASE + sum Qq2*Kq) * (s2*c) * sK`. The softmax is exp2 of these.
     """
     terms = quantize_q(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows],
                        numerics.q_terms, numerics.q_second)
@@ -162,11 +164,12 @@ def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
     if numerics.q_digits:
         numerics.check_head_dim(k.shape[-1])
         sums, terms = [sums[0].astype(np.float64) * DIGIT_BASE + sums[1]], terms[1:]
+    c = F32(score_scale(softmax_scale))
     qk = None
     for acc, (_, sq) in zip(sums, terms):
-        term = (acc.astype(F32) * sq[..., None]).astype(F32)
+        term = (acc.astype(F32) * (sq * c).astype(F32)[..., None]).astype(F32)
         qk = term if qk is None else (qk + term).astype(F32)
-    scores = (qk * k_scale[:, :, None, :]) * F32(softmax_scale)
+    scores = qk * k_scale[:, :, None, :]
     return np.where(visible(q.shape, k.shape[1], k.shape[2], rows), scores, -np.inf).astype(F32)
 
 

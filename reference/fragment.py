@@ -4,8 +4,9 @@ Both modes reduce to blocks of tokens (decode partitions of 256, prefill
 tiles of 64) with a weight W per (row, block, token) and a factor `omega`
 per (row, block): the final output is sum_n omega_n * PV_n(W). Decode:
 W = P * sV with P normalized in its partition, omega = the log-sum-exp merge
-weight. Prefill: W = exp(score - m_n) * sV with m_n the running max after
-tile n, omega_n = exp(m_n - m_N) / l_N.
+weight. Prefill: W = 2^(score - m_n) * sV with m_n the running max after
+tile n, omega_n = 2^(m_n - m_N) / l_N. Scores are in log2 units (`int8_scores`),
+so every exp of the contract is exp2.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ def decode_blocks(scores, v, v_scale, partition_tokens) -> Blocks:
     """Steps 2-4 of decode: partitions, softmax per partition, W = P*sV."""
     scores, v_blocks, vs_blocks = _split(scores, v, v_scale, partition_tokens)
     m = scores.max(axis=-1)
-    e = np.exp(scores - m[..., None]).astype(F32)
+    e = np.exp2(scores - m[..., None]).astype(F32)
     l = e.sum(axis=-1, dtype=F32)
     p = e / l[..., None]
     w = (p * vs_blocks[:, :, None, :, :]).astype(F32)
-    merge = (np.exp(m - m.max(axis=-1, keepdims=True)) * l).astype(F32)
+    merge = (np.exp2(m - m.max(axis=-1, keepdims=True)) * l).astype(F32)
     omega = merge.astype(np.float64) / merge.sum(axis=-1, keepdims=True)
     return Blocks(p, w, v_blocks, omega, merge, l)
 
@@ -68,15 +69,15 @@ def prefill_blocks(scores, v, v_scale, tile_tokens) -> Blocks:
     previous = np.concatenate([np.full_like(running[..., :1], -np.inf), running[..., :-1]], -1)
     with np.errstate(invalid="ignore"):
         dead = running == -np.inf
-        alpha = np.where(dead, F32(1), np.exp(previous - running)).astype(F32)
-        p = np.where(dead[..., None], F32(0), np.exp(scores - running[..., None])).astype(F32)
+        alpha = np.where(dead, F32(1), np.exp2(previous - running)).astype(F32)
+        p = np.where(dead[..., None], F32(0), np.exp2(scores - running[..., None])).astype(F32)
     tile_sums = p.sum(axis=-1, dtype=F32)
     l = np.zeros(running.shape[:-1], dtype=F32)
     for n in range(running.shape[-1]):                  # the loop's order of operations
         l = alpha[..., n] * l + tile_sums[..., n]
     w = (p * vs_blocks[:, :, None, :, :]).astype(F32)
     with np.errstate(invalid="ignore"):
-        omega = np.where(dead, 0.0, np.exp(running.astype(np.float64) - running[..., -1:]))
+        omega = np.where(dead, 0.0, np.exp2(running.astype(np.float64) - running[..., -1:]))
     omega = omega / l[..., None]
     return Blocks(p, w, v_blocks, omega, alpha, tile_sums)
 
@@ -171,7 +172,7 @@ def _online_output(st: Blocks, tile: Callable) -> np.ndarray:
 def fixed_p_scale_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *,
                             tile_tokens: int = 64,
                             numerics: Numerics = Numerics()) -> np.ndarray:
-    """Causal prefill as the contract computes it but for PV: the tile's p = exp(s - m)
+    """Causal prefill as the contract computes it but for PV: the tile's p = 2^(s - m)
     (in [0, 1]) quantized with the fixed scale 1/127 (INT-FlashAttention's INT8 P),
     Pq = roundeven(127 p), and O accumulated from (Pq / 127) * sV * Vq in f32. The
     comparison point for the contract's per-MMAC dynamic W scales: the same scores,

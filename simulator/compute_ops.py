@@ -82,6 +82,7 @@ class ComputeOps:
     op_arith_maximumf = _binary(np.maximum)
     op_arith_minimumf = _binary(np.minimum)
     op_math_exp = _binary(np.exp)
+    op_math_exp2 = _binary(np.exp2)
     op_math_absf = _binary(np.abs)
     op_math_roundeven = _binary(np.rint)
 

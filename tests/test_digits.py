@@ -17,7 +17,7 @@ import pytest
 
 from conftest import seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.constants import DIGIT_BASE, QMAX, UMAX, W_OFFSET
+from int8attn.contract.constants import DIGIT_BASE, LOG2_E, QMAX, UMAX, W_OFFSET, score_scale
 from int8attn.contract.numerics import KERNEL_NUMERICS, Numerics
 from int8attn.reference.common import int8_scores, quantize_digits
 
@@ -100,13 +100,13 @@ def test_qk_with_digits_joins_the_sums_before_one_conversion():
     (high, _), (low, s2) = quantize_digits(ref.common.group_rows(q, 2))
     keys = np.swapaxes(k, -1, -2).astype(np.int64)
     joined = (high.astype(np.int64) @ keys) * DIGIT_BASE + low.astype(np.int64) @ keys
-    expected = (joined.astype(np.float32) * s2[..., None]) * k_scale[:, :, None, :] * \
-        np.float32(0.125)
+    c = np.float32(score_scale(0.125))      # the scores are in log2 units
+    expected = (joined.astype(np.float32) * (s2 * c)[..., None]) * k_scale[:, :, None, :]
     assert np.array_equal(got, expected.astype(np.float32))
     scaled = int8_scores(q, k, k_scale, 0.125, numerics=SCALED)
     one_term = int8_scores(q, k, k_scale, 0.125, numerics=ref.SEED_NUMERICS)
     exact = (ref.common.group_rows(q, 2).astype(np.float64) @
-             (k * k_scale[..., None]).astype(np.float64).swapaxes(-1, -2)) * 0.125
+             (k * k_scale[..., None]).astype(np.float64).swapaxes(-1, -2)) * 0.125 * LOG2_E
     # both second terms are ~250x finer than one term, and they round differently
     errors = [np.abs(scores - exact).max() for scores in (got, scaled, one_term)]
     print(f"scores vs exact: digits {errors[0]:.2e}, scaled {errors[1]:.2e}, one term "

@@ -123,8 +123,9 @@ func.func @tail(%s: tensor<1x1x{rows}x{tokens}xf32>, %v: tensor<1x1x{tokens}x{he
     assert np.isfinite(out).all()
     expected = ref.fragment_softmax_pv(scores, v, v_scale, "prefill", numerics=SEED_NUMERICS)
     assert np.abs(out - expected).max() <= FRAGMENT_TOL
-    # ... and equal to attention over the visible tokens only, up to quantization.
+    # ... and equal to attention over the visible tokens only, up to quantization
+    # (softmax_pv's scores are in log2 units: its softmax is exp2).
     seen = slice(128, history + 1)
-    p = np.exp(scores[0, 0, 0, seen] - scores[0, 0, 0, seen].max())
+    p = np.exp2(scores[0, 0, 0, seen] - scores[0, 0, 0, seen].max())
     exact = (p / p.sum()) @ (v[0, 0, seen] * v_scale[0, 0, seen, None])
     assert np.abs(out[0, 0, 0] - exact).max() < 5e-3

@@ -2,10 +2,12 @@
 // RUN: int8attn-opt %s -p "int8-qk{q-terms=2}" | filecheck %s --check-prefix=TWO
 
 // GQA 4:1 decode: q rows are grouped by KV head, quantized per row, and the
-// int32 dot product is rescaled by sQ * sK * softmax_scale.
+// int32 dot product is rescaled by (sQ * c) * sK, c = softmax_scale * log2 e
+// (0.125 * log2 e = 0.180336878) folded into each row's scale first: the scores
+// are in log2 units.
 // CHECK-LABEL: func.func @decode
 // CHECK-SAME: (%[[Q:.*]]: tensor<1x8x64xf32>, %[[K:.*]]: tensor<1x2x300x64xi8>, %[[KS:.*]]: tensor<1x2x300xf32>, %[[V:.*]]: tensor<1x2x300x64xi8>, %[[VS:.*]]: tensor<1x2x300xf32>)
-// CHECK-DAG: %[[SCALE:.*]] = arith.constant 1.250000e-01 : f32
+// CHECK-DAG: %[[C:.*]] = arith.constant 0.180336878 : f32
 // CHECK: %[[QG:.*]] = tensor.expand_shape %[[Q]] {{\[\[}}0], [1, 2], [3]] output_shape [1, 2, 4, 64]
 // CHECK: %[[QQ:.*]]:2 = "int8attn.quantize"(%[[QG]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
 // CHECK: %[[ACC:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[QQ]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
@@ -13,20 +15,25 @@
 // CHECK:   arith.muli
 // CHECK:   arith.addi
 // CHECK: } -> tensor<1x2x4x300xi32>
-// CHECK: %[[SCORES:.*]] = linalg.generic {{.*}} ins(%[[ACC]], %[[QQ]]#1, %[[KS]] :
-// CHECK:   %[[F:.*]] = arith.sitofp %{{.*}} : i32 to f32
-// CHECK:   %[[A:.*]] = arith.mulf %[[F]]
-// CHECK:   %[[B:.*]] = arith.mulf %[[A]]
-// CHECK:   arith.mulf %[[B]], %[[SCALE]]
+// CHECK: %[[SQC:.*]] = linalg.generic {{.*}} ins(%[[QQ]]#1 : tensor<1x2x4xf32>)
+// CHECK-NEXT: ^bb0(%[[SQ:.*]]: f32, %{{.*}}: f32):
+// CHECK-NEXT:   %[[RS:.*]] = arith.mulf %[[SQ]], %[[C]] : f32
+// CHECK-NEXT:   linalg.yield %[[RS]] : f32
+// CHECK: %[[SCORES:.*]] = linalg.generic {{.*}} ins(%[[ACC]], %[[SQC]], %[[KS]] :
+// CHECK-NEXT: ^bb0(%[[A:.*]]: i32, %[[S:.*]]: f32, %[[SK:.*]]: f32, %{{.*}}: f32):
+// CHECK-NEXT:   %[[F:.*]] = arith.sitofp %[[A]] : i32 to f32
+// CHECK-NEXT:   %[[T:.*]] = arith.mulf %[[F]], %[[S]] : f32
+// CHECK-NEXT:   %[[TK:.*]] = arith.mulf %[[T]], %[[SK]] : f32
+// CHECK-NEXT:   linalg.yield %[[TK]] : f32
 // CHECK: %[[O:.*]] = "int8attn.softmax_pv"(%[[SCORES]], %[[V]], %[[VS]]) {mode = "decode"} : (tensor<1x2x4x300xf32>, tensor<1x2x300x64xi8>, tensor<1x2x300xf32>) -> tensor<1x2x4x64xf32>
 // CHECK: %[[R:.*]] = tensor.collapse_shape %[[O]] {{\[\[}}0], [1, 2], [3]] : tensor<1x2x4x64xf32> into tensor<1x8x64xf32>
 // CHECK: return %[[R]]
 // Two-term q (docs/design.md §2c): the second quantize is of the f32 residual
 // q - f32(qq1)*s1, rounded once (math.fma(-qq1, s1, q)); one int32 dot per term; scores
-// (f32(acc1)*s1 + f32(acc2)*s2)*sK*scale.
+// (f32(acc1)*(s1*c) + f32(acc2)*(s2*c))*sK.
 // TWO-LABEL: func.func @decode
 // TWO-SAME: (%[[Q:.*]]: tensor<1x8x64xf32>, %[[K:.*]]: tensor<1x2x300x64xi8>, %[[KS:.*]]: tensor<1x2x300xf32>,
-// TWO-DAG: %[[SCALE:.*]] = arith.constant 1.250000e-01 : f32
+// TWO-DAG: %[[C:.*]] = arith.constant 0.180336878 : f32
 // TWO: %[[QG:.*]] = tensor.expand_shape %[[Q]]
 // TWO: %[[Q1:.*]]:2 = "int8attn.quantize"(%[[QG]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
 // TWO: %[[RES:.*]] = linalg.generic {{.*}} ins(%[[QG]], %[[Q1]]#0, %[[Q1]]#1 : tensor<1x2x4x64xf32>, tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
@@ -40,7 +47,11 @@
 // TWO: } -> tensor<1x2x4x300xi32>
 // TWO: %[[ACC2:.*]] = linalg.generic {{.*}} ins(%[[Q2]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
 // TWO: } -> tensor<1x2x4x300xi32>
-// TWO: %[[SCORES:.*]] = linalg.generic {{.*}} ins(%[[ACC1]], %[[Q1]]#1, %[[ACC2]], %[[Q2]]#1, %[[KS]] :
+// TWO: %[[S1C:.*]] = linalg.generic {{.*}} ins(%[[Q1]]#1 : tensor<1x2x4xf32>)
+// TWO: arith.mulf %{{.*}}, %[[C]] : f32
+// TWO: %[[S2C:.*]] = linalg.generic {{.*}} ins(%[[Q2]]#1 : tensor<1x2x4xf32>)
+// TWO: arith.mulf %{{.*}}, %[[C]] : f32
+// TWO: %[[SCORES:.*]] = linalg.generic {{.*}} ins(%[[ACC1]], %[[S1C]], %[[ACC2]], %[[S2C]], %[[KS]] :
 // TWO-NEXT: ^bb0(%[[A1:.*]]: i32, %[[S1:.*]]: f32, %[[A2:.*]]: i32, %[[S2:.*]]: f32, %[[SK:.*]]: f32, %{{.*}}: f32):
 // TWO-NEXT:   %[[F1:.*]] = arith.sitofp %[[A1]] : i32 to f32
 // TWO-NEXT:   %[[T1:.*]] = arith.mulf %[[F1]], %[[S1]] : f32
@@ -48,8 +59,7 @@
 // TWO-NEXT:   %[[T2:.*]] = arith.mulf %[[F2]], %[[S2]] : f32
 // TWO-NEXT:   %[[SUM:.*]] = arith.addf %[[T1]], %[[T2]] : f32
 // TWO-NEXT:   %[[TK:.*]] = arith.mulf %[[SUM]], %[[SK]] : f32
-// TWO-NEXT:   %[[T:.*]] = arith.mulf %[[TK]], %[[SCALE]] : f32
-// TWO-NEXT:   linalg.yield %[[T]] : f32
+// TWO-NEXT:   linalg.yield %[[TK]] : f32
 // TWO: "int8attn.softmax_pv"(%[[SCORES]],
 // TWO-LABEL: func.func @decode_f16
 // TWO-COUNT-2: "int8attn.quantize"

@@ -8,8 +8,11 @@
 // A tile: QK is 8 token blocks x 4 K steps and PV 2 MMACs x 16 head-dim tiles, as for
 // one term, and each pair of sums is joined (high << 8) + low before one conversion.
 // CHECK-LABEL: func.func @decode_partition
-// The MMAs' starting accumulator: the round bias's bits (below).
-// CHECK: %[[INIT:.*]] = arith.constant dense<1262485504> : vector<2x2xi32>
+// The MMAs' starting accumulator: the round bias's bits (below); the scores' constant
+// c = softmax_scale * log2 e (0.0883883 * log2 e), and no log2 e of its own.
+// CHECK-NOT: arith.constant 1.44269502
+// CHECK-DAG: %[[INIT:.*]] = arith.constant dense<1262485504> : vector<2x2xi32>
+// CHECK-DAG: %[[SCORE_C:.*]] = arith.constant 0.127517432 : f32
 // The query rows: t = roundeven(clamp(q * inv) * 256), read off the bits of
 // clamp(q * inv) + 1.5*2^15, whose sums step by 1/256 (contract.to_int(fine=True): its
 // bits 0x47400000 = 1195376640); high = (t + 128) >> 8, low = t - (high << 8), as i8.
@@ -22,6 +25,9 @@
 // CHECK-NEXT: %[[LOW:.*]] = arith.subi %[[T]], %[[BACK]] : i32
 // CHECK-NEXT: arith.trunci %[[HIGH]] : i32 to i8
 // CHECK-NEXT: arith.trunci %[[LOW]] : i32 to i8
+// A row's score scale goes into LDS as sQ * c: the scores come out in log2 units.
+// CHECK: %[[SQC:.*]] = arith.mulf %{{.*}}, %[[SCORE_C]] : f32
+// CHECK-NEXT: memref.store %[[SQC]], %{{.*}} : memref<16xf32, #gpu.address_space<workgroup>>
 // Qq sits in LDS in the MMA's register order (fragments/operand_staging.py): each K
 // step's A operand is one aligned 16-byte load, its registers a0..a3 in order.
 // CHECK-COUNT-4: vector.load %{{.*}} alignment = 16 : memref<16x128xi8, #gpu.address_space<workgroup>>, vector<16xi8>
@@ -38,8 +44,9 @@
 // CHECK-NEXT: %[[QLF:.*]] = arith.bitcast %[[QL]] : i32 to f32
 // CHECK-NEXT: %[[QLX:.*]] = arith.subf %[[QLF]], %[[BIAS]] : f32
 // CHECK-NEXT: math.fma %[[QHX]], %{{.*}}, %[[QLX]] : f32
-// The partition softmax: e = exp(s - m) on the hardware's exp2, of (s - m) * log2 e
-// (TargetSpec.exp), not IREE's polynomial expansion of math.exp.
+// The partition softmax: e = 2^(s - m) on the hardware's exp2 (TargetSpec.exp2), the
+// scores already in log2 units (c is in each row's sQ): no multiply by log2 e (none
+// in the kernel, above), and no polynomial math.exp.
 // CHECK-NOT: math.exp
 // CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f32"(%{{.*}}) : (f32) -> f32
 // CHECK-NOT: math.exp
