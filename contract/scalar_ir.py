@@ -47,6 +47,10 @@ PV's sums into O (docs/design.md §2), per term of W, one FMA per MMAC group:
 (each product and its add rounded once, as reference.pv_chain; a backend must not be
 left to choose whether it fuses them).
 
+The scores are in log2 units (docs/design.md §2): each query row's scale is taken
+times c = softmax_scale * log2 e once (`score_row_scale`), and the softmax is exp2
+(`exp2`, where the hardware's is not used).
+
 Every compiler consumer builds the contract from these functions: lower-quantize
 inside its linalg.generic bodies, the lane-level kernels on the per-lane
 scalars of a row or W group. The numpy reference (reference/common.py) stays the

@@ -31,12 +31,11 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
     """`rows` query rows, quantized per row (the contract's rule) into LDS: per
     term, Qq [rows, D] i8 and its score scale sQ * c [rows] f32 (c =
     `score_scale(softmax_scale)`: the scores come out in log2 units), rows past the
-    real ones zero. The
-    second term (q-terms 2) quantizes the residual fma(-Qq1, s1, q), or is the low
-    digit of q quantized once (q-second digit: one scale, s1/BASE, with the first
-    term's rows): into LDS of its own, or, where the plan packs the terms
-    (`StagePlan.q_packing`), into the padding rows row + shift of the first term's
-    tile, so that one MMA gives both."""
+    real ones zero. The second term (q-terms 2) quantizes the residual
+    fma(-Qq1, s1, q), or is the low digit of q quantized once (q-second digit: one
+    scale, s1/BASE, with the first term's rows): into LDS of its own, or, where the
+    plan packs the terms (`StagePlan.q_packing`), into the padding rows row + shift
+    of the first term's tile, so that one MMA gives both."""
     lanes, d = plan.lanes, plan.head_dim
     _, slots = thread_distribution(rows, d, lanes.threads)
     row_map = slots[0][0]
