@@ -352,10 +352,10 @@ def score_row_scale(sq: ir.Value, c: ir.Value) -> ir.Value:
 
 
 def exp2(x: ir.Value) -> ir.Value:
-    """2^x for the softmax's x = s - m <= 0 (or NaN, -inf), within an ulp or two of the
-    exact value everywhere, +0 below 2^-126.5: 2^n * 2^f with n = roundeven(x) clamped
-    to [-127, 128] and f = x - n (exact; |f| <= 1/2 wherever 2^x is normal), 2^n built
-    from its bits and 2^-127 as +0. IREE's own math.exp2 is accurate only near 0 (it
+    """2^x for the softmax's x = s - m <= 0 (or NaN, -inf): within 2 ulps wherever 2^x
+    is normal, +0 for x < -126.5 (tests/test_exp2_contract.py): 2^n * 2^f with
+    n = roundeven(x) clamped to [-127, 128] and f = x - n (exact; |f| <= 1/2 but where
+    n is clamped), 2^n built from its bits and 2^-127 as +0. IREE's own math.exp2 is accurate only near 0 (it
     lost up to 56 ulps at x = -126 on llvm-cpu); the kernel whose hardware has an exp2
     takes that instead (`TargetSpec.exp2`)."""
     f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
