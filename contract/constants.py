@@ -42,6 +42,7 @@ DIGIT_BASE = 256
 # which each query row's scale takes up (`score_scale`). So a kernel's exp2 takes the
 # score as it is, with no multiply by log2 e and none by softmax_scale per score.
 LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
 
 
 def score_scale(softmax_scale: float) -> float:

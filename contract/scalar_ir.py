@@ -73,7 +73,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from .constants import (EXACT_BIAS_RANGE, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
+from .constants import (EXACT_BIAS_RANGE, LN_2, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
                         QUANTIZE_MIN_ABSMAX, ROUND_BIAS, ROUND_BIAS_BITS, UMAX, DIGIT_BASE,
                         DIGIT_ROUND_BIAS, DIGIT_ROUND_BIAS_BITS, W_OFFSET)
 
@@ -353,14 +353,15 @@ def score_row_scale(sq: ir.Value, c: ir.Value) -> ir.Value:
 
 def exp2(x: ir.Value) -> ir.Value:
     """2^x for the softmax's x = s - m <= 0 (or NaN, -inf): within 2 ulps wherever 2^x
-    is normal, +0 for x < -126.5 (tests/test_exp2_contract.py): 2^n * 2^f with
+    is normal, +0 for x < -126.5 (tests/test_exp2_contract.py): 2^n * exp(f ln 2) with
     n = roundeven(x) clamped to [-127, 128] and f = x - n (exact; |f| <= 1/2 but where
-    n is clamped), 2^n built from its bits and 2^-127 as +0. IREE's own math.exp2 is accurate only near 0 (it
-    lost up to 56 ulps at x = -126 on llvm-cpu); the kernel whose hardware has an exp2
-    takes that instead (`TargetSpec.exp2`)."""
+    n is clamped), 2^n built from its bits and 2^-127 as +0. The exponent f ln 2 is
+    rounded relative to |f| <= 1/2 only: IREE's math.exp2 of x itself lost 56 ulps at
+    x = -126 on llvm-cpu, and on ROCm became a device-library call. A kernel whose
+    hardware has an exp2 takes that instead (`TargetSpec.exp2`)."""
     f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
     n = arith.minimumf(arith.maximumf(math.roundeven(x), _f32(-127.0)), _f32(128.0))
-    fraction = math.exp2(arith.subf(x, n))
+    fraction = math.exp(arith.mulf(arith.subf(x, n), _f32(LN_2)))
     # NaN x: any n will do (the fraction is NaN); fptosi of a NaN is poison
     number = arith.cmpf(arith.CmpFPredicate.OEQ, n, n)
     exponent = arith.fptosi(i32, arith.select(number, n, _f32(0.0)))

@@ -81,10 +81,13 @@ def _mmac_intrinsic(instruction: MatrixInstruction, a, b, c) -> ir.Value:
                                 [as_i64(a), as_i64(b), c], [], []).result
 
 
-# PTX's ex2.approx.ftz.f32: a result below 2^-126 is +0 (the non-ftz form costs a
-# compare and two multiplies around each MUFU.EX2 in SASS to keep subnormals). A p that
-# small adds nothing a tolerance sees. The simulator evaluates these as exp2, flushed.
-EXP2_INTRINSICS = {"cuda": "llvm.nvvm.ex2.approx.ftz.f32"}
+# The hardware's exp2. PTX's ex2.approx.ftz.f32: a result below 2^-126 is +0 (the
+# non-ftz form costs a compare and two multiplies around each MUFU.EX2 in SASS to keep
+# subnormals). AMDGPU: LLVM's own llvm.exp2.f32, which its backend lowers to v_exp_f32
+# (1 ulp; every LLVM a DCU toolchain ships has it, where math.exp2 became a call to the
+# ROCm device library that the gfx936 route cannot link). A p that small adds nothing a
+# tolerance sees. The simulator evaluates these as exp2, flushed below 2^-126.
+EXP2_INTRINSICS = {"cuda": "llvm.nvvm.ex2.approx.ftz.f32", "amdgpu": "llvm.exp2.f32"}
 FLUSHED_BELOW = np.float32(2.0 ** -126)
 
 MmaEmitter = Callable[[MatrixInstruction, ir.Value, ir.Value, ir.Value], ir.Value]
@@ -115,10 +118,10 @@ class TargetSpec:
     # which IREE's LLVM translates in place of the target's own (renamed back in
     # the IR the `llvm` stage writes): (name, number of trailing zero immediates).
     llvm_stand_in: tuple[str, int] | None = None
-    # The hardware's approximate exp2 (an LLVM intrinsic f32 -> f32), which the
-    # prefill's online softmax and the decode partition's softmax take (the merge's
-    # few weights take the contract's); None: the contract's `exp2` (a range reduction
-    # around math.exp2, which IREE expands into a polynomial).
+    # The hardware's exp2 (an LLVM intrinsic f32 -> f32), which the prefill's online
+    # softmax and the decode partition's softmax take (the merge's few weights take the
+    # contract's); None: the contract's `exp2` (a range reduction around math.exp,
+    # which IREE expands into a polynomial).
     exp2_intrinsic: str | None = None
     # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and
     # the SMs of the GPU that was measured on: a grid too small to fill that many per
@@ -221,10 +224,12 @@ TARGET_SPECS: dict[str, TargetSpec] = {
                          tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942",
                          # same operands (i64, i64, <4 x i32>) -> <4 x i32>, then cbsz,
                          # abid, blgp
-                         llvm_stand_in=("llvm.amdgcn.mfma.i32.16x16x32.i8", 3)),
+                         llvm_stand_in=("llvm.amdgcn.mfma.i32.16x16x32.i8", 3),
+                         exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
     "gfx942": TargetSpec("gfx942", fragment_model("gfx942"), _mfma,
                          pv_atoms=tuple(pv_model("gfx942", a) for a in PV_ATOMS["gfx942"][1:]),
-                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942"),
+                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942",
+                         exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
     "cuda": TargetSpec(
         "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),
         async_copy=True, occupancy_attribute="nvvm.minctasm",

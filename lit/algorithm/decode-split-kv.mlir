@@ -20,7 +20,8 @@
 // CHECK: } -> tensor<1x2x4x2xf32>
 // CHECK: %[[E:.*]] = linalg.generic {{.*}} ins(%[[SB]], %[[M]] :
 // CHECK:   arith.subf
-// CHECK:   math.exp2
+// CHECK:   math.roundeven
+// CHECK:   math.exp
 // CHECK: %[[L:.*]] = linalg.generic {{.*}} ins(%[[E]] : tensor<1x2x4x2x256xf32>)
 // CHECK:   arith.addf
 // CHECK: %[[P:.*]] = linalg.generic {{.*}} ins(%[[E]], %[[L]] :
@@ -31,7 +32,8 @@
 // CHECK: %[[MALL:.*]] = linalg.generic {{.*}} ins(%[[M]] : tensor<1x2x4x2xf32>)
 // CHECK: %[[W:.*]] = linalg.generic {{.*}} ins(%[[M]], %[[MALL]], %[[L]] :
 // CHECK:   arith.subf
-// CHECK:   math.exp2
+// CHECK:   math.roundeven
+// CHECK:   math.exp
 // CHECK:   arith.mulf
 // CHECK: %[[NUM:.*]] = linalg.generic {{.*}} ins(%[[W]], %[[OP]] :
 // CHECK: %[[DEN:.*]] = linalg.generic {{.*}} ins(%[[W]] :

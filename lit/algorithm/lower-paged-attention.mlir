@@ -36,7 +36,8 @@
 // CHECK:     %[[PV0:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%{{.*}} : tensor<1x2x4x1x64xf32>)
 // CHECK:     %[[PV:.*]] = "int8attn.pv"(%{{.*}}, %{{.*}}, %{{.*}}, %[[PV0]]) : (tensor<1x2x4x1x256xf32>, tensor<1x2x1x256x64xi8>, tensor<1x2x1x256xf32>, tensor<1x2x4x1x64xf32>) -> tensor<1x2x4x1x64xf32>
 // CHECK:     arith.maximumf
-// CHECK:     math.exp2
+// CHECK:     math.roundeven
+// CHECK:     math.exp
 // CHECK:     scf.yield
 // CHECK:   arith.divf
 // CHECK:   %[[NEXT:.*]] = tensor.insert_slice %{{.*}} into %[[ACC]][%[[SEQ]], 0, 0] [1, 8, 64] [1, 1, 1]

@@ -3,7 +3,7 @@
 // 8 rows = 4 heads x 2 query tokens at positions 128 and 129 of 130 tokens.
 // The causal mask, then a loop over 3 KV tiles of 64 carrying (m, l, o), the
 // guarded rescale alpha = 2^(m - m'), unnormalized p = 2^(s - m') (scores in log2
-// units; `contract.exp2`: 2^roundeven(x) from its bits times math.exp2 of the rest), the
+// units; `contract.exp2`: 2^roundeven(x) from its bits times exp((x - n) ln 2)), the
 // shared int8attn.pv for the tile, and O = o / l after the loop.
 // CHECK-LABEL: func.func @prefill
 // CHECK-SAME: (%[[S:.*]]: tensor<1x2x8x130xf32>, %[[V:.*]]: tensor<1x2x130x16xi8>, %[[VS:.*]]: tensor<1x2x130xf32>)
@@ -37,12 +37,13 @@
 // CHECK:     %[[DEAD:.*]] = arith.cmpf oeq, %{{.*}}, %[[NEG_INF]] : f32
 // CHECK:     %[[DA:.*]] = arith.subf
 // CHECK:     %[[NA:.*]] = math.roundeven %[[DA]] : f32
-// CHECK:     %[[FA:.*]] = math.exp2
+// CHECK:     %[[FA:.*]] = math.exp
 // CHECK:     %[[E:.*]] = arith.mulf %[[FA]], %{{.*}} : f32
 // CHECK:     arith.select %[[DEAD]], %[[ONE]], %[[E]] : f32
 // CHECK:   %[[P:.*]] = linalg.generic {{.*}} ins(%[[STILE]], %[[MNEW]] :
 // CHECK:     %[[DEADP:.*]] = arith.cmpf oeq, %{{.*}}, %[[NEG_INF]] : f32
-// CHECK:     %[[FP:.*]] = math.exp2
+// CHECK:     math.roundeven
+// CHECK:     %[[FP:.*]] = math.exp
 // CHECK:     %[[EP:.*]] = arith.mulf %[[FP]], %{{.*}} : f32
 // CHECK:     arith.select %[[DEADP]], %[[ZERO]], %[[EP]] : f32
 // CHECK:   %[[LSCALED:.*]] = linalg.generic {{.*}} ins(%[[L]], %[[ALPHA]] :

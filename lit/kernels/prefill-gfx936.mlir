@@ -51,8 +51,7 @@
 // CHECK: %[[MNEW:.*]] = arith.maximumf %[[M]], %{{.*}} : f32
 // CHECK: %[[DEAD:.*]] = arith.cmpf oeq, %[[MNEW]], %cst{{.*}} : f32
 // CHECK: %[[DIFF:.*]] = arith.subf %[[M]], %[[MNEW]] : f32
-// CHECK: %[[N:.*]] = math.roundeven %[[DIFF]] : f32
-// CHECK: %[[EXP:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[EXP:.*]] = llvm.call_intrinsic "llvm.exp2.f32"(%[[DIFF]]) : (f32) -> f32
 // CHECK: %[[ALPHA:.*]] = arith.select %[[DEAD]], %cst{{.*}}, %[[EXP]] : f32
 // CHECK: %[[LSCALED:.*]] = arith.mulf %[[ALPHA]], %[[L]] : f32
 // CHECK: %[[LNEW:.*]] = arith.addf %[[LSCALED]], %{{.*}} : f32
