@@ -20,7 +20,8 @@ from ..passes.onnx_ops import builtin_type, onnx_name
 from ..reference import exact_attention, fragment_attention, quantize_cache
 from .signature import (CACHE_WRITE_OPERANDS, OPERANDS, PAGED_OPERANDS,  # noqa: F401
                         AttentionCall, FunctionInfo)
-from ..runtime.module import NUMPY_DTYPES, InputError, TensorSpec, check_signature
+from ..runtime.module import (BF16, NUMPY_DTYPES, InputError, TensorSpec, bf16_values,
+                              check_signature, host_dtype)
 from ..support.ir import walk
 
 
@@ -192,8 +193,25 @@ def check_memory(info: FunctionInfo, float_caches: bool = False) -> None:
                          f"{available / 2**30:.1f} GiB: use a smaller graph")
 
 
+def draw_gaussian(rng: np.random.Generator, spec: TensorSpec, shape=None) -> np.ndarray:
+    """Standard normal values of `spec`'s element type in `shape` (default the spec's):
+    f32 or f16, or for bf16 f32 values rounded to bf16 (as a call passes them)."""
+    values = rng.standard_normal(spec.shape if shape is None else shape)
+    if spec.element == BF16:
+        return bf16_values(values.astype(np.float32))
+    return values.astype(host_dtype(spec.element) or np.float32)
+
+
+def as_called(info: FunctionInfo, arrays) -> list:
+    """The arrays with every bf16 argument rounded to bf16, as the call passes it (what
+    the references must see: the rounded q, not the f32 given)."""
+    return [bf16_values(a) if i < len(info.arguments) and info.arguments[i].element == BF16
+            else a for i, a in enumerate(arrays)]
+
+
 def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
-    """Gaussian q; K and V Gaussian, quantized per token (int8 + f32 scale).
+    """Gaussian q (bf16 q: f32 values rounded to bf16); K and V Gaussian, quantized per
+    token (int8 + f32 scale).
 
     With `float_caches`, also returns {"k": K, "v": V} before quantization.
     """
@@ -210,8 +228,7 @@ def random_inputs(info: FunctionInfo, seed: int, *, float_caches: bool = False):
     rng = np.random.default_rng(seed)
     q_arg, k_arg, ks_arg, v_arg, vs_arg = info.attention.argument_of
     arrays: list[np.ndarray | None] = [None] * len(info.arguments)
-    q_spec = info.arguments[q_arg]
-    arrays[q_arg] = rng.standard_normal(q_spec.shape).astype(NUMPY_DTYPES[q_spec.element])
+    arrays[q_arg] = draw_gaussian(rng, info.arguments[q_arg])
     floats = {"k": rng.standard_normal(info.arguments[k_arg].shape).astype(np.float32)}
     arrays[k_arg], arrays[ks_arg] = quantize_cache(floats["k"])
     if k_arg == v_arg or ks_arg == vs_arg:
@@ -235,6 +252,7 @@ def references(info: FunctionInfo, arrays, *, pv: str, model: str,
     after each chunk of query rows of the dense references.
     """
     call = info.attention
+    arrays = as_called(info, arrays)   # bf16 arguments rounded, as the call sees them
     if call.mode == "cache_write":   # exact: the numpy quantization of the written tokens
         from ..reference import paged_cache_write
 
@@ -292,6 +310,9 @@ def attention_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_d
 
     from ..support.ir import new_context
 
+    check_graph_sizes(batch=batch, q_heads=q_heads, kv_heads=kv_heads, tokens=tokens,
+                      head_dim=head_dim, mode=mode, query_tokens=query_tokens,
+                      softmax_scale=softmax_scale, q_element=q_element)
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     with new_context(), ir.Location.unknown():
         module = ir.Module.create()
@@ -304,3 +325,45 @@ def attention_graph(batch: int, q_heads: int, kv_heads: int, tokens: int, head_d
             def _(q, k, k_scale, v, v_scale):
                 return d.attention(q, k, k_scale, v, v_scale, mode=mode, softmax_scale=scale)
         return str(module)
+
+
+Q_ELEMENTS = ("f32", "f16", "bf16")
+
+
+def check_graph_sizes(*, batch, q_heads, kv_heads, tokens, head_dim, mode: str,
+                      query_tokens=1, softmax_scale=None, q_element: str = "f32") -> None:
+    """The arguments of `decode_graph` / `prefill_graph` / `attention_graph`, refused
+    with a ValueError naming the argument: every size a positive integer, q_heads a
+    multiple of kv_heads (GQA), a prefill's query_tokens at most tokens (its queries are
+    the last Sq of the S tokens), softmax_scale finite and > 0, q_element f32/f16/bf16."""
+    if mode not in ("decode", "prefill"):
+        raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
+    sizes = dict(batch=batch, q_heads=q_heads, kv_heads=kv_heads, tokens=tokens,
+                 head_dim=head_dim)
+    if mode == "prefill":
+        sizes["query_tokens"] = query_tokens
+    for name, value in sizes.items():
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name} must be a positive integer, got {value!r} "
+                             f"({type(value).__name__})")
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}"
+                             + (" (the default softmax_scale is head_dim ** -0.5)"
+                                if name == "head_dim" else ""))
+    if q_heads % kv_heads:
+        raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads}): "
+                         f"each KV head serves q_heads / kv_heads query heads (GQA)")
+    if mode == "prefill" and query_tokens > tokens:
+        raise ValueError(f"query_tokens ({query_tokens}) must be at most tokens ({tokens}): "
+                         f"a prefill's queries are the last Sq of the S cached tokens")
+    if softmax_scale is not None:
+        try:
+            scale = float(softmax_scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"softmax_scale must be a finite number > 0, got "
+                             f"{softmax_scale!r}") from None
+        if not (np.isfinite(scale) and scale > 0):
+            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r} "
+                             f"(omit it for head_dim ** -0.5)")
+    if q_element not in Q_ELEMENTS:
+        raise ValueError(f"q_element must be one of {', '.join(Q_ELEMENTS)}, got {q_element!r}")

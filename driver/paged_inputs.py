@@ -71,6 +71,9 @@ def check_paged_arguments(info, arrays, *, scales: bool = True) -> None:
     # A chunked prefill's queries are each sequence's last Sq tokens.
     shortest = q.shape[2] if q.ndim == 4 else 1
     for b, length in enumerate(lens):
+        if q.ndim == 4 and shortest > capacity:
+            raise InputError(_chunk_too_long(info, b, int(length), shortest,
+                                             tables.shape[1], block_size))
         if not shortest <= length <= capacity:
             raise InputError(f"{_label(info, 'context_lens')}: sequence {b} has length "
                              f"{int(length)}, outside [{shortest}, {capacity}] "
@@ -89,11 +92,29 @@ def check_paged_arguments(info, arrays, *, scales: bool = True) -> None:
         _check_read_scales(info, ops, layout, *read_tokens(tables, lens, block_size))
 
 
+def _slots(slots: int, block_size: int) -> str:
+    return f"{slots} slot{'' if slots == 1 else 's'} of {block_size} tokens"
+
+
+def _chunk_too_long(info, b: int, length: int, query_tokens: int, slots: int,
+                    block_size: int) -> str:
+    """A chunked prefill whose Sq new tokens exceed what a block table can hold."""
+    layout = CacheLayout.paged(block_size)
+    capacity = layout.capacity(slots)
+    needed = int(layout.blocks_needed(query_tokens))
+    split = (f", or split the prefill into chunks of at most {capacity} tokens"
+             if capacity else "")
+    return (f"{_label(info, 'q')}: a chunk of Sq = {query_tokens} new tokens cannot fit a "
+            f"block table of {capacity} tokens ({_slots(slots, block_size)}; sequence {b} "
+            f"has length {length}): give block_tables at least {needed} "
+            f"slot{'' if needed == 1 else 's'}{split}")
+
+
 def _length_hint(length: int, shortest: int, slots: int, block_size: int) -> str:
     """Why a sequence's length is refused, and what to do about it."""
     capacity = CacheLayout.paged(block_size).capacity(slots)
-    if length > capacity or shortest > capacity:
-        return (f"its block table has {slots} slots of {block_size} tokens: give it a wider "
+    if length > capacity:
+        return (f"its block table has {_slots(slots, block_size)}: give it a wider "
                 f"table or a shorter length")
     if shortest > 1:
         return (f"its {shortest} new query tokens are the last of its tokens: write them to "
@@ -132,6 +153,15 @@ def check_value_layout(info, arrays) -> None:
                          f"layout [NB, Hkv, BS, D]; the paged value cache is token-innermost "
                          f"[NB, Hkv, D, BS] = [?, {kv_heads}, {head_dim}, {block_size}] (vLLM's "
                          f"value cache): pass numpy.ascontiguousarray(v.transpose(0, 1, 3, 2))")
+
+
+def _gaussian(rng, spec, shape) -> np.ndarray:
+    """Standard normal values of `spec`'s float element type (bf16: f32 values rounded
+    to bf16, as the call passes them; anything else: f32)."""
+    from .graph import draw_gaussian
+
+    return draw_gaussian(rng, spec if spec.element in ("f16", "bf16") else
+                         type(spec)(spec.shape, "f32"), shape)
 
 
 def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
@@ -173,8 +203,7 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
     read[block, offset] = True
     k_scale[~read[:, None, :].repeat(kv_heads, 1)] = np.nan
     v_scale[~read[:, None, :].repeat(kv_heads, 1)] = np.nan
-    q_element = {"f32": np.float32, "f16": np.float16}.get(spec["q"].element, np.float32)
-    values = {"q": rng.standard_normal((batch, *spec["q"].shape[1:])).astype(q_element),
+    values = {"q": _gaussian(rng, spec["q"], (batch, *spec["q"].shape[1:])),
               "k_cache": k, "k_scale": k_scale,
               "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale,
               "block_tables": tables, "context_lens": lengths.astype(np.int32)}
@@ -261,9 +290,8 @@ def random_cache_write_inputs(info, seed: int) -> list[np.ndarray]:
                                 .astype(np.float32))
     v, v_scale = quantize_cache(rng.standard_normal((pool, kv_heads, block_size, head_dim))
                                 .astype(np.float32))
-    element = {"f16": np.float16}.get(spec["k_new"].element, np.float32)
-    values = {"k_new": rng.standard_normal((tokens, kv_heads, head_dim)).astype(element),
-              "v_new": rng.standard_normal((tokens, kv_heads, head_dim)).astype(element),
+    values = {"k_new": _gaussian(rng, spec["k_new"], (tokens, kv_heads, head_dim)),
+              "v_new": _gaussian(rng, spec["v_new"], (tokens, kv_heads, head_dim)),
               "slot_mapping": slots, "k_cache": k, "k_scale": k_scale,
               "v_cache": np.ascontiguousarray(v.transpose(0, 1, 3, 2)), "v_scale": v_scale,
               "k_bias": rng.standard_normal((kv_heads, head_dim)).astype(np.float32)}

@@ -27,7 +27,7 @@ from .driver.onnx_import import is_onnx, read_model
 from .driver.options import CompileOptions
 from .driver.targets import TARGETS, OptionRefused
 from .runtime import LoadedModule, ModuleCache
-from .runtime.module import InputError
+from .runtime.module import InputError, check_writable
 
 __all__ = ["compile", "compile_file", "CompiledGraph", "CompileOptions"]
 
@@ -120,11 +120,16 @@ class CompiledGraph:
         """Results as numpy arrays. A cache_write function updates the caller's cache
         arrays in place (without a copy when they are writable, C-contiguous and
         64-byte aligned: `int8attn.runtime.aligned_empty`) and returns them; paged
-        caches are read without a copy under the same conditions."""
+        caches are read without a copy under the same conditions; a read-only cache
+        array is refused (InputError), as it could not be updated. A bf16 argument is
+        given as f32 (or f16) and rounded to bf16 (`runtime.module.bf16_values`)."""
         info = self.entry(function)
         originals = list(arrays)
-        arrays = check_arguments(info, arrays)
         call = info.attention
+        arrays = check_arguments(info, arrays)
+        if call is not None and call.tied:
+            check_writable(info.name, call.tied, originals,
+                           dict(zip(call.argument_of, call.operands)))
         by_reference = {} if call is None or self.simulated else {
             "by_reference": call.by_reference, "tied": call.tied}
         start = time.perf_counter()
@@ -188,6 +193,9 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
     """
     compile_options_ = compile_options(**options)
     target = TARGETS[compile_options_.target]
+    # The options first: one that does not apply to the target (--kernel-object on
+    # --target cpu) is named as such, not as a missing runtime for it.
+    checked = target.check(compile_options_)
     if simulate and not target.simulates:
         raise OptionRefused(f"--simulate runs lane-level kernels; --target "
                             f"{target.name} has none (use --target gfx936, gfx942 or cuda)")
@@ -202,7 +210,6 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
                             f"simulator with --simulate")
     until = "kernel" if simulate else "vmfb"
     store = None if simulate or save_stages else (ModuleCache() if cache is True else cache) or None
-    checked = target.check(compile_options_)
     # `host` names a different CPU on another machine: key by what IREE resolved.
     cpu = target.cpu(checked.target_cpu) if target.takes_target_cpu else None
     # A code object is keyed by its bytes (one path may hold a rebuilt object).

@@ -12,7 +12,13 @@ it in place (`lower-cache-write`) writes into the caller's array, and a
 result `tied` to such an argument is returned as that very array. Any other
 array is copied in and, when tied, the result is copied back into it: the
 caller's array is updated either way, without a copy only in the first case
-(`aligned_empty` makes arrays that qualify).
+(`aligned_empty` makes arrays that qualify). A read-only array for a tied
+argument is refused (`check_writable`): the call could not update it.
+
+A bf16 argument (e.g. q of an attention taking bf16 queries) is given as an f32
+(or f16) array: it is rounded to bf16 (to nearest, ties to even:
+`reference.common.round_to_bf16`, `bf16_values`), checked and returned as f32
+holding those values, and passed to IREE as a bf16 buffer of their bits.
 """
 
 from __future__ import annotations
@@ -32,6 +38,34 @@ HOST_ALIGNMENT = 64
 # MLIR element type -> numpy dtype accepted at the module boundary.
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "i32": np.int32,
                 "i64": np.int64, "f64": np.float64}
+# bf16 has no numpy dtype of its own: a bf16 argument is given (and drawn, and
+# compared) as f32 holding bf16 values (`bf16_values`); these dtypes are accepted.
+BF16 = "bf16"
+BF16_FROM = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def host_dtype(element: str):
+    """The numpy dtype an argument of MLIR element type `element` is given as (bf16:
+    float32, rounded to bf16 at the boundary), or None where there is none."""
+    return np.float32 if element == BF16 else NUMPY_DTYPES.get(element)
+
+
+def bf16_values(array) -> np.ndarray:
+    """`array` (f32, f16 or ml_dtypes.bfloat16) rounded to bf16, to nearest with ties
+    to even (`reference.common.round_to_bf16`), as f32. A NaN stays a (quiet) NaN
+    (rounding its bits could carry into Inf); values past bf16's range round to Inf."""
+    from ..reference.common import round_to_bf16
+
+    values = np.asarray(array).astype(np.float32)
+    rounded = round_to_bf16(values)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded = np.where(nan, np.float32(np.nan), rounded).astype(np.float32)
+    return np.asarray(rounded, np.float32).reshape(values.shape)
+
+
+def _bf16_accepted(dtype: np.dtype) -> bool:
+    return dtype in BF16_FROM or dtype.name == "bfloat16"   # ml_dtypes.bfloat16
 
 
 class InputError(ValueError):
@@ -68,6 +102,18 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
     checked = []
     for i, (array, spec) in enumerate(zip(arrays, specs)):
         array = np.asarray(array)
+        if spec.element == BF16:
+            if not _bf16_accepted(array.dtype):
+                raise InputError(f"{label(i)} of @{function} must be float32 (rounded to "
+                                 f"bf16 at the call) for {spec.describe()}, got "
+                                 f"{array.dtype} (convert it: array.astype(numpy.float32))")
+            if not spec.accepts(array.shape):
+                expected = "[" + ", ".join("?" if d is None else str(d)
+                                           for d in spec.shape) + "]"
+                raise InputError(f"{label(i)} of @{function} must have shape {expected} "
+                                 f"for {spec.describe()}, got {list(array.shape)}")
+            checked.append(bf16_values(array))
+            continue
         dtype = NUMPY_DTYPES.get(spec.element)
         if dtype is None:
             raise InputError(f"{label(i)} of @{function} has element type {spec.element}, "
@@ -99,6 +145,21 @@ def aligned_copy(array) -> np.ndarray:
     out = aligned_empty(array.shape, array.dtype)
     out[...] = array
     return out
+
+
+def check_writable(function: str, tied, arrays, names=None) -> None:
+    """Refuse a read-only numpy array for an argument the call updates in place (the
+    argument of a `tied` (result, argument) pair): it could not be written, and the
+    caller would keep its old contents."""
+    names = names or {}
+    for _, a in tied:
+        array = arrays[a] if a < len(arrays) else None
+        if isinstance(array, np.ndarray) and not array.flags.writeable:
+            name = f"arg{a}{', ' + names[a] if a in names else ''}"
+            raise InputError(f"argument {a} ({name}) of @{function} is a read-only array, and "
+                             f"the call updates it in place: pass a writable array, e.g. "
+                             f"numpy.array(x) (a copy; then use that copy), or "
+                             f"x.setflags(write=True) where x owns its memory")
 
 
 def _host_memory(array) -> int | None:
@@ -134,6 +195,11 @@ class LoadedModule:
                        f"--device={self.driver}", f"--function={function}"]
             command += [f"--input=@{saved / f'arg{i}.npy'}" for i in range(len(arguments))]
             message = "\n".join(str(error).strip().splitlines()[:6])
+            if "Could not create device" in message and self.driver != "local-task":
+                message += (f"\nno IREE {self.driver} device is present here (no such GPU, or "
+                            f"no driver for it); `int8attn run --simulate` (simulate=True in "
+                            f"the Python API) runs the lane kernels in the lane simulator "
+                            f"instead")
             raise StageError(f"IREE runtime ({what})", message, shlex.join(command)) from None
 
     def check_arguments(self, function: str, arrays) -> list[np.ndarray]:
@@ -150,7 +216,9 @@ class LoadedModule:
 
         arguments = self.check_arguments(function, arrays)
         entry = self._functions(function, arguments)[function]
-        device_args = [rt.asdevicearray(self._context.config.device, a) for a in arguments]
+        device_args = [self._bf16_view(a) if spec.element == BF16 else
+                       rt.asdevicearray(self._context.config.device, a)
+                       for a, spec in zip(arguments, self.signatures[function])]
         for _ in range(warmup):
             entry(*device_args)
         seconds = []
@@ -160,6 +228,15 @@ class LoadedModule:
             (result[0] if isinstance(result, (tuple, list)) else result).to_host()
             seconds.append(clock() - start)
         return seconds
+
+    def _bf16_view(self, values: np.ndarray):
+        """A bf16 HAL buffer view holding `values` (f32 already rounded to bf16: its
+        upper 16 bits are the bf16 bits, the lower 16 zero), a copy on the device."""
+        bits = (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        device = self._context.config.device
+        return device.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+            device=device, buffer=bits, element_type=rt.HalElementType.BFLOAT_16)
 
     def _by_reference(self, array: np.ndarray):
         """A HAL buffer view over `array`'s own memory, or None where it cannot be one
@@ -189,8 +266,12 @@ class LoadedModule:
             raise InputError(f"no public function @{function}; the module has "
                              f"{', '.join('@' + f for f in self.signatures)}")
         arguments = self.check_arguments(function, arrays)
+        check_writable(function, tied, arrays)
         entry = self._functions(function, arguments)[function]
         passed = list(arguments)
+        for i, spec in enumerate(self.signatures[function]):
+            if spec.element == BF16:
+                passed[i] = self._bf16_view(arguments[i])
         for i in by_reference:
             view = self._by_reference(arguments[i])
             if view is not None:

@@ -202,7 +202,8 @@ def test_parse_and_verifier_errors_have_locations(tmp_path):
     proc = run("int8attn", "compile", broken, "-o", tmp_path / "x.vmfb", check_rc=1)
     assert re.search(r"broken\.mlir:3:\d+: error:", proc.stderr), proc.stderr
     bad = tmp_path / "gqa.mlir"
-    bad.write_text(decode_graph(1, 6, 4, 8, 16))
+    # 6 query heads over 4 KV heads (decode_graph itself refuses to write it)
+    bad.write_text(decode_graph(1, 4, 4, 8, 16).replace("1x4x16xf32", "1x6x16xf32"))
     proc = run("int8attn", "run", bad, check_rc=1)
     assert re.search(r"gqa\.mlir:\d+:\d+: error: 'int8attn.attention' op query heads \(6\) "
                      r"must be a multiple of KV heads \(4\)", proc.stderr), proc.stderr

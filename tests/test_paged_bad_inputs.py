@@ -306,8 +306,8 @@ def test_a_chunk_longer_than_its_sequence_is_refused(target, tmp_path, capsys):
     assert message in capsys.readouterr().err
     assert not out.exists()
     arrays[5] = arrays[5][:, :0]       # no table slot: not even the chunk fits
-    with pytest.raises(InputError, match=r"sequence 0 has length 40, outside \[5, 0\] \(its "
-                                         r"block table has 0 slots of 16 tokens: give it a "
-                                         r"wider table"):
+    with pytest.raises(InputError, match=r"a chunk of Sq = 5 new tokens cannot fit a block "
+                                         r"table of 0 tokens \(0 slots of 16 tokens; sequence "
+                                         r"0 has length 40\): give block_tables at least 1 slot"):
         graph(*arrays)
 
