@@ -34,7 +34,7 @@ def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size
     """MLIR text of a function returning one `int8attn.paged_attention` of its seven
     arguments; B, NB and MB are dynamic ("?") unless given. With `query_tokens`,
     q is [B, Hq, Sq, D]: chunked prefill of each sequence's last Sq tokens."""
-    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    scale = _float_literal(softmax_scale if softmax_scale is not None else head_dim ** -0.5)
     chunk = "" if query_tokens is None else f"{query_tokens}x"
     q = f"{batch}x{q_heads}x{chunk}{head_dim}xf32"
     types = [q, *_cache_types(kv_heads, head_dim, block_size, blocks),
@@ -43,6 +43,16 @@ def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size
             f"  %o = \"int8attn.paged_attention\"({_names(7)}) {{block_size = {block_size} : i64, "
             f"softmax_scale = {scale} : f32}} : ({_types(types)}) -> tensor<{q}>\n"
             f"  return %o : tensor<{q}>\n}}\n")
+
+
+def _float_literal(value: float) -> str:
+    """`value` as an MLIR float literal: Python's shortest repr, with the '.' MLIR's
+    lexer needs before an exponent (repr gives 1e-05, MLIR takes 1.0e-05)."""
+    text = repr(float(value))
+    mantissa, e, exponent = text.partition("e")
+    if e and "." not in mantissa:
+        text = f"{mantissa}.0e{exponent}"
+    return text
 
 
 def cache_write_graph(kv_heads: int, head_dim: int, block_size: int, *,

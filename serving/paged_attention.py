@@ -56,13 +56,18 @@ class PagedAttention:
                  softmax_scale: float | None = None, target: str = "cuda", **options):
         if target not in ("cuda", "cpu"):
             raise InputError(f"PagedAttention runs on target 'cuda' or 'cpu', not {target!r}")
+        q_heads, kv_heads, head_dim, block_size = (
+            _positive(name, value) for name, value in (
+                ("q_heads", q_heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                ("block_size", block_size)))
         if q_heads % kv_heads:
-            raise InputError(f"{q_heads} query heads do not group over {kv_heads} KV heads")
+            raise InputError(f"{q_heads} query heads do not group over {kv_heads} KV heads "
+                             f"(q_heads must be a multiple of kv_heads)")
         self.q_heads, self.kv_heads, self.head_dim = q_heads, kv_heads, head_dim
         self.block_size, self.target, self.options = block_size, target, dict(options)
         self._saved_numerics: Numerics | None = None
         self.softmax_scale = (float(np.float32(head_dim ** -0.5)) if softmax_scale is None
-                              else float(softmax_scale))
+                              else _softmax_scale(softmax_scale))
         self._executors: dict = {}
 
     # compiled kernels ------------------------------------------------------
@@ -150,7 +155,8 @@ class PagedAttention:
         or [B, Hq, Sq, D] (chunked prefill of each sequence's last Sq tokens). The
         result is f32 in q's shape, in `out` when given (caller-owned, contiguous)."""
         torch = torch_module()
-        kind = DECODE if getattr(q, "dim", lambda: 0)() != 4 else ("prefill", q.shape[2])
+        # by the rank, whatever q is (a torch tensor, a numpy array, a DLPack producer)
+        kind = ("prefill", int(q.shape[2])) if len(getattr(q, "shape", ())) == 4 else DECODE
         executor = self.executor(kind)
         info = executor.info
         names = info.attention.operands
@@ -227,8 +233,47 @@ def _signature(executor, accepted_q=("f32",)) -> SignatureCheck:
         info = executor.info
         executor.signature_check = SignatureCheck(info.name, info.arguments,
                                                   info.attention.operands,
-                                                  executor.device_type, accepted_q)
+                                                  executor.device_type, accepted_q, info=info)
     return executor.signature_check
+
+
+def _positive(name: str, value) -> int:
+    """`value` as a positive int (a count or size of the kernels' shapes)."""
+    import operator
+
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise InputError(f"PagedAttention's {name} must be a positive integer, got "
+                         f"{value!r} ({type(value).__name__})") from None
+    if number <= 0:
+        raise InputError(f"PagedAttention's {name} must be a positive integer, got {number}")
+    return int(number)
+
+
+def _softmax_scale(value) -> float:
+    """`value` as the float the kernels scale scores by: positive and finite as an f32
+    (it is written into the compiled graph as an f32 constant), and so is the scores'
+    constant softmax_scale * log2 e (`contract.constants.score_scale`)."""
+    from ..contract.constants import score_scale
+
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"PagedAttention's softmax_scale must be a number, got {value!r}") \
+            from None
+    with np.errstate(over="ignore"):
+        as_f32 = np.float32(scale)
+        if np.isfinite(as_f32) and as_f32 > 0 and not np.isfinite(score_scale(scale)):
+            raise InputError(f"PagedAttention's softmax_scale {value!r} overflows float32 "
+                             f"once the scores' constant softmax_scale * log2 e is taken "
+                             f"(the usual value: head_dim ** -0.5, the default)")
+    if not (np.isfinite(as_f32) and as_f32 > 0):
+        shown = f" ({float(as_f32)} as a float32)" if np.isfinite(scale) and scale > 0 else ""
+        raise InputError(f"PagedAttention's softmax_scale must be positive and finite as a "
+                         f"float32, got {value!r}{shown} (the usual value: head_dim ** -0.5, "
+                         f"the default)")
+    return scale
 
 
 def _describe(value) -> str:

@@ -45,15 +45,26 @@ def as_tensor(value, label: str):
 
 
 def check_tensors(function: str, specs, names, tensors, device_type: str,
-                  accepted_q=("f32",)) -> list:
+                  accepted_q=("f32",), info=None) -> list:
     """Tensors matching the signature `specs` (TensorSpec per argument), all
     contiguous and on one `device_type` device; q (argument 0) may also be any of
-    `accepted_q` element types (converted by the caller)."""
+    `accepted_q` element types (converted by the caller). With the function's `info`
+    (a paged attention or cache write), a token-major value cache is named as such
+    first, as the numpy path names it (`driver.paged_inputs.check_value_layout`)."""
     dtypes = torch_dtypes()
     label = lambda i: f"argument {i} ({names[i]}, arg{i}) of @{function}"
     if len(tensors) != len(specs):
         raise InputError(f"@{function} takes {len(specs)} arguments "
                          f"({', '.join(names)}), got {len(tensors)}")
+    if info is not None and info.attention is not None and \
+            info.attention.mode in ("paged", "cache_write"):
+        from ..driver.paged_inputs import check_value_layout
+
+        try:
+            check_value_layout(info, list(tensors))
+        except InputError as error:
+            raise InputError(f"{error}; with torch: v.transpose(2, 3).contiguous()") \
+                from None
     checked, device = [], None
     for i, (value, spec) in enumerate(zip(tensors, specs)):
         t = as_tensor(value, label(i))
@@ -91,9 +102,11 @@ class SignatureCheck:
     `check_tensors` for the message (the eager serving path's host time is mostly
     these checks)."""
 
-    def __init__(self, function: str, specs, names, device_type: str, accepted_q=("f32",)):
+    def __init__(self, function: str, specs, names, device_type: str, accepted_q=("f32",),
+                 info=None):
         dtypes = torch_dtypes()
         self.args = (function, specs, names, device_type, accepted_q)
+        self.info = info
         self.expect = []
         for i, spec in enumerate(specs):
             allowed = {spec.element} | (set(accepted_q) if i == 0 else set())
@@ -118,7 +131,8 @@ class SignatureCheck:
                 device = index
             else:
                 return list(tensors)
-        return check_tensors(function, specs, names, tensors, device_type, accepted_q)
+        return check_tensors(function, specs, names, tensors, device_type, accepted_q,
+                             info=self.info)
 
 
 def aligned(tensors, alignment: int = 16) -> None:

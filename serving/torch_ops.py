@@ -12,9 +12,17 @@ it updates in place (`mutates_args`), `paged_attention` returns a new f32
 tensor of q's shape. A `PagedAttention` is not a tensor, so an op names it by
 the int handle `register` returns. Pass `validate=False` inside a captured
 graph: the value checks sync with the host, which capture forbids.
+
+The registry holds each registered PagedAttention (and so its compiled modules and
+IREE contexts) for the handle's sake until the interpreter exits; an exit hook then
+empties it, so that they are released while IREE's runtime is still there to release
+them (else nanobind reports them leaked at teardown).
 """
 
 from __future__ import annotations
+
+import atexit
+import gc
 
 from .tensors import torch_module
 
@@ -22,6 +30,13 @@ torch = torch_module()
 Tensor = torch.Tensor
 
 _REGISTRY: dict[int, object] = {}
+
+
+@atexit.register
+def _release() -> None:
+    """Drop the registered PagedAttention objects at exit (module docstring)."""
+    _REGISTRY.clear()
+    gc.collect()
 
 
 def register(attention) -> int:

@@ -22,9 +22,14 @@ How the function finds the cache: `install(model)` registers the function with
 transformers' AttentionInterface, switches the model to it (`set_attn_implementation`)
 and puts a forward pre-hook on the model's base model. Before every forward the hook
 takes the cache passed to it (`past_key_values=`, or `cache=` as later 5.x name it),
-hands it the forward's 2D attention mask (`PagedInt8Cache.begin_step`) and binds it to
-every attention module as the attribute `int8attn_cache` (a hook after the forward
-unbinds it); the function reads `module.int8attn_cache` and `module.layer_idx`. In a
+hands it the forward's 2D attention mask (`PagedInt8Cache.begin_step`, which plans the
+step) and binds it to every attention module as the attribute `int8attn_cache`; the
+function reads `module.int8attn_cache` and `module.layer_idx`. A hook after the forward
+(registered with always_call=True: it runs when the forward raises too) ends the step
+(`PagedInt8Cache.end_step`: committed if the forward returned and every layer wrote and
+attended, else rolled back to the cache before the step) and unbinds the cache. During
+the forward the cache counts the positions seen before the step, so a plain forward
+without position_ids numbers the new tokens from there, as with a DynamicCache. In a
 forward without a PagedInt8Cache the function refuses to run (InputError).
 """
 
@@ -127,15 +132,23 @@ def install(model):
             tokens = kwargs.get("inputs_embeds")
         paged.begin_step(kwargs.get("attention_mask"), tokens.shape[1], tokens.shape[0])
 
+    def end_step(_, args, output):
+        # torch passes output None when the forward (or a pre-hook) raised: roll back.
+        paged = getattr(modules[0], CACHE_ATTRIBUTE, None)
+        bind(None)
+        if isinstance(paged, PagedInt8Cache):
+            paged.end_step(ok=output is not None)
+
     base._int8attn_hooks = _Hooks(
         base.register_forward_pre_hook(begin_step, with_kwargs=True),
-        base.register_forward_hook(lambda *_: bind(None), always_call=True))
+        base.register_forward_hook(end_step, always_call=True))
     return base._int8attn_hooks
 
 
 class _Hooks:
-    """The pre-hook that binds the cache and the hook that unbinds it after the forward
-    (the model holds no cache between forwards)."""
+    """The pre-hook that plans the step and binds the cache, and the hook that ends the
+    step and unbinds the cache after the forward (the model holds no cache between
+    forwards)."""
 
     def __init__(self, *handles):
         self.handles = handles

@@ -13,14 +13,24 @@ sequence's blocks lie scattered over the pool), every sequence's block table and
 Batch row b of the model's input is sequence b, for the cache's whole life (`reset`
 empties it).
 
-A forward is one *step*: `begin_step(attention_mask, query_length)` (called by the hook
-`install` puts on the model, before any layer runs) reads which of the step's new
-positions are real tokens -- left padding is the only padding allowed -- takes the blocks
-they need and builds, once for all layers, the slot mapping (-1 for a padding position:
-`write` skips it), the block tables and lengths of the attention calls, and the gathers
-that route each query position to them. `update` then quantizes and writes one layer's
-new keys and values, and the attention function (`attend`) reads them from the pool.
-Scales start NaN: a slot nobody wrote is refused if it is ever read, never silently used.
+A forward is one *step*, a transaction. `begin_step(attention_mask, query_length, batch)`
+(called by the pre-hook `install` puts on the model, before any layer runs) reads which
+of the step's new positions are real tokens -- left padding is the only padding allowed
+-- and *plans* the step: the blocks its tokens need (taken from a copy of the free list),
+the block tables and lengths they give, and, once for all layers, the slot mapping (-1
+for a padding position: `write` skips it), the tables and lengths of the attention calls
+and the gathers that route each query position to them. `update` then quantizes and
+writes one layer's new keys and values, and the attention function (`attend`) reads them
+from the pool. `end_step(ok)` (the hook after the forward, run even when it raises)
+commits the plan -- tables, lengths, free list, positions seen -- only if the forward
+returned and every layer wrote and attended in this step; otherwise the cache is left as
+it was before the step (a refused write in layer 1 does not leave layer 1's slot counted
+as written). While a step runs, `seen`, `lengths`, `tables`, `get_seq_length` and
+`get_mask_sizes` describe the cache before it (the positions the model's forward numbers
+the new tokens from); after the forward they include it.
+Scales start NaN: a slot nobody wrote is refused if it is ever read, never silently used
+(a rolled-back step's writes lie past the committed lengths, where no read comes
+before the next write: `end_step`).
 """
 
 from __future__ import annotations
@@ -68,7 +78,8 @@ class PagedLayer(cache_utils.CacheLayerMixin):
         self.v_cache = torch.zeros(v, dtype=torch.int8, device=device)
         self.k_scale = torch.full(ks, float("nan"), device=device)
         self.v_scale = torch.full(vs, float("nan"), device=device)
-        self.device, self.is_initialized, self.written = torch.device(device), True, -1
+        self.device, self.is_initialized = torch.device(device), True
+        self.written = self.attended = -1      # the last step that wrote / attended this layer
 
     @property
     def pool(self):
@@ -91,7 +102,7 @@ class PagedLayer(cache_utils.CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.written = -1
+        self.written = self.attended = -1
 
     def reorder_cache(self, beam_idx) -> None:
         raise InputError("PagedInt8Cache does not reorder sequences (no beam search)")
@@ -161,7 +172,10 @@ class PagedInt8Cache(cache_utils.Cache):
         raise InputError("PagedInt8Cache holds one sequence per batch row (no beams)")
 
     def begin_step(self, attention_mask, query_length: int, batch: int) -> None:
-        """Plan one forward of `query_length` positions per row (module docstring)."""
+        """Plan one forward of `query_length` positions per row (module docstring). The
+        plan (`self.step`) holds the step's tables, lengths, free list and positions seen;
+        the cache's own stay as they were until `end_step` commits them."""
+        self.step = None            # a step whose forward never ended is dropped
         S, B = int(query_length), int(batch)
         if self.tables and B != len(self.tables):
             raise InputError(f"the cache holds {len(self.tables)} sequences, the forward has "
@@ -179,28 +193,51 @@ class PagedInt8Cache(cache_utils.Cache):
             raise InputError(f"attention_mask row {row} has padding after a real token: the "
                              f"paged cache takes left padding only (tokenizer padding_side="
                              f"'left')")
-        if not self.tables:
-            self.tables, self.lengths = [[] for _ in range(B)], np.zeros(B, np.int64)
+        tables = [list(t) for t in self.tables] or [[] for _ in range(B)]
+        before = self.lengths.copy() if len(self.lengths) else np.zeros(B, np.int64)
         new = real.sum(1).astype(np.int64)
-        before = self.lengths.copy()
-        need = [self.layout.blocks_needed(int(before[b] + new[b])) - len(self.tables[b])
+        need = [self.layout.blocks_needed(int(before[b] + new[b])) - len(tables[b])
                 for b in range(B)]
-        if sum(need) > len(self.free):
-            raise PoolExhausted(f"this step needs {sum(need)} more blocks, {len(self.free)} are "
+        free = list(self.free)
+        if sum(need) > len(free):
+            raise PoolExhausted(f"this step needs {sum(need)} more blocks, {len(free)} are "
                                 f"free: give the cache more blocks")
         for b in range(B):
-            self.tables[b] += [self.free.pop() for _ in range(need[b])]
-        self.lengths = before + new
-        self.seen += S
+            tables[b] += [free.pop() for _ in range(need[b])]
         self.step_id += 1
-        self.step = _Step(self, S, before, new)
+        self.step = _Step(self, self.step_id, S, before, new, tables, free)
+
+    def end_step(self, ok: bool = True) -> bool:
+        """End the step `begin_step` planned: commit its tables, lengths, free list and
+        positions seen if `ok` (the forward returned) and every layer wrote and attended
+        in it; else forget it, leaving the cache as before the step. Returns whether it
+        committed (False too when no step was planned).
+
+        Rolling back leaves the slots the step's layers did write holding its tokens
+        (and finite scales) beyond the committed lengths, possibly in blocks that go back
+        to the free list. They are never read before being rewritten: a step reads
+        sequence b's tokens [0, before[b] + new[b]) only (the attention calls' lengths,
+        `_Step`), of which [0, before[b]) were written in every layer by committed steps
+        and [before[b], before[b] + new[b]) are the slots this step's `update` writes in
+        each layer before that layer may `attend` (`attend` refuses a layer its step has
+        not written); a position's slot is a function of its table and position, so the
+        next step to count a token there writes its slot first, in every layer."""
+        step, self.step = self.step, None
+        if step is None:
+            return False
+        done = ok and all(layer.written == step.id and layer.attended == step.id
+                          for layer in self.layers)
+        if done:
+            self.tables, self.lengths, self.free = step.tables, step.lengths, step.free
+            self.seen += step.S
+        return done
 
     # the two per-layer operations ---------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Write the step's new tokens of layer `layer_idx` (key/value states [B, Hkv, S, D])
         into its pool. Returns the states as given: the attention reads the pool."""
         step, layer = self.step, self.layers[layer_idx]
-        if step is None or layer.written == self.step_id:
+        if step is None or layer.written == step.id:
             raise InputError("PagedInt8Cache.update before its step began: call "
                              "int8attn.serving.transformers_attention.install(model) so that "
                              "each forward tells the cache its attention mask")
@@ -215,7 +252,7 @@ class PagedInt8Cache(cache_utils.Cache):
                 raise InputError(f"layer {layer_idx}: a new key or value row holds NaN or "
                                  f"Inf; a cached row must be finite")
             torch_cache_write(new_k, new_v, step.blocks, step.offsets, *layer.pool)
-        layer.written = self.step_id
+        layer.written = step.id
         return key_states, value_states
 
     def attend(self, layer_idx: int, query):
@@ -223,24 +260,29 @@ class PagedInt8Cache(cache_utils.Cache):
         [B, S, Hq, D] f32 (the layout transformers' attention functions return), zeros at
         padding positions."""
         step, layer = self.step, self.layers[layer_idx]
-        if step is None or layer.written != self.step_id:
+        if step is None or layer.written != step.id:
             raise InputError(f"layer {layer_idx}: attention before the cache wrote this step's "
                              f"tokens (update first)")
-        return step.attend(query, layer.pool)
+        out = step.attend(query, layer.pool)
+        layer.attended = step.id
+        return out
 
 
 class _Step:
-    """One forward's routing, shared by all layers: query position (b, s) goes to the
-    decode kernel as one row, or inside a chunk of `chunk` rows of the prefill kernel."""
+    """One forward's plan, shared by all layers: the tables, lengths and free list it
+    commits (`end_step`), and its routing: query position (b, s) goes to the decode
+    kernel as one row, or inside a chunk of `chunk` rows of the prefill kernel."""
 
-    def __init__(self, cache: PagedInt8Cache, S: int, before, new):
-        self.cache, self.S, self.B = cache, S, len(new)
+    def __init__(self, cache: PagedInt8Cache, step_id: int, S: int, before, new, tables,
+                 free):
+        self.cache, self.id, self.S, self.B = cache, step_id, S, len(new)
+        self.tables, self.free, self.lengths = tables, free, before + new
         C, device = cache.chunk, cache.device
         slots = np.full((self.B, S), -1, np.int64)
         decode, chunks, keep = [], [], []   # (b, s, length); (b, s_end, length); (b, s, flat)
         for b in range(self.B):
             n, start = int(new[b]), int(before[b])
-            table = np.asarray(cache.tables[b], np.int64)
+            table = np.asarray(tables[b], np.int64)
             positions = start + np.arange(n)
             slots[b, S - n:] = cache.layout.token_slots(table, positions)
             if C is None or n < C:
@@ -270,7 +312,7 @@ class _Step:
         if not rows:
             return None
         b, s, lengths = (np.array(column, np.int64) for column in zip(*rows))
-        tables = self.cache.tables
+        tables = self.tables
         width = max(len(tables[i]) for i in set(b.tolist()))
         table = np.full((len(b), width), -1, np.int32)
         for row, i in enumerate(b):
