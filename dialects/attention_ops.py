@@ -19,6 +19,7 @@ from .op_base import (DYNAMIC, FLOAT_TYPES, MODES, Int8AttnOp, _Check,
 @_cext.register_operation(_Dialect)
 class AttentionOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.attention"
+    ATTRIBUTES = ("mode", "softmax_scale")
     q = _operand(0, "queries f32/f16/bf16 [B,Hq,D] (decode) or [B,Hq,Sq,D] (prefill)")
     k = _operand(1, "keys i8 [B,Hkv,S,D]")
     k_scale = _operand(2, "key scales f32 [B,Hkv,S]")
@@ -60,10 +61,7 @@ class AttentionOp(Int8AttnOp):
             c.that(qs[2] <= tokens,
                    f"prefill has {qs[2]} query tokens but only {tokens} KV tokens; "
                    f"the queries must be the last Sq of the S tokens")
-        attr = self.attributes["softmax_scale"] if "softmax_scale" in self.attributes else None
-        if attr is None or not isinstance(attr, ir.FloatAttr):
-            c.fail("requires an f32 attribute 'softmax_scale' (e.g. softmax_scale = 0.088 : f32)")
-        scale = self.softmax_scale
+        scale = c.f32_attr("softmax_scale", "0.088")
         c.that(np.isfinite(scale) and scale > 0,
                f"attribute 'softmax_scale' must be positive and finite, got {scale}")
         c.ranked(self.result, "result", q_rank, ("f32",))
@@ -74,6 +72,7 @@ class AttentionOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class QuantizeOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.quantize"
+    ATTRIBUTES = ()
     x = _operand(0, "input float [..., X]")
     xq = _result(0, "quantized rows i8 [..., X]")
     scale = _result(1, "row scales f32 [...]")
@@ -101,6 +100,7 @@ class QuantizeOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class SoftmaxPVOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.softmax_pv"
+    ATTRIBUTES = ("mode", "query_tokens")
     scores = _operand(0, "scores f32 [B,Hkv,R,S], in log2 units")
     v = _operand(1, "values i8 [B,Hkv,S,D]")
     v_scale = _operand(2, "value scales f32 [B,Hkv,S]")

@@ -11,6 +11,7 @@ classes are in `attention_ops`, `pv_ops` and `paged` (the table in `ops`).
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +23,10 @@ from ..support.diagnostics import DiagnosticError
 MODES = ("decode", "prefill")
 DYNAMIC = ir.ShapedType.get_dynamic_size()
 FLOAT_TYPES = ("f32", "f16", "bf16")
+# Every static dimension of an int8attn operand or result is below this (sizes, strides
+# and token indices are then int64 products of int32-range factors, and numpy and
+# IREE's index arithmetic handle them).
+MAX_DIM = 2 ** 31
 
 
 # ----------------------------------------------------------------------------
@@ -118,7 +123,29 @@ class _Check:
                   f"{what} must have element type {' or '.join(elements)}, got {value.type}")
         self.that(all(d > 0 or d == DYNAMIC for d in t.shape),
                   f"{what} has an empty dimension: {value.type}")
+        self.that(all(d < MAX_DIM for d in t.shape),
+                  f"{what} has a dimension of {max(t.shape)}; int8attn supports static "
+                  f"dimensions below 2^31: {value.type}")
         return list(t.shape)
+
+    def f32_attr(self, name: str, example: str) -> float:
+        """A required f32 FloatAttr (an f64 or f16 one is refused: its value need not be
+        an f32's, and the f32 range checks would not see it)."""
+        attr = self.op.attributes[name] if name in self.op.attributes else None
+        if not isinstance(attr, ir.FloatAttr) or str(attr.type) != "f32":
+            got = "" if attr is None else f", got {attr}"
+            self.fail(f"requires an f32 attribute '{name}' (e.g. {name} = {example} : f32)"
+                      f"{got}")
+        return ir.FloatAttr(attr).value
+
+    def form(self, attributes: tuple[str, ...]) -> None:
+        """No region, and no attribute but the op's own (`attributes`)."""
+        regions = len(self.op.operation.regions)
+        self.that(regions == 0, f"has {regions} region(s); int8attn ops have none")
+        unknown = [name for name in self.op.operation.attributes if name not in attributes]
+        if unknown:
+            known = ", ".join(f"'{a}'" for a in attributes) or "none"
+            self.fail(f"has unknown attribute '{unknown[0]}' (its attributes: {known})")
 
     def same(self, actual, expected, what: str):
         self.that(list(actual) == list(expected),
@@ -210,9 +237,14 @@ class _Dialect(ir.Dialect):
 
 
 class Int8AttnOp(ir.OpView):
-    """Base of the int8attn op classes (not registered itself)."""
+    """Base of the int8attn op classes (not registered itself).
+
+    `ATTRIBUTES` names the attributes an op may carry; every verifier first refuses
+    another attribute and any region (`_Check.form`), so a misspelt or foreign
+    attribute (`causal = true`) is an error, not silently ignored."""
 
     OPERATION_NAME: str
+    ATTRIBUTES: tuple[str, ...] | None = None
     _ODS_REGIONS = (0, True)
 
     @classmethod
@@ -228,3 +260,14 @@ class Int8AttnOp(ir.OpView):
         if "verify" not in cls.__dict__:
             raise TypeError(f"{cls.__name__} must define verify(), raising a "
                             f"DiagnosticError at the op's location unless it is well formed")
+        own = cls.__dict__["verify"]
+
+        @functools.wraps(own)
+        def verify(self):
+            if type(self).ATTRIBUTES is None:
+                raise TypeError(f"{type(self).__name__} must declare ATTRIBUTES, the "
+                                f"attributes its op may carry")
+            _Check(self).form(type(self).ATTRIBUTES)
+            return own(self)
+
+        cls.verify = verify

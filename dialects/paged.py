@@ -91,6 +91,7 @@ def _check_pool(c: _Check, k_cache, k_scale, v_cache, v_scale) -> list[int]:
 @_cext.register_operation(_Dialect)
 class PagedAttentionOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.paged_attention"
+    ATTRIBUTES = ("block_size", "softmax_scale")
     q = _operand(0, "queries f32/f16/bf16 [B,Hq,D] (decode) or [B,Hq,Sq,D] (chunked prefill)")
     k_cache, k_scale, v_cache, v_scale = _pool_operands(1)
     block_tables = _operand(5, "i32 [B,MB]: block of each sequence's BS-token slot")
@@ -130,11 +131,9 @@ class PagedAttentionOp(Int8AttnOp):
         c.that(qs[1] % kv_heads == 0,
                f"query heads ({qs[1]}) must be a multiple of KV heads ({kv_heads}) for GQA")
         _check_block_size(c, self, block_size)
-        scale = self.attributes["softmax_scale"] if "softmax_scale" in self.attributes else None
-        if not isinstance(scale, ir.FloatAttr):
-            c.fail("requires an f32 attribute 'softmax_scale' (e.g. softmax_scale = 0.088 : f32)")
-        c.that(np.isfinite(self.softmax_scale) and self.softmax_scale > 0,
-               f"attribute 'softmax_scale' must be positive and finite, got {self.softmax_scale}")
+        scale = c.f32_attr("softmax_scale", "0.088")
+        c.that(np.isfinite(scale) and scale > 0,
+               f"attribute 'softmax_scale' must be positive and finite, got {scale}")
         result = c.ranked(self.result, "result", rank, ("f32",), dynamic=(0,))
         c.that(_agree(result[0], qs[0]) and result[1:] == qs[1:],
                f"result has shape {_dims(result)}, expected {_dims(qs)}")
@@ -154,6 +153,7 @@ def paged_attention(q, k_cache, k_scale, v_cache, v_scale, block_tables, context
 @_cext.register_operation(_Dialect)
 class CacheWriteOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.cache_write"
+    ATTRIBUTES = ("block_size",)
     k_new = _operand(0, "new keys f32/f16/bf16 [T,Hkv,D]")
     v_new = _operand(1, "new values f32/f16/bf16 [T,Hkv,D]")
     slot_mapping = _operand(2, "i32 [T]: slot (block * BS + offset) of each token, < 0: skip")

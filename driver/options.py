@@ -5,20 +5,26 @@ cache key). Its fields are the `int8attn compile/run` flags and the
 `int8attn.compile(...)` keywords; `PipelineOptions` (its base) is what the
 named pipelines read. Which options a target accepts is in its row of the
 stage table (`driver.targets`); an option that does not apply is refused.
+What an option needs to apply at all, whatever the target (`w_quant` needs
+`pv=int8`, `q_second` needs `q_terms=2`, ...), is the pipeline's table
+`APPLIES_WHEN` plus `COMPILE_APPLIES_WHEN` here; `CompileOptions.refusal()` applies it
+to the options the caller gave, and `Target.check` raises it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
 from ..fragments import FragmentModelName, PVAtomName, fragment_model
-from ..pipelines import PIPELINE_NUMERICS, PipelineOptions
+from ..pipelines import (NO_W_GROUPS, APPLIES_WHEN, PIPELINE_NUMERICS, AppliesWhen,
+                         PipelineOptions, refusal)
 from ..contract.constants import QTerms, WQuant, SecondTerm, WTerms
 from ..contract.numerics import Numerics
 from ..kernels.target_spec import TARGET_SPECS
 from ..support.cpu_vectors import VectorISA
-from ..support.options import OptionError, check_fields, option
+from ..support.options import OptionError, check_fields, kebab, option
 
 TargetName = Literal["cpu", "gfx936", "gfx942", "cuda"]
 TARGET_NAMES = get_args(TargetName)
@@ -29,6 +35,19 @@ TARGET_NAMES = get_args(TargetName)
 _KERNEL_DEFAULTS = {name: spec.numerics for name, spec in TARGET_SPECS.items()}
 assert len(set(_KERNEL_DEFAULTS.values())) == 1, "the option help states one kernel default"
 KERNEL_NUMERICS: Numerics = next(iter(_KERNEL_DEFAULTS.values()))
+# The CompileOptions fields a `Numerics` declares (`numerics=` gives all of them).
+NUMERICS_FIELDS = tuple(f.name for f in dataclasses.fields(Numerics))
+
+# The driver's own "applies when" rows, after the pipeline's (pipelines.APPLIES_WHEN).
+COMPILE_APPLIES_WHEN: tuple[AppliesWhen, ...] = APPLIES_WHEN + (
+    AppliesWhen("w_second", "pv", ("int8",), NO_W_GROUPS),
+    AppliesWhen("w_second", "w_terms", (2,), "it chooses how the second W term is made, "
+                "and one W term has none"),
+    AppliesWhen("q_second", "q_terms", (2,), "it chooses how the second q term is made, "
+                "and one q term has none"),
+    AppliesWhen("pv_atom", "pv", ("int8",), "it names the INT8 matrix instruction PV runs "
+                "on; a float PV runs on the target's bf16 MMA"),
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,10 @@ class CompileOptions(PipelineOptions):
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")
+    target_resolved: bool = option(
+        False, "set by Target.check on the options it returns, every default resolved for "
+        "the target: such options are the target's answer, not a request, and are not judged "
+        "again for what applies (e.g. recompiled with another pv)")
 
     def pipeline_options(self) -> PipelineOptions:
         """The named pipeline's options, with the fragment model and numerics resolved."""
@@ -131,6 +154,26 @@ class CompileOptions(PipelineOptions):
         except ValueError as error:      # a combination the contract has no variant for
             raise OptionError(str(error)) from None
 
+    def given(self) -> set[str]:
+        """The fields the caller set: those whose value is not the declared default (None
+        for most; a recognisable default such as verify=True or contraction=f32 is
+        indistinguishable from not giving it, and harmless). A `Numerics` given whole
+        (all five numerics fields, as `numerics=` passes them) names a variant of the
+        contract, which a float PV is compared against: the parts of it that do not apply
+        are not counted as given."""
+        given = {f.name for f in dataclasses.fields(self)
+                 if getattr(self, f.name) != f.default}
+        if given.issuperset(NUMERICS_FIELDS):
+            given -= set(NUMERICS_FIELDS)
+        return given
+
+    def refusal(self) -> str | None:
+        """Why an option the caller gave does nothing with the others (the rules of
+        COMPILE_APPLIES_WHEN, tested on the resolved values), or None."""
+        if self.target_resolved:
+            return None
+        return refusal(self.resolved(), self.given(), COMPILE_APPLIES_WHEN, flag_spelling)
+
     def resolved(self) -> "CompileOptions":
         return replace(self, fragment_model=self.resolved_fragment_model(),
                        **asdict(self.numerics))
@@ -138,3 +181,12 @@ class CompileOptions(PipelineOptions):
     def __post_init__(self):
         check_fields(self)
         self.pipeline_options()  # the pipeline's own checks, on the resolved model
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(CompileOptions)}
+
+
+def flag_spelling(name: str, value) -> str:
+    """An option as the CLI spells it: `--w-quant s8`, `--no-verify`."""
+    flag = _FIELDS[name].metadata.get("flag") or f"--{kebab(name)}"
+    return flag if isinstance(value, bool) else f"{flag} {value}"

@@ -55,6 +55,13 @@ class Compilation:
     timings: dict[str, float] = field(default_factory=dict)
     print_ir_after_all: bool = False
 
+    def __post_init__(self):
+        # A flag that does not apply is refused, never ignored: the row says which
+        # stages print (driver.targets.Stage.prints_ir).
+        if self.print_ir_after_all:
+            self.target.check_print_ir(self.options.kernel_object is not None,
+                                       isinstance(self.source, bytes))
+
     def last_ir(self) -> str:
         """The text of the latest IR artifact (the input of a module stage)."""
         return next(a for a in reversed(self.artifacts.values()) if isinstance(a, str))
@@ -111,8 +118,10 @@ def make_linalg(c: Compilation) -> str:
 
 
 def make_kernel(c: Compilation) -> str:
-    """The lane-level kernels (decode, paged decode, prefill, cache_write) of each public
-    function and its host function, in one module (e.g. @write and @attend of one pool)."""
+    """The lane-level kernels of each public function, with its host function.
+
+    Decode, paged decode, prefill and cache_write kernels, all in one module (e.g.
+    @write and @attend of one pool)."""
     from ..kernels.target_spec import target_spec
 
     spec = target_spec(c.options.target)

@@ -21,10 +21,9 @@ from typing import Callable, Mapping
 from . import stages
 from .cpu_target import HOST, CPUTarget, UnknownTargetCPU
 from .cpu_target import resolve as resolve_cpu
-from .options import TARGET_NAMES, CompileOptions
+from .options import TARGET_NAMES, CompileOptions, flag_spelling
 from ..fragments import PV_ATOMS
 from ..kernels.target_spec import target_spec
-from ..support.options import kebab
 
 
 class OptionRefused(ValueError):
@@ -37,21 +36,32 @@ class Stage:
     make: Callable[[stages.Compilation], str | bytes]
     suffix: str
     reads: str | None = None     # the stage whose results it needs (None: the one before it)
+    prints_ir: bool = False      # runs MLIR pass pipelines that --print-ir-after-all prints
+    packages_object: bool = False  # packages the --kernel-object code object
 
     @property
     def summary(self) -> str:
-        return (self.make.__doc__ or "").strip().splitlines()[0]
+        return first_sentence(self.make.__doc__ or "")
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's summary: its first sentence, however many lines it spans (up to
+    the first blank line)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = paragraph.find(". ")
+    return paragraph if end < 0 else paragraph[:end + 1]
 
 
 GRAPH = Stage("graph", stages.make_graph, ".mlir")
-ALGORITHM = Stage("algorithm", stages.make_algorithm, ".mlir")
-LINALG = Stage("linalg", stages.make_linalg, ".mlir")
+ALGORITHM = Stage("algorithm", stages.make_algorithm, ".mlir", prints_ir=True)
+LINALG = Stage("linalg", stages.make_linalg, ".mlir", prints_ir=True)
 KERNEL = Stage("kernel", stages.make_kernel, ".mlir")
 VMFB = Stage("vmfb", stages.make_vmfb, ".vmfb")
 ISA = Stage("isa", stages.make_assembly, ".s", reads="vmfb")
 PTX = Stage("ptx", stages.make_assembly, ".ptx", reads="vmfb")
 LLVM = Stage("llvm", stages.make_llvm, ".ll", reads="kernel")
-PACKAGED_VMFB = Stage("vmfb", stages.make_packaged_vmfb, ".vmfb", reads="llvm")
+PACKAGED_VMFB = Stage("vmfb", stages.make_packaged_vmfb, ".vmfb", reads="llvm",
+                      packages_object=True)
 
 
 def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], bool], str]]:
@@ -77,8 +87,7 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                         f"the prefill kernel's KV tile is the fragment model's wave of "
                         f"{model.wave_tokens} tokens (its W groups are the wave's MMAC "
                         f"token sets)"),
-        "pv_atom": (lambda o: o.pv_atom not in (None, *PV_ATOMS[target])
-                    or (o.pv_atom is not None and o.pv != "int8"),
+        "pv_atom": (lambda o: o.pv_atom not in (None, *PV_ATOMS[target]),
                     f"--target {target}'s INT8 PV atoms are {', '.join(PV_ATOMS[target])} "
                     f"(the first is QK's too), and only --pv int8 runs on one"),
         "target_cpu": (lambda o: o.target_cpu != HOST,
@@ -152,29 +161,47 @@ class Target:
             index = names.index(name)
             needed.append(row[index])
             name = row[index].reads or (names[index - 1] if index else None)
+        packaged = [s.name for s in row if s.packages_object]
+        if kernel_object and packaged and not any(s.packages_object for s in needed):
+            raise OptionRefused(f"--kernel-object does not apply to --emit {until}: only the "
+                                f"{' and '.join(packaged)} stage packages the code object, "
+                                f"and --emit {until} stops before it (drop --kernel-object, "
+                                f"or --emit {' or '.join(packaged)})")
         return tuple(reversed(needed))
+
+    def check_print_ir(self, kernel_object: bool = False, model: bool = False) -> None:
+        """--print-ir-after-all prints the IR after each pass of the stages that run MLIR
+        pass pipelines; a chain without one (a lane-kernel target's) would print nothing.
+        An ONNX model's graph stage runs raise-int8-attention (`model`)."""
+        if model or any(s.prints_ir for s in self.row(kernel_object)):
+            return
+        raise OptionRefused(f"--print-ir-after-all does not apply to --target {self.name}: "
+                            f"its stages ({', '.join(self.stage_names(kernel_object))}) run "
+                            f"no MLIR pass pipeline to print (the kernel stage generates the "
+                            f"kernels directly); write each stage's IR with --emit STAGE or "
+                            f"--save-stages DIR")
 
     def check(self, options: CompileOptions) -> CompileOptions:
         """Refuse what does not apply; return the options with defaults resolved."""
         if options.pv not in self.pv:
             raise OptionRefused(f"--pv {options.pv} does not apply to --target {self.name}: "
                                 f"it has {' and '.join(self.pv)} PV")
-        fields = {f.name: f for f in dataclasses.fields(CompileOptions)}
         for name, (refused, why) in self.refusals.items():
             if refused(options):
-                value = getattr(options, name)
-                flag = fields[name].metadata.get("flag") or f"--{kebab(name)}"
-                shown = "" if isinstance(value, bool) else f" {value}"
-                raise OptionRefused(f"{flag}{shown} does not apply to --target {self.name}: "
-                                    f"{why}")
+                raise OptionRefused(f"{flag_spelling(name, getattr(options, name))} does not "
+                                    f"apply to --target {self.name}: {why}")
+        why = options.refusal()      # what an option needs of the others (any target)
+        if why is not None:
+            raise OptionRefused(why)
+        resolved = dataclasses.replace(options.resolved(), target_resolved=True)
         if not self.takes_target_cpu:
-            return options.resolved()
+            return resolved
         cpu = self.cpu(options.target_cpu)
         if options.vector_isa not in (None, cpu.vector_isa):
             raise OptionRefused(f"vector_isa {options.vector_isa} is not the register file of "
                                 f"--target-cpu {options.target_cpu} ({cpu.vector_isa}); it "
                                 f"is derived from --target-cpu, leave it out")
-        return dataclasses.replace(options.resolved(), vector_isa=cpu.vector_isa)
+        return dataclasses.replace(resolved, vector_isa=cpu.vector_isa)
 
     def cpu(self, name: str) -> CPUTarget:
         """The CPU IREE compiles for, as IREE resolves `--target-cpu name`."""

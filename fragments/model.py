@@ -17,6 +17,10 @@ from .token_axes import TokenAxes, token_axes
 FragmentModelName = Literal["gfx936", "gfx942", "cuda"]
 ScaleGroupKind = Literal["fragment", "contiguous"]
 SCALE_GROUP_KINDS = get_args(ScaleGroupKind)
+# The most tokens one decode partition or prefill KV tile may hold: the bound of the
+# partition-tokens / tile-tokens options (passes/decode_split_kv.py), checked here too so
+# that no caller builds a group table of an unbounded block.
+MAX_BLOCK_TOKENS = 65536
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class FragmentModel:
 
     def token_groups(self, block_tokens: int) -> np.ndarray:
         """int64 [block_tokens / K, K]: token sets of a block of whole waves."""
+        if not 0 < block_tokens <= MAX_BLOCK_TOKENS:
+            raise ValueError(f"a block of {block_tokens} tokens is outside 1..{MAX_BLOCK_TOKENS} "
+                             f"(the most a decode partition or KV tile may hold)")
         if block_tokens % self.wave_tokens:
             raise ValueError(f"a block of {block_tokens} tokens is not a whole number "
                              f"of {self.wave_tokens}-token waves")

@@ -30,7 +30,8 @@ from ..dialects import builders as build
 from ..contract import scalar_ir as contract
 from ..fragments import NUMPY_OPS, HeadMajorRows, arith_ops, ceil_div
 from .rewrite import apply_patterns
-from ..support.options import TypedOptions, option
+from ..support.options import TypedOptions
+from .decode_split_kv import check_maximum, tokens_option
 
 
 def causal_mask(scores: ir.Value, query_tokens: int, history: int | ir.Value,
@@ -130,7 +131,11 @@ class PrefillOnlineSoftmax(TypedOptions):
     """Causal prefill: an online-softmax loop over `tile_tokens`-token KV tiles."""
 
     argument: ClassVar[str] = "prefill-online-softmax"
-    tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
+    tile_tokens: int = tokens_option(64, "tokens per prefill KV tile")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_maximum(self)
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.SOFTMAX_PV: lambda op, rw: online_softmax(op, rw, self.tile_tokens)})

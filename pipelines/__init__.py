@@ -29,23 +29,31 @@ q-terms=2 and u8 as well, not w-terms=2 yet.
 `scale-groups=contiguous`). `PipelineOptions` is the one declaration of these
 options: the pass options, the pipeline string, the CLI flags and the API
 keywords all derive from its fields.
+
+An option that does nothing unless another has a value (`w-quant` without
+`pv=int8`, ...) says so in `APPLIES_WHEN`: given otherwise, it is refused with the
+rule's reason, never ignored (`refusal`; the driver adds its own rows in
+`driver.options.COMPILE_APPLIES_WHEN`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from ..fragments import FragmentModelName, ScaleGroupKind, fragment_model
 from ..passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCacheWrite,
                       LowerMMACTiles,
                       LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                       VerifyScaleGroups)
+from ..passes.decode_split_kv import check_maximum, tokens_option
 from ..passes.lower_mmac_tiles import Contraction
 from .manager import PipelineError, UpstreamPass
 from ..contract.constants import PV_MODES, PVKind, QTerms, WQuant, WTerms
 from ..contract.numerics import Numerics
 from ..support.cpu_vectors import VectorISA
-from ..support.options import OptionError, TypedOptions, option, parse_option_items
+from ..support.options import (OptionError, TypedOptions, kebab, option,
+                               parse_option_items)
 
 PV_CHOICES = PV_MODES
 # The pipeline's (the cpu target's) numerics when not given: the contract's `Numerics()`.
@@ -64,10 +72,12 @@ class PipelineOptions(TypedOptions):
     scale_groups: ScaleGroupKind = option(
         "fragment", "token sets of the W scales: fragment (the MMAC's real sets) or "
         "contiguous (the seed's bug, rejected by the verifier unless verification is off)")
-    verify: bool = option(True, "run verify-scale-groups (off only to measure a wrong "
-                          "grouping)", flag="--no-verify")
-    partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
-    tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1)
+    verify: bool = option(True, "pv=int8: skip verify-scale-groups (--no-verify, "
+                          "verify=false), which otherwise proves every W scale is computed "
+                          "over its MMAC's tokens; only to measure the deliberately wrong "
+                          "scale-groups contiguous", flag="--no-verify")
+    partition_tokens: int = tokens_option(256, "tokens per decode partition")
+    tile_tokens: int = tokens_option(64, "tokens per prefill KV tile")
     q_terms: QTerms = option(PIPELINE_NUMERICS.q_terms,
                              "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
                              "quantizes the f32 residual q - Qq1*s1: one more int8 QK dot, "
@@ -97,6 +107,7 @@ class PipelineOptions(TypedOptions):
 
     def __post_init__(self):
         super().__post_init__()
+        check_maximum(self)
         if self.pv != "int8":
             return
         model = fragment_model(self.fragment_model)
@@ -107,6 +118,57 @@ class PipelineOptions(TypedOptions):
             except ValueError as error:
                 raise OptionError(f"{name}={tokens} with pv=int8: {error} "
                                   f"({self.fragment_model})") from None
+
+
+@dataclass(frozen=True)
+class AppliesWhen:
+    """`option` does something only while option `depends` has one of `values`; given
+    while it has another, it is refused with `why` (never ignored)."""
+
+    option: str
+    depends: str
+    values: tuple
+    why: str
+
+
+NO_W_GROUPS = ("only PV on the INT8 instruction (pv int8) quantizes W in scale groups; "
+                "a float PV contracts W unquantized (f32) or rounded to bf16")
+
+# What each pipeline option needs to do anything, in the order the rules are checked.
+APPLIES_WHEN: tuple[AppliesWhen, ...] = (
+    AppliesWhen("fragment_model", "pv", ("int8",),
+                "the fragment model's MMAC token sets are the W scale groups, and " + NO_W_GROUPS),
+    AppliesWhen("scale_groups", "pv", ("int8",), NO_W_GROUPS),
+    AppliesWhen("verify", "pv", ("int8",), "verify-scale-groups checks the W scale groups, "
+                "and " + NO_W_GROUPS),
+    AppliesWhen("w_quant", "pv", ("int8",), NO_W_GROUPS),
+    AppliesWhen("w_terms", "pv", ("int8",), NO_W_GROUPS),
+    AppliesWhen("contraction", "pv", ("int8",), "it chooses how lower-mmac-tiles contracts "
+                "the MMAC tiles, which only pv int8 has"),
+    AppliesWhen("vector_isa", "pv", ("int8",), "it sizes the mmt4d tiles of pv int8"),
+    AppliesWhen("vector_isa", "contraction", ("mmt4d",), "it sizes the tiles of "
+                "contraction mmt4d"),
+)
+
+
+def pipeline_spelling(name: str, value) -> str:
+    """An option as a pipeline string spells it: `w-quant=s8`."""
+    text = str(value).lower() if isinstance(value, bool) else value
+    return f"{kebab(name)}={text}"
+
+
+def refusal(options, given: Iterable[str], rules: Iterable[AppliesWhen] = APPLIES_WHEN,
+            spelling: Callable[[str, object], str] = pipeline_spelling) -> str | None:
+    """Why the first option of `given` (names of fields of `options` the caller set)
+    that does not apply is refused, or None. `options` holds the resolved values the
+    rules test."""
+    given = set(given)
+    for rule in rules:
+        if rule.option in given and getattr(options, rule.depends) not in rule.values:
+            return (f"{spelling(rule.option, getattr(options, rule.option))} does not apply "
+                    f"with {spelling(rule.depends, getattr(options, rule.depends))}: "
+                    f"{rule.why}")
+    return None
 
 
 def to_algorithm(options: PipelineOptions) -> list:
@@ -148,8 +210,11 @@ def named_pipeline(text: str) -> list:
         raise PipelineError(f"unknown pipeline '{name}'; known pipelines: "
                             f"{', '.join(NAMED_PIPELINES)}")
     try:
-        options = PipelineOptions(**parse_option_items(PipelineOptions, rest.rstrip("}"),
-                                                       f"pipeline '{name}'"))
+        given = parse_option_items(PipelineOptions, rest.rstrip("}"), f"pipeline '{name}'")
+        options = PipelineOptions(**given)
     except OptionError as error:
         raise PipelineError(str(error)) from None
+    refused = refusal(options, given)
+    if refused is not None:
+        raise PipelineError(f"pipeline '{name}': {refused}")
     return NAMED_PIPELINES[name](options)
