@@ -10,6 +10,7 @@ be reproduced from the saved input of that stage.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from .graph import FunctionInfo
 from .options import CompileOptions
 from .stages import Compilation
 from .targets import TARGETS
-from ..support.files import write_atomic
+from ..support.files import OutputError, can_create_in, write_atomic
 from ..support.ir import new_context
 from ..support.remarks import collect
 
@@ -52,9 +53,15 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
     target = TARGETS[options.target]
     options = target.check(options)
     chain = target.chain(until, options.kernel_object is not None)
-    directory = Path(save_stages) if save_stages is not None else None
-    if directory is not None:
-        directory.mkdir(parents=True, exist_ok=True)
+    inputs = [filename, options.kernel_object]
+    directory = None
+    if save_stages is not None:
+        directory = check_save_stages(save_stages, chain, inputs)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise OutputError(f"cannot make the stages folder '{directory}': "
+                              f"{error.strerror}") from None
     with new_context() as context:
         remarks = collect(context)
         c = Compilation(source, filename, options, target,
@@ -72,8 +79,49 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
             c.timings[stage.name] = time.perf_counter() - start
             c.artifacts[stage.name] = artifact
             if directory is not None:
-                write_atomic(directory / f"{number:02d}-{stage.name}{stage.suffix}", artifact)
+                write_atomic(directory / f"{number:02d}-{stage.name}{stage.suffix}", artifact,
+                             inputs)
                 for suffix, content in c.companions.get(stage.name, {}).items():
-                    write_atomic(directory / f"{number:02d}-{stage.name}{suffix}", content)
+                    write_atomic(directory / f"{number:02d}-{stage.name}{suffix}", content,
+                                 inputs)
     return Compiled(options, dict(c.artifacts), dict(c.functions), dict(c.timings),
                     dict(c.kernel_layouts), tuple(remarks), dict(c.companions))
+
+
+def check_save_stages(save_stages: str | Path, chain, inputs=(),
+                      flag: str = "save_stages") -> Path:
+    """The folder `save_stages` names (made later, if missing), refused with an
+    OutputError before any work if it cannot be one, or if a stage of `chain` would
+    write a file over one of `inputs` (its `NN-<stage>.*`: the artifact, the companions).
+    `flag` names it in the messages (the CLI's --save-stages)."""
+    text = os.fspath(save_stages)
+    if not text:
+        # Path('') is '.': an empty value would scatter the stages over the current folder.
+        raise OutputError(f"{flag} '{text}' names no folder; give the folder to save the "
+                          f"stages in ('.' for the current one)")
+    directory = Path(text)
+    if directory.exists() and not directory.is_dir():
+        raise OutputError(f"{flag} '{directory}' is a file, not a folder; give a folder to "
+                          f"save the stages in (it is made if missing)")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"{flag} '{directory}': '{existing}' is a file, so the folder "
+                          f"cannot be made; give another folder")
+    if not os.access(existing, os.W_OK | os.X_OK) or not can_create_in(existing):
+        what = "folder" if existing == directory else f"folder cannot be made: '{existing}'"
+        raise OutputError(f"{flag} '{directory}': the {what} is not writable; give a "
+                          f"folder you can write to")
+    if directory.is_dir():
+        files = {f"{number:02d}-{stage.name}.": stage for number, stage in enumerate(chain)}
+        for entry in directory.iterdir():
+            stage = next((s for prefix, s in files.items() if entry.name.startswith(prefix)),
+                         None)
+            source = stage and next((s for s in inputs if s and entry.exists() and
+                                     Path(s).exists() and os.path.samefile(entry, s)), None)
+            if source:
+                raise OutputError(f"{flag} '{directory}' would write the {stage.name} "
+                                  f"stage's '{entry.name}' over the input '{source}'; save "
+                                  f"the stages to another folder (or move the input)")
+    return directory

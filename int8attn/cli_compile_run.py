@@ -22,13 +22,49 @@ from .driver.onnx_import import is_onnx, read_model
 from .driver.options import CompileOptions
 from .driver.targets import TARGETS, describe
 from .support.diagnostics import UsageError
-from .support.files import check_output_path, write_atomic
+from .support.files import OutputError, check_output_path, write_atomic
 from .support.options import given
 
 
 def _options(args) -> dict:
     """The compile keywords the user gave (the rest keep CompileOptions' defaults)."""
     return given(args, CompileOptions)
+
+
+def _input_files(args) -> list[str]:
+    """Every file the command reads, which no output may replace: the graph, an ONNX
+    model's external data files, --inputs and --kernel-object."""
+    files = [args.graph, getattr(args, "inputs", None), getattr(args, "kernel_object", None)]
+    return [f for f in files if f] + _external_data_files(args.graph)
+
+
+def _external_data_files(graph: str) -> list[str]:
+    """The files an ONNX model keeps tensors in (relative to the model's folder); none
+    for a model that cannot be read, whose reading names the problem later."""
+    if not is_onnx(graph):
+        return []
+    try:
+        import onnx
+        from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, \
+            uses_external_data
+
+        model = onnx.load(graph, load_external_data=False)
+    except Exception:  # noqa: BLE001  (no onnx, no file, protobuf's DecodeError)
+        return []
+    folder = Path(graph).parent
+    return sorted({str(folder / ExternalDataInfo(t).location)
+                   for t in _get_all_tensors(model) if uses_external_data(t)})
+
+
+def _check_save_stages(args, until: str) -> None:
+    """--save-stages DIR, refused before any work (driver.compile.check_save_stages)."""
+    if args.save_stages is None:
+        return
+    from .driver.compile import check_save_stages
+
+    target = TARGETS[args.target or CompileOptions.target]
+    chain = target.chain(until, args.kernel_object is not None)
+    check_save_stages(args.save_stages, chain, _input_files(args), flag="--save-stages")
 
 
 def _read_graph(path: str) -> str | bytes:
@@ -71,41 +107,68 @@ def cmd_compile(args) -> int:
     emit = args.emit or ("vmfb" if options.kernel_object else target.default_emit)
     target.chain(emit, options.kernel_object is not None)  # refuses a stage the target
     # does not have, before any work
+    inputs = _input_files(args)
     if args.output != "-":
-        check_output_path(args.output, [args.graph])
+        check_output_path(args.output, inputs)
+        for beside in _companion_paths(args.output, emit):
+            if Path(beside).absolute() == Path(args.output).absolute():
+                raise OutputError(f"--emit {emit} writes its manifest beside the output, as "
+                                  f"'{beside}', which is the output '{args.output}' itself; "
+                                  f"give the output another suffix (-o "
+                                  f"{Path(args.output).with_suffix('.ll')})")
+            check_output_path(beside, inputs)
+    _check_save_stages(args, emit)
     source = _read_graph(args.graph)
     compiled = compile(source, options, filename=args.graph, until=emit,
                        save_stages=args.save_stages, print_ir_after_all=args.print_ir_after_all)
     _print_remarks(compiled.remarks, args.graph)
     artifact = compiled.last
+    companions = compiled.companions.get(emit, {})
     if args.output == "-":
         if isinstance(artifact, bytes):
             sys.stdout.flush()
             sys.stdout.buffer.write(artifact)
         else:
             sys.stdout.write(artifact if artifact.endswith("\n") else artifact + "\n")
+        sys.stdout.flush()
+        # stdout holds the artifact alone (it may be piped on): the manifest, which a
+        # file output gets beside it, goes to stderr with the build hint.
+        for suffix, content in companions.items():
+            print(f"the {emit} stage's manifest (-o OUT writes it as OUT{suffix}; saved as "
+                  f"KERNELS{suffix}, --kernel-object KERNELS.co checks it):\n"
+                  f"{content.rstrip()}", file=sys.stderr)
+        _print_next_steps("KERNELS.ll", args.graph, emit, options)
         return 0
     write_atomic(args.output, artifact if isinstance(artifact, bytes) or artifact.endswith("\n")
-                 else artifact + "\n", [args.graph])
+                 else artifact + "\n", inputs)
     stages = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in compiled.timings.items())
     print(f"wrote {args.output} ({emit}, {len(artifact)} bytes; {stages})", file=sys.stderr)
-    _write_companions(args.output, compiled.companions.get(emit, {}), args.graph, emit, options)
+    for suffix, content in companions.items():
+        beside = str(Path(args.output).with_suffix(suffix))
+        write_atomic(beside, content, inputs + [args.output])
+        print(f"wrote {beside} (the {emit} stage's manifest)", file=sys.stderr)
+    _print_next_steps(args.output, args.graph, emit, options)
     return 0
 
 
-def _write_companions(output: str, companions: dict, graph: str, emit: str, options) -> None:
-    """Files a stage writes beside its artifact (the llvm stage's manifest), and what
-    to run next."""
-    for suffix, content in companions.items():
-        beside = str(Path(output).with_suffix(suffix))
-        check_output_path(beside, [graph, output])
-        write_atomic(beside, content, [graph, output])
-        print(f"wrote {beside} (the {emit} stage's manifest)", file=sys.stderr)
+# Files a stage writes beside its artifact, by suffix: the llvm stage's manifest
+# (driver/stages.make_llvm), known here so that its path is checked before any work.
+_COMPANIONS = {"llvm": (".json",)}
+
+
+def _companion_paths(output: str, emit: str) -> list[str]:
+    return [str(Path(output).with_suffix(suffix)) for suffix in _COMPANIONS.get(emit, ())]
+
+
+def _print_next_steps(output: str, graph: str, emit: str, options) -> None:
+    """After --emit llvm: how to build the code object and package it."""
     if emit == "llvm":
         from .driver.llvm_stage import build_command
 
         co = str(Path(output).with_suffix(".co"))
-        print(f"build the code object with:\n  {build_command(options.target, output, co)}\n"
+        saved = "save the IR as KERNELS.ll and " if output == "KERNELS.ll" else ""
+        print(f"{saved}build the code object with:\n  "
+              f"{build_command(options.target, output, co)}\n"
               f"then: int8attn compile {graph} --target {options.target} --kernel-object {co} "
               f"-o {Path(output).with_suffix('.vmfb')}", file=sys.stderr)
 
@@ -210,6 +273,18 @@ def _refuse_what_would_not_fit(source: str, args) -> None:
             check_memory(info, float_caches=True)
 
 
+def _refuse_report_before_work(args) -> None:
+    """--report's target and PV, refused before compiling (report.py says why)."""
+    from .report import refuse_unreportable
+
+    target = args.target or CompileOptions.target
+    if target != "cpu":
+        raise UsageError(f"--report splits the error of the cpu pipeline's module; --target "
+                         f"{target} compiles lane-level kernels (use --target cpu, or drop "
+                         f"--report)")
+    refuse_unreportable(args.pv or CompileOptions.pv)
+
+
 def _refuse_for_models(args) -> None:
     """Flags that do not apply to an ONNX model, refused before any work."""
     if not is_onnx(args.graph):
@@ -242,12 +317,19 @@ def cmd_run(args) -> int:
     from .driver.graph import random_inputs
     from .driver.onnx_inputs import random_model_inputs
 
-    if args.output:
-        check_output_path(args.output, [args.graph, args.inputs])
     if args.inputs and args.report:
         raise UsageError("--report needs random inputs (it uses the float cache behind them); "
                          "drop --inputs")
+    if args.inputs and args.seed is not None:
+        raise UsageError(f"--seed {args.seed} draws random inputs, but --inputs gives them, "
+                         f"so the seed would be unused; drop --seed (or --inputs)")
     _refuse_for_models(args)
+    if args.report:
+        _refuse_report_before_work(args)
+    inputs = _input_files(args)
+    if args.output:
+        check_output_path(args.output, inputs)
+    _check_save_stages(args, "kernel" if args.simulate else "vmfb")   # what api.compile runs
     source = _read_graph(args.graph)
     if not args.inputs and not is_onnx(args.graph):
         _refuse_what_would_not_fit(source, args)
@@ -258,6 +340,9 @@ def cmd_run(args) -> int:
     compile_seconds = time.perf_counter() - start
     _print_remarks(graph.remarks, args.graph)
     info = graph.entry(args.function)
+    if args.report and info.attention is None:
+        raise UsageError(f"--report splits the error of one int8attn.attention of the "
+                         f"graph's arguments, and @{info.name} returns none (drop --report)")
     if args.inputs:
         arrays = _load_inputs(args.inputs, info)
         _note_nonfinite_queries(info, arrays)
@@ -279,7 +364,7 @@ def cmd_run(args) -> int:
         buffer = io.BytesIO()
         names = [info.result_name(i) for i in range(len(outputs))]
         np.savez(buffer, **dict(zip(names, outputs)))
-        write_atomic(args.output, buffer.getvalue(), [args.graph, args.inputs])
+        write_atomic(args.output, buffer.getvalue(), inputs)
         print(f"wrote {args.output} ({', '.join(names)})")
     if not args.inputs and info.attention is not None:
         _accuracy(outputs[info.attention.result_index], arrays, info, graph.options)
@@ -288,8 +373,5 @@ def cmd_run(args) -> int:
     if args.report:
         from .report import print_report
 
-        if info.attention is None or graph.simulated or graph.options.target != "cpu":
-            raise UsageError("--report needs --target cpu and a graph returning one "
-                             "int8attn.attention of its arguments")
         print_report(graph, source, args.graph, info, arrays, floats, outputs, graph.options)
     return 0

@@ -66,13 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "model's: its output names)")
     run_cmd.add_argument("--function", help="public function to call (default: the only one)")
     run_cmd.add_argument("--seed", type=_seed, default=None,
-                         help="seed of the random inputs (default: drawn and printed)")
+                         help="seed of the random inputs (default: drawn and printed; "
+                              "refused with --inputs, which gives the inputs)")
     run_cmd.add_argument("--no-cache", action="store_true",
                          help="compile even if the module cache has this graph")
     run_cmd.add_argument("--report", action="store_true",
                          help="split the error against exact attention on the float cache "
                               "into its INT8-QK, V-cache and W-quantization terms, and "
-                              "compare INT8 PV with BF16 and f32 PV (random inputs)")
+                              "compare INT8 PV with BF16 and f32 PV (random inputs; --target "
+                              "cpu, --pv int8)")
 
     commands.add_parser("targets", help="list the targets and their stages",
                         description="Print each target's chain of stages and what runs it.")

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help='comma-separated passes, e.g. "int8-qk,decode-split-kv{partition-tokens=256}"')
     group.add_argument("--pipeline", metavar="NAME",
                        help='a named pipeline, e.g. "int8attn-to-linalg{pv=int8 fragment-model=gfx936}"')
-    parser.add_argument("-o", "--output", help="write the result here instead of stdout")
+    parser.add_argument("-o", "--output", help="write the result here ('-': stdout, the "
+                        "default)")
     parser.add_argument("--print-ir-after-all", action="store_true",
                         help="print the IR to stderr after every pass")
     parser.add_argument("--mlir-timing", action="store_true",
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     except PipelineError as error:
         parser.error(str(error))
     filename = "<stdin>" if args.input == "-" else args.input
+    if args.output == "-":   # stdout, as for `int8attn compile -o -`; not a file named '-'
+        args.output = None
     try:
         if args.output:
             check_output_path(args.output, [args.input])

@@ -24,9 +24,22 @@ def _line(label: str, values: np.ndarray) -> str:
     return f"  {label:30} max abs {stats['max_abs']:.3e}   rms {stats['rms']:.3e}"
 
 
+def refuse_unreportable(pv: str) -> None:
+    """The split's W-quantization term is the error of W's INT8 levels
+    (reference/error_split.py): a float PV has no such term (f32 PV does not quantize W;
+    bf16 PV rounds it, an error the split does not model), so its breakdown would
+    name an error that is not there."""
+    if pv != "int8":
+        raise UsageError(f"--report splits the error of INT8 PV (its W-quantization term is "
+                         f"the error of W's INT8 levels); --pv {pv} does not quantize W to "
+                         f"INT8, so that split does not apply: use --pv int8 (the report then "
+                         f"compares it with BF16 and f32 PV), or drop --report")
+
+
 def print_report(graph, source, filename, info, arrays, floats, outputs, options) -> None:
     from . import api
 
+    refuse_unreportable(options.pv)
     call = info.attention
     if call.mode in ("paged", "cache_write"):
         raise UsageError(f"--report splits the error of the dense int8attn.attention op; "
@@ -46,8 +59,6 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
         print(_line(_LABELS[term], split[term]))
     residual = split["total"] - sum(split[t] for t in TERMS)
     print(_line("total - sum of the terms", residual))
-    if options.pv != "int8":
-        return
     others = {}
     for pv in ("bf16", "f32"):
         baseline = api.compile(source, filename=filename,

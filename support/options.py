@@ -124,7 +124,7 @@ def parse_value(cls, name: str, text: str):
 def parse_option_items(cls, body: str, owner: str) -> dict:
     """`key=value key2=value2` (commas allowed) -> constructor keywords of `cls`."""
     fields = {kebab(f.name): f for f in dataclasses.fields(cls)}
-    options = {}
+    options, given_as = {}, {}
     for item in body.replace(",", " ").split():
         key, sep, value = item.partition("=")
         if not sep:
@@ -133,6 +133,11 @@ def parse_option_items(cls, body: str, owner: str) -> dict:
         if field is None:
             raise OptionError(f"{owner} has no option '{key}' (options: "
                               f"{', '.join(fields) or 'none'})")
+        if field.name in given_as:
+            # Not "the last one wins": one of the two is a mistake, and which is unknown.
+            raise OptionError(f"option '{kebab(field.name)}' of {owner} is given twice "
+                              f"('{given_as[field.name]}' and '{item}'); give it once")
+        given_as[field.name] = item
         options[field.name] = parse_value(cls, field.name, value)
     return options
 
