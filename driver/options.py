@@ -106,10 +106,6 @@ class CompileOptions(PipelineOptions):
     v_token_innermost: bool = option(
         False, "kernel targets, Python API only: the host function takes V as [B, Hkv, D, S] "
         "(the kernels' layout, as a paged cache holds it) instead of transposing per call")
-    target_resolved: bool = option(
-        False, "set by Target.check on the options it returns, every default resolved for "
-        "the target: such options are the target's answer, not a request, and are not judged "
-        "again for what applies (e.g. recompiled with another pv)")
 
     def pipeline_options(self) -> PipelineOptions:
         """The named pipeline's options, with the fragment model and numerics resolved."""
@@ -170,13 +166,27 @@ class CompileOptions(PipelineOptions):
     def refusal(self) -> str | None:
         """Why an option the caller gave does nothing with the others (the rules of
         COMPILE_APPLIES_WHEN, tested on the resolved values), or None."""
-        if self.target_resolved:
-            return None
-        return refusal(self.resolved(), self.given(), COMPILE_APPLIES_WHEN, flag_spelling)
+        return refusal(self._defaults_resolved(), self.given(), COMPILE_APPLIES_WHEN,
+                       flag_spelling)
 
-    def resolved(self) -> "CompileOptions":
+    def _defaults_resolved(self) -> "CompileOptions":
         return replace(self, fragment_model=self.resolved_fragment_model(),
                        **asdict(self.numerics))
+
+    def resolved(self) -> "CompileOptions":
+        """Every default resolved for the target (the fragment model, the numerics), and
+        every option that does nothing with the others (COMPILE_APPLIES_WHEN) back at its
+        declared default: what the module is built from, and options that pass `refusal`
+        again, also after `with_pv`."""
+        full = self._defaults_resolved()
+        idle = {rule.option: _FIELDS[rule.option].default for rule in COMPILE_APPLIES_WHEN
+                if getattr(full, rule.depends) not in rule.values}
+        return replace(full, **idle)
+
+    def with_pv(self, pv: str) -> "CompileOptions":
+        """The same module with PV `pv` (a baseline): resolved again, so the options that
+        do nothing with it are dropped, not refused."""
+        return replace(self, pv=pv).resolved()
 
     def __post_init__(self):
         check_fields(self)

@@ -193,7 +193,7 @@ class Target:
         why = options.refusal()      # what an option needs of the others (any target)
         if why is not None:
             raise OptionRefused(why)
-        resolved = dataclasses.replace(options.resolved(), target_resolved=True)
+        resolved = options.resolved()
         if not self.takes_target_cpu:
             return resolved
         cpu = self.cpu(options.target_cpu)
@@ -201,7 +201,8 @@ class Target:
             raise OptionRefused(f"vector_isa {options.vector_isa} is not the register file of "
                                 f"--target-cpu {options.target_cpu} ({cpu.vector_isa}); it "
                                 f"is derived from --target-cpu, leave it out")
-        return dataclasses.replace(resolved, vector_isa=cpu.vector_isa)
+        # (kept only where it sizes something: contraction mmt4d, `resolved`)
+        return dataclasses.replace(resolved, vector_isa=cpu.vector_isa).resolved()
 
     def cpu(self, name: str) -> CPUTarget:
         """The CPU IREE compiles for, as IREE resolves `--target-cpu name`."""

@@ -62,7 +62,7 @@ def print_report(graph, source, filename, info, arrays, floats, outputs, options
     others = {}
     for pv in ("bf16", "f32"):
         baseline = api.compile(source, filename=filename,
-                               **dataclasses.asdict(dataclasses.replace(options, pv=pv)))
+                               **dataclasses.asdict(options.with_pv(pv)))
         others[pv] = baseline.run(arrays, info.name)[call.result_index]
     print("PV alone (same graph, inputs and pipeline; only PV differs):")
     print("| comparison | max abs | RMS |")

@@ -118,7 +118,9 @@ def test_each_level_meets_both_references(mode, shape, target_cpu, contraction):
                              query_tokens=query_tokens)
     compiled = int8attn.compile(source, filename=f"{mode}.mlir", cache=False,
                                 target_cpu=target_cpu, contraction=contraction)
-    assert compiled.options.vector_isa == X86_LEVELS[target_cpu]
+    # the register file sizes only the mmt4d tiles: the module's options say so
+    assert compiled.options.vector_isa == (X86_LEVELS[target_cpu] if contraction == "mmt4d"
+                                           else None)
     seed = 7100 + 10 * NUMERICS_CASES.index((mode, shape)) + sorted(X86_LEVELS).index(target_cpu)
     print(f"random inputs: driver.graph.random_inputs seed {seed}", file=sys.stderr)
     args = random_inputs(next(iter(compiled.functions.values())), seed)

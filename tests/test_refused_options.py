@@ -154,15 +154,19 @@ def test_a_whole_numerics_variant_with_a_float_pv_is_accepted(target, numerics):
 
 
 def test_checked_options_are_a_fixed_point_and_may_change_pv():
-    # report.py recompiles the checked options with pv bf16 / f32: they are the target's
-    # resolution (fragment model, numerics, vector ISA), not the caller's request.
+    # report.py recompiles the checked options with pv bf16 / f32 (`with_pv`): the W
+    # options the int8 module was built with are dropped there, not refused; set by
+    # hand with a float PV they are refused.
     target = TARGETS["cpu"]
     checked = target.check(CompileOptions(w_quant="s8", scale_groups="contiguous",
                                           verify=False))
     assert target.check(checked) == checked
     for pv in ("bf16", "f32"):
-        again = CompileOptions(**dataclasses.asdict(dataclasses.replace(checked, pv=pv)))
+        again = CompileOptions(**dataclasses.asdict(checked.with_pv(pv)))
         assert target.check(again).pv == pv
+        assert again.w_quant is None and again.scale_groups == "fragment" and again.verify
+        with pytest.raises(OptionRefused, match="does not apply with --pv"):
+            target.check(dataclasses.replace(checked, pv=pv))
 
 
 def test_the_no_verify_help_says_it_skips_the_verifier(capsys):
