@@ -11,6 +11,7 @@ from ..contract.constants import (  # noqa: F401  (the references' names)
     W_TERMS, PVKind,
     QTerms, WQuant, WTerms, score_scale)
 from ..contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
+from ..support.bf16 import round_to_bf16  # noqa: F401  (the references' name)
 
 F32 = np.float32
 # About how many bytes of intermediates the references hold at once: they work
@@ -96,13 +97,6 @@ def quantize_q(x: np.ndarray, terms: int = 1,
 def quantize_cache(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A float cache [B, H, S, D] as int8 with one scale per token."""
     return quantize(x)
-
-
-def round_to_bf16(x: np.ndarray) -> np.ndarray:
-    """Round f32 to the nearest bf16 (ties to even), returned as f32."""
-    bits = np.asarray(x, dtype=F32).view(np.uint32)
-    rounded = (bits + (((bits >> 16) & 1) + np.uint32(0x7FFF))) & np.uint32(0xFFFF0000)
-    return rounded.astype(np.uint32).view(F32)
 
 
 def group_rows(q: np.ndarray, kv_heads: int) -> np.ndarray:

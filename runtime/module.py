@@ -17,7 +17,7 @@ argument is refused (`check_writable`): the call could not update it.
 
 A bf16 argument (e.g. q of an attention taking bf16 queries) is given as an f32
 (or f16) array: it is rounded to bf16 (to nearest, ties to even:
-`reference.common.round_to_bf16`, `bf16_values`), checked and returned as f32
+`support.bf16.round_to_bf16`, `bf16_values`), checked and returned as f32
 holding those values, and passed to IREE as a bf16 buffer of their bits.
 """
 
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import iree.runtime as rt
 
+from ..support.bf16 import round_to_bf16
 from ..support.diagnostics import StageError, save_for_repro
 
 # Byte alignment IREE's CPU dispatches may assume for a buffer binding.
@@ -51,17 +52,10 @@ def host_dtype(element: str):
 
 
 def bf16_values(array) -> np.ndarray:
-    """`array` (f32, f16 or ml_dtypes.bfloat16) rounded to bf16, to nearest with ties
-    to even (`reference.common.round_to_bf16`), as f32. A NaN stays a (quiet) NaN
-    (rounding its bits could carry into Inf); values past bf16's range round to Inf."""
-    from ..reference.common import round_to_bf16
-
+    """`array` (f32, f16 or ml_dtypes.bfloat16) rounded to bf16 as f32
+    (`support.bf16.round_to_bf16`: to nearest, ties to even, a NaN kept a NaN)."""
     values = np.asarray(array).astype(np.float32)
-    rounded = round_to_bf16(values)
-    nan = np.isnan(values)
-    if nan.any():
-        rounded = np.where(nan, np.float32(np.nan), rounded).astype(np.float32)
-    return np.asarray(rounded, np.float32).reshape(values.shape)
+    return round_to_bf16(values).reshape(values.shape)
 
 
 def _bf16_accepted(dtype: np.dtype) -> bool:

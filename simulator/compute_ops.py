@@ -101,7 +101,7 @@ class ComputeOps:
     def op_arith_truncf(self, op, operands):
         if _element(op.result.type) != "bf16":
             raise SimulationError(f"unsupported truncf to {op.result.type}")
-        from ..reference.common import round_to_bf16
+        from ..support.bf16 import round_to_bf16
 
         return round_to_bf16(np.asarray(operands[0], np.float32))
 
