@@ -14,7 +14,6 @@ contributes exactly 0.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,29 +24,9 @@ from ..dialects import int8attn as d
 from ..dialects import builders as build
 from ..contract import scalar_ir as contract
 from .rewrite import apply_patterns
-from ..support.options import OptionError, TypedOptions, kebab, option
+from ..support.options import TypedOptions, option
 from ..fragments import NUMPY_OPS, ceil_div
 from ..fragments.model import MAX_BLOCK_TOKENS
-
-
-def tokens_option(default: int, help: str):
-    """A tokens-per-block option (decode partition, prefill KV tile): 1 to
-    MAX_BLOCK_TOKENS, the range stated in its help; `check_maximum` enforces the top
-    (support/options.py checks `minimum` only)."""
-    declared = option(default, f"{help} (1 to {MAX_BLOCK_TOKENS})", minimum=1)
-    return dataclasses.field(default=default,
-                             metadata={**declared.metadata, "maximum": MAX_BLOCK_TOKENS})
-
-
-def check_maximum(obj) -> None:
-    """Refuse a field above its declared `maximum` (as support/options refuses one below
-    its `minimum`)."""
-    for field in dataclasses.fields(obj):
-        maximum, value = field.metadata.get("maximum"), getattr(obj, field.name)
-        if (maximum is not None and isinstance(value, int) and not isinstance(value, bool)
-                and value > maximum):
-            raise OptionError(f"option '{kebab(field.name)}' must be at most {maximum}, "
-                              f"got {value}")
 
 
 def _max(x, acc):
@@ -116,11 +95,8 @@ class DecodeSplitKV(TypedOptions):
     """Split decode softmax+PV into `partition_tokens`-token partitions and merge."""
 
     argument: ClassVar[str] = "decode-split-kv"
-    partition_tokens: int = tokens_option(256, "tokens per decode partition")
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_maximum(self)
+    partition_tokens: int = option(256, "tokens per decode partition", minimum=1,
+                                   maximum=MAX_BLOCK_TOKENS)
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.SOFTMAX_PV: lambda op, rw: split_kv(op, rw, self.partition_tokens)})

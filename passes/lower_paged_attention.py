@@ -48,6 +48,7 @@ from .prefill_online_softmax import causal_mask, online_softmax_tile
 from .rewrite import apply_patterns
 from ..contract.constants import QTerms
 from ..fragments.cache_layout import CacheLayout, arith_ops, ceil_div
+from ..fragments.model import MAX_BLOCK_TOKENS
 from ..support.options import TypedOptions, option
 
 
@@ -228,9 +229,11 @@ class LowerPagedAttention(TypedOptions):
     partitions (tiles) gathered through the block table."""
 
     argument: ClassVar[str] = "lower-paged-attention"
-    partition_tokens: int = option(256, "tokens per decode partition", minimum=1)
+    partition_tokens: int = option(256, "tokens per decode partition", minimum=1,
+                                   maximum=MAX_BLOCK_TOKENS)
     q_terms: QTerms = option(1, "INT8 terms of q, as int8-qk's")
-    tile_tokens: int = option(64, "tokens per KV tile of a chunked prefill", minimum=1)
+    tile_tokens: int = option(64, "tokens per KV tile of a chunked prefill", minimum=1,
+                              maximum=MAX_BLOCK_TOKENS)
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.PAGED_ATTENTION: lambda op, rw: lower_paged(

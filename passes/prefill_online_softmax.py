@@ -29,9 +29,9 @@ from ..dialects import int8attn as d
 from ..dialects import builders as build
 from ..contract import scalar_ir as contract
 from ..fragments import NUMPY_OPS, HeadMajorRows, arith_ops, ceil_div
+from ..fragments.model import MAX_BLOCK_TOKENS
 from .rewrite import apply_patterns
-from ..support.options import TypedOptions
-from .decode_split_kv import check_maximum, tokens_option
+from ..support.options import TypedOptions, option
 
 
 def causal_mask(scores: ir.Value, query_tokens: int, history: int | ir.Value,
@@ -131,11 +131,8 @@ class PrefillOnlineSoftmax(TypedOptions):
     """Causal prefill: an online-softmax loop over `tile_tokens`-token KV tiles."""
 
     argument: ClassVar[str] = "prefill-online-softmax"
-    tile_tokens: int = tokens_option(64, "tokens per prefill KV tile")
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_maximum(self)
+    tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1,
+                              maximum=MAX_BLOCK_TOKENS)
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.SOFTMAX_PV: lambda op, rw: online_softmax(op, rw, self.tile_tokens)})

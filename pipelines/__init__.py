@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ..fragments import FragmentModelName, ScaleGroupKind, fragment_model
+from ..fragments.model import MAX_BLOCK_TOKENS
 from ..passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCacheWrite,
                       LowerMMACTiles,
                       LowerPagedAttention, LowerQuantize, PrefillOnlineSoftmax, PVToMMAC, QuantizeWGroups,
                       VerifyScaleGroups)
-from ..passes.decode_split_kv import check_maximum, tokens_option
 from ..passes.lower_mmac_tiles import Contraction
 from .manager import PipelineError, UpstreamPass
 from ..contract.constants import PV_MODES, PVKind, QTerms, WQuant, WTerms
@@ -76,8 +76,10 @@ class PipelineOptions(TypedOptions):
                           "verify=false), which otherwise proves every W scale is computed "
                           "over its MMAC's tokens; only to measure the deliberately wrong "
                           "scale-groups contiguous", flag="--no-verify")
-    partition_tokens: int = tokens_option(256, "tokens per decode partition")
-    tile_tokens: int = tokens_option(64, "tokens per prefill KV tile")
+    partition_tokens: int = option(256, "tokens per decode partition", minimum=1,
+                                   maximum=MAX_BLOCK_TOKENS)
+    tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1,
+                              maximum=MAX_BLOCK_TOKENS)
     q_terms: QTerms = option(PIPELINE_NUMERICS.q_terms,
                              "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
                              "quantizes the f32 residual q - Qq1*s1: one more int8 QK dot, "
@@ -107,7 +109,6 @@ class PipelineOptions(TypedOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        check_maximum(self)
         if self.pv != "int8":
             return
         model = fragment_model(self.fragment_model)

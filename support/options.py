@@ -31,11 +31,15 @@ class OptionError(ValueError):
     """An option value of the wrong type or outside its choices."""
 
 
-def option(default, help: str, *, minimum: int | None = None, flag: str | None = None,
-           metavar: str = "N"):
-    """A dataclass field with the metadata the consumers read."""
-    return dataclasses.field(default=default, metadata={"help": help, "minimum": minimum,
-                                                        "flag": flag, "metavar": metavar})
+def option(default, help: str, *, minimum: int | None = None, maximum: int | None = None,
+           flag: str | None = None, metavar: str = "N"):
+    """A dataclass field with the metadata the consumers read (a `maximum` is stated in
+    its help, "(1 to 65536)")."""
+    if maximum is not None:
+        help = f"{help} ({minimum if minimum is not None else 'at most'} to {maximum})"
+    return dataclasses.field(default=default, metadata={
+        "help": help, "minimum": minimum, "maximum": maximum, "flag": flag,
+        "metavar": metavar})
 
 
 def kebab(name: str) -> str:
@@ -81,9 +85,11 @@ def _check_value(cls, field: dataclasses.Field, value) -> None:
     if not ok:
         raise OptionError(f"option '{kebab(field.name)}' must be {_describe(cls, field.name)}, "
                           f"got {value!r}")
-    minimum = field.metadata.get("minimum")
+    minimum, maximum = field.metadata.get("minimum"), field.metadata.get("maximum")
     if minimum is not None and value < minimum:
         raise OptionError(f"option '{kebab(field.name)}' must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise OptionError(f"option '{kebab(field.name)}' must be at most {maximum}, got {value}")
 
 
 def check_fields(obj) -> None:
