@@ -24,6 +24,7 @@ from .cpu_target import resolve as resolve_cpu
 from .options import TARGET_NAMES, CompileOptions, flag_spelling
 from ..fragments import PV_ATOMS
 from ..kernels.target_spec import target_spec
+from ..support.docs import first_sentence
 
 
 class OptionRefused(ValueError):
@@ -42,14 +43,6 @@ class Stage:
     @property
     def summary(self) -> str:
         return first_sentence(self.make.__doc__ or "")
-
-
-def first_sentence(doc: str) -> str:
-    """A docstring's summary: its first sentence, however many lines it spans (up to
-    the first blank line)."""
-    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
-    end = paragraph.find(". ")
-    return paragraph if end < 0 else paragraph[:end + 1]
 
 
 GRAPH = Stage("graph", stages.make_graph, ".mlir")

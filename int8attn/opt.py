@@ -17,6 +17,7 @@ from .passes import PASSES
 from .pipelines import NAMED_PIPELINES, PipelineOptions, named_pipeline
 from .pipelines.manager import PipelineError, parse_pipeline, run_passes
 from .support.diagnostics import DiagnosticError
+from .support.docs import first_sentence
 from .support.files import OutputError, check_output_path, write_atomic
 from .support.ir import new_context, parse_module
 from .support.options import describe_options
@@ -63,12 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
 def list_passes() -> str:
     lines = ["int8attn passes:"]
     for name, cls in PASSES.items():
-        summary = (cls.__doc__ or "").strip().splitlines()[0]
+        summary = first_sentence(cls.__doc__)
         lines.append(f"  {name:22} {summary}")
         lines += describe_options(cls, indent=" " * 27)
     lines.append("named pipelines:")
     for name, fn in NAMED_PIPELINES.items():
-        lines.append(f"  {name:22} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        lines.append(f"  {name:22} {first_sentence(fn.__doc__)}")
     lines.append("  options of both:")
     lines += describe_options(PipelineOptions, indent=" " * 27)
     return "\n".join(lines)

@@ -210,11 +210,14 @@ def named_pipeline(text: str) -> list:
     if name not in NAMED_PIPELINES:
         raise PipelineError(f"unknown pipeline '{name}'; known pipelines: "
                             f"{', '.join(NAMED_PIPELINES)}")
-    try:
+    try:                    # (its messages name the pipeline)
         given = parse_option_items(PipelineOptions, rest.rstrip("}"), f"pipeline '{name}'")
-        options = PipelineOptions(**given)
     except OptionError as error:
         raise PipelineError(str(error)) from None
+    try:
+        options = PipelineOptions(**given)
+    except OptionError as error:
+        raise PipelineError(f"pipeline '{name}': {error}") from None
     refused = refusal(options, given)
     if refused is not None:
         raise PipelineError(f"pipeline '{name}': {refused}")

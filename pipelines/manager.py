@@ -10,7 +10,6 @@ pass raised it (a `DiagnosticError` at the op's location).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -18,6 +17,7 @@ from iree.compiler import ir, passmanager
 
 from ..dialects.int8attn import verify
 from ..passes import PASSES
+from ..support.docs import first_sentence
 from ..support.ir import mlir_error
 from ..support.options import OptionError, option_string, parse_option_items
 
@@ -72,8 +72,11 @@ def parse_pipeline(text: str) -> list:
         name = name.strip()
         if name in PASSES:
             cls = PASSES[name]
-            try:
+            try:                # (its messages name the pass)
                 options = parse_option_items(cls, rest.rstrip("}"), f"pass '{name}'")
+            except OptionError as error:
+                raise PipelineError(str(error)) from None
+            try:
                 passes.append(cls(**options))
             except OptionError as error:
                 raise PipelineError(f"pass '{name}': {error}") from None
@@ -108,7 +111,7 @@ def pass_manager(passes: Sequence, *, print_ir_after_all: bool = False,
         if isinstance(p, UpstreamPass):
             manager.add(p.text)
         else:
-            doc = (type(p).__doc__ or "").strip().splitlines()[0]
+            doc = first_sentence(type(p).__doc__)
             manager.add(_python_pass(p), name=pass_name(p), argument=p.argument,
                         description=doc)
     if print_ir_after_all:

@@ -104,26 +104,28 @@ class TypedOptions:
         check_fields(self)
 
 
-def parse_value(cls, name: str, text: str):
-    """A field's value from its textual form (pipeline strings, the CLI)."""
+def parse_value(cls, name: str, text: str, owner: str = ""):
+    """A field's value from its textual form (pipeline strings, the CLI); `owner` (e.g.
+    "pass 'int8-qk'") is named in the message of a bad value."""
     inner, optional = _unwrap_optional(_hints(cls)[name])
+    label = f"option '{kebab(name)}'" + (f" of {owner}" if owner else "")
     if optional and text == "none":
         return None
     if inner is bool:
         if text.lower() not in ("true", "false", "1", "0"):
-            raise OptionError(f"option '{kebab(name)}' expects true or false, got '{text}'")
+            raise OptionError(f"{label} expects true or false, got '{text}'")
         return text.lower() in ("true", "1")
     if inner is int:
         try:
             return int(text)
         except ValueError:
-            raise OptionError(f"option '{kebab(name)}' expects an integer, got '{text}'") from None
+            raise OptionError(f"{label} expects an integer, got '{text}'") from None
     choices = choices_of(cls, name)
     if choices:  # a Literal of str or of int: the choice whose text this is
         for choice in choices:
             if str(choice) == text:
                 return choice
-        raise OptionError(f"option '{kebab(name)}' expects {_describe(cls, name)}, got '{text}'")
+        raise OptionError(f"{label} expects {_describe(cls, name)}, got '{text}'")
     return text
 
 
@@ -144,7 +146,7 @@ def parse_option_items(cls, body: str, owner: str) -> dict:
             raise OptionError(f"option '{kebab(field.name)}' of {owner} is given twice "
                               f"('{given_as[field.name]}' and '{item}'); give it once")
         given_as[field.name] = item
-        options[field.name] = parse_value(cls, field.name, value)
+        options[field.name] = parse_value(cls, field.name, value, owner)
     return options
 
 

@@ -171,7 +171,7 @@ MISUSE = [
     (opt.main, ["g.mlir", "--pipeline", "int8attn-to-linalg{tile-tokens=48}"],
      "tile-tokens=48 with pv=int8: a block of 48 tokens is not a whole number of 64-token waves"),
     (opt.main, ["g.mlir", "--pipeline", "int8attn-to-linalg{verify=maybe}"],
-     "option 'verify' expects true or false, got 'maybe'"),
+     "option 'verify' of pipeline 'int8attn-to-linalg' expects true or false, got 'maybe'"),
     (opt.main, ["g.mlir", "-p", "int8-qk", "--pipeline", "int8attn-to-linalg"],
      "not allowed with argument"),
 ]
