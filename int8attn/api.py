@@ -209,7 +209,7 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
                             f"need a {target.name} toolchain); run them in the lane "
                             f"simulator with --simulate")
     until = "kernel" if simulate else "vmfb"
-    store = None if simulate or save_stages else (ModuleCache() if cache is True else cache) or None
+    store = None if simulate or save_stages is not None else (ModuleCache() if cache is True else cache) or None
     # `host` names a different CPU on another machine: key by what IREE resolved.
     cpu = target.cpu(checked.target_cpu) if target.takes_target_cpu else None
     # A code object is keyed by its bytes (one path may hold a rebuilt object).

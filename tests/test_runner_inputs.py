@@ -263,3 +263,17 @@ def test_decode_graph_refuses_bad_sizes(args, message):
 def test_prefill_graph_refuses_bad_sizes(args, keywords, message):
     with pytest.raises(ValueError, match=message):
         prefill_graph(*args, **keywords)
+
+
+def test_an_empty_save_stages_is_refused_by_the_api_even_on_a_cache_hit(tmp_path):
+    # a module already in the cache must not let save_stages='' pass unchecked
+    import int8attn
+    from int8attn.driver.graph import decode_graph
+    from int8attn.runtime import ModuleCache
+    from int8attn.support.files import OutputError
+
+    source = decode_graph(1, 4, 1, 64, 32)
+    store = ModuleCache(tmp_path / "cache")
+    int8attn.compile(source, cache=store)          # now a hit
+    with pytest.raises(OutputError, match="names no folder"):
+        int8attn.compile(source, cache=store, save_stages="")
