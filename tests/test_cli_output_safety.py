@@ -257,6 +257,7 @@ def test_an_llvm_output_named_like_its_manifest_is_refused_first(graph, tmp_path
 @pytest.fixture
 def fake_llvm(monkeypatch):
     """The llvm stage's artifact and manifest, without compiling."""
+    import int8attn.api  # noqa: F401  (binds the real driver before the patch)
     import int8attn.driver.compile as driver
 
     def fake(source, options, *, until=None, **kwargs):
