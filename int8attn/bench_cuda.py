@@ -250,10 +250,12 @@ def _prepare(directory: Path, settings: BenchSettings) -> None:
 
 
 def _run(directory: Path, settings: BenchSettings) -> list[dict]:
-    return run(directory, iterations=settings.iterations)
+    return run(directory, iterations=settings.iterations, seed=settings.seed)
 
 
-KIND = BenchKind("decode", MANIFEST, module_files, _prepare, _run, markdown, plot=plot)
+KIND = BenchKind("decode", MANIFEST, module_files, _prepare, _run, markdown, plot=plot,
+                 prepared_flags=(("--context", "contexts"), ("--batch", "batch"), ("--q-heads", "q_heads"),
+                 ("--kv-heads", "kv_heads"), ("--head-dim", "head_dim")))
 
 
 def main(argv=None) -> int:

@@ -297,8 +297,9 @@ class BenchKind:
     """One `int8attn bench --mode`: its manifest and module files (what
     `--prepare-only` writes and `--from` needs), `prepare(directory, settings)`,
     `run(directory, settings) -> rows`, the Markdown table and optional plot, the
-    default batch, the flags only this mode reads (flag -> settings field), and
-    whether each KV head's query heads must fit one decode MMA tile."""
+    default batch, the flags only this mode reads (flag -> settings field), whether
+    each KV head's query heads must fit one decode MMA tile, and the flags a prepared
+    folder fixes."""
     mode: str
     manifest: str
     module_files: Callable[[dict], list[str]]
@@ -309,6 +310,10 @@ class BenchKind:
     default_batch: int = 16
     flags: tuple[tuple[str, str], ...] = ()
     query_heads_in_one_tile: bool = True
+    # The flags (-> settings field) whose values the prepared modules fix: `--from` runs
+    # modules compiled for them, so there they are refused, not ignored.
+    prepared_flags: tuple[tuple[str, str], ...] = (
+        ("--q-heads", "q_heads"), ("--kv-heads", "kv_heads"), ("--head-dim", "head_dim"))
 
     def batch(self, settings: BenchSettings) -> int:
         return self.default_batch if settings.batch is None else settings.batch

@@ -336,7 +336,10 @@ def _run(directory: Path, settings: BenchSettings) -> list[dict]:
 
 
 KIND = BenchKind("paged", MANIFEST, module_files, _prepare, _run, markdown,
-                 flags=(("--ragged-mean", "ragged_mean"), ("--numerics", "numerics")))
+                 flags=(("--ragged-mean", "ragged_mean"), ("--numerics", "numerics")),
+                 # the batch, lengths and tables are drawn at run time
+                 prepared_flags=(("--q-heads", "q_heads"), ("--kv-heads", "kv_heads"),
+                                 ("--head-dim", "head_dim"), ("--numerics", "numerics")))
 
 
 def main(argv=None) -> int:

@@ -322,7 +322,10 @@ def _run(directory: Path, settings: BenchSettings) -> list[dict]:
 
 KIND = BenchKind("prefill", MANIFEST, module_files, _prepare, _run, markdown, plot=plot,
                  default_batch=1, flags=(("--history", "history"), ("--new-tokens", "new_tokens")),
-                 query_heads_in_one_tile=False)
+                 query_heads_in_one_tile=False,
+                 prepared_flags=(("--context", "contexts"), ("--batch", "batch"), ("--q-heads", "q_heads"),
+                 ("--kv-heads", "kv_heads"), ("--head-dim", "head_dim"),
+                                 ("--history", "history"), ("--new-tokens", "new_tokens")))
 
 
 def main(argv=None) -> int:

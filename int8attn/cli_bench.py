@@ -25,6 +25,13 @@ MODE_FLAGS = dict(sorted(mode_flags().items(), key=lambda item: (
     _HELP_ORDER.index(item[0]) if item[0] in _HELP_ORDER else len(_HELP_ORDER))))
 
 
+# BenchSettings field -> the argparse name of its flag.
+_SETTINGS_ARGS = {"contexts": "context", "batch": "batch", "q_heads": "q_heads",
+                  "kv_heads": "kv_heads", "head_dim": "head_dim", "iterations": "iterations",
+                  "seed": "seed", "history": "history", "new_tokens": "new_tokens",
+                  "ragged_mean": "ragged_mean", "numerics": "numerics"}
+
+
 def _check_bench_shape(args, misuse) -> None:
     """The kernels' limits on the shape flags, before anything is compiled."""
     from .kernels.target_spec import target_spec
@@ -103,11 +110,17 @@ def cmd_bench(args) -> int:
             misuse(f"{flag} applies to --mode {wanted}, not --mode {kind.mode}")
     if args.from_dir and args.prepare_only:
         misuse("--prepare-only compiles the modules and --from runs compiled ones; give one")
-    settings = BenchSettings(
-        contexts=tuple(args.context), batch=args.batch, q_heads=args.q_heads,
-        kv_heads=args.kv_heads, head_dim=args.head_dim, iterations=args.iterations,
-        seed=args.seed, history=args.history, new_tokens=args.new_tokens,
-        ragged_mean=args.ragged_mean, numerics=args.numerics)
+    if args.from_dir:
+        for flag, name in kind.prepared_flags:
+            if getattr(args, _SETTINGS_ARGS[name]) is not None:
+                misuse(f"{flag} is fixed by the modules in --from {args.from_dir} (they were "
+                       f"compiled for the values in its manifest); leave it out, or prepare "
+                       f"another folder with --prepare-only")
+    given = {name: getattr(args, arg) for name, arg in _SETTINGS_ARGS.items()
+             if getattr(args, arg) is not None}
+    settings = BenchSettings(**given)       # a flag not given: BenchSettings' default
+    for name in ("q_heads", "kv_heads", "head_dim"):      # for the shape checks
+        setattr(args, name, getattr(settings, name))
     if args.from_dir:
         directory = Path(args.from_dir)
         _check_prepared(directory, kind.mode)

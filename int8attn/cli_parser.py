@@ -102,18 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--ragged-mean", type=_positive, default=None, metavar="TOKENS",
                            help="--mode paged: mean length of the ragged batch (default 8192)")
     bench_cmd.add_argument("--seed", type=_seed, default=0,
-                           help="--mode paged: seed of the lengths, tables and data")
+                           help="seed of the random data (--mode paged: also of the lengths "
+                                "and block tables)")
     bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default=None,
                            help="--mode paged: the kernels' numerics instead of the kernel "
                                 "targets' default (q-terms 2, w-quant s8, w-terms 2): the seed's "
                                 "(1, s8, 1) or the cpu pipeline's defaults (2, u8, 2)")
-    bench_cmd.add_argument("--context", type=_contexts, default=(4096, 8192, 16384),
+    bench_cmd.add_argument("--context", type=_contexts, default=None,
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=_positive, default=None,
                            help="batch size (default 16 for decode and paged, 1 for prefill)")
-    bench_cmd.add_argument("--q-heads", type=_positive, default=32)
-    bench_cmd.add_argument("--kv-heads", type=_positive, default=8)
-    bench_cmd.add_argument("--head-dim", type=_positive, default=128)
+    bench_cmd.add_argument("--q-heads", type=_positive, default=None, help="(default 32)")
+    bench_cmd.add_argument("--kv-heads", type=_positive, default=None, help="(default 8)")
+    bench_cmd.add_argument("--head-dim", type=_positive, default=None, help="(default 128)")
     bench_cmd.add_argument("--iterations", type=_positive, default=50)
     bench_cmd.add_argument("--prepare-only", metavar="DIR",
                            help="only compile the modules into DIR (for a GPU machine "

@@ -217,6 +217,47 @@ def test_bench_from_a_good_folder_gets_past_the_checks(tmp_path, capsys, monkeyp
     assert (tmp_path / "bench.md").read_text() == "| table |\n"
 
 
+
+@pytest.mark.parametrize("mode, flags", [
+    ("paged", ["--head-dim", "64"]), ("paged", ["--numerics", "seed"]),
+    ("decode", ["--context", "4096"]), ("decode", ["--q-heads", "32"]),
+    ("prefill", ["--history", "1024"]), ("prefill", ["--batch", "2"])])
+def test_bench_from_refuses_the_flags_its_modules_fix(mode, flags, tmp_path, capsys,
+                                                      monkeypatch):
+    """A prepared folder's modules were compiled for its manifest's shape: a shape flag
+    given with --from would be ignored, so it is refused (even at the manifest's value)."""
+    monkeypatch.setitem(BENCH_KINDS, mode, replace(
+        BENCH_KINDS[mode], run=lambda *a: pytest.fail("ran despite the flag")))
+    directory = _prepared(tmp_path / mode, mode)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--mode", mode, "--from", str(directory), *flags])
+    assert exit_.value.code == 2
+    assert f"{flags[0]} is fixed by the modules in --from" in capsys.readouterr().err
+
+
+def test_bench_from_takes_the_run_time_flags_and_passes_the_seed(tmp_path, monkeypatch):
+    """paged draws its batch and lengths at run time: --batch, --context apply; every
+    mode's data comes from --seed (decode dropped it)."""
+    import int8attn.bench_cuda as bench_cuda
+
+    seen = {}
+    monkeypatch.setattr(bench_cuda, "run",
+                        lambda directory, iterations, seed: seen.update(seed=seed) or [])
+    monkeypatch.setitem(BENCH_KINDS, "decode", replace(BENCH_KINDS["decode"],
+                                                       markdown=lambda rows: "|"))
+    monkeypatch.setitem(BENCH_KINDS, "paged", replace(
+        BENCH_KINDS["paged"], run=lambda d, settings: seen.update(paged=settings) or [],
+        markdown=lambda rows: "|"))
+    decode = _prepared(tmp_path / "decode", "decode")
+    assert cli.main(["bench", "--mode", "decode", "--from", str(decode), "--seed", "7",
+                     "--out", str(tmp_path / "d")]) == 0
+    assert seen["seed"] == 7
+    paged = _prepared(tmp_path / "paged", "paged")
+    assert cli.main(["bench", "--mode", "paged", "--from", str(paged), "--batch", "4",
+                     "--context", "2048", "--out", str(tmp_path / "p")]) == 0
+    assert seen["paged"].batch == 4 and seen["paged"].contexts == (2048,)
+
+
 # ---- int8attn run / compile: output paths ---------------------------------------------
 
 GRAPH = """func.func @decode(%q: tensor<1x4x32xf32>, %k: tensor<1x2x40x32xi8>, %ks: tensor<1x2x40xf32>, %v: tensor<1x2x40x32xi8>, %vs: tensor<1x2x40xf32>) -> tensor<1x4x32xf32> {
