@@ -31,16 +31,6 @@ __all__ = [
     "ColumnSumsOp", "element_of", "groups_attr", "groups_of", "shape_of", "tensor",
 ]
 
-# The attributes the PV chain's ops may carry (Int8AttnOp.ATTRIBUTES; their verifiers
-# refuse any other). Declared here, beside the table, for the classes of `pv_ops`.
-for _cls, _attributes in ((PVOp, ()), (FoldedPVOp, ()),
-                          (GroupQuantizeOp, ("groups", "scale_groups", "w_quant")),
-                          (GroupedPVOp, ("groups",)),
-                          (MMACTilesOp, ("groups", "fragment_model")),
-                          (ColumnSumsOp, ("groups",))):
-    if _cls.ATTRIBUTES is None:
-        _cls.ATTRIBUTES = _attributes
-
 OPS: dict[str, type[Int8AttnOp]] = {cls.OPERATION_NAME: cls for cls in (
     AttentionOp, QuantizeOp, SoftmaxPVOp, PVOp, FoldedPVOp, GroupQuantizeOp, GroupedPVOp,
     MMACTilesOp, ColumnSumsOp,

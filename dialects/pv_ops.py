@@ -27,6 +27,7 @@ _ACC = "the O the block's sums accumulate into, f32 [B,Hkv,R,N,D]"
 @_cext.register_operation(_Dialect)
 class PVOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.pv"
+    ATTRIBUTES = ()
     p = _operand(0, "probabilities f32 [B,Hkv,R,N,T]")
     v = _operand(1, "values i8 [B,Hkv,N,T,D]")
     v_scale = _operand(2, "value scales f32 [B,Hkv,N,T]")
@@ -48,6 +49,7 @@ class PVOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class FoldedPVOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.folded_pv"
+    ATTRIBUTES = ()
     w = _operand(0, "weights P * sV, f32 [B,Hkv,R,N,T]")
     v = _operand(1, "values i8 [B,Hkv,N,T,D]")
     acc = _operand(2, _ACC)
@@ -68,6 +70,7 @@ class FoldedPVOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class GroupQuantizeOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.group_quantize"
+    ATTRIBUTES = ("groups", "scale_groups", "w_quant")
     w = _operand(0, "weights f32 [..., T]")
     wq = _result(0, "quantized groups i8 [..., G, K] (u8: u - 128)")
     sw = _result(1, "group scales f32 [..., G]")
@@ -117,6 +120,7 @@ class GroupQuantizeOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class GroupedPVOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.grouped_pv"
+    ATTRIBUTES = ("groups",)
     wq = _operand(0, "quantized weights i8 [B,Hkv,R,N,G,K]")
     sw = _operand(1, "weight scales f32 [B,Hkv,R,N,G]")
     v = _operand(2, "values i8 [B,Hkv,N,T,D]")
@@ -153,6 +157,7 @@ class GroupedPVOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class MMACTilesOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.mmac_tiles"
+    ATTRIBUTES = ("groups", "fragment_model")
     wq = _operand(0, "quantized weights i8 [B,Hkv,R,N,G,K]")
     v = _operand(1, "values i8 [B,Hkv,N,T,D]")
     groups = _groups("groups")
@@ -195,6 +200,7 @@ class MMACTilesOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class ColumnSumsOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.column_sums"
+    ATTRIBUTES = ("groups",)
     v = _operand(0, "values i8 [B,Hkv,N,T,D]")
     groups = _groups("groups")
 
