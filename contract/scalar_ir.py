@@ -344,6 +344,19 @@ def q_residual(x: ir.Value, qq: ir.Value, scale: ir.Value) -> ir.Value:
     return math.fma(arith.negf(arith.sitofp(ir.F32Type.get(), qq)), scale, x)
 
 
+def score_terms(sums: list[ir.Value], scales: list[ir.Value]) -> ir.Value:
+    """The QK terms of a score before sK: f32(acc1) * s1, or with two terms
+    fma(f32(acc1), s1, f32(acc2) * s2) -- the second product rounded, the first
+    product and the sum rounded once (reference.int8_scores). The FMA is the contract's
+    because LLVM contracts a multiply feeding an add on every CPU with FMA (the cpu
+    pipeline at x86-64-v3 and up), which at large softmax scales moved scores in log2
+    units past the fragment tolerance; written out, every backend computes it."""
+    if len(sums) == 1:
+        return arith.mulf(sums[0], scales[0])
+    first, second = zip(sums, scales)
+    return math.fma(first[0], first[1], arith.mulf(*second))
+
+
 def score_row_scale(sq: ir.Value, c: ir.Value) -> ir.Value:
     """A query row's (or term's) score scale sQ * c, rounded once, c = `score_scale`
     (softmax_scale * log2 e): the score is then (f32(acc) * (sQ * c)) * sK, in log2

@@ -176,8 +176,8 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                     for a, acc in zip(operands.a_steps, accs)]
         for element in elements:
             i = layout.element_slot(element)
-            # (f32(acc1)*s1 [+ f32(acc2)*s2]) * sK, the contract's order in log2 units (the
-            # staged s = sQ * c, `quantize_rows`); a packed second term is the same MMA's
+            # fma(f32(acc1), s1, f32(acc2)*s2) * sK (`contract.score_terms`), in log2 units
+            # (the staged s = sQ * c, `quantize_rows`); a packed second term is the same MMA's
             # sum at the partner slot; digits are joined (acc1 * BASE + acc2) and
             # converted once.
             sums = [c_element(acc, inst, i) for acc in accs]
@@ -187,11 +187,9 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
                 sums = [contract.join_digits_f32(*sums, bound, c, biased)]
             else:
                 sums = [contract.exact_f32(value, bound, c, biased) for value in sums]
-            score = None
-            for t, value in enumerate(sums):
-                term = arith.mulf(value, operands.sq_of_row[(t, plan.row_map(element))])
-                score = term if score is None else arith.addf(score, term)
-            value = arith.mulf(score, k_scales[element])
+            scales = [operands.sq_of_row[(t, plan.row_map(element))]
+                      for t in range(len(sums))]
+            value = arith.mulf(contract.score_terms(sums, scales), k_scales[element])
             live[element] = (None if token_live is None
                              else token_live(element, local_token(plan, wave_token0, element)))
             values[element] = masked(live[element], value, lanes.f32(float("-inf")))

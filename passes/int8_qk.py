@@ -15,7 +15,7 @@ With `q-terms=2` (docs/design.md §2c) q is quantized in two INT8 terms, the sec
 quantizing the f32 residual, and each term has its own int32 dot:
 
     qq1, s1 = int8attn.quantize(q);  qq2, s2 = int8attn.quantize(q - f32(qq1) * s1)
-    scores  = (f32(acc1) * (s1 * c) + f32(acc2) * (s2 * c)) * k_scale
+    scores  = fma(f32(acc1), s1 * c, f32(acc2) * (s2 * c)) * k_scale
 
 Query heads are grouped by the KV head they read (GQA: head h reads KV head
 h // (Hq/Hkv)), so everything after this pass sees rows [B, Hkv, R, ...]: the
@@ -92,8 +92,9 @@ def quantize_q(rows: ir.Value, q_terms: int) -> list[tuple[ir.Value, ir.Value]]:
 
 def int8_scores(terms: Sequence[tuple[ir.Value, ir.Value]], k: ir.Value, k_scale: ir.Value,
                 softmax_scale: float) -> ir.Value:
-    """scores[b,h,r,s] = (f32(sum_d qq1*k) * (s1*c) [+ f32(sum_d qq2*k) * (s2*c)]) *
-    k_scale, c = softmax_scale * log2 e (the contract's QK, in log2 units; `terms` from
+    """scores[b,h,r,s] = f32(sum_d qq1*k) * (s1*c) * k_scale, or with two terms
+    fma(f32(sum_d qq1*k), s1*c, f32(sum_d qq2*k) * (s2*c)) * k_scale (`contract.score_terms`),
+    c = softmax_scale * log2 e (the contract's QK, in log2 units; `terms` from
     `quantize_q`)."""
     batch, kv_heads, rows = d.shape_of(terms[0][0])[:3]
     tokens = d.shape_of(k)[2]
@@ -107,11 +108,8 @@ def int8_scores(terms: Sequence[tuple[ir.Value, ir.Value]], k: ir.Value, k_scale
 
     def body(*args):
         *pairs, s_k, _ = args
-        qk = None
-        for a, s_q in zip(pairs[0::2], pairs[1::2]):
-            term = arith.mulf(build.to_f32(a), s_q)
-            qk = term if qk is None else arith.addf(qk, term)
-        return arith.mulf(qk, s_k)
+        sums = [build.to_f32(a) for a in pairs[0::2]]
+        return arith.mulf(contract.score_terms(sums, list(pairs[1::2])), s_k)
 
     inputs = [x for acc, sq in zip(sums, row_scales) for x in (acc, sq)]
     return build.generic(

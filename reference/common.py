@@ -146,9 +146,10 @@ def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
     """INT8 QK in f32 and log2 units, [B,Hkv,R,S] (the grouped rows `rows`), masked
     tokens -inf.
 
-    `(f32(sum Qq1*Kq)*(s1*c) [+ f32(sum Qq2*Kq)*(s2*c)]) * sK`, in that order, each
-    product rounded (`numerics.q_terms` terms; c = `score_scale(softmax_scale)`,
-    softmax_scale * log2 e); as digits (q-second "digit"),
+    `f32(sum Qq1*Kq)*(s1*c) * sK`, or with two terms
+    `fma(f32(sum Qq1*Kq), s1*c, f32(sum Qq2*Kq)*(s2*c)) * sK` (the second product
+    rounded, then one FMA; c = `score_scale(softmax_scale)`, softmax_scale * log2 e);
+    as digits (q-second "digit"),
     `f32(sum Qq1*Kq * BASE + sum Qq2*Kq) * (s2*c) * sK`. The softmax is exp2 of these.
     """
     terms = quantize_q(group_rows(np.asarray(q, dtype=F32), k.shape[1])[:, :, rows],
@@ -159,10 +160,12 @@ def int8_scores(q, k, k_scale, softmax_scale, rows: slice = slice(None),
         numerics.check_head_dim(k.shape[-1])
         sums, terms = [sums[0].astype(np.float64) * DIGIT_BASE + sums[1]], terms[1:]
     c = F32(score_scale(softmax_scale))
-    qk = None
-    for acc, (_, sq) in zip(sums, terms):
-        term = (acc.astype(F32) * (sq * c).astype(F32)[..., None]).astype(F32)
-        qk = term if qk is None else (qk + term).astype(F32)
+    values = [acc.astype(F32) for acc in sums]
+    scales = [(sq * c).astype(F32)[..., None] for _, sq in terms]
+    if len(values) == 1:
+        qk = (values[0] * scales[0]).astype(F32)
+    else:       # the second product rounded, then one FMA (scalar_ir.score_terms)
+        qk = fma_f32(values[0], scales[0], (values[1] * scales[1]).astype(F32))
     scores = qk * k_scale[:, :, None, :]
     return np.where(visible(q.shape, k.shape[1], k.shape[2], rows), scores, -np.inf).astype(F32)
 

@@ -23,6 +23,7 @@ import int8attn
 from accuracy import check_against_references
 from conftest import REPO, X86_LEVELS, require_runnable, seeded_rng
 from int8attn import cli
+from int8attn import reference as ref
 from int8attn.driver.graph import attention_graph, random_inputs
 from int8attn.driver.cpu_target import UnknownTargetCPU, check_runnable_here, resolve
 from int8attn.driver.stages import iree_compile
@@ -126,6 +127,30 @@ def test_each_level_meets_both_references(mode, shape, target_cpu, contraction):
     args = random_inputs(next(iter(compiled.functions.values())), seed)
     out = compiled.run(args)[0]
     check_against_references(out, args, 1 / head_dim ** 0.5)
+
+
+@pytest.mark.parametrize("target_cpu", ["x86-64", "x86-64-v3", "x86-64-v4"])
+def test_two_term_scores_are_one_fma_on_every_level(target_cpu):
+    """A large softmax scale makes an ulp of a score (log2 units) visible in the weights:
+    two-term Q's score must be the contract's fma(acc1, s1, acc2 * s2) on every level.
+    Written as a multiply and an add, LLVM fused them where the CPU has FMA (x86-64-v4:
+    1.3e-4 from the fragment reference at scale 50, past its tolerance), not on x86-64."""
+    require_runnable(target_cpu)
+    scale = 50.0
+    source = attention_graph(1, 4, 2, 130, 64, mode="prefill", query_tokens=65,
+                             softmax_scale=scale)
+    compiled = int8attn.compile(source, filename="prefill.mlir", cache=False,
+                                target_cpu=target_cpu)
+    seed = 4         # (a seed whose fused scores missed the tolerance on x86-64-v4)
+    print(f"random inputs: driver.graph.random_inputs seed {seed}", file=sys.stderr)
+    args = random_inputs(next(iter(compiled.functions.values())), seed)
+    out = compiled.run(args)[0]
+    check_against_references(out, args, np.float32(scale))
+    # An ulp of a score here (|s| in the hundreds) moves the output by ~1e-4; the exp's
+    # few ulps by ~5e-7. So the fragment reference is met far inside its tolerance.
+    fragment = ref.fragment_attention(*args, np.float32(scale),
+                                      numerics=compiled.options.numerics)
+    assert np.abs(out - fragment).max() < 1e-5
 
 
 def test_module_cache_keys_by_target_cpu(tmp_path):

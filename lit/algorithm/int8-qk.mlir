@@ -30,7 +30,8 @@
 // CHECK: return %[[R]]
 // Two-term q (docs/design.md §2c): the second quantize is of the f32 residual
 // q - f32(qq1)*s1, rounded once (math.fma(-qq1, s1, q)); one int32 dot per term; scores
-// (f32(acc1)*(s1*c) + f32(acc2)*(s2*c))*sK.
+// fma(f32(acc1), s1*c, f32(acc2)*(s2*c))*sK: the FMA written out, as LLVM would contract
+// the multiply and add on a CPU with FMA.
 // TWO-LABEL: func.func @decode
 // TWO-SAME: (%[[Q:.*]]: tensor<1x8x64xf32>, %[[K:.*]]: tensor<1x2x300x64xi8>, %[[KS:.*]]: tensor<1x2x300xf32>,
 // TWO-DAG: %[[C:.*]] = arith.constant 0.180336878 : f32
@@ -54,10 +55,9 @@
 // TWO: %[[SCORES:.*]] = linalg.generic {{.*}} ins(%[[ACC1]], %[[S1C]], %[[ACC2]], %[[S2C]], %[[KS]] :
 // TWO-NEXT: ^bb0(%[[A1:.*]]: i32, %[[S1:.*]]: f32, %[[A2:.*]]: i32, %[[S2:.*]]: f32, %[[SK:.*]]: f32, %{{.*}}: f32):
 // TWO-NEXT:   %[[F1:.*]] = arith.sitofp %[[A1]] : i32 to f32
-// TWO-NEXT:   %[[T1:.*]] = arith.mulf %[[F1]], %[[S1]] : f32
 // TWO-NEXT:   %[[F2:.*]] = arith.sitofp %[[A2]] : i32 to f32
 // TWO-NEXT:   %[[T2:.*]] = arith.mulf %[[F2]], %[[S2]] : f32
-// TWO-NEXT:   %[[SUM:.*]] = arith.addf %[[T1]], %[[T2]] : f32
+// TWO-NEXT:   %[[SUM:.*]] = math.fma %[[F1]], %[[S1]], %[[T2]] : f32
 // TWO-NEXT:   %[[TK:.*]] = arith.mulf %[[SUM]], %[[SK]] : f32
 // TWO-NEXT:   linalg.yield %[[TK]] : f32
 // TWO: "int8attn.softmax_pv"(%[[SCORES]],
