@@ -256,6 +256,34 @@ def _accuracy(result, arrays, info, options) -> None:
         print(f"  {label}  max abs {stats['max_abs']:.3e}   rms {stats['rms']:.3e}")
 
 
+_CACHES = ("k_cache", "k_scale", "v_cache", "v_scale")
+
+
+def _check_cache_write(outputs, before, info, options) -> bool:
+    """A cache_write's four caches against `reference.paged_cache_write` of the pool as
+    it was before the call (`before`: the module writes the caller's arrays in place,
+    so the arrays themselves no longer hold it): every slot bit for bit, but for a
+    tiny row's subnormal scale stored as +0 (`reference.paged.flushed_scales_equal`).
+    Prints a line per cache; False if any differs."""
+    from .reference import paged_cache_write
+    from .reference.paged import flushed_scales_equal
+
+    call = info.attention
+    expected = dict(zip(_CACHES, paged_cache_write(*(before[i] for i in call.argument_of))))
+    print(f"cache_write of @{info.name} (target {options.target}) against "
+          f"reference.paged_cache_write of the pool before the call:")
+    good = True
+    for result, argument in call.tied:
+        name = call.operands[call.argument_of.index(argument)]
+        got, want = np.asarray(outputs[result]), expected[name]
+        same = (flushed_scales_equal(got, want) if name.endswith("scale")
+                else got == want)
+        differ = int(same.size - np.count_nonzero(same))
+        good &= differ == 0
+        print(f"  {name:8} {'bit for bit' if not differ else f'{differ} of {same.size} differ'}")
+    return good
+
+
 def _executed_how(graph) -> str:
     if graph.simulated:
         return f"{graph.options.target} kernels simulated"
@@ -356,6 +384,8 @@ def cmd_run(args) -> int:
                 arrays, floats = random_inputs(info, seed, float_caches=True)
         except ValueError as error:
             raise UserError(str(error)) from None
+    writes = info.attention is not None and info.attention.mode == "cache_write"
+    before = [np.array(a, copy=True) for a in arrays] if writes else None
     outputs = graph.run(arrays, info.name)
     cached = "cached module" if graph.cache_hit else "compiled"
     print(f"@{info.name}: {cached} in {compile_seconds:.2f} s, {_executed_how(graph)} in "
@@ -366,7 +396,10 @@ def cmd_run(args) -> int:
         np.savez(buffer, **dict(zip(names, outputs)))
         write_atomic(args.output, buffer.getvalue(), inputs)
         print(f"wrote {args.output} ({', '.join(names)})")
-    if not args.inputs and info.attention is not None:
+    if writes and not _check_cache_write(outputs, before, info, graph.options):
+        raise UserError(f"@{info.name} wrote caches that differ from "
+                        f"reference.paged_cache_write (above)")
+    if not args.inputs and info.attention is not None and not writes:
         _accuracy(outputs[info.attention.result_index], arrays, info, graph.options)
     if is_onnx(args.graph):
         _compare_with_onnxruntime(source, info, arrays, outputs)

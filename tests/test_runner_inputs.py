@@ -277,3 +277,30 @@ def test_an_empty_save_stages_is_refused_by_the_api_even_on_a_cache_hit(tmp_path
     int8attn.compile(source, cache=store)          # now a hit
     with pytest.raises(OutputError, match="names no folder"):
         int8attn.compile(source, cache=store, save_stages="")
+
+
+def test_run_checks_every_cache_a_write_updates_against_the_pool_before_it(tmp_path, capsys,
+                                                                        monkeypatch):
+    """The module writes the caller's arrays in place: the reference must start from a
+    copy of the pool taken before the call, and all four caches are compared (a write
+    whose v_cache is then zeroed is caught, where comparing k_cache with itself was not)."""
+    from int8attn import api, cli
+
+    path = tmp_path / "write.mlir"
+    path.write_text(cache_write_graph(2, 32, 16, name="write"))
+    assert cli.main(["run", str(path), "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    for cache in ("k_cache", "k_scale", "v_cache", "v_scale"):
+        assert f"  {cache:8} bit for bit" in out, out
+    real = api.CompiledGraph.run
+
+    def zeroed_v(self, arrays, function=None):
+        results = real(self, arrays, function)
+        results[2][...] = 0
+        return results
+
+    monkeypatch.setattr(api.CompiledGraph, "run", zeroed_v)
+    assert cli.main(["run", str(path), "--seed", "3"]) == 1
+    captured = capsys.readouterr()
+    assert "v_cache" in captured.out and "differ" in captured.out
+    assert "wrote caches that differ from reference.paged_cache_write" in captured.err
