@@ -9,6 +9,8 @@ and the checks made before any work, are here too.
 
 from __future__ import annotations
 
+import dataclasses
+
 import io
 import sys
 import time
@@ -295,7 +297,9 @@ def _refuse_what_would_not_fit(source: str, args) -> None:
     from .driver.compile import compile
     from .driver.graph import check_memory
 
-    graph = compile(source, CompileOptions(**_options(args)), filename=args.graph, until="graph")
+    # (only the graph is read here: a code object belongs to the vmfb, not to this stage)
+    options = dataclasses.replace(CompileOptions(**_options(args)), kernel_object=None)
+    graph = compile(source, options, filename=args.graph, until="graph")
     for name, info in graph.functions.items():
         if args.function in (None, name) and info.attention is not None:
             check_memory(info, float_caches=True)

@@ -289,3 +289,14 @@ def test_a_missing_gpu_says_so_and_names_the_simulator():
     text = str(error.value)
     assert "no IREE cuda device is present here" in text
     assert "--simulate" in text and "lane simulator" in text
+
+
+def test_run_with_a_kernel_object_gets_past_the_memory_check(small, tmp_path, capsys):
+    # run's up-front memory check compiles only the graph stage, which a code object does
+    # not belong to: it must not refuse --kernel-object as "not for --emit graph"
+    bad = tmp_path / "k.co"
+    bad.write_bytes(b"junk")
+    assert cli.main(["run", str(small), "--target", "gfx942", "--kernel-object", str(bad),
+                     "--seed", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "is not an ELF file" in err and "--emit graph" not in err
