@@ -48,7 +48,29 @@ LN_2 = math.log(2.0)
 def score_scale(softmax_scale: float) -> float:
     """c = f32(f32(softmax_scale) * log2 e): the one constant of every score (an f32
     value as a Python float). Each query row's scale is multiplied by it once, sQ * c."""
-    return float(np.float32(float(np.float32(softmax_scale)) * LOG2_E))
+    with np.errstate(over="ignore"):
+        return float(np.float32(float(np.float32(softmax_scale)) * LOG2_E))
+
+
+def softmax_scale_problem(value) -> str | None:
+    """Why `value` cannot be a softmax_scale, as a predicate for the caller to name it
+    ("must be positive and finite, got -0.5"), or None: it must be a number, positive
+    and finite as the f32 the graph holds, and so must the scores' constant
+    `score_scale` (about 1.44x it). The one rule the verifiers, the graph builders and
+    the serving API state."""
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        return f"must be a number, got {value!r}"
+    with np.errstate(over="ignore"):
+        as_f32 = float(np.float32(scale))
+    if not (np.isfinite(as_f32) and as_f32 > 0):
+        shown = f" ({as_f32} as an f32)" if np.isfinite(scale) and scale > 0 else ""
+        return f"must be positive and finite, got {value!r}{shown}"
+    if not np.isfinite(score_scale(scale)):
+        return (f"must be at most about 2.3e38: {value!r} overflows f32 once the scores' "
+                f"constant softmax_scale * log2 e is taken")
+    return None
 
 
 # A row whose absmax is below this quantizes to zero (127/a would overflow f32).

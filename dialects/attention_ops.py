@@ -8,10 +8,10 @@ quantizes the new rows of `cache_write`. Typed classes as described in `ops`.
 
 from __future__ import annotations
 
-import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects._ods_common import _cext
 
+from ..contract.constants import softmax_scale_problem
 from .op_base import (DYNAMIC, FLOAT_TYPES, MODES, Int8AttnOp, _Check,
                       _Dialect, _operand, _result, _string, shape_of, tensor)
 
@@ -62,8 +62,8 @@ class AttentionOp(Int8AttnOp):
                    f"prefill has {qs[2]} query tokens but only {tokens} KV tokens; "
                    f"the queries must be the last Sq of the S tokens")
         scale = c.f32_attr("softmax_scale", "0.088")
-        c.that(np.isfinite(scale) and scale > 0,
-               f"attribute 'softmax_scale' must be positive and finite, got {scale}")
+        problem = softmax_scale_problem(scale)
+        c.that(problem is None, f"attribute 'softmax_scale' {problem}")
         c.ranked(self.result, "result", q_rank, ("f32",))
         c.same(shape_of(self.result), qs, "result")
         return True

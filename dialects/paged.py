@@ -42,9 +42,9 @@ slot and non-finite rows written are refused by the driver before the call
 
 from __future__ import annotations
 
-import numpy as np
 from iree.compiler import ir
 
+from ..contract.constants import softmax_scale_problem
 from .op_base import (DYNAMIC, FLOAT_TYPES, Int8AttnOp, _Check, _Dialect,
                       _cext, _operand, shape_of, tensor)
 
@@ -132,8 +132,8 @@ class PagedAttentionOp(Int8AttnOp):
                f"query heads ({qs[1]}) must be a multiple of KV heads ({kv_heads}) for GQA")
         _check_block_size(c, self, block_size)
         scale = c.f32_attr("softmax_scale", "0.088")
-        c.that(np.isfinite(scale) and scale > 0,
-               f"attribute 'softmax_scale' must be positive and finite, got {scale}")
+        problem = softmax_scale_problem(scale)
+        c.that(problem is None, f"attribute 'softmax_scale' {problem}")
         result = c.ranked(self.result, "result", rank, ("f32",), dynamic=(0,))
         c.that(_agree(result[0], qs[0]) and result[1:] == qs[1:],
                f"result has shape {_dims(result)}, expected {_dims(qs)}")

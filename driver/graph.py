@@ -8,11 +8,10 @@ both references.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from iree.compiler import ir
 
+from ..contract.constants import softmax_scale_problem
 from ..contract.numerics import Numerics
 from ..dialects import int8attn as d
 from .onnx_import import INPUT_NAMES, OUTPUT_NAMES
@@ -356,14 +355,8 @@ def check_graph_sizes(*, batch, q_heads, kv_heads, tokens, head_dim, mode: str,
     if mode == "prefill" and query_tokens > tokens:
         raise ValueError(f"query_tokens ({query_tokens}) must be at most tokens ({tokens}): "
                          f"a prefill's queries are the last Sq of the S cached tokens")
-    if softmax_scale is not None:
-        try:
-            scale = float(softmax_scale)
-        except (TypeError, ValueError):
-            raise ValueError(f"softmax_scale must be a finite number > 0, got "
-                             f"{softmax_scale!r}") from None
-        if not (np.isfinite(scale) and scale > 0):
-            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r} "
-                             f"(omit it for head_dim ** -0.5)")
+    problem = None if softmax_scale is None else softmax_scale_problem(softmax_scale)
+    if problem is not None:
+        raise ValueError(f"softmax_scale {problem} (omit it for head_dim ** -0.5)")
     if q_element not in Q_ELEMENTS:
         raise ValueError(f"q_element must be one of {', '.join(Q_ELEMENTS)}, got {q_element!r}")

@@ -252,28 +252,15 @@ def _positive(name: str, value) -> int:
 
 
 def _softmax_scale(value) -> float:
-    """`value` as the float the kernels scale scores by: positive and finite as an f32
-    (it is written into the compiled graph as an f32 constant), and so is the scores'
-    constant softmax_scale * log2 e (`contract.constants.score_scale`)."""
-    from ..contract.constants import score_scale
+    """`value` as the float the kernels scale scores by (`softmax_scale_problem`: the
+    contract's rule)."""
+    from ..contract.constants import softmax_scale_problem
 
-    try:
-        scale = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"PagedAttention's softmax_scale must be a number, got {value!r}") \
-            from None
-    with np.errstate(over="ignore"):
-        as_f32 = np.float32(scale)
-        if np.isfinite(as_f32) and as_f32 > 0 and not np.isfinite(score_scale(scale)):
-            raise InputError(f"PagedAttention's softmax_scale {value!r} overflows float32 "
-                             f"once the scores' constant softmax_scale * log2 e is taken "
-                             f"(the usual value: head_dim ** -0.5, the default)")
-    if not (np.isfinite(as_f32) and as_f32 > 0):
-        shown = f" ({float(as_f32)} as a float32)" if np.isfinite(scale) and scale > 0 else ""
-        raise InputError(f"PagedAttention's softmax_scale must be positive and finite as a "
-                         f"float32, got {value!r}{shown} (the usual value: head_dim ** -0.5, "
-                         f"the default)")
-    return scale
+    problem = softmax_scale_problem(value)
+    if problem is not None:
+        raise InputError(f"PagedAttention's softmax_scale {problem} (the usual value: "
+                         f"head_dim ** -0.5, the default)")
+    return float(value)
 
 
 def _describe(value) -> str:

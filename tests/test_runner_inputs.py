@@ -265,6 +265,23 @@ def test_prefill_graph_refuses_bad_sizes(args, keywords, message):
         prefill_graph(*args, **keywords)
 
 
+@pytest.mark.parametrize("build, message", [
+    # finite as a double, inf as the graph's f32 (it compiled to a verifier error)
+    (lambda: decode_graph(1, 8, 2, 64, 64, softmax_scale=1e300),
+     r"positive and finite, got 1e\+300 \(inf as an f32\)"),
+    # the scores' constant softmax_scale * log2 e overflows f32
+    (lambda: decode_graph(1, 8, 2, 64, 64, softmax_scale=3e38), "overflows f32"),
+    # written as `softmax_scale = inf`, which MLIR does not parse
+    (lambda: paged_attention_graph(8, 2, 64, 16, softmax_scale=float("inf")),
+     "positive and finite, got inf"),
+    (lambda: paged_attention_graph(6, 4, 64, 16), r"q_heads \(6\) must be a multiple"),
+    (lambda: paged_attention_graph(8, 2, 64, 0), "block_size must be a positive integer"),
+])
+def test_the_graph_builders_take_the_contracts_softmax_scale_rule(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
 def test_an_empty_save_stages_is_refused_by_the_api_even_on_a_cache_hit(tmp_path):
     # a module already in the cache must not let save_stages='' pass unchecked
     import int8attn
