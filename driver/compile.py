@@ -52,6 +52,7 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
     `source` is MLIR text, or the bytes of an ONNX model (imported in the graph stage)."""
     target = TARGETS[options.target]
     options = target.check(options)
+    target.check_source(isinstance(source, bytes))
     chain = target.chain(until, options.kernel_object is not None)
     inputs = [filename, options.kernel_object]
     directory = None

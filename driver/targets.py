@@ -115,6 +115,7 @@ class Target:
     refusals: Mapping[str, tuple[Callable[[CompileOptions], bool], str]] = \
         dataclasses.field(default_factory=dict)
     takes_target_cpu: bool = False          # IREE llvm-cpu: --target-cpu is its CPU
+    compiles_models: bool = False           # an ONNX model's float ops too (IREE's own)
     # With --kernel-object (a code object built from the llvm stage): the stages
     # that replace or extend the row, and the IREE HAL driver that runs the result.
     with_object: tuple[Stage, ...] = ()
@@ -133,7 +134,15 @@ class Target:
         row = [replaced.get(s.name, s) for s in self.stages
                if s.name in replaced or s.reads not in replaced]
         row += [s for s in self.with_object if s.name not in self.stage_names()]
-        return tuple(row)
+        # each stage after the one it reads (a packaged vmfb reads llvm, listed after it)
+        ordered: list[Stage] = []
+        while row:
+            ready = next(s for s in row if s.reads is None
+                         or s.reads in [o.name for o in ordered]
+                         or s.reads not in [r.name for r in row])
+            ordered.append(ready)
+            row.remove(ready)
+        return tuple(ordered)
 
     def chain(self, until: str | None = None, kernel_object: bool = False) -> tuple[Stage, ...]:
         """The stages `until` (default: `default_emit`, `vmfb` with a kernel object)
@@ -146,9 +155,9 @@ class Target:
             if not kernel_object and until in [s.name for s in self.with_object]:
                 hint = (f" without --kernel-object: its {until} packages a code object built "
                         f"from --emit llvm (README, 'On a DCU')")
-            raise OptionRefused(f"--target {self.name} has the stages "
-                                f"{', '.join(self.stage_names())}; there is no '{until}' to "
-                                f"emit{hint}")
+            with_object = " with --kernel-object" if kernel_object else ""
+            raise OptionRefused(f"--target {self.name}{with_object} has the stages "
+                                f"{', '.join(names)}; there is no '{until}' to emit{hint}")
         needed, name = [], until
         while name is not None:
             index = names.index(name)
@@ -161,6 +170,13 @@ class Target:
                                 f"and --emit {until} stops before it (drop --kernel-object, "
                                 f"or --emit {' or '.join(packaged)})")
         return tuple(reversed(needed))
+
+    def check_source(self, model: bool) -> None:
+        """An ONNX model (`model`) compiles only where IREE compiles its float ops too."""
+        if model and not self.compiles_models:
+            raise OptionRefused(f"--target {self.name} compiles int8attn graphs to lane-level "
+                                f"kernels; an ONNX model (its float ops too) compiles with "
+                                f"--target cpu")
 
     def check_print_ir(self, kernel_object: bool = False, model: bool = False) -> None:
         """--print-ir-after-all prints the IR after each pass of the stages that run MLIR
@@ -232,7 +248,7 @@ TARGETS: dict[str, Target] = {
          # linalg.batch_mmt4d of i16 operands: IREE's mmt4d ukernel runs it on VNNI
          # (vpdpwssd). No other op of the cpu pipeline is an mmt4d.
          "--iree-llvmcpu-enable-ukernels=mmt4d"),
-        refusals=_CPU_ONLY, takes_target_cpu=True),
+        refusals=_CPU_ONLY, takes_target_cpu=True, compiles_models=True),
     "gfx936": Target(
         "gfx936", "lane-level decode, prefill and cache-write kernels on the DCU's v_mmac_i32_16x16x32_i8 (IR for a "
         "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",

@@ -196,6 +196,7 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
     # The options first: one that does not apply to the target (--kernel-object on
     # --target cpu) is named as such, not as a missing runtime for it.
     checked = target.check(compile_options_)
+    target.check_source(isinstance(source, bytes))    # an ONNX model's bytes
     if simulate and not target.simulates:
         raise OptionRefused(f"--simulate runs lane-level kernels; --target "
                             f"{target.name} has none (use --target gfx936, gfx942 or cuda)")

@@ -22,7 +22,7 @@ import numpy as np
 from .cli_errors import UserError
 from .driver.onnx_import import is_onnx, read_model
 from .driver.options import CompileOptions
-from .driver.targets import TARGETS, describe
+from .driver.targets import TARGETS, OptionRefused, describe
 from .support.diagnostics import UsageError
 from .support.files import OutputError, check_output_path, write_atomic
 from .support.options import given
@@ -325,10 +325,10 @@ def _refuse_for_models(args) -> None:
         raise UsageError("--report splits the error of one int8attn.attention of the "
                          "graph's arguments; an ONNX model is compared with onnxruntime "
                          "instead (drop --report)")
-    if (args.target or "cpu") != "cpu":
-        raise UsageError(f"--target {args.target} compiles int8attn graphs to lane-level "
-                         f"kernels; an ONNX model (its float ops too) compiles with --target "
-                         f"cpu")
+    try:
+        TARGETS[args.target or CompileOptions.target].check_source(model=True)
+    except OptionRefused as error:
+        raise UsageError(str(error)) from None
 
 
 def _compare_with_onnxruntime(model: bytes, info, arrays, outputs) -> None:

@@ -300,3 +300,26 @@ def test_run_with_a_kernel_object_gets_past_the_memory_check(small, tmp_path, ca
                      "--seed", "0"]) == 1
     err = capsys.readouterr().err
     assert "is not an ELF file" in err and "--emit graph" not in err
+
+
+def test_an_onnx_model_on_a_kernel_target_is_refused_alike_by_api_and_cli(tmp_path, capsys):
+    # the API fell through to "returns no attention" (cuda, gfx942) or "no IREE runtime
+    # here" (gfx936); one rule now (Target.check_source) for the API, the driver, the CLI
+    onnx = pytest.importorskip("onnx")
+    from int8attn.reference.onnx_attention import attention_model
+
+    model = tmp_path / "decode.onnx"
+    onnx.save(attention_model("decode_gqa"), str(model))
+    for target in ("cuda", "gfx942", "gfx936"):
+        with pytest.raises(OptionRefused, match="an ONNX model .* compiles with --target cpu"):
+            int8attn.compile_file(str(model), target=target)
+        assert cli.main(["compile", str(model), "--target", target, "-o",
+                         str(tmp_path / "x")]) == 2
+        assert "compiles with --target cpu" in capsys.readouterr().err
+
+
+def test_a_stage_missing_with_a_kernel_object_names_the_object(small, capsys):
+    assert cli.main(["compile", str(small), "--target", "gfx942", "--emit", "isa",
+                     "--kernel-object", "k.co", "-o", "x.s"]) == 2
+    err = capsys.readouterr().err
+    assert "--target gfx942 with --kernel-object has the stages graph, kernel, llvm, vmfb" in err
