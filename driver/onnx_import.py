@@ -77,8 +77,7 @@ def import_model(data: bytes, filename: str) -> ir.Operation:
         onnx.checker.check_model(model)
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
-        first = str(error).strip().splitlines()[0]
-        raise ModelError(f"{filename} is not a valid ONNX model: {first}") from None
+        raise ModelError(f"{filename} is not a valid ONNX model: {_reason(error)}") from None
     _name_unnamed_nodes(model.graph)
     info = onnx_importer.ModelInfo(model)
     module = info.create_module(context=ir.Context.current).operation
@@ -90,6 +89,16 @@ def import_model(data: bytes, filename: str) -> ir.Operation:
     _dense_constants(module, info.main_graph.initializer_map)
     _name_signature(module, list(info.main_graph.input_map), [o.name for o in model.graph.output])
     return module
+
+
+REASON_CHARS = 600   # a checker message can list a whole node or graph: keep it readable
+
+
+def _reason(error: Exception) -> str:
+    """The checker's whole message on one line: its first line often stops mid-sentence
+    ("... input 'x' of node: ") before the node and the real reason."""
+    reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 3].rstrip() + "..."
 
 
 def _name_unnamed_nodes(graph) -> None:

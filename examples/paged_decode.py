@@ -111,18 +111,53 @@ def check_step(step, out, q, arrays, tables, lens, numerics, seconds) -> bool:
     return ok
 
 
+def cuda_missing() -> str | None:
+    """Why torch cannot put tensors on a CUDA GPU here (None: it can)."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed (pip install 'int8attn[torch]')"
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is built without CUDA"
+    if not torch.cuda.is_available():
+        return "torch finds no CUDA GPU (torch.cuda.is_available() is False)"
+    return None
+
+
+def load_packages(folder: Path):
+    """PagedAttention.load(folder), or exit with one line saying why not."""
+    from int8attn.runtime.module import InputError
+    from int8attn.serving import PagedAttention
+    from int8attn.serving.kernel_package import PackageError
+
+    try:
+        return PagedAttention.load(folder)
+    except (InputError, PackageError, KeyError, TypeError) as error:
+        # KeyError / TypeError: a paged_attention.json missing a field or of another shape
+        sys.exit(f"error: {error}; write the packages with --target cuda --prepare DIR")
+
+
 def run_cuda(args, rng) -> int:
     """The loop on torch CUDA tensors (module docstring)."""
+    if args.prepare is not None:   # compiles only: no GPU needed
+        from int8attn.serving import PagedAttention
+
+        PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda").save(args.prepare)
+        print(f"saved the decode and write packages in {args.prepare}")
+        return 0
+    # Both checks before compiling (minutes) or touching the GPU, which would end in a
+    # traceback.
+    attn = load_packages(args.packages) if args.packages else None
+    missing = cuda_missing()
+    if missing is not None:
+        sys.exit(f"error: --target cuda runs on torch CUDA tensors, but {missing}; run it on "
+                 f"a CUDA GPU (the packages can be compiled elsewhere with --prepare DIR)")
     import torch
 
     from int8attn.serving import PagedAttention
 
-    if args.prepare is not None:
-        PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda").save(args.prepare)
-        print(f"saved the decode and write packages in {args.prepare}")
-        return 0
-    attn = (PagedAttention.load(args.packages) if args.packages else
-            PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda"))
+    if attn is None:
+        attn = PagedAttention(HQ, HKV, D, BS, softmax_scale=SCALE, target="cuda")
     numerics = attn.numerics                        # its kernels' (as saved, if loaded)
     cache = PagedCache(args.blocks, HKV, BS, D, seed=args.seed)   # the bookkeeping
     pool = [torch.from_numpy(a).cuda() for a in cache.arrays]      # garbage, on the GPU

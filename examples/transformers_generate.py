@@ -61,7 +61,36 @@ def arguments(argv):
     args.prompts = [int(n) for n in str(args.prompts).split(",")]
     if args.target == "cuda" and not (args.prepare or args.packages):
         parser.error("--target cuda needs --prepare DIR (here) or --packages DIR (on the GPU)")
+    if args.target == "cpu" and args.packages:
+        parser.error("--packages holds cuda kernels: add --target cuda (the cpu target "
+                     "compiles here)")
     return args
+
+
+def cuda_missing() -> str | None:
+    """Why torch cannot put tensors on a CUDA GPU here (None: it can)."""
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is built without CUDA"
+    if not torch.cuda.is_available():
+        return "torch finds no CUDA GPU (torch.cuda.is_available() is False)"
+    return None
+
+
+def load_packages(folder: str, chunk: int):
+    """PagedAttention.load(folder) with a prefill_{chunk} package, or exit with one line."""
+    from int8attn.runtime.module import InputError
+    from int8attn.serving import PagedAttention
+    from int8attn.serving.kernel_package import PackageError
+
+    try:
+        attn = PagedAttention.load(folder)
+    except (InputError, PackageError, KeyError, TypeError) as error:
+        # KeyError / TypeError: a paged_attention.json missing a field or of another shape
+        sys.exit(f"error: {error}; write the packages with --target cuda --prepare DIR")
+    if ("prefill", chunk) not in attn._executors:
+        sys.exit(f"error: {folder} holds no prefill_{chunk} package: --prepare it with "
+                 f"--chunk {chunk}")
+    return attn
 
 
 def build_model(args, device, dtype):
@@ -197,21 +226,20 @@ def main(argv=None) -> int:
     args = arguments(argv)
     if args.prepare:
         return prepare(args)
+    # The packages and the GPU are checked before the model is built (or anything
+    # compiled): either missing would end in a traceback later.
+    packages = load_packages(args.packages, args.chunk) if args.packages else None
+    if args.target == "cuda" and (missing := cuda_missing()) is not None:
+        sys.exit(f"error: --target cuda runs on torch CUDA tensors, but {missing}; run it on "
+                 f"a CUDA GPU (the packages can be compiled elsewhere with --prepare DIR)")
     from int8attn.serving.transformers_attention import (PagedInt8Cache, install,
                                                           paged_attention_for)
-    from int8attn.serving import PagedAttention
 
     device = torch.device("cuda" if args.target == "cuda" else "cpu")
     dtype = torch.bfloat16 if args.target == "cuda" else torch.float32
     model = build_model(args, device, dtype)
     ids, mask = prompts(args, device)
-    if args.packages:
-        attn = PagedAttention.load(args.packages)
-        if ("prefill", args.chunk) not in attn._executors:
-            sys.exit(f"{args.packages} holds no prefill_{args.chunk} package: --prepare it "
-                     f"with --chunk {args.chunk}")
-    else:
-        attn = paged_attention_for(model.config, target="cpu")
+    attn = packages if packages is not None else paged_attention_for(model.config, target="cpu")
     blocks = sum(-(-(n + args.new_tokens) // 16) for n in args.prompts) + len(args.prompts)
 
     def paged_cache(validate):

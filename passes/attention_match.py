@@ -24,12 +24,32 @@ HEAD_DIM_MULTIPLE = 16   # the INT8 PV tiles take head-dim columns 16 at a time
 
 
 class NotRaised(Exception):
-    """Why an attention was not raised (the remark's text)."""
+    """Why an attention was not raised (the remark's text). `dynamic`: because of a
+    dynamic dim, which static shapes fix."""
+
+    def __init__(self, reason: str, dynamic: bool = False):
+        super().__init__(reason)
+        self.dynamic = dynamic
 
 
 def require(condition: bool, reason: str) -> None:
     if not condition:
         raise NotRaised(reason)
+
+
+def require_static(dims: list | None, what: str, names: str) -> None:
+    """`dims` static, of the rank of `names` ("[B, H, Sq, S]"); a dynamic dim is named
+    as the reason (it hides every other check: shapes are compared statically).
+    `what` ends in its verb: "the scores are", "K's scale is"."""
+    labels = names.strip("[]").split(", ")
+    reason = f"{what} not a static {len(labels)}-d tensor {names}: {dims}"
+    require(dims is not None and len(dims) == len(labels), reason)
+    dynamic = [label for label, dim in zip(labels, dims) if dim is None]
+    if dynamic:
+        raise NotRaised(f"{reason} ({'dims' if len(dynamic) > 1 else 'dim'} "
+                        f"{', '.join(dynamic)} {'are' if len(dynamic) > 1 else 'is'} dynamic; "
+                        "int8attn raises static shapes only)",
+                        dynamic=True)
 
 
 @dataclass(frozen=True)
@@ -94,10 +114,42 @@ def scores_of(value: ir.Value) -> tuple[ir.Operation, float, np.ndarray | None]:
         kind = onnx_name(op) if op is not None else None
         if kind == "MatMul":
             return op, factor, keep
+        if kind in ("Mul", "Div"):   # peel_scalars stops at a factor that is not a scalar
+            raise NotRaised(scaled_by(op))
         require(kind in ("Add", "Where"), f"the scores come from {describe(value)}, not a "
                 "MatMul of queries and keys (with scalar factors and a mask)")
         require(keep is None, "the scores have two masks")
         keep, value = mask_of(op, factor)
+
+
+def scaled_by(op: ir.Operation) -> str:
+    """Why a Mul / Div on the scores that peel_scalars left is not a softmax_scale."""
+    scores, factor = op.operands
+    if onnx_name(op) == "Mul" and (constant(scores) is not None or
+                                   (constant(factor) is None and _size(scores) < _size(factor))):
+        scores, factor = factor, scores   # the constant, or the smaller (broadcast) one
+    if constant(factor) is not None:
+        return (f"the scores are scaled by a constant of shape {shape(factor)}, not by a "
+                "scalar")
+    return (f"the scores are scaled by a value computed at run time ({_named(factor)}, not a "
+            f"constant); softmax_scale is fixed at compile time: make the factor a constant "
+            "(an initializer or a Constant node)")
+
+
+def _size(value: ir.Value) -> float:
+    dims = shape(value)
+    return np.inf if dims is None or None in dims else int(np.prod(dims))
+
+
+def _named(value: ir.Value) -> str:
+    """describe(value), with a graph input's ONNX name where the importer kept it."""
+    if isinstance(value, ir.BlockArgument):
+        func = value.owner.owner
+        names = func.attributes["int8attn.input_names"] \
+            if "int8attn.input_names" in func.attributes else None
+        if names is not None and value.arg_number < len(names):
+            return f"the graph input '{ir.StringAttr(names[value.arg_number]).value}'"
+    return describe(value)
 
 
 def additive_keep(mask: np.ndarray | None, factor: float) -> np.ndarray:
@@ -146,9 +198,7 @@ def cache_of(value: ir.Value, role: str, transposed: bool) -> Cache:
         elif kind == "Mul" and dequantized(op) is not None:
             require(swapped == transposed, f"{role} is not transposed for the QK MatMul")
             values, scales = dequantized(op)
-            dims = shape(values)
-            require(len(dims) == 4 and None not in dims, f"{role}'s int8 cache is not a static "
-                    f"4-d tensor [B, Hkv, S, D]: {dims}")
+            require_static(shape(values), f"{role}'s int8 cache is", "[B, Hkv, S, D]")
             return Cache(values, per_token_scales(scales, values, role), group, factor)
         elif kind in ("Mul", "Div"):
             unscaled, f = peel_scalars(value)
@@ -173,8 +223,12 @@ def per_token_scales(scales: ir.Value, values: ir.Value, role: str) -> ir.Value:
     """The [B, Hkv, S] (or [B, Hkv, S, 1]) scales, or why they are not per token."""
     b, hkv, s, dim = shape(values)
     found = shape(scales)
-    require(found is not None and None not in found and vtensor(scales)[1] == "f32",
+    require(found is not None and vtensor(scales)[1] == "f32",
             f"{role}'s scale is not a static f32 tensor")
+    if None in found:
+        names = {4: "[B, Hkv, S, 1]", 3: "[B, Hkv, S]"}.get(len(found)) or \
+            "[" + ", ".join(f"d{i}" for i in range(len(found))) + "]"
+        require_static(found, f"{role}'s scale is", names)
     size = int(np.prod(found))
     require(size != 1, f"{role} has one scale for the whole tensor (per tensor), not one "
             "per token")
@@ -195,6 +249,10 @@ def kv_heads_repeated(reshape: ir.Operation, role: str) -> tuple[ir.Value, int]:
     require(wide is not None and len(wide) == 5, f"{role} is reshaped, but not from an "
             "Expand of KV heads")
     b, hkv, g, x, y = wide
+    unit_dims = shape(expand.operands[0])
+    if unit_dims is not None and len(unit_dims) == 5 and None in unit_dims:
+        # an Expand to a static shape hides the dynamic dim from the scores
+        require_static(unit_dims, f"{role} before its Expand is", "[B, Hkv, 1, S, D]")
     require(shape(reshape.results[0]) == [b, hkv * g, x, y],
             f"{role}'s Reshape {shape(reshape.results[0])} does not merge the KV heads with "
             f"their {g} copies")
@@ -237,8 +295,7 @@ def match_attention(softmax: ir.Operation) -> Match:
     dims = shape(softmax.results[0])
     axis = int_attr(softmax, "axis", -1 if opset is None or ir.IntegerAttr(opset).value >= 13
                     else 1)
-    require(dims is not None and len(dims) == 4 and None not in dims,
-            f"the scores are not a static 4-d tensor [B, H, Sq, S]: {dims}")
+    require_static(dims, "the scores are", "[B, H, Sq, S]")
     require(axis in (-1, 3), f"the Softmax is over axis {axis}, not the keys' (last) axis")
     users = [u.owner.operation for u in softmax.results[0].uses]
     pv = next((u for u in users if onnx_name(u) == "MatMul" and u.operands[0] ==
@@ -294,8 +351,7 @@ def checked(output: ir.Value, q: ir.Value, k: Cache, v: Cache, group: int, facto
             keep: np.ndarray | None) -> Match:
     """The Match, once q, the caches and the mask agree with int8attn.attention."""
     dims = shape(output)
-    require(dims is not None and len(dims) == 4 and None not in dims,
-            f"the attention's result is not a static 4-d tensor [B, Hq, Sq, D]: {dims}")
+    require_static(dims, "the attention's result is", "[B, Hq, Sq, D]")
     batch, heads, query_tokens, head_dim = dims
     q_type = vtensor(q)
     require(q_type is not None and q_type[1] == "f32" and q_type[0] == dims,

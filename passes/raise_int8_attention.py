@@ -23,8 +23,10 @@ ONNX for IREE's torch input conversion.
 
 Each Softmax and Attention op gets a remark: `[Passed]` naming the attention raised, or
 `[Missed]` saying why not (a scale per tensor or per channel, a mask that is
-not causal, KV heads repeated in another order, a float cache, ...); such an
-attention is left as it is and IREE compiles it in float.
+not causal, KV heads repeated in another order, a float cache, a dynamic dim,
+...); such an attention is left as it is: IREE compiles the MatMul/Softmax form
+in float, but has no lowering of an `onnx.Attention` op (iree-compile fails on
+it), which the remark says.
 """
 
 from __future__ import annotations
@@ -69,6 +71,19 @@ def raise_attention(m: Match) -> None:
         result.replace_all_uses_with(from_builtin(out, result.type))
 
 
+def consequence(kind: str, dynamic: bool) -> str:
+    """What becomes of an attention left unraised, and the fix (the remark's tail)."""
+    if kind == "Attention":
+        # IREE (3.13) has no lowering of onnx.Attention: iree-compile fails on it
+        # ("failed to legalize ... onnx.Attention"), so the remark says so first.
+        fix = ("give the model static shapes" if dynamic else "make it raisable, or export "
+               "the attention as MatMul, Softmax, MatMul (which IREE compiles in float)")
+        return ("IREE cannot compile an onnx.Attention that is not raised (iree-compile "
+                f"fails to legalize it), so this model will not compile: {fix}")
+    return "IREE compiles this attention in float" + \
+        (" (give the model static shapes to raise it)" if dynamic else "")
+
+
 @dataclass(frozen=True)
 class RaiseInt8Attention:
     """Raise ONNX attention over an int8 cache with per-token scales to int8attn.attention."""
@@ -87,8 +102,8 @@ class RaiseInt8Attention:
                 try:
                     match = match_at(op)
                 except NotRaised as reason:
-                    missed(op.location, NAME, f"not raised: {reason}; IREE compiles this "
-                           "attention in float")
+                    missed(op.location, NAME, f"not raised: {reason}; "
+                           f"{consequence(onnx_name(op), reason.dynamic)}")
                     continue
                 raise_attention(match)
                 passed(op.location, NAME, summary(match))
