@@ -65,21 +65,35 @@ def _keep(query_tokens: int) -> np.ndarray:
     return causal[None, None]
 
 
+class NodeList:
+    """ONNX nodes in order, each named after its one output: `node` appends one and
+    returns that output's name, `const` a Constant node of `values` (numpy-shaped)."""
+
+    def __init__(self):
+        self.nodes = []
+
+    def node(self, op, ins, out, **attrs):
+        from onnx import helper as h
+
+        self.nodes.append(h.make_node(op, ins, [out], name=out, **attrs))
+        return out
+
+    def const(self, out, values, dtype):
+        from onnx import helper as h
+
+        values = np.asarray(values)
+        return self.node("Constant", [], out, value=h.make_tensor(out, dtype, values.shape,
+                                                                  values.flatten().tolist()))
+
+
 def attention_model(name: str):
     from onnx import TensorProto as T, checker, helper as h
 
     form = FORMS[name]
-    nodes, inputs = [], [h.make_tensor_value_info("q", T.FLOAT, [BATCH, form.q_heads,
-                                                                 form.query_tokens, HEAD_DIM])]
-
-    def node(op, ins, out, **attrs):
-        nodes.append(h.make_node(op, ins, [out], name=out, **attrs))
-        return out
-
-    def const(out, array, dtype):
-        array = np.asarray(array)
-        return node("Constant", [], out, value=h.make_tensor(out, dtype, array.shape,
-                                                            array.flatten().tolist()))
+    inputs = [h.make_tensor_value_info("q", T.FLOAT, [BATCH, form.q_heads, form.query_tokens,
+                                                      HEAD_DIM])]
+    built = NodeList()
+    nodes, node, const = built.nodes, built.node, built.const
 
     def cache(role):
         if form.float_cache and role == "k":

@@ -61,17 +61,12 @@ def attention(op: bool = False, dynamic: str | None = None, factor: str = "const
     MatMul/Softmax form (opset 18) or ONNX's Attention op (opset 23). `dynamic`: the
     cache's S is the symbolic dim "S"; `factor`: the scores' scale as a constant, a
     graph input ("input") or a constant tensor per head ("tensor")."""
-    nodes, vi = [], h.make_tensor_value_info
+    from int8attn.reference.onnx_attention import NodeList
+
+    vi = h.make_tensor_value_info
     tokens = dynamic or S
-
-    def node(kind, inputs, out, **attributes):
-        nodes.append(h.make_node(kind, inputs, [out], name=out, **attributes))
-        return out
-
-    def const(out, values, dtype):
-        values = np.asarray(values)
-        return node("Constant", [], out, value=h.make_tensor(out, dtype, values.shape,
-                                                              values.flatten().tolist()))
+    built = NodeList()
+    nodes, node, const = built.nodes, built.node, built.const
 
     inputs = [vi("q", T.FLOAT, [1, HQ, 1, D])]
     for role in "kv":
