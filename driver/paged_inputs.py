@@ -137,10 +137,14 @@ def _check_read_scales(info, ops, layout, block, offset) -> None:
                                  f"and must be finite and >= 0")
 
 
-def check_value_layout(info, arrays) -> None:
+NUMPY_TRANSPOSE = "numpy.ascontiguousarray(v.transpose(0, 1, 3, 2))"
+TORCH_TRANSPOSE = "v.transpose(2, 3).contiguous()"
+
+
+def check_value_layout(info, arrays, transpose: str = NUMPY_TRANSPOSE) -> None:
     """A token-major value cache ([NB, Hkv, BS, D], the dense layout) where the op takes
     vLLM's token-innermost one ([NB, Hkv, D, BS]) is named as such, before the shape
-    check's plainer message."""
+    check's plainer message, with the `transpose` that fixes it (numpy's or torch's)."""
     if info.attention is None or len(arrays) != len(info.arguments):
         return
     index = info.attention.argument("v_cache")
@@ -152,7 +156,7 @@ def check_value_layout(info, arrays) -> None:
         raise InputError(f"{_label(info, 'v_cache')} has shape {list(shape)}, the token-major "
                          f"layout [NB, Hkv, BS, D]; the paged value cache is token-innermost "
                          f"[NB, Hkv, D, BS] = [?, {kv_heads}, {head_dim}, {block_size}] (vLLM's "
-                         f"value cache): pass numpy.ascontiguousarray(v.transpose(0, 1, 3, 2))")
+                         f"value cache): pass {transpose}")
 
 
 def _gaussian(rng, spec, shape) -> np.ndarray:

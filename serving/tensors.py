@@ -58,13 +58,9 @@ def check_tensors(function: str, specs, names, tensors, device_type: str,
                          f"({', '.join(names)}), got {len(tensors)}")
     if info is not None and info.attention is not None and \
             info.attention.mode in ("paged", "cache_write"):
-        from ..driver.paged_inputs import check_value_layout
+        from ..driver.paged_inputs import TORCH_TRANSPOSE, check_value_layout
 
-        try:
-            check_value_layout(info, list(tensors))
-        except InputError as error:
-            raise InputError(f"{error}; with torch: v.transpose(2, 3).contiguous()") \
-                from None
+        check_value_layout(info, list(tensors), TORCH_TRANSPOSE)
     checked, device = [], None
     for i, (value, spec) in enumerate(zip(tensors, specs)):
         t = as_tensor(value, label(i))
