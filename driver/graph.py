@@ -341,6 +341,18 @@ def check_graph_sizes(*, batch, q_heads, kv_heads, tokens, head_dim, mode: str,
                  head_dim=head_dim)
     if mode == "prefill":
         sizes["query_tokens"] = query_tokens
+    check_head_sizes(sizes, softmax_scale)
+    if mode == "prefill" and query_tokens > tokens:
+        raise ValueError(f"query_tokens ({query_tokens}) must be at most tokens ({tokens}): "
+                         f"a prefill's queries are the last Sq of the S cached tokens")
+    if q_element not in Q_ELEMENTS:
+        raise ValueError(f"q_element must be one of {', '.join(Q_ELEMENTS)}, got {q_element!r}")
+
+
+def check_head_sizes(sizes: dict, softmax_scale=None) -> None:
+    """What every graph builder checks (ValueError naming the argument): each of `sizes`
+    (name -> value; q_heads and kv_heads among them) a positive integer, q_heads a
+    multiple of kv_heads (GQA), and a softmax_scale the contract takes."""
     for name, value in sizes.items():
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"{name} must be a positive integer, got {value!r} "
@@ -349,14 +361,10 @@ def check_graph_sizes(*, batch, q_heads, kv_heads, tokens, head_dim, mode: str,
             raise ValueError(f"{name} must be a positive integer, got {value}"
                              + (" (the default softmax_scale is head_dim ** -0.5)"
                                 if name == "head_dim" else ""))
-    if q_heads % kv_heads:
-        raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads}): "
-                         f"each KV head serves q_heads / kv_heads query heads (GQA)")
-    if mode == "prefill" and query_tokens > tokens:
-        raise ValueError(f"query_tokens ({query_tokens}) must be at most tokens ({tokens}): "
-                         f"a prefill's queries are the last Sq of the S cached tokens")
+    if sizes["q_heads"] % sizes["kv_heads"]:
+        raise ValueError(f"q_heads ({sizes['q_heads']}) must be a multiple of kv_heads "
+                         f"({sizes['kv_heads']}): each KV head serves q_heads / kv_heads "
+                         f"query heads (GQA)")
     problem = None if softmax_scale is None else softmax_scale_problem(softmax_scale)
     if problem is not None:
         raise ValueError(f"softmax_scale {problem} (omit it for head_dim ** -0.5)")
-    if q_element not in Q_ELEMENTS:
-        raise ValueError(f"q_element must be one of {', '.join(Q_ELEMENTS)}, got {q_element!r}")

@@ -24,7 +24,6 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..contract.constants import softmax_scale_problem
 from ..fragments.cache_layout import CacheLayout
 from ..runtime.module import InputError, aligned_empty
 
@@ -36,9 +35,11 @@ def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size
     arguments; B, NB and MB are dynamic ("?") unless given. With `query_tokens`,
     q is [B, Hq, Sq, D]: chunked prefill of each sequence's last Sq tokens. Bad sizes
     or a bad softmax_scale are refused (ValueError), as by `graph.decode_graph`."""
-    _check_paged_sizes(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
-                       block_size=block_size, query_tokens=query_tokens,
-                       softmax_scale=softmax_scale)
+    from .graph import check_head_sizes
+
+    sizes = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
+    check_head_sizes(sizes if query_tokens is None else {**sizes, "query_tokens": query_tokens},
+                     softmax_scale)
     scale = _float_literal(softmax_scale if softmax_scale is not None else head_dim ** -0.5)
     chunk = "" if query_tokens is None else f"{query_tokens}x"
     q = f"{batch}x{q_heads}x{chunk}{head_dim}xf32"
@@ -48,25 +49,6 @@ def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size
             f"  %o = \"int8attn.paged_attention\"({_names(7)}) {{block_size = {block_size} : i64, "
             f"softmax_scale = {scale} : f32}} : ({_types(types)}) -> tensor<{q}>\n"
             f"  return %o : tensor<{q}>\n}}\n")
-
-
-def _check_paged_sizes(*, q_heads, kv_heads, head_dim, block_size, query_tokens,
-                       softmax_scale) -> None:
-    """`paged_attention_graph`'s arguments: positive integer sizes, q heads a multiple of
-    the KV heads, a softmax_scale the contract takes (`softmax_scale_problem`)."""
-    sizes = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
-    if query_tokens is not None:
-        sizes["query_tokens"] = query_tokens
-    for name, value in sizes.items():
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if q_heads % kv_heads:
-        raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads}): "
-                         f"each KV head serves q_heads / kv_heads query heads (GQA)")
-    problem = None if softmax_scale is None else softmax_scale_problem(softmax_scale)
-    if problem is not None:
-        raise ValueError(f"softmax_scale {problem} (omit it for head_dim ** -0.5)")
 
 
 def _float_literal(value: float) -> str:
