@@ -160,6 +160,24 @@ def _host_memory(array) -> int | None:
     return array.ctypes.data if isinstance(array, np.ndarray) and array.size else None
 
 
+def _repro_inputs(specs, arguments) -> list[tuple[str, object, str]]:
+    """(file name, contents, the --input prefix before `@`) of each argument for
+    iree-run-module: an .npy file, or for a bf16 argument (numpy has no bf16; the
+    array holds its f32 values) the raw bf16 bits with the shape and type spelled
+    out (`--input=2x3xbf16=@arg0.bin`)."""
+    inputs = []
+    for i, array in enumerate(arguments):
+        spec = specs[i] if i < len(specs) else None
+        if spec is not None and spec.element == BF16 and isinstance(array, np.ndarray):
+            bits = (np.ascontiguousarray(round_to_bf16(array)).view(np.uint32) >> 16)
+            shape = "x".join(str(d) for d in array.shape)
+            inputs.append((f"arg{i}.bin", bits.astype("<u2").tobytes(),
+                           f"{shape}x{BF16}=" if shape else f"{BF16}="))
+        else:
+            inputs.append((f"arg{i}.npy", array, ""))
+    return inputs
+
+
 class LoadedModule:
     """One vmfb in its own runtime context on `driver` (default: local-task CPU)."""
 
@@ -183,11 +201,12 @@ class LoadedModule:
         try:
             yield
         except (RuntimeError, ValueError) as error:
+            inputs = _repro_inputs(self.signatures.get(function, ()), arguments)
             saved = save_for_repro({"module.vmfb": self.vmfb,
-                                    **{f"arg{i}.npy": a for i, a in enumerate(arguments)}})
+                                    **{name: data for name, data, _ in inputs}})
             command = ["iree-run-module", f"--module={saved / 'module.vmfb'}",
                        f"--device={self.driver}", f"--function={function}"]
-            command += [f"--input=@{saved / f'arg{i}.npy'}" for i in range(len(arguments))]
+            command += [f"--input={prefix}@{saved / name}" for name, _, prefix in inputs]
             message = "\n".join(str(error).strip().splitlines()[:6])
             if "Could not create device" in message and self.driver != "local-task":
                 message += (f"\nno IREE {self.driver} device is present here (no such GPU, or "

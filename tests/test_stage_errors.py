@@ -69,6 +69,26 @@ def test_a_call_that_fails_in_the_runtime_names_the_stage_and_reproduces(graph):
     assert again.returncode != 0 and "expected 40 but have 41" in again.stderr
 
 
+def test_a_bf16_argument_reaches_the_reproducer_as_bf16():
+    # numpy has no bf16: the reproducer must hand iree-run-module the bf16 bits with
+    # their type spelled out, or it fails on the input (an f32 .npy for a bf16 tensor)
+    # instead of on what the call failed on
+    graph = int8attn.compile(decode_graph(1, 4, 2, 40, 32, q_element="bf16"), cache=False)
+    other = int8attn.compile(decode_graph(1, 4, 2, 41, 32, q_element="bf16"), cache=False)
+    mismatched = CompiledGraph(other.functions, graph.options, vmfb=graph.vmfb)
+    arrays = random_inputs(other.entry(), seed=3)
+    with pytest.raises(StageError) as failure:
+        mismatched(*arrays)
+    error = failure.value
+    assert "expected 40 but have 41" in str(error)
+    q_input = next(a for a in shlex.split(error.reproducer) if a.startswith("--input=1x4x32xbf16=@"))
+    saved = np.frombuffer(Path(q_input.split("@", 1)[1]).read_bytes(), "<u2")
+    expected = (np.asarray(arrays[0], np.float32).view(np.uint32) >> 16).ravel()
+    assert saved.size == 4 * 32 and (saved == expected).all()     # q's bits, not rounded away
+    again = reproduce(error.reproducer)
+    assert again.returncode != 0 and "expected 40 but have 41" in again.stderr, again.stderr
+
+
 def test_a_damaged_cache_entry_is_recompiled(tmp_path):
     cache = ModuleCache(tmp_path)
     first = int8attn.compile(SOURCE, cache=cache)
