@@ -107,3 +107,10 @@ EXACT_BIAS_RANGE = 2 ** 22
 # absmaxes below 2^-112).
 DIGIT_ROUND_BIAS = ROUND_BIAS / DIGIT_BASE
 DIGIT_ROUND_BIAS_BITS = ROUND_BIAS_BITS - ((DIGIT_BASE.bit_length() - 1) << 23)
+# Both biases' bits end in a zero byte (the digits' in two: their high digit is the
+# biased sum shifted down a byte), so a level's low byte can be read off the biased
+# sum's bits with no subtract. LEVEL_BYTE is the width of a level handed over as such
+# an i32, its low byte the level and the bias's bits above it, to a sink that only
+# packs bytes (a byte permute takes no mask, and the backend cannot see through it).
+assert ROUND_BIAS_BITS % (1 << 8) == 0 and DIGIT_ROUND_BIAS_BITS % (1 << 16) == 0
+LEVEL_BYTE = 32

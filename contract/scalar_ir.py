@@ -75,7 +75,7 @@ from iree.compiler.dialects import arith, math
 
 from .constants import (EXACT_BIAS_RANGE, LN_2, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
                         QUANTIZE_MIN_ABSMAX, ROUND_BIAS, ROUND_BIAS_BITS, UMAX, DIGIT_BASE,
-                        DIGIT_ROUND_BIAS, DIGIT_ROUND_BIAS_BITS, W_OFFSET)
+                        DIGIT_ROUND_BIAS, W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127
@@ -171,10 +171,12 @@ def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
            width: int, fine: bool = False) -> ir.Value:
     """The i`width` roundeven(clamped) (clamped to a level range within 2^22), 0 where
     the group's `inverse` is 0: fptosi of `round_even`; or, with `c.bias_bits`, the
-    bits of the biased sum less the bias's bits: 1.5*2^23 + n has the bits
-    ROUND_BIAS_BITS + n (an add and an integer subtract, where the GPUs convert at a
-    quarter of their f32 rate). With `fine`, roundeven(clamped * DIGIT_BASE) (the
-    digits' levels): through the bias 1.5*2^15 (DIGIT_ROUND_BIAS), whose sums step by
+    bits of the biased sum: 1.5*2^23 + n has the bits ROUND_BIAS_BITS + n (an add, where
+    the GPUs convert at a quarter of their f32 rate). The bias's bits end in a zero
+    byte, so the low byte is n's: an i8 is exactly the level, an i32 (`width` 32) is
+    the level in its low byte and the bias's bits above it (`LEVEL_BYTE`). With
+    `fine`, roundeven(clamped * DIGIT_BASE) (the digits' levels): through the bias
+    1.5*2^15 (DIGIT_ROUND_BIAS, bits ending in a zero byte too), whose sums step by
     1/DIGIT_BASE, or fptosi of the exactly scaled value."""
     int_type = ir.IntegerType.get_signless(width)
     i32 = ir.IntegerType.get_signless(32)
@@ -184,10 +186,9 @@ def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
         skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
         return arith.fptosi(int_type, arith.select(skipped, c.zero, steps))
     skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    bias, bits = ((_f32(DIGIT_ROUND_BIAS), arith.constant(i32, DIGIT_ROUND_BIAS_BITS))
-                  if fine else (c.round_bias, c.bias_bits))
-    biased = arith.addf(arith.select(skipped, c.zero, clamped), bias)
-    return _narrow(arith.subi(arith.bitcast(i32, biased), bits), width)
+    biased = arith.addf(arith.select(skipped, c.zero, clamped),
+                        _f32(DIGIT_ROUND_BIAS) if fine else c.round_bias)
+    return _narrow(arith.bitcast(i32, biased), width)
 
 
 def through_bias(bound: int, c: QuantizeConstants) -> bool:
@@ -225,7 +226,7 @@ def _clamp(y: ir.Value, bottom: ir.Value, top: ir.Value | None, own_absmax: bool
 def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants,
                    width: int = 8, own_absmax: bool = True) -> ir.Value:
     """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0. With
-    `width` 32 the level as an i32 (its low byte the i8), for a caller that packs
+    `width` 32 an i32 whose low byte is the i8 (`LEVEL_BYTE`), for a caller that packs
     four into a word itself; `own_absmax` False where the inverse is another row's
     (the seed's bug, on request): then the clamp is whole."""
     clamped = _clamp(arith.mulf(x, inverse), c.qmin, c.qmax, own_absmax, c)
@@ -244,7 +245,7 @@ def quantize_unsigned_value(w: ir.Value, inverse: ir.Value, c: QuantizeConstants
 
 
 def _narrow(value: ir.Value, width: int) -> ir.Value:
-    """An i32 level as i`width` (32: as it is)."""
+    """An i32 holding a level in its low byte as i`width` (32: as it is, `LEVEL_BYTE`)."""
     return value if width == 32 else arith.trunci(ir.IntegerType.get_signless(width), value)
 
 
@@ -266,7 +267,8 @@ def quantize_digits(w: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     half, shift = (arith.constant(i32, v) for v in (DIGIT_BASE // 2,
                                                      DIGIT_BASE.bit_length() - 1))
     high = arith.shrsi(arith.addi(t, half), shift)
-    low = arith.subi(t, arith.shli(high, shift))
+    # low = t - high * BASE: high * BASE ends in a zero byte, so low's byte is t's
+    low = t
     if unsigned:
         high = arith.subi(high, arith.constant(i32, W_OFFSET))
     return _narrow(high, width), _narrow(low, width)
@@ -302,10 +304,12 @@ def unsigned_offset(acc: ir.Value, column_sum: ir.Value) -> ir.Value:
 
 
 def w_level(wq: ir.Value, unsigned: bool) -> ir.Value:
-    """The integer (i32) a stored Wq (an i8, or an i32 level) stands for: Wq (s8), or
-    u = Wq + 128 (u8)."""
+    """The integer (i32) a stored Wq (an i8, or an i32 holding it in its low byte,
+    `LEVEL_BYTE`) stands for: Wq (s8), or u = Wq + 128 (u8)."""
     i32 = ir.IntegerType.get_signless(32)
-    level = wq if wq.type == i32 else arith.extsi(i32, wq)
+    if wq.type == i32:
+        wq = arith.trunci(ir.IntegerType.get_signless(8), wq)
+    level = arith.extsi(i32, wq)
     return arith.addi(level, arith.constant(i32, W_OFFSET)) if unsigned else level
 
 

@@ -113,18 +113,24 @@ class Lanes:
         """i32 levels (each standing for its low byte) as an i8 operand vector of
         `shape`, row-major, four bytes to a word by shifts and ors: an i8 element
         would cost two conversions on NVPTX, which holds it in 16 bits."""
+        words = []
+        for w in range(0, len(levels), 4):
+            word = None
+            for j, level in enumerate(levels[w:w + 4]):
+                byte = level if j == 3 else arith.andi(level, self.i32(0xFF))
+                byte = arith.shli(byte, self.i32(8 * j)) if j else byte
+                word = byte if word is None else arith.ori(word, byte)
+            words.append(word)
+        return self.words_as_bytes(words, shape)
+
+    def words_as_bytes(self, words, shape) -> ir.Value:
+        """i32 words (four bytes each, little-endian) as an i8 vector of `shape`."""
         *outer, inner = shape
+        per_row = inner // 4
         rows = []
-        for r in range(len(levels) // inner):
-            words = []
-            for w in range(r * inner, (r + 1) * inner, 4):
-                word = None
-                for j, level in enumerate(levels[w:w + 4]):
-                    byte = level if j == 3 else arith.andi(level, self.i32(0xFF))
-                    byte = arith.shli(byte, self.i32(8 * j)) if j else byte
-                    word = byte if word is None else arith.ori(word, byte)
-                words.append(word)
-            packed = vector.from_elements(vector_type(len(words), "i32"), words)
+        for r in range(len(words) // per_row):
+            packed = vector.from_elements(vector_type(per_row, "i32"),
+                                          words[r * per_row:(r + 1) * per_row])
             rows.append(vector.bitcast(vector_type(inner, "i8"), packed))
         return self.assemble(rows, shape) if outer else rows[0]
 

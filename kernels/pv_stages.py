@@ -12,7 +12,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, vector
 
 from ..contract import scalar_ir as contract
-from ..contract.constants import MAX_W_V_PRODUCT, ROUND_BIAS_BITS
+from ..contract.constants import LEVEL_BYTE, MAX_W_V_PRODUCT, ROUND_BIAS_BITS
 from ..fragments import DecodeKernelLayout, thread_distribution
 from .kv_access import KVView
 from .lanes import c_element, c_fragment, load_vector, vector_type
@@ -32,8 +32,8 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
     """
     if plan.w_feed is not None:
         terms = [({}, {}) for _ in range(plan.numerics.w_terms)]     # ({element: Wq}, sw)
-        # i32 levels: four packed into each A register (`Lanes.pack_bytes`)
-        for members, quantized in _group_terms(plan, w, width=32):
+        # i32 levels: four packed into each A register (`TargetSpec.pack_levels`)
+        for members, quantized in _group_terms(plan, w, width=LEVEL_BYTE):
             key = (plan.row_map(members[0]),
                    plan.layout.uniform_group(members[0], plan.pv_layout.model))
             for (levels, scales), (term_levels, scale) in zip(terms, quantized):
@@ -66,7 +66,8 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
 
 def _group_terms(plan: StagePlan, w: dict, width: int = 8):
     """Per W group class of the lane's elements: (members, [({element: Wq}, sW)] per
-    term), Wq an i`width` (8, or 32 for a sink that packs the bytes itself), the
+    term), Wq an i8, or with `width` LEVEL_BYTE an i32 holding it in its low byte (for a
+    sink that packs the bytes itself), the
     contract's rule (contract/scalar_ir.py, as in lower-quantize): a zero
     or tiny group gives Wq = 0, a NaN/Inf group Wq = 0 and sW = NaN. The absmax is
     NaN-propagating in-lane and across the xor shuffles, so every lane of a group
@@ -108,7 +109,7 @@ def _fed_fragments(plan: StagePlan, values: dict) -> tuple:
     for t in range(layout.model.mmacs_per_wave):
         registers = [values[plan.layout.element(block, slot)]
                      for slot, block in (feed.element(r, t) for r in range(inst.a.slots))]
-        fragments.append(plan.lanes.pack_bytes(registers, inst.a_vector)
+        fragments.append(plan.spec.pack_levels(plan.lanes, registers, inst.a_vector)
                          if str(registers[0].type) == "i32"
                          else plan.lanes.from_elements(registers, inst.a_vector))
     return tuple(fragments)

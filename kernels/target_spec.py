@@ -89,6 +89,12 @@ def _mmac_intrinsic(instruction: MatrixInstruction, a, b, c) -> ir.Value:
 # tolerance sees. The simulator evaluates these as exp2, flushed below 2^-126.
 EXP2_INTRINSICS = {"cuda": "llvm.nvvm.ex2.approx.ftz.f32", "amdgpu": "llvm.exp2.f32"}
 FLUSHED_BELOW = np.float32(2.0 ** -126)
+# PTX's prmt.b32 (default mode): byte i of the result is byte (selector nibble i) of the
+# eight bytes {b, a}. Four levels' low bytes into one word in three (SASS `PRMT`), where
+# shifts and masks take seven; the simulator evaluates it (compute_ops).
+BYTE_PERMUTE = "llvm.nvvm.prmt"
+LOW_BYTES_OF_PAIR = 0x0040        # (a.byte0, b.byte0, a.byte0, a.byte0)
+LOW_HALVES_OF_PAIR = 0x5410       # (a.byte0, a.byte1, b.byte0, b.byte1)
 
 MmaEmitter = Callable[[MatrixInstruction, ir.Value, ir.Value, ir.Value], ir.Value]
 
@@ -123,6 +129,9 @@ class TargetSpec:
     # contract's); None: the contract's `exp2` (a range reduction around math.exp,
     # which IREE expands into a polynomial).
     exp2_intrinsic: str | None = None
+    # The byte permute that packs four i32 levels' low bytes into an A register
+    # (`pack_levels`); None: shifts and masks (`Lanes.pack_bytes`).
+    byte_permute: str | None = None
     # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and
     # the SMs of the GPU that was measured on: a grid too small to fill that many per
     # SM is left to the backend (the cap only costs registers there).
@@ -199,6 +208,23 @@ class TargetSpec:
             return contract.exp2(x)
         return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [x], [], []).result
 
+    def pack_levels(self, lanes, levels: list[ir.Value], shape) -> ir.Value:
+        """i32 levels (each standing for its low byte) as an i8 operand vector of
+        `shape`, row-major: by the target's byte permute, two pairs then the pair of
+        pairs per word, else by shifts and masks."""
+        if self.byte_permute is None:
+            return lanes.pack_bytes(levels, shape)
+        i32 = ir.IntegerType.get_signless(32)
+
+        def permute(a, b, selector):
+            return llvm.CallIntrinsicOp(i32, self.byte_permute, [a, b, lanes.i32(selector)],
+                                        [], []).result
+
+        words = [permute(permute(levels[w], levels[w + 1], LOW_BYTES_OF_PAIR),
+                         permute(levels[w + 2], levels[w + 3], LOW_BYTES_OF_PAIR),
+                         LOW_HALVES_OF_PAIR) for w in range(0, len(levels), 4)]
+        return lanes.words_as_bytes(words, shape)
+
     def kernel_attributes(self, tuning: DecodeTuning) -> dict[str, str]:
         return self.occupancy_attributes(tuning.workgroups_per_sm)
 
@@ -238,7 +264,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # a lane's V loads and output accumulators grow with D: fewer workgroups
         # fit without spilling
         occupancy_by_head_dim=((64, 7), (128, 6), (256, 4)),
-        exp2_intrinsic=EXP2_INTRINSICS["cuda"],
+        exp2_intrinsic=EXP2_INTRINSICS["cuda"], byte_permute=BYTE_PERMUTE,
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
         # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from ..kernels.target_spec import EXP2_INTRINSICS, FLUSHED_BELOW
+from ..kernels.target_spec import BYTE_PERMUTE, EXP2_INTRINSICS, FLUSHED_BELOW
 from ..reference.common import fma_f32
 from .isa import matrix_instruction, table_for
 from .memory import DTYPES, SimulationError, _element
@@ -25,6 +25,22 @@ CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greate
 # is numpy's !=.
 CMPF = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal,
         13: np.not_equal}
+
+
+def byte_permute(a, b, selector) -> np.ndarray:
+    """PTX prmt.b32, default mode: byte i of the result is byte n (n = selector nibble
+    i, low three bits) of the eight bytes {b, a}, a's first; a nibble's bit 3 replicates
+    that byte's sign bit instead."""
+    a, b, selector = np.broadcast_arrays(*(np.asarray(x).astype(np.int64) & 0xFFFFFFFF
+                                          for x in (a, b, selector)))
+    pool = a | (b << 32)
+    out = np.zeros_like(a)
+    for i in range(4):
+        nibble = (selector >> (4 * i)) & 0xF
+        byte = (pool >> (8 * (nibble & 7))) & 0xFF
+        byte = np.where(nibble & 8, np.where(byte & 0x80, 0xFF, 0), byte)
+        out |= byte << (8 * i)
+    return out.astype(np.uint32).view(np.int32)
 
 
 class ComputeOps:
@@ -190,6 +206,8 @@ class ComputeOps:
             with np.errstate(over="ignore", under="ignore"):
                 exp2 = np.exp2(np.asarray(operands[0], np.float32))
             return np.where(exp2 < FLUSHED_BELOW, np.float32(0), exp2)
+        if name == BYTE_PERMUTE:
+            return byte_permute(*operands)
         if name not in INTRINSICS:
             raise SimulationError(f"unknown intrinsic {name}")
         a, b, c = operands

@@ -14,17 +14,15 @@
 // CHECK-DAG: %[[INIT:.*]] = arith.constant dense<1262485504> : vector<2x2xi32>
 // CHECK-DAG: %[[SCORE_C:.*]] = arith.constant 0.127517432 : f32
 // The query rows: t = roundeven(clamp(q * inv) * 256), read off the bits of
-// clamp(q * inv) + 1.5*2^15, whose sums step by 1/256 (contract.to_int(fine=True): its
-// bits 0x47400000 = 1195376640); high = (t + 128) >> 8, low = t - (high << 8), as i8.
+// clamp(q * inv) + 1.5*2^15, whose sums step by 1/256 (contract.to_int(fine=True)); the
+// bias's bits (0x47400000) end in two zero bytes, so no subtract: high = (bits + 128)
+// >> 8 and low = t - (high << 8) keep t's and (t + 128) >> 8's low bytes, the i8s.
 // CHECK: %[[BIASED:.*]] = arith.addf %{{.*}}, %{{cst_[0-9]+}} : f32
 // CHECK-NEXT: %[[BITS:.*]] = arith.bitcast %[[BIASED]] : f32 to i32
-// CHECK-NEXT: %[[T:.*]] = arith.subi %[[BITS]], %c1195376640_i32 : i32
-// CHECK-NEXT: %[[UP:.*]] = arith.addi %[[BITS]], %c-1195376512_i32 : i32
+// CHECK-NEXT: %[[UP:.*]] = arith.addi %[[BITS]], %c128_i32 : i32
 // CHECK-NEXT: %[[HIGH:.*]] = arith.shrsi %[[UP]], %c8_i32 : i32
-// CHECK-NEXT: %[[BACK:.*]] = arith.shli %[[HIGH]], %c8_i32 : i32
-// CHECK-NEXT: %[[LOW:.*]] = arith.subi %[[T]], %[[BACK]] : i32
 // CHECK-NEXT: arith.trunci %[[HIGH]] : i32 to i8
-// CHECK-NEXT: arith.trunci %[[LOW]] : i32 to i8
+// CHECK-NEXT: arith.trunci %[[BITS]] : i32 to i8
 // A row's score scale goes into LDS as sQ * c: the scores come out in log2 units.
 // CHECK: %[[SQC:.*]] = arith.mulf %{{.*}}, %[[SCORE_C]] : f32
 // CHECK-NEXT: memref.store %[[SQC]], %{{.*}} : memref<16xf32, #gpu.address_space<workgroup>>
