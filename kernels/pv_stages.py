@@ -67,11 +67,10 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
 def _group_terms(plan: StagePlan, w: dict, width: int = 8):
     """Per W group class of the lane's elements: (members, [({element: Wq}, sW)] per
     term), Wq an i8, or with `width` LEVEL_BYTE an i32 holding it in its low byte (for a
-    sink that packs the bytes itself), the
-    contract's rule (contract/scalar_ir.py, as in lower-quantize): a zero
-    or tiny group gives Wq = 0, a NaN/Inf group Wq = 0 and sW = NaN. The absmax is
-    NaN-propagating in-lane and across the xor shuffles, so every lane of a group
-    sees the same a. The second term is the residual W - level*sW1 on its own scale,
+    sink that packs the bytes itself), the contract's rule (contract/scalar_ir.py, as
+    in lower-quantize): a zero or tiny group gives Wq = 0, a NaN/Inf group Wq = 0 and
+    sW = NaN. The absmax is NaN-propagating in-lane and across the xor shuffles, so
+    every lane of a group sees the same a. The second term is the residual W - level*sW1 on its own scale,
     or W's low digit (sW None: the first term's scale is then the digit's, sW1/BASE)."""
     numerics = plan.numerics
     unsigned = numerics.unsigned_w
