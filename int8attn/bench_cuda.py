@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from .bench_harness import (
                             BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
-                            measure, nan_or, report, run_cases)
+                            measure, nan_or, report, run_cases, run_main)
 from .contract.numerics import KERNEL_NUMERICS
 
 # (name, PV precision, V token-innermost)
@@ -281,4 +280,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -24,12 +24,13 @@ output. This module holds the rest, passed explicitly (no module-global state):
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NoReturn, Sequence
 
 
 # ---- the timer ----------------------------------------------------------------------
@@ -176,6 +177,24 @@ def measure(row: dict, variant: str, fn, device_args, check: Callable[..., Check
     else:
         raise ValueError(f"record is 'timing' or 'kernels', not {record!r}")
     return out
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """`raise SystemExit(main())` for a bench's command line on the GPU machine, except
+    that a run the device failed (IREE's and torch's RuntimeError) ends the process at
+    once, after saying so: after a failed dispatch the CUDA context is unusable, and
+    the runtime's teardown then waited on it for minutes (an H100, 2026-12-05), time
+    the device lease pays for. The rows measured before it are already printed
+    (`run_cases`)."""
+    try:
+        code = main()
+    except RuntimeError as error:
+        lines = str(error).strip().splitlines()[:4]
+        print("error: the run failed on the device (rows measured before it are printed "
+              "above):\n  " + "\n  ".join(lines), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    raise SystemExit(code)
 
 
 def run_cases(cases: Iterable, run_case: Callable[..., list[dict]]) -> list[dict]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .bench_harness import (
                             BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
-                            measure, nan_or, report, run_cases)
+                            measure, nan_or, report, run_cases, run_main)
 from .contract.numerics import SEED_NUMERICS, Numerics
 from .fragments.cache_layout import CacheLayout
 
@@ -366,4 +366,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

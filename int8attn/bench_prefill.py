@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .bench_harness import (
                             BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, markdown_table, measure,
-                            nan_or, report, run_cases)
+                            nan_or, report, run_cases, run_main)
 from .contract.numerics import SEED_NUMERICS
 
 PV = ("int8", "bf16")
@@ -344,4 +344,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

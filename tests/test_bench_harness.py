@@ -592,3 +592,42 @@ def test_the_paged_check_grants_bf16_w_its_rounding_ties():
     at = np.unravel_index(np.argmax(slack), slack.shape)
     beyond[at] = np.float32(expected[at] + 5e-5 + 1.2 * slack[at])
     assert not bench_paged.check(beyond, arrays, scale, "bf16").ok
+
+
+def test_a_run_the_device_failed_ends_at_once(tmp_path):
+    # After a failed dispatch the runtime's teardown waited on the dead CUDA context for
+    # minutes (an H100): a bench's command line must end right after saying so, not in
+    # its exit handlers. The stand-in handler would hold the process for a minute.
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "failing_bench.py"
+    script.write_text(
+        "import atexit, time\n"
+        "from int8attn.bench_harness import run_main\n"
+        "atexit.register(time.sleep, 60)\n"
+        "def main():\n"
+        "    print('{\"case\": \"measured before\"}', flush=True)\n"
+        "    raise RuntimeError('Error invoking function: ABORTED; while invoking native '\n"
+        "                       'function hal.device.queue.dealloca')\n"
+        "run_main(main)\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=50)
+    assert time.monotonic() - start < 30
+    assert done.returncode == 1
+    assert '"measured before"' in done.stdout
+    assert "error: the run failed on the device" in done.stderr
+    assert "ABORTED" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_bench_that_succeeds_exits_with_its_code(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "bench.py"
+    script.write_text("from int8attn.bench_harness import run_main\nrun_main(lambda: 3)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=50)
+    assert done.returncode == 3 and done.stderr == ""
