@@ -183,8 +183,8 @@ def run_main(main: Callable[[], int]) -> NoReturn:
     """`raise SystemExit(main())` for a bench's command line on the GPU machine, except
     that a run the device failed (IREE's and torch's RuntimeError) ends the process at
     once, after saying so: after a failed dispatch the CUDA context is unusable, and
-    the runtime's teardown then waited on it for minutes (an H100, 2026-12-05), time
-    the device lease pays for. The rows measured before it are already printed
+    the process then outlived its traceback by minutes, in its teardown (an H100,
+    2026-12-05), time the device lease pays for. The rows measured before it are already printed
     (`run_cases`)."""
     try:
         code = main()
