@@ -111,6 +111,8 @@ DIGIT_ROUND_BIAS_BITS = ROUND_BIAS_BITS - ((DIGIT_BASE.bit_length() - 1) << 23)
 # biased sum shifted down a byte), so a level's low byte can be read off the biased
 # sum's bits with no subtract. LEVEL_BYTE is the width of a level handed over as such
 # an i32, its low byte the level and the bias's bits above it, to a sink that only
-# packs bytes (a byte permute takes no mask, and the backend cannot see through it).
+# packs bytes (a byte permute takes no mask, and the backend cannot see through it)
+# for an MMA that scales each group's sum by the group's scale: a non-finite group's
+# level is then left as NaN's bits (its scale is NaN; `scalar_ir.to_int`).
 assert ROUND_BIAS_BITS % (1 << 8) == 0 and DIGIT_ROUND_BIAS_BITS % (1 << 16) == 0
 LEVEL_BYTE = 32

@@ -75,7 +75,7 @@ from iree.compiler.dialects import arith, math
 
 from .constants import (EXACT_BIAS_RANGE, LN_2, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
                         QUANTIZE_MIN_ABSMAX, ROUND_BIAS, ROUND_BIAS_BITS, UMAX, DIGIT_BASE,
-                        DIGIT_ROUND_BIAS, W_OFFSET)
+                        DIGIT_ROUND_BIAS, LEVEL_BYTE, W_OFFSET)
 
 class QuantizeConstants(NamedTuple):
     qmax: ir.Value        # 127
@@ -174,10 +174,15 @@ def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     bits of the biased sum: 1.5*2^23 + n has the bits ROUND_BIAS_BITS + n (an add, where
     the GPUs convert at a quarter of their f32 rate). The bias's bits end in a zero
     byte, so the low byte is n's: an i8 is exactly the level, an i32 (`width` 32) is
-    the level in its low byte and the bias's bits above it (`LEVEL_BYTE`). With
-    `fine`, roundeven(clamped * DIGIT_BASE) (the digits' levels): through the bias
-    1.5*2^15 (DIGIT_ROUND_BIAS, bits ending in a zero byte too), whose sums step by
-    1/DIGIT_BASE, or fptosi of the exactly scaled value."""
+    the level in its low byte and the bias's bits above it (`LEVEL_BYTE`). An i32 also
+    skips the zero of a skipped group: clamped is x * 0 there, so its level is 0 for
+    finite x, and for a non-finite group (NaN's bits) its scale is NaN, which every
+    product of the group's sum then carries: a consumer of i32 levels multiplies each
+    group's sum by that group's scale (an MMA whose K is one group) and keeps them from
+    every other reader (the digits and the unsigned levels are made from one, the
+    cache write takes i8s). With `fine`, roundeven(clamped * DIGIT_BASE) (the digits'
+    levels): through the bias 1.5*2^15 (DIGIT_ROUND_BIAS, bits ending in a zero byte
+    too), whose sums step by 1/DIGIT_BASE, or fptosi of the exactly scaled value."""
     int_type = ir.IntegerType.get_signless(width)
     i32 = ir.IntegerType.get_signless(32)
     if c.bias_bits is None:
@@ -185,9 +190,10 @@ def to_int(clamped: ir.Value, inverse: ir.Value, c: QuantizeConstants,
         steps = round_even(scaled, c)
         skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
         return arith.fptosi(int_type, arith.select(skipped, c.zero, steps))
-    skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
-    biased = arith.addf(arith.select(skipped, c.zero, clamped),
-                        _f32(DIGIT_ROUND_BIAS) if fine else c.round_bias)
+    if width != LEVEL_BYTE:
+        skipped = arith.cmpf(arith.CmpFPredicate.OEQ, inverse, c.zero)
+        clamped = arith.select(skipped, c.zero, clamped)
+    biased = arith.addf(clamped, _f32(DIGIT_ROUND_BIAS) if fine else c.round_bias)
     return _narrow(arith.bitcast(i32, biased), width)
 
 

@@ -81,3 +81,42 @@ def test_the_permute_packs_the_bits_the_masks_pack(numerics):
     assert with_permute.count(BYTE_PERMUTE) > 0 == with_masks.count(BYTE_PERMUTE)
     byte_masks = lambda text: len(re.findall(r"arith\.andi [^\n]*: i32\n", text))
     assert byte_masks(with_permute) < byte_masks(with_masks)
+
+
+def _prefill(args, numerics, spec=CUDA):
+    from int8attn.simulator.prefill import run_prefill_kernels
+
+    prefill = PrefillShape(1, 2, 4, 160, 96, 64, 0.125)
+    with new_context(), ir.Location.unknown():
+        built = build_prefill_kernels(prefill, spec, numerics=numerics)
+        return run_prefill_kernels(built.module, built.layout, *args)
+
+
+@pytest.mark.parametrize("numerics", [SEED_NUMERICS, KERNEL_NUMERICS], ids=["seed", "digits"])
+def test_a_nonfinite_w_group_reaches_only_its_rows(numerics):
+    # A level handed over as LEVEL_BYTE skips the zero of a non-finite group (its bits
+    # are NaN's): the group's scale is NaN, so every product of its sum is NaN anyway.
+    # That holds only if the group's levels reach its own row's sums alone: a NaN q
+    # row (all of its W groups non-finite) must leave every other row bitwise as it
+    # was, and a NaN V scale (its token's W non-finite in every row that sees it) must
+    # turn exactly the rows that see the token to NaN.
+    args = list(prefill_inputs(7303, 1, 8, 2, 160, 96, 64))
+    clean = _prefill(args, numerics)
+    assert np.isfinite(clean).all()
+
+    q = args[0].copy()
+    q[0, 5, 40, 3] = np.nan
+    out = _prefill([q] + args[1:], numerics)
+    bad = np.zeros(out.shape[:-1], dtype=bool)
+    bad[0, 5, 40] = True
+    assert np.isnan(out[bad]).all()
+    np.testing.assert_array_equal(out[~bad], clean[~bad])
+
+    v_scale = args[4].copy()
+    token = 100                                  # seen by queries 36.. (history 64)
+    v_scale[0, 1, token] = np.inf
+    out = _prefill(args[:4] + [v_scale], numerics)
+    sees = np.zeros(out.shape[:-1], dtype=bool)
+    sees[0, 4:8, token - 64:] = True             # KV head 1's query heads 4..7
+    assert np.isnan(out[sees]).all(axis=-1).all()
+    np.testing.assert_array_equal(out[~sees], clean[~sees])
