@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import iree.runtime as rt
 
-from ..support.bf16 import round_to_bf16
+from ..support.bf16 import bf16_bits, round_to_bf16
 from ..support.diagnostics import StageError, save_for_repro
 
 # Byte alignment IREE's CPU dispatches may assume for a buffer binding.
@@ -169,9 +169,8 @@ def _repro_inputs(specs, arguments) -> list[tuple[str, object, str]]:
     for i, array in enumerate(arguments):
         spec = specs[i] if i < len(specs) else None
         if spec is not None and spec.element == BF16 and isinstance(array, np.ndarray):
-            bits = (np.ascontiguousarray(round_to_bf16(array)).view(np.uint32) >> 16)
             shape = "x".join(str(d) for d in array.shape)
-            inputs.append((f"arg{i}.bin", bits.astype("<u2").tobytes(),
+            inputs.append((f"arg{i}.bin", bf16_bits(array).astype("<u2").tobytes(),
                            f"{shape}x{BF16}=" if shape else f"{BF16}="))
         else:
             inputs.append((f"arg{i}.npy", array, ""))
@@ -245,7 +244,7 @@ class LoadedModule:
     def _bf16_view(self, values: np.ndarray):
         """A bf16 HAL buffer view holding `values` (f32 already rounded to bf16: its
         upper 16 bits are the bf16 bits, the lower 16 zero), a copy on the device."""
-        bits = (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        bits = bf16_bits(values)
         device = self._context.config.device
         return device.allocator.allocate_buffer_copy(
             memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,

@@ -19,3 +19,10 @@ def round_to_bf16(x) -> np.ndarray:
     rounded = (bits + (((bits >> 16) & 1) + np.uint32(0x7FFF))) & np.uint32(0xFFFF0000)
     out = rounded.astype(np.uint32).view(np.float32)
     return np.where(np.isnan(values), np.float32(np.nan), out).astype(np.float32)
+
+
+def bf16_bits(x) -> np.ndarray:
+    """The bf16 bits (uint16) of `x` rounded to bf16 (`round_to_bf16`): what a bf16
+    buffer holds."""
+    rounded = np.ascontiguousarray(round_to_bf16(x))
+    return (rounded.view(np.uint32) >> 16).astype(np.uint16)

@@ -62,34 +62,29 @@ def test_the_two_selectors_pack_four_low_bytes():
     assert list(word.to_bytes(4, "little", signed=True)) == [0x7F, 0x81, 0x00, 0xFF]
 
 
-@pytest.mark.parametrize("numerics", [SEED_NUMERICS, KERNEL_NUMERICS], ids=["seed", "digits"])
-def test_the_permute_packs_the_bits_the_masks_pack(numerics):
+def _prefill(args, numerics, spec=CUDA) -> tuple[np.ndarray, str]:
+    """The cuda prefill kernel (B 1, 8 query heads over 2, S 160, Sq 96, D 64) in the
+    simulator: (its output, its first tile loop's IR)."""
     from int8attn.simulator.prefill import run_prefill_kernels
 
-    shape = (1, 8, 2, 160, 96, 64)
-    args = prefill_inputs(7302, *shape)
     prefill = PrefillShape(1, 2, 4, 160, 96, 64, 0.125)
-    outs, loops = [], []
-    for spec in (CUDA, dataclasses.replace(CUDA, byte_permute=None)):
-        with new_context(), ir.Location.unknown():
-            built = build_prefill_kernels(prefill, spec, numerics=numerics)
-            loops.append(first_loop_body(str(built.module)))
-            outs.append(run_prefill_kernels(built.module, built.layout, *args))
+    with new_context(), ir.Location.unknown():
+        built = build_prefill_kernels(prefill, spec, numerics=numerics)
+        return (run_prefill_kernels(built.module, built.layout, *args),
+                first_loop_body(str(built.module)))
+
+
+@pytest.mark.parametrize("numerics", [SEED_NUMERICS, KERNEL_NUMERICS], ids=["seed", "digits"])
+def test_the_permute_packs_the_bits_the_masks_pack(numerics):
+    args = prefill_inputs(7302, 1, 8, 2, 160, 96, 64)
+    outs, loops = zip(*(_prefill(args, numerics, spec)
+                        for spec in (CUDA, dataclasses.replace(CUDA, byte_permute=None))))
     np.testing.assert_array_equal(outs[0], outs[1])
     assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0
     with_permute, with_masks = loops
     assert with_permute.count(BYTE_PERMUTE) > 0 == with_masks.count(BYTE_PERMUTE)
     byte_masks = lambda text: len(re.findall(r"arith\.andi [^\n]*: i32\n", text))
     assert byte_masks(with_permute) < byte_masks(with_masks)
-
-
-def _prefill(args, numerics, spec=CUDA):
-    from int8attn.simulator.prefill import run_prefill_kernels
-
-    prefill = PrefillShape(1, 2, 4, 160, 96, 64, 0.125)
-    with new_context(), ir.Location.unknown():
-        built = build_prefill_kernels(prefill, spec, numerics=numerics)
-        return run_prefill_kernels(built.module, built.layout, *args)
 
 
 @pytest.mark.parametrize("numerics", [SEED_NUMERICS, KERNEL_NUMERICS], ids=["seed", "digits"])
@@ -101,12 +96,12 @@ def test_a_nonfinite_w_group_reaches_only_its_rows(numerics):
     # was, and a NaN V scale (its token's W non-finite in every row that sees it) must
     # turn exactly the rows that see the token to NaN.
     args = list(prefill_inputs(7303, 1, 8, 2, 160, 96, 64))
-    clean = _prefill(args, numerics)
+    clean, _ = _prefill(args, numerics)
     assert np.isfinite(clean).all()
 
     q = args[0].copy()
     q[0, 5, 40, 3] = np.nan
-    out = _prefill([q] + args[1:], numerics)
+    out, _ = _prefill([q] + args[1:], numerics)
     bad = np.zeros(out.shape[:-1], dtype=bool)
     bad[0, 5, 40] = True
     assert np.isnan(out[bad]).all()
@@ -115,7 +110,7 @@ def test_a_nonfinite_w_group_reaches_only_its_rows(numerics):
     v_scale = args[4].copy()
     token = 100                                  # seen by queries 36.. (history 64)
     v_scale[0, 1, token] = np.inf
-    out = _prefill(args[:4] + [v_scale], numerics)
+    out, _ = _prefill(args[:4] + [v_scale], numerics)
     sees = np.zeros(out.shape[:-1], dtype=bool)
     sees[0, 4:8, token - 64:] = True             # KV head 1's query heads 4..7
     assert np.isnan(out[sees]).all(axis=-1).all()
