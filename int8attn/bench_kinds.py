@@ -4,8 +4,12 @@ flags only one mode reads, the manifests `--from` looks for)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from . import bench_cuda, bench_paged, bench_prefill
 from .bench_harness import BenchKind
+from .cli_errors import UserError
 from .support.diagnostics import UsageError
 
 BENCH_KINDS: dict[str, BenchKind] = {kind.mode: kind for kind in (
@@ -27,3 +31,36 @@ def mode_flags(kinds: dict[str, BenchKind] | None = None) -> dict[str, tuple[str
     """Flags that only one mode reads: flag -> (settings field, mode)."""
     kinds = BENCH_KINDS if kinds is None else kinds
     return {flag: (name, kind.mode) for kind in kinds.values() for flag, name in kind.flags}
+
+
+def check_prepared(directory: Path, mode: str, flag: str = "--from") -> None:
+    """`flag DIR` (`int8attn bench --from`, a runner's `--run`) must hold what
+    `int8attn bench --mode MODE --prepare-only DIR` writes."""
+    kind = bench_kind(mode)
+    if not directory.exists():
+        raise UserError(f"{flag} folder '{directory}' does not exist; prepare it with "
+                        f"int8attn bench --mode {mode} --prepare-only {directory}")
+    if not directory.is_dir():
+        raise UserError(f"{flag} '{directory}' is not a folder; give the folder that "
+                        f"--prepare-only wrote")
+    manifest = directory / kind.manifest
+    if not manifest.is_file():
+        other = [m for m, k in BENCH_KINDS.items()
+                 if m != mode and (directory / k.manifest).is_file()]
+        if other:
+            hint = f"it holds --mode {other[0]} modules"
+            hint += f" (add --mode {other[0]})" if flag == "--from" else ""
+        else:
+            hint = f"prepare it with int8attn bench --mode {mode} --prepare-only {directory}"
+        raise UserError(f"{flag} folder '{directory}' has no {kind.manifest}, so no "
+                        f"--mode {mode} modules; {hint}")
+    try:
+        meta = json.loads(manifest.read_text())
+        files = kind.module_files(meta)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{flag} folder '{directory}': {manifest.name} is damaged ({error}); "
+                        f"prepare the folder again with --prepare-only") from None
+    missing = [name for name in files if not (directory / name).is_file()]
+    if missing:
+        raise UserError(f"{flag} folder '{directory}' lacks {', '.join(missing)} that its "
+                        f"{manifest.name} lists; prepare the folder again with --prepare-only")

@@ -347,20 +347,38 @@ def main(argv=None) -> int:
     machine without IREE's compiler)."""
     import argparse
 
+    from . import arg_types
+    from .bench_kinds import check_prepared
+    from .cli_errors import UserError
+
     parser = argparse.ArgumentParser(prog="python -m int8attn.bench_paged")
-    parser.add_argument("--run", required=True,
+    parser.add_argument("--run", required=True, metavar="DIR[,DIR...]",
                         help="a prepared folder, or several (comma-separated) on the same data")
-    parser.add_argument("--contexts", default="4096,8192,16384")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--ragged-mean", type=int, default=8192)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--contexts", type=arg_types.token_counts, default=(4096, 8192, 16384),
+                        help="comma-separated lengths of the uniform batches and the B = 1 "
+                             "case (default 4096,8192,16384)")
+    parser.add_argument("--batch", type=arg_types.positive, default=16,
+                        help="sequences of the uniform and ragged batches (default 16)")
+    parser.add_argument("--ragged-mean", type=arg_types.positive, default=8192, metavar="TOKENS",
+                        help="mean length of the ragged batch (default 8192)")
+    parser.add_argument("--seed", type=arg_types.seed, default=0,
+                        help="seed of the data, lengths and block tables (default 0)")
+    parser.add_argument("--iterations", type=arg_types.positive, default=50,
+                        help="timed calls per case (default 50)")
     parser.add_argument("--pv", default=",".join(PV), help="modules to run (default: both)")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
-    rows = run([Path(d) for d in args.run.split(",")], args.batch,
-               [int(c) for c in args.contexts.split(",")], args.ragged_mean, seed=args.seed,
-               iterations=args.iterations, pvs=args.pv.split(","))
+    directories = [Path(d) for d in args.run.split(",")]
+    pvs = args.pv.split(",")
+    if unknown := [pv for pv in pvs if pv not in PV]:
+        parser.error(f"--pv {unknown[0]!r} is not one of {', '.join(PV)}")
+    try:
+        for directory in directories:
+            check_prepared(directory, "paged", "--run")
+    except UserError as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    rows = run(directories, args.batch, list(args.contexts), args.ragged_mean, seed=args.seed,
+               iterations=args.iterations, pvs=pvs)
     report(rows, markdown, args.json)
     return 0
 

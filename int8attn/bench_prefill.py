@@ -332,12 +332,23 @@ def main(argv=None) -> int:
     """Run modules prepared by `int8attn bench --mode prefill --prepare-only DIR`."""
     import argparse
 
+    from . import arg_types
+    from .bench_kinds import check_prepared
+    from .cli_errors import UserError
+
     parser = argparse.ArgumentParser(prog="python -m int8attn.bench_prefill")
-    parser.add_argument("--run", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--run", type=Path, required=True, metavar="DIR",
+                        help="a folder prepared by int8attn bench --mode prefill --prepare-only")
+    parser.add_argument("--seed", type=arg_types.seed, default=0,
+                        help="seed of the random data (default 0)")
+    parser.add_argument("--iterations", type=arg_types.positive, default=20,
+                        help="timed calls per case (default 20)")
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
+    try:
+        check_prepared(args.run, "prefill", "--run")
+    except UserError as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     rows = run(args.run, seed=args.seed, iterations=args.iterations)
     report(rows, markdown, args.json)
     return 0

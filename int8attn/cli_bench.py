@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from .bench_harness import BenchSettings, output_paths, write_results
-from .bench_kinds import BENCH_KINDS, bench_kind, mode_flags
+from .bench_kinds import bench_kind, check_prepared, mode_flags
 from .cli_errors import UserError
 from .support.files import OutputError, check_output_path
 
@@ -50,37 +50,6 @@ def _check_bench_shape(args, misuse) -> None:
     if args.head_dim % k:
         misuse(f"--head-dim {args.head_dim} is not a multiple of {k}, the K of the cuda "
                f"kernels' int8 mma.sync (e.g. 64 or 128)")
-
-
-def _check_prepared(directory: Path, mode: str) -> None:
-    """`--from DIR` must hold what `--prepare-only DIR --mode MODE` writes."""
-    import json
-
-    kind = bench_kind(mode)
-    if not directory.exists():
-        raise UserError(f"--from folder '{directory}' does not exist; prepare it with "
-                        f"int8attn bench --mode {mode} --prepare-only {directory}")
-    if not directory.is_dir():
-        raise UserError(f"--from '{directory}' is not a folder; give the folder that "
-                        f"--prepare-only wrote")
-    manifest = directory / kind.manifest
-    if not manifest.is_file():
-        other = [m for m, k in BENCH_KINDS.items()
-                 if m != mode and (directory / k.manifest).is_file()]
-        hint = (f"it holds --mode {other[0]} modules (add --mode {other[0]})" if other else
-                f"prepare it with int8attn bench --mode {mode} --prepare-only {directory}")
-        raise UserError(f"--from folder '{directory}' has no {kind.manifest}, so no "
-                        f"--mode {mode} modules; {hint}")
-    try:
-        meta = json.loads(manifest.read_text())
-        files = kind.module_files(meta)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise UserError(f"--from folder '{directory}': {manifest.name} is damaged ({error}); "
-                        f"prepare the folder again with --prepare-only") from None
-    missing = [name for name in files if not (directory / name).is_file()]
-    if missing:
-        raise UserError(f"--from folder '{directory}' lacks {', '.join(missing)} that its "
-                        f"{manifest.name} lists; prepare the folder again with --prepare-only")
 
 
 def _check_prepare_folder(directory: Path) -> None:
@@ -123,7 +92,7 @@ def cmd_bench(args) -> int:
         setattr(args, name, getattr(settings, name))
     if args.from_dir:
         directory = Path(args.from_dir)
-        _check_prepared(directory, kind.mode)
+        check_prepared(directory, kind.mode)
     else:
         _check_bench_shape(args, misuse)
         if args.prepare_only:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import arg_types
 from .bench_kinds import BENCH_KINDS
 from .driver.options import CompileOptions
 from .driver.targets import STAGE_NAMES
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--output", help="npz to write the results to (result0, ...; an ONNX "
                          "model's: its output names)")
     run_cmd.add_argument("--function", help="public function to call (default: the only one)")
-    run_cmd.add_argument("--seed", type=_seed, default=None,
+    run_cmd.add_argument("--seed", type=arg_types.seed, default=None,
                          help="seed of the random inputs (default: drawn and printed; "
                               "refused with --inputs, which gives the inputs)")
     run_cmd.add_argument("--no-cache", action="store_true",
@@ -93,29 +94,29 @@ def build_parser() -> argparse.ArgumentParser:
                                 "prefill: causal Sq = S at each --context and a history case "
                                 "(--history cached + --new-tokens new tokens), TFLOP/s on the "
                                 "causal work")
-    bench_cmd.add_argument("--history", type=_count, default=None, metavar="TOKENS",
+    bench_cmd.add_argument("--history", type=arg_types.count, default=None, metavar="TOKENS",
                            help="--mode prefill: cached tokens of the history case "
                                 "(default 8192)")
-    bench_cmd.add_argument("--new-tokens", type=_count, default=None, metavar="TOKENS",
+    bench_cmd.add_argument("--new-tokens", type=arg_types.count, default=None, metavar="TOKENS",
                            help="--mode prefill: new tokens of the history case (default 512; "
                                 "0 leaves the case out)")
-    bench_cmd.add_argument("--ragged-mean", type=_positive, default=None, metavar="TOKENS",
+    bench_cmd.add_argument("--ragged-mean", type=arg_types.positive, default=None, metavar="TOKENS",
                            help="--mode paged: mean length of the ragged batch (default 8192)")
-    bench_cmd.add_argument("--seed", type=_seed, default=0,
+    bench_cmd.add_argument("--seed", type=arg_types.seed, default=0,
                            help="seed of the random data (--mode paged: also of the lengths "
                                 "and block tables)")
     bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default=None,
                            help="--mode paged: the kernels' numerics instead of the kernel "
                                 "targets' default (q-terms 2, w-quant s8, w-terms 2): the seed's "
                                 "(1, s8, 1) or the cpu pipeline's defaults (2, u8, 2)")
-    bench_cmd.add_argument("--context", type=_contexts, default=None,
+    bench_cmd.add_argument("--context", type=arg_types.token_counts, default=None,
                            help="comma-separated context lengths (default 4096,8192,16384)")
-    bench_cmd.add_argument("--batch", type=_positive, default=None,
+    bench_cmd.add_argument("--batch", type=arg_types.positive, default=None,
                            help="batch size (default 16 for decode and paged, 1 for prefill)")
-    bench_cmd.add_argument("--q-heads", type=_positive, default=None, help="(default 32)")
-    bench_cmd.add_argument("--kv-heads", type=_positive, default=None, help="(default 8)")
-    bench_cmd.add_argument("--head-dim", type=_positive, default=None, help="(default 128)")
-    bench_cmd.add_argument("--iterations", type=_positive, default=50)
+    bench_cmd.add_argument("--q-heads", type=arg_types.positive, default=None, help="(default 32)")
+    bench_cmd.add_argument("--kv-heads", type=arg_types.positive, default=None, help="(default 8)")
+    bench_cmd.add_argument("--head-dim", type=arg_types.positive, default=None, help="(default 128)")
+    bench_cmd.add_argument("--iterations", type=arg_types.positive, default=50)
     bench_cmd.add_argument("--prepare-only", metavar="DIR",
                            help="only compile the modules into DIR (for a GPU machine "
                                 "without IREE's compiler)")
@@ -125,50 +126,3 @@ def build_parser() -> argparse.ArgumentParser:
                            help="writes PREFIX.md, PREFIX.json and PREFIX.png")
     bench_cmd.set_defaults(misuse=bench_cmd.error)   # a usage message and exit status 2
     return parser
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
-    if not 0 <= value < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer below 2**63, got {value}")
-    return value
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
-
-
-def _positive(text: str) -> int:
-    value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = _integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
-    return value
-
-
-def _contexts(text: str) -> tuple[int, ...]:
-    """`--context 4096,8192`: positive token counts, comma-separated."""
-    items = text.split(",")
-    for item in items:
-        if not item.strip():
-            raise argparse.ArgumentTypeError(
-                f"'{text}' has an empty item; give token counts separated by single commas, "
-                f"e.g. 4096,8192")
-        if not item.strip().isdigit() or int(item) < 1:
-            where = f"'{item}' in '{text}'" if len(items) > 1 else f"'{item}'"
-            raise argparse.ArgumentTypeError(
-                f"{where} is not a positive token count; give whole numbers of tokens "
-                f"separated by commas, e.g. 4096,8192 (no suffixes such as 4k)")
-    return tuple(int(item) for item in items)

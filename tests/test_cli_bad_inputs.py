@@ -217,6 +217,56 @@ def test_bench_from_a_good_folder_gets_past_the_checks(tmp_path, capsys, monkeyp
     assert (tmp_path / "bench.md").read_text() == "| table |\n"
 
 
+RUNNER_BAD = {
+    "paged_missing": ("bench_paged", ["--run", "{tmp}/nowhere"], 1,
+                      "--run folder '{tmp}/nowhere' does not exist; prepare it with int8attn "
+                      "bench --mode paged --prepare-only {tmp}/nowhere"),
+    "paged_second_folder_of_other_mode": (
+        "bench_paged", ["--run", "{tmp}/paged,{tmp}/decode"], 1,
+        "--run folder '{tmp}/decode' has no paged.json, so no --mode paged modules; it holds "
+        "--mode decode modules"),
+    "paged_missing_module": ("bench_paged", ["--run", "{tmp}/partial"], 1,
+                             "--run folder '{tmp}/partial' lacks paged_bf16.vmfb"),
+    "paged_context_with_suffix": ("bench_paged", ["--run", "{tmp}/paged", "--contexts", "4k"],
+                                  2, "'4k' is not a positive token count"),
+    "paged_unknown_pv": ("bench_paged", ["--run", "{tmp}/paged", "--pv", "int4"], 2,
+                         "--pv 'int4' is not one of int8, bf16"),
+    "paged_zero_batch": ("bench_paged", ["--run", "{tmp}/paged", "--batch", "0"], 2,
+                         "argument --batch: must be a positive integer, got 0"),
+    "prefill_a_file": ("bench_prefill", ["--run", "{tmp}/file"], 1,
+                       "--run '{tmp}/file' is not a folder"),
+    "prefill_damaged": ("bench_prefill", ["--run", "{tmp}/damaged"], 1,
+                        "--run folder '{tmp}/damaged': prefill.json is damaged"),
+    "prefill_negative_seed": ("bench_prefill", ["--run", "{tmp}/paged", "--seed", "-1"], 2,
+                              "argument --seed: must be a non-negative integer"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNNER_BAD))
+def test_bench_runners_name_bad_folders_and_flags(name, tmp_path, capsys, monkeypatch):
+    """`python -m int8attn.bench_paged / bench_prefill --run DIR` (the GPU machine's
+    runners, README) check their folders as `--from` does and their flags as `int8attn
+    bench` does: a message and exit 1 or 2, never a traceback, before any device."""
+    import importlib
+
+    module, flags, status, message = RUNNER_BAD[name]
+    runner = importlib.import_module(f"int8attn.{module}")
+    monkeypatch.setattr(runner, "run", lambda *a, **k: pytest.fail("the run was reached"))
+    (tmp_path / "file").write_text("not a folder")
+    _prepared(tmp_path / "paged", "paged")
+    _prepared(tmp_path / "decode", "decode")
+    _prepared(tmp_path / "partial", "paged", drop="paged_bf16.vmfb")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "prefill.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exit_:
+        runner.main([flag.format(tmp=tmp_path) for flag in flags])
+    assert exit_.value.code == status
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err, err
+    assert "Traceback" not in err
+
+
 
 @pytest.mark.parametrize("mode, flags", [
     ("paged", ["--head-dim", "64"]), ("paged", ["--numerics", "seed"]),
