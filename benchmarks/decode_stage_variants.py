@@ -70,6 +70,7 @@ def _body(variant: str):
         kv.stage()
         folded, total = lanes.i32(0), lanes.f32(0.0)
         if variant == "loads":
+            lanes.barrier()     # publishes the staged block ids (quantize_rows' barrier does it in qk)
             loads, scales = _k_loads(plan, kv, wave_token0)
             folded = _fold(lanes, folded, loads)
             for x in scales:

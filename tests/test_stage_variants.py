@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from iree.compiler import ir
 
@@ -21,6 +22,7 @@ from int8attn.kernels.decode import build_decode_kernels, paged_access
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.shapes import PagedShape, PrefillShape
 from int8attn.kernels.target_spec import target_spec
+from int8attn.simulator.decode import simulate_paged
 from int8attn.support.ir import new_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -63,6 +65,34 @@ def test_the_decode_variants_read_what_the_kernel_reads(monkeypatch):
     missing = partition_loads(real) - partition_loads(loads)
     assert not partition_loads(loads) - partition_loads(real)
     assert [memref for _, memref, _ in missing] == ["memref<?x32x128xf32>"]    # q
+
+@pytest.mark.parametrize("variant", decode_stage_variants.VARIANTS)
+def test_the_decode_variants_run_in_the_simulator(variant, monkeypatch):
+    """A variant must be a kernel the GPU can run: the simulator refuses a race or a read
+    out of bounds. `loads` once read the block ids it staged in LDS with no barrier
+    (the real kernel's is quantize_rows', which it leaves out); on the GPU the stale ids
+    sent its loads out of the pool, and the run ended ABORTED (H100 and H200,
+    2026-12-05)."""
+    seed = 24
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    lengths, kv_heads, head_dim, block_size = [300, 40], 2, 128, 16
+    used = [-(-n // block_size) for n in lengths]
+    blocks = sum(used) + 3
+    k = rng.integers(-127, 128, (blocks, kv_heads, block_size, head_dim), dtype=np.int8)
+    v = rng.integers(-127, 128, (blocks, kv_heads, head_dim, block_size), dtype=np.int8)
+    k_scale, v_scale = (rng.random((blocks, kv_heads, block_size), np.float32) * 0.01
+                        for _ in range(2))
+    order = rng.permutation(blocks)
+    tables = np.zeros((len(lengths), max(used)), np.int32)
+    for b, n in enumerate(used):
+        tables[b, :n] = order[sum(used[:b]):sum(used[:b]) + n]
+    q = rng.standard_normal((len(lengths), 4 * kv_heads, head_dim)).astype(np.float32)
+    monkeypatch.setattr(decode.PartitionKernel, "body", decode_stage_variants._body(variant))
+    out = simulate_paged(q, k, k_scale, v, v_scale, tables, np.array(lengths, np.int32), 0.088,
+                         target="cuda")
+    assert out.shape == q.shape
+
 
 def test_one_scale_keeps_the_mmas_and_drops_the_epilogue(monkeypatch):
     shape = PrefillShape(1, 32, 8, 256, 256, 128, 0.125)
