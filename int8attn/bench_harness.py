@@ -180,21 +180,29 @@ def measure(row: dict, variant: str, fn, device_args, check: Callable[..., Check
 
 
 def run_main(main: Callable[[], int]) -> NoReturn:
-    """`raise SystemExit(main())` for a bench's command line on the GPU machine, except
-    that a run the device failed (IREE's and torch's RuntimeError) ends the process at
-    once, after saying so: after a failed dispatch the CUDA context is unusable, and
-    the process then outlived its traceback by minutes, in its teardown (an H100,
-    2026-12-05), time the device lease pays for. The rows measured before it are already printed
-    (`run_cases`)."""
+    """`raise SystemExit(main())` for a bench's command line on the GPU machine, without
+    the interpreter's teardown: after the CUDA runtimes (IREE's, torch's and its CUPTI
+    trace) the teardown is where things went wrong, after the work was done. A run
+    the device failed (IREE's and torch's RuntimeError) outlived its traceback by
+    minutes there (an H100, 2026-12-05), time the device lease pays for; a finished
+    one aborted there with "double free or corruption" (exit 134, an H200, the same
+    day) after every row and file was written. So the process says what failed, if
+    anything, flushes its output and ends at once. The rows measured before a failure
+    are already printed (`run_cases`)."""
     try:
         code = main()
     except RuntimeError as error:
         lines = str(error).strip().splitlines()[:4]
         print("error: the run failed on the device (rows measured before it are printed "
               "above):\n  " + "\n  ".join(lines), file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)
-    raise SystemExit(code)
+        code = 1
+    except SystemExit as done:       # argparse's usage errors, --help
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+        if done.code is not None and not isinstance(done.code, int):
+            print(done.code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_cases(cases: Iterable, run_case: Callable[..., list[dict]]) -> list[dict]:

@@ -627,7 +627,32 @@ def test_a_bench_that_succeeds_exits_with_its_code(tmp_path):
     import sys
 
     script = tmp_path / "bench.py"
-    script.write_text("from int8attn.bench_harness import run_main\nrun_main(lambda: 3)\n")
+    # a teardown that aborts, as the runtimes' did after a finished run (exit 134)
+    script.write_text("import atexit, os\n"
+                      "from int8attn.bench_harness import run_main\n"
+                      "atexit.register(os.abort)\n"
+                      "def main():\n"
+                      "    print('{\"case\": \"measured\"}')\n"
+                      "    return 3\n"
+                      "run_main(main)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=50)
     assert done.returncode == 3 and done.stderr == ""
+    assert done.stdout == '{"case": "measured"}\n'     # flushed before the exit
+
+
+def test_a_bench_usage_error_keeps_its_status(tmp_path):
+    """argparse's exit (status 2, its message already printed) passes through run_main."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "bench.py"
+    script.write_text("import argparse\n"
+                      "from int8attn.bench_harness import run_main\n"
+                      "parser = argparse.ArgumentParser(prog='bench')\n"
+                      "parser.add_argument('--iterations', type=int)\n"
+                      "run_main(lambda: parser.parse_args(['--iterations', 'x']) and 0)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=50)
+    assert done.returncode == 2
+    assert "argument --iterations: invalid int value: 'x'" in done.stderr
