@@ -45,8 +45,9 @@ def main(argv=None) -> int:
         else:
             parser.error(f"neither DecodeTuning nor the kernels' numerics has a field {name!r}")
     cuda = specs.TARGET_SPECS["cuda"]
-    table = tuple((bound, changes.get("workgroups_per_sm", wps))
-                  for bound, wps in cuda.occupancy_by_head_dim)
+    wanted = changes.get("workgroups_per_sm")
+    table = tuple((bound, wanted or int8, wanted or bf16)
+                  for bound, int8, bf16 in cuda.occupancy_by_head_dim)
     specs.TARGET_SPECS["cuda"] = replace(cuda, tuning=replace(cuda.tuning, **changes),
                                          occupancy_by_head_dim=table)
     print(f"{args.directory}: {specs.target_spec('cuda').default_tuning(args.head_dim)}",

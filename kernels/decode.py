@@ -229,7 +229,7 @@ def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
     PV; `pv_atom` names another INT8 PV instruction of the target.
     """
     check_decode_shape(access.shape, spec)
-    tuning = tuning or spec.default_tuning(access.shape.head_dim)
+    tuning = tuning or spec.default_tuning(access.shape.head_dim, pv)
     spec.check_tuning(tuning)
     numerics = spec.resolve_numerics(numerics, access.shape.head_dim)
     partition = PartitionKernel(access, spec, numerics, pv, tuning, pv_atom)

@@ -111,9 +111,9 @@ class TargetSpec:
     async_copy: bool = False                   # an asynchronous global -> LDS copy
     occupancy_attribute: str | None = None     # the kernel attribute of workgroups per SM
     tuning: DecodeTuning = field(default_factory=DecodeTuning)
-    # Workgroups per SM by head dim: (largest head dim, workgroups per SM), first
-    # match, the last row's value above it.
-    occupancy_by_head_dim: tuple[tuple[int, int], ...] = ()
+    # Workgroups per SM of the decode partition by head dim: (largest head dim, INT8 PV's,
+    # the BF16-PV twin's), first match, the last row's value above it.
+    occupancy_by_head_dim: tuple[tuple[int, int, int], ...] = ()
     # The numerics its kernels build when none is given (docs/design.md §2c).
     numerics: Numerics = KERNEL_NUMERICS
     # The AMDGPU chip IREE's ROCm backend builds the kernels' LLVM IR for (the
@@ -178,13 +178,13 @@ class TargetSpec:
         raise ValueError(f"--target {self.name} has no PV atom {atom!r} (it has: "
                          f"{', '.join(known)})")
 
-    def default_tuning(self, head_dim: int) -> DecodeTuning:
-        """The measured schedule for a head dim of `head_dim`."""
+    def default_tuning(self, head_dim: int, pv: str = "int8") -> DecodeTuning:
+        """The measured schedule for a head dim of `head_dim` and PV precision `pv`."""
         table = self.occupancy_by_head_dim
         if not table:
             return self.tuning
-        fits = next((wps for bound, wps in table if head_dim <= bound), table[-1][1])
-        return replace(self.tuning, workgroups_per_sm=fits)
+        row = next((row for row in table if head_dim <= row[0]), table[-1])
+        return replace(self.tuning, workgroups_per_sm=row[1] if pv == "int8" else row[2])
 
     def check_tuning(self, tuning: DecodeTuning) -> None:
         if tuning.v_async and not self.async_copy:
@@ -261,9 +261,10 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         async_copy=True, occupancy_attribute="nvvm.minctasm",
         tuning=DecodeTuning(workgroups_per_sm=6, merge_chunks=4, merge_splits=16,
                             merge_unroll=2),
-        # a lane's V loads and output accumulators grow with D: fewer workgroups
-        # fit without spilling
-        occupancy_by_head_dim=((64, 7), (128, 6), (256, 4)),
+        # a lane's V loads and output accumulators grow with D: fewer workgroups fit
+        # without spilling. D 128, INT8: 8 (64 registers, no spills) is 1-4% faster than
+        # 6 in every bench case (results-h100-decode.md); the twin spills 60 bytes at 8.
+        occupancy_by_head_dim=((64, 7, 7), (128, 8, 6), (256, 4, 4)),
         exp2_intrinsic=EXP2_INTRINSICS["cuda"], byte_permute=BYTE_PERMUTE,
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads

@@ -185,16 +185,17 @@ def test_v_async_is_refused_where_there_is_no_async_copy(target):
         build_decode_kernels(paged_access(shape, spec), spec, tuning=DecodeTuning(v_async=True))
 
 
-@pytest.mark.parametrize("head_dim, workgroups", [(32, 7), (64, 7), (96, 6), (128, 6),
-                                                 (256, 4), (512, 4)])
-def test_the_cuda_occupancy_hint_follows_the_head_dim(head_dim, workgroups):
+@pytest.mark.parametrize("head_dim, pv, workgroups", [
+    (32, "int8", 7), (64, "int8", 7), (96, "int8", 8), (128, "int8", 8), (256, "int8", 4),
+    (512, "int8", 4), (64, "bf16", 7), (128, "bf16", 6), (256, "bf16", 4)])
+def test_the_cuda_occupancy_hint_follows_the_head_dim(head_dim, pv, workgroups):
     # A lane's registers grow with D: the partition kernel asks the backend for
-    # the measured workgroups per SM of its head dim (kernels/decode.py), and only
-    # the partition kernel carries the hint.
+    # the measured workgroups per SM of its head dim and PV (kernels/target_spec.py),
+    # and only the partition kernel carries the hint.
     spec = target_spec("cuda")
     with new_context(), ir.Location.unknown():
         shape = PagedShape(2, 4, head_dim, 16, 0.125)
-        text = str(build_decode_kernels(paged_access(shape, spec), spec).module)
+        text = str(build_decode_kernels(paged_access(shape, spec), spec, pv=pv).module)
     assert text.count("nvvm.minctasm") == 1
     assert f"nvvm.minctasm = {workgroups} : i32" in text
 
