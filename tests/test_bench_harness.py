@@ -598,23 +598,17 @@ def test_a_run_the_device_failed_ends_at_once(tmp_path):
     # After a failed dispatch the runtime's teardown waited on the dead CUDA context for
     # minutes (an H100): a bench's command line must end right after saying so, not in
     # its exit handlers. The stand-in handler would hold the process for a minute.
-    import subprocess
-    import sys
     import time
 
-    script = tmp_path / "failing_bench.py"
-    script.write_text(
-        "import atexit, time\n"
-        "from int8attn.bench_harness import run_main\n"
-        "atexit.register(time.sleep, 60)\n"
-        "def main():\n"
-        "    print('{\"case\": \"measured before\"}', flush=True)\n"
-        "    raise RuntimeError('Error invoking function: ABORTED; while invoking native '\n"
-        "                       'function hal.device.queue.dealloca')\n"
-        "run_main(main)\n")
     start = time.monotonic()
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=50)
+    done = _run_script(tmp_path, "import atexit, time\n"
+                       "from int8attn.bench_harness import run_main\n"
+                       "atexit.register(time.sleep, 60)\n"
+                       "def main():\n"
+                       "    print('{\"case\": \"measured before\"}', flush=True)\n"
+                       "    raise RuntimeError('Error invoking function: ABORTED; while invoking '\n"
+                       "                       'native function hal.device.queue.dealloca')\n"
+                       "run_main(main)\n")
     assert time.monotonic() - start < 30
     assert done.returncode == 1
     assert '"measured before"' in done.stdout
@@ -623,36 +617,35 @@ def test_a_run_the_device_failed_ends_at_once(tmp_path):
 
 
 def test_a_bench_that_succeeds_exits_with_its_code(tmp_path):
-    import subprocess
-    import sys
-
-    script = tmp_path / "bench.py"
     # a teardown that aborts, as the runtimes' did after a finished run (exit 134)
-    script.write_text("import atexit, os\n"
-                      "from int8attn.bench_harness import run_main\n"
-                      "atexit.register(os.abort)\n"
-                      "def main():\n"
-                      "    print('{\"case\": \"measured\"}')\n"
-                      "    return 3\n"
-                      "run_main(main)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=50)
+    done = _run_script(tmp_path, "import atexit, os\n"
+                       "from int8attn.bench_harness import run_main\n"
+                       "atexit.register(os.abort)\n"
+                       "def main():\n"
+                       "    print('{\"case\": \"measured\"}')\n"
+                       "    return 3\n"
+                       "run_main(main)\n")
     assert done.returncode == 3 and done.stderr == ""
     assert done.stdout == '{"case": "measured"}\n'     # flushed before the exit
 
 
 def test_a_bench_usage_error_keeps_its_status(tmp_path):
     """argparse's exit (status 2, its message already printed) passes through run_main."""
+    done = _run_script(tmp_path, "import argparse\n"
+                       "from int8attn.bench_harness import run_main\n"
+                       "parser = argparse.ArgumentParser(prog='bench')\n"
+                       "parser.add_argument('--iterations', type=int)\n"
+                       "run_main(lambda: parser.parse_args(['--iterations', 'x']) and 0)\n")
+    assert done.returncode == 2
+    assert "argument --iterations: invalid int value: 'x'" in done.stderr
+
+
+def _run_script(tmp_path, source: str):
+    """`source` run as a script in a fresh interpreter (run_main ends its process)."""
     import subprocess
     import sys
 
     script = tmp_path / "bench.py"
-    script.write_text("import argparse\n"
-                      "from int8attn.bench_harness import run_main\n"
-                      "parser = argparse.ArgumentParser(prog='bench')\n"
-                      "parser.add_argument('--iterations', type=int)\n"
-                      "run_main(lambda: parser.parse_args(['--iterations', 'x']) and 0)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+    script.write_text(source)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=50)
-    assert done.returncode == 2
-    assert "argument --iterations: invalid int value: 'x'" in done.stderr
