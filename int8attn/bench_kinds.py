@@ -1,6 +1,7 @@
 """The table of `int8attn bench` kinds: `--mode` -> the kind's `BenchKind`
 (`bench_harness`), which the CLI dispatches through (its `--mode` choices, the
-flags only one mode reads, the manifests `--from` looks for)."""
+flags only one mode reads, the manifests `--from` looks for), and the check that a
+prepared folder (`--from`, a runner's `--run`) holds a mode's modules."""
 
 from __future__ import annotations
 
