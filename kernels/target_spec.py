@@ -262,9 +262,10 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         tuning=DecodeTuning(workgroups_per_sm=6, merge_chunks=4, merge_splits=16,
                             merge_unroll=2),
         # a lane's V loads and output accumulators grow with D: fewer workgroups fit
-        # without spilling. D 128, INT8: 8 (64 registers, no spills) is 1-4% faster than
-        # 6 in every bench case (results-h100-decode.md); the twin spills 60 bytes at 8.
-        occupancy_by_head_dim=((64, 7, 7), (128, 8, 6), (256, 4, 4)),
+        # without spilling. INT8 at D <= 128: 8 (64 registers, no spills) beats 6 at D 128
+        # by 1-4% and 7 at D 64 by 4-9% in every bench case (results-h100-decode.md); the
+        # twin spills at 8 and is 4-12% slower there at D 128.
+        occupancy_by_head_dim=((64, 8, 7), (128, 8, 6), (256, 4, 4)),
         exp2_intrinsic=EXP2_INTRINSICS["cuda"], byte_permute=BYTE_PERMUTE,
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
