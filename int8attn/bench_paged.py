@@ -375,6 +375,11 @@ def main(argv=None) -> int:
     try:
         for directory in directories:
             check_prepared(directory, "paged", "--run")
+        metas = [json.loads((d / MANIFEST).read_text()) for d in directories]
+        if unlike := next((d for d, m in zip(directories, metas) if m != metas[0]), None):
+            raise UserError(f"--run folders '{directories[0]}' and '{unlike}' hold modules of "
+                            f"different shapes or numerics ({MANIFEST} differs); folders "
+                            f"timed on the same data must be prepared alike")
     except UserError as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
     rows = run(directories, args.batch, list(args.contexts), args.ragged_mean, seed=args.seed,

@@ -225,6 +225,10 @@ RUNNER_BAD = {
         "bench_paged", ["--run", "{tmp}/paged,{tmp}/decode"], 1,
         "--run folder '{tmp}/decode' has no paged.json, so no --mode paged modules; it holds "
         "--mode decode modules"),
+    "paged_folders_prepared_unlike": (
+        "bench_paged", ["--run", "{tmp}/paged,{tmp}/seed"], 1,
+        "--run folders '{tmp}/paged' and '{tmp}/seed' hold modules of different shapes or "
+        "numerics (paged.json differs)"),
     "paged_missing_module": ("bench_paged", ["--run", "{tmp}/partial"], 1,
                              "--run folder '{tmp}/partial' lacks paged_bf16.vmfb"),
     "paged_context_with_suffix": ("bench_paged", ["--run", "{tmp}/paged", "--contexts", "4k"],
@@ -256,6 +260,8 @@ def test_bench_runners_name_bad_folders_and_flags(name, tmp_path, capsys, monkey
     _prepared(tmp_path / "paged", "paged")
     _prepared(tmp_path / "decode", "decode")
     _prepared(tmp_path / "partial", "paged", drop="paged_bf16.vmfb")
+    _prepared(tmp_path / "seed", "paged", manifest=json.dumps(dict(
+        q_heads=32, kv_heads=8, head_dim=128, block_size=16, q_terms=1)))
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "prefill.json").write_text("{not json")
