@@ -196,10 +196,11 @@ def run_main(main: Callable[[], int]) -> NoReturn:
         print("error: the run failed on the device (rows measured before it are printed "
               "above):\n  " + "\n  ".join(lines), file=sys.stderr, flush=True)
         code = 1
-    except SystemExit as done:       # argparse's usage errors, --help
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
-        if done.code is not None and not isinstance(done.code, int):
-            print(done.code, file=sys.stderr)
+    except SystemExit as done:       # argparse's usage errors, --help; as Python ends on it
+        code = 0 if done.code is None else done.code
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

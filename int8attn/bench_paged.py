@@ -231,6 +231,17 @@ def run_case(case: PagedCase, rng, meta: dict, directories: list[Path], function
     return rows
 
 
+def common_manifest(directories: list[Path]) -> dict:
+    """The manifest the folders share; ValueError where two differ (folders timed on
+    the same data must be prepared alike)."""
+    metas = [json.loads((d / MANIFEST).read_text()) for d in directories]
+    if unlike := next((d for d, m in zip(directories, metas) if m != metas[0]), None):
+        raise ValueError(f"folders '{directories[0]}' and '{unlike}' hold modules of "
+                         f"different shapes or numerics ({MANIFEST} differs); folders "
+                         f"timed on the same data must be prepared alike")
+    return metas[0]
+
+
 def run(directory, batch: int, contexts, mean: int, seed: int = 0, warmup: int = 5,
         iterations: int = 50, pvs=PV, *, device=None, timer: Timer | None = None) -> list[dict]:
     """One row per case; `directory` may be a list of prepared folders (schedule
@@ -240,10 +251,7 @@ def run(directory, batch: int, contexts, mean: int, seed: int = 0, warmup: int =
     runtime unless given; `timer`: Timer(warmup, iterations) unless given."""
     directories = [Path(d) for d in directory] if isinstance(directory, (list, tuple)) \
         else [Path(directory)]
-    metas = [json.loads((d / MANIFEST).read_text()) for d in directories]
-    if any(m != metas[0] for m in metas):
-        raise ValueError("the folders hold modules of different shapes or numerics")
-    meta = metas[0]
+    meta = common_manifest(directories)
     device = device or IreeDevice()
     timer = timer or Timer(warmup, iterations)
     functions = {d: {pv: device.load(d / f"paged_{pv}.vmfb", "paged") for pv in pvs}
@@ -375,12 +383,11 @@ def main(argv=None) -> int:
     try:
         for directory in directories:
             check_prepared(directory, "paged", "--run")
-        metas = [json.loads((d / MANIFEST).read_text()) for d in directories]
-        if unlike := next((d for d, m in zip(directories, metas) if m != metas[0]), None):
-            raise UserError(f"--run folders '{directories[0]}' and '{unlike}' hold modules of "
-                            f"different shapes or numerics ({MANIFEST} differs); folders "
-                            f"timed on the same data must be prepared alike")
+        common_manifest(directories)
     except UserError as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    except ValueError as error:                 # common_manifest's
+        parser.exit(1, f"{parser.prog}: error: --run {error}\n")
         parser.exit(1, f"{parser.prog}: error: {error}\n")
     rows = run(directories, args.batch, list(args.contexts), args.ragged_mean, seed=args.seed,
                iterations=args.iterations, pvs=pvs)
