@@ -5,8 +5,14 @@ host passes, then the buffers the kernel writes), its index push constants,
 its grid and workgroup size, and the shapes of the buffers a host allocates
 for it. Every caller reads it: the IREE host function's `flow.dispatch`
 operands follow `inputs` and `constants`, and a launcher that calls the
-kernel directly on a stream (`runtime/launch.py`, the torch path) builds its
+kernel directly on a stream (serving/executors.py, the torch path) builds its
 parameter list, grid and scratch buffers from it alone.
+
+A kernel whose workgroups meet through global memory (the decode partition that
+merges its sequence's partials in the last workgroup to finish) declares its
+`counters`: inputs the caller passes zero-filled, which the kernel updates with
+atomics and leaves zero again when it ends, so a launcher may keep one zeroed
+buffer per stream instead of clearing it per call.
 
 Sizes are named: a grid entry or a buffer dimension is an int or the name of
 a run-time size (`B`, `NB`, `MB`, `P`, `T`, ...) that the caller evaluates
@@ -47,6 +53,7 @@ class KernelABI:
     writes_inputs: tuple[str, ...] = ()  # inputs the kernel updates in place
     leading: int = 0                     # grid counts the export fixes itself (no workload),
     trailing: int = 0                    # before and after the workload's
+    counters: tuple[Buffer, ...] = ()    # the last inputs: passed zeroed, left zero
 
     @property
     def workload(self) -> tuple[Size, ...]:
@@ -56,6 +63,13 @@ class KernelABI:
     def grid_of(self, sizes: dict[str, int]) -> tuple[int, int, int]:
         x, y, z = (evaluate(g, sizes) for g in self.grid)
         return x, y, z
+
+    def __post_init__(self):
+        names = tuple(b.name for b in self.counters)
+        if names and (self.inputs[-len(names):] != names
+                      or not set(names) <= set(self.writes_inputs)):
+            raise ValueError(f"kernel {self.kernel}: counters {names} must be its last inputs "
+                             f"and among those it writes")
 
     def argument_types(self) -> list[str]:
         """The kernel function's parameters: a binding per input, an index per push
@@ -72,16 +86,18 @@ class KernelABI:
                             for b in self.outputs],
                 "constants": list(self.constants), "grid": list(self.grid),
                 "threads": self.threads, "writes_inputs": list(self.writes_inputs),
-                "leading": self.leading, "trailing": self.trailing}
+                "leading": self.leading, "trailing": self.trailing,
+                "counters": [{"name": b.name, "shape": list(b.shape), "element": b.element}
+                             for b in self.counters]}
 
     @classmethod
     def from_json(cls, data: dict) -> "KernelABI":
-        return cls(data["kernel"], tuple(data["inputs"]),
-                   tuple(Buffer(b["name"], tuple(b["shape"]), b["element"])
-                         for b in data["outputs"]),
+        buffers = lambda key: tuple(Buffer(b["name"], tuple(b["shape"]), b["element"])
+                                    for b in data.get(key, ()))
+        return cls(data["kernel"], tuple(data["inputs"]), buffers("outputs"),
                    tuple(data["constants"]), tuple(data["grid"]), int(data["threads"]),
                    tuple(data.get("writes_inputs", ())), int(data.get("leading", 0)),
-                   int(data.get("trailing", 0)))
+                   int(data.get("trailing", 0)), buffers("counters"))
 
 
 def evaluate(size: Size, sizes: dict[str, int]) -> int:

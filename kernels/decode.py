@@ -15,7 +15,11 @@ kernels/pv_stages.py):
           one MMAC per (group, head-dim tile); rescale by sW
   store   the waves' partials summed through LDS; the partition's max and sum
 Merge kernel (kernels/merge.py): each row's max over the sequence's own
-partitions, then the weighted sum of the partial outputs.
+partitions, then the weighted sum of the partial outputs. With `fused_merge`
+there is no merge kernel: each workgroup counts its arrival (an atomic add on a
+zeroed [B, Hkv] counter, after a release fence), and the last of a (sequence,
+KV head) to arrive runs the same merge on its own threads (after an acquire
+fence), then zeroes the counter again.
 
 Every lane index, shuffle offset and LDS offset comes from the target's atoms
 (`TargetSpec`, `DecodeKernelLayout`); swapping the model swaps the kernel.
@@ -37,7 +41,7 @@ from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .executable import build_kernel
 from .kv_access import DenseKV, KVView, PagedKV
 from .lanes import Lanes, binding, workgroup_id
-from .merge import MergePlan, build_merge
+from .merge import MergePlan, build_merge, merge_sequence
 from .pv_stages import load_v, pv_stage, stage_v, v_tiles
 from .qk_stages import partition_softmax, q_operands, qk, quantize_rows
 from .stage_plan import StagePlan, VSource
@@ -95,6 +99,7 @@ class PartitionKernel:
     pv: str
     tuning: DecodeTuning
     pv_atom: str | None = None
+    merge: MergePlan | None = None   # the merge its last workgroup runs (fused_merge)
 
     @property
     def threads(self) -> int:
@@ -108,19 +113,30 @@ class PartitionKernel:
     def build(self, args) -> None:
         lanes = Lanes(self.threads, self.spec.wave_size)
         b, h, p = workgroup_id(2), workgroup_id(1), workgroup_id(0)
+        counter = None
+        if self.merge is not None:    # the counters are the last inputs (decode_abi)
+            inputs = self.access.inputs
+            args, counter = args[:inputs] + args[inputs + 1:], args[inputs]
         kv, outputs = self.access.bind(lanes, args, (b, h, p))
         plan = stage_plan(lanes, self.spec, self.access.shape, self.numerics, self.pv,
                           self.rows_out, self.pv_atom, self.tuning.pack_q_terms,
                           self.tuning.pack_w_terms,
                           a_register_order=self.tuning.a_register_order)
+
+        def work():
+            partials = self.body(plan, kv, outputs, p)
+            if counter is not None:
+                self.merge_if_last(kv, partials, outputs[3], counter)
+
         guard = kv.guard()
         if guard is None:
-            self.body(plan, kv, outputs, p)
+            work()
         else:
             with lanes.when(guard):
-                self.body(plan, kv, outputs, p)
+                work()
 
-    def body(self, plan: StagePlan, kv: KVView, outputs, p) -> None:
+    def body(self, plan: StagePlan, kv: KVView, outputs, p) -> tuple:
+        """The partition's partial o, m and l, stored; returns their memrefs."""
         lanes, s, tuning = plan.lanes, self.access.shape, self.tuning
         zero = lanes.index(0)
         parts = (kv.batch, s.kv_heads, kv.partition_count)
@@ -146,6 +162,43 @@ class PartitionKernel:
             for c, members in enumerate(classes):
                 row = lanes.of_lane(plan.row_map(members[0]))
                 memref.store(values[c], out, [kv.b, kv.h, p, row])
+        return out_o, out_m, out_l
+
+    def merge_if_last(self, kv: KVView, partials, out_arg, counter_arg) -> None:
+        """Count this workgroup's arrival; the last of its (sequence, KV head) merges
+        the partials into `out` and zeroes the counter for the next call."""
+        lanes, s, merge = kv.lanes, self.access.shape, self.merge
+        zero = lanes.index(0)
+        arrivals = binding(counter_arg, (kv.batch, s.kv_heads), "i32", zero)
+        parts = self.access.live_partitions(kv)
+        last = arrive(lanes, self.spec, arrivals, [kv.b, kv.h], parts)
+        with lanes.when(last):
+            out = binding(out_arg, (kv.batch, s.kv_heads, merge.rows_out, s.head_dim), "f32",
+                          zero)
+            merge_sequence(merge, lanes, partials, out, (kv.b, kv.h), zero, parts)
+            with lanes.when(arith.cmpi(arith.CmpIPredicate.eq, lanes.thread, zero)):
+                memref.store(lanes.i32(0), arrivals, [kv.b, kv.h])
+
+
+def arrive(lanes: Lanes, spec: TargetSpec, counters, where, count) -> ir.Value:
+    """Whether this workgroup is the last of `count` to arrive at counter `where`:
+    its global stores released (a barrier, then one thread's release fence and
+    atomic add), the others' acquired (that thread's acquire fence, then a
+    barrier) where it is. Uniform over the workgroup."""
+    zero = lanes.index(0)
+    flag = lanes.shared([1], "i32")
+    lanes.barrier()
+    with lanes.when(arith.cmpi(arith.CmpIPredicate.eq, lanes.thread, zero)):
+        spec.device_fence("release")
+        before = memref.AtomicRMWOp(arith.AtomicRMWKind.addi, lanes.i32(1), counters,
+                                    list(where)).result
+        spec.device_fence("acquire")
+        last = arith.cmpi(arith.CmpIPredicate.eq,
+                          arith.index_cast(ir.IndexType.get(), before),
+                          arith.subi(count, lanes.index(1)))
+        memref.store(arith.extui(ir.IntegerType.get_signless(32), last), flag, [zero])
+    lanes.barrier()
+    return arith.cmpi(arith.CmpIPredicate.ne, memref.load(flag, [zero]), lanes.i32(0))
 
 
 def _q_source(kv: KVView, shape, row):
@@ -233,8 +286,13 @@ def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
     spec.check_tuning(tuning)
     numerics = spec.resolve_numerics(numerics, access.shape.head_dim)
     partition = PartitionKernel(access, spec, numerics, pv, tuning, pv_atom)
-    merge = MergePlan.of(access.shape, partition.rows_out, spec.tile_rows, spec.wave_size,
-                         partition.threads, tuning)
+    shape_args = (access.shape, partition.rows_out, spec.tile_rows, spec.wave_size,
+                  partition.threads, tuning)
+    if tuning.fused_merge:
+        partition = replace(partition, merge=MergePlan.in_partition(*shape_args))
+        merge = None
+    else:
+        merge = MergePlan.of(*shape_args)
     abi = decode_abi(access, partition, merge)
     try:
         module = _decode_module(partition, merge, abi)
@@ -244,37 +302,49 @@ def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
     return DecodeKernels(module.operation, access, partition.rows_out, spec.tile_rows, abi)
 
 
-def _decode_module(partition: PartitionKernel, merge: MergePlan,
+def _decode_module(partition: PartitionKernel, merge: MergePlan | None,
                    abi: tuple[KernelABI, ...]) -> ir.Module:
     spec, access = partition.spec, partition.access
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
         build_kernel(abi[0], partition.build, spec.wave_size,
                      spec.kernel_attributes(partition.tuning))
-        build_kernel(abi[1], lambda args: build_merge(merge, access, args), spec.wave_size)
+        if merge is not None:
+            build_kernel(abi[1], lambda args: build_merge(merge, access, args),
+                         spec.wave_size)
     return module
 
 
 def decode_abi(access: DenseKV | PagedKV, partition: PartitionKernel,
-               merge: MergePlan) -> tuple[KernelABI, ...]:
-    """The decode's two kernels: partitions [P, Hkv, B], then the merge of each
-    (sequence, KV head) over its `chunks` column chunks. Dense: every size is
-    static; paged: B, NB, MB and P are the host's run-time values."""
+               merge: MergePlan | None) -> tuple[KernelABI, ...]:
+    """The decode's kernels: partitions [P, Hkv, B], then the merge of each (sequence,
+    KV head) over its `chunks` column chunks; with the merge in the partition kernel
+    (`partition.merge`), that kernel alone, writing `out` too and counting arrivals
+    per (sequence, KV head). Dense: every size is static; paged: B, NB, MB and P are
+    the host's run-time values."""
     s = access.shape
-    hkv, d, rows_out, tile_rows = s.kv_heads, s.head_dim, partition.rows_out, merge.tile_rows
+    hkv, d, rows_out = s.kv_heads, s.head_dim, partition.rows_out
+    tile_rows = partition.spec.tile_rows
     paged = isinstance(access, PagedKV)
     batch, parts = ("B", "P") if paged else (s.batch, access.partitions)
     partials = (batch, hkv, parts)
-    kernel = KernelABI(
-        PARTITION_KERNEL, PAGED_INPUTS if paged else DENSE_INPUTS,
-        (Buffer("o_part", partials + (rows_out, d), "f32"),
-         Buffer("m_part", partials + (tile_rows,), "f32"),
-         Buffer("l_part", partials + (tile_rows,), "f32")),
-        ("B", "NB", "MB", "P") if paged else (), (parts, hkv, batch), partition.threads)
+    out = Buffer("out", (batch, hkv, rows_out, d), "f32")
+    inputs = PAGED_INPUTS if paged else DENSE_INPUTS
+    outputs = (Buffer("o_part", partials + (rows_out, d), "f32"),
+               Buffer("m_part", partials + (tile_rows,), "f32"),
+               Buffer("l_part", partials + (tile_rows,), "f32"))
+    constants = ("B", "NB", "MB", "P") if paged else ()
+    if partition.merge is not None:
+        arrivals = Buffer("arrivals", (batch, hkv), "i32")
+        return (KernelABI(PARTITION_KERNEL, inputs + ("arrivals",), outputs + (out,), constants,
+                          (parts, hkv, batch), partition.threads, writes_inputs=("arrivals",),
+                          counters=(arrivals,)),)
+    kernel = KernelABI(PARTITION_KERNEL, inputs, outputs, constants, (parts, hkv, batch),
+                       partition.threads)
     merged = KernelABI(
         MERGE_KERNEL, ("o_part", "m_part", "l_part") + (("context_lens",) if paged else ()),
-        (Buffer("out", (batch, hkv, rows_out, d), "f32"),),
-        ("B", "P") if paged else (), (merge.chunks, hkv, batch), merge.threads, leading=1)
+        (out,), ("B", "P") if paged else (), (merge.chunks, hkv, batch), merge.threads,
+        leading=1)
     return kernel, merged
 
 

@@ -70,7 +70,10 @@ def _padded_caches(k, k_scale, v, v_scale, padded: int, v_token_innermost: bool)
     v = build.pad_dim(v, 2, padded, build.zero("i8"))
     v_t = linalg.transpose(v, outs=[build.empty([b, hkv, dim, padded], "i8")],
                            permutation=[0, 1, 3, 2])
-    return k, k_scale, (v_t if isinstance(v_t, ir.Value) else v_t.result), v_scale
+    # linalg.transpose's result is variadic: the bindings give an op or a result list
+    if not isinstance(v_t, ir.Value):
+        v_t = (v_t if isinstance(v_t, ir.OpResultList) else v_t.results)[0]
+    return k, k_scale, v_t, v_scale
 
 
 def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
@@ -81,17 +84,13 @@ def build_host_function(kernels: DecodeKernels, name: str, q_type: ir.Type, *,
     a paged cache would hold it) and the per-call transpose disappears.
     """
     s = kernels.shape
-    partition, merge = kernels.abi
 
     @func.FuncOp.from_py_func(q_type, *_dense_cache_types(s, v_token_innermost), name=name)
     def host(q, k, k_scale, v, v_scale):
         caches = _padded_caches(k, k_scale, v, v_scale, kernels.access.padded,
                                 v_token_innermost)
-        values = dict(zip(DENSE_INPUTS, [_f32(q), *caches]))
-        values.update(zip((b.name for b in partition.outputs),
-                          _abi_dispatch(partition, {}, values, [])))
-        (out,) = _abi_dispatch(merge, {}, values, [])
-        return _real_rows(out, s, kernels.rows_out, s.batch)
+        values = _run_abi(kernels.abi, {}, dict(zip(DENSE_INPUTS, [_f32(q), *caches])), [])
+        return _real_rows(values["out"], s, kernels.rows_out, s.batch)
 
 
 class _PagedArguments:
@@ -125,11 +124,14 @@ def _cast(value: ir.Value, result_type: ir.Type) -> ir.Value:
 def _abi_dispatch(abi: KernelABI, sizes: dict[str, ir.Value], values: dict[str, ir.Value],
                   argument_dims: list[ir.Value],
                   written_dims: list[ir.Value] = ()) -> list[ir.Value]:
-    """flow.dispatch of one kernel as its ABI declares it: the inputs by name, the
-    index push constants, the grid, one result per output buffer, then one result
-    tied to each input the kernel updates in place (`written_dims`: their dynamic
-    dims, in order)."""
+    """flow.dispatch of one kernel as its ABI declares it: the inputs by name (its
+    counters zero-filled here, after the others), the index push constants, the grid,
+    one result per output buffer, then one result tied to each input the kernel
+    updates in place (`written_dims`: the dynamic dims of those but the counters, in
+    order)."""
     size = lambda n: sizes[n] if isinstance(n, str) else build.index(n)
+    counter_dims = [sizes[n] for b in abi.counters for n in b.shape if isinstance(n, str)]
+    values = {**values, **{b.name: _zeroed(b, sizes) for b in abi.counters}}
     results = [d.tensor([n if isinstance(n, int) else DYN for n in b.shape], b.element)
                for b in abi.outputs] + [values[n].type for n in abi.writes_inputs]
     result_dims = [sizes[n] for b in abi.outputs for n in b.shape if isinstance(n, str)]
@@ -138,8 +140,32 @@ def _abi_dispatch(abi: KernelABI, sizes: dict[str, ir.Value], values: dict[str, 
         tied = [-1] * len(abi.outputs) + [abi.inputs.index(n) for n in abi.writes_inputs]
     return dispatch(abi.kernel, [size(g) for g in abi.workload], results,
                     [values[n] for n in abi.inputs] + [sizes[c] for c in abi.constants],
-                    argument_dims=argument_dims, result_dims=result_dims + list(written_dims),
-                    tied=tied)
+                    argument_dims=list(argument_dims) + counter_dims,
+                    result_dims=result_dims + list(written_dims) + counter_dims, tied=tied)
+
+
+def _zeroed(buffer, sizes: dict[str, ir.Value]) -> ir.Value:
+    """A counter buffer, zero-filled (IREE fills it in place: no kernel)."""
+    dynamic = iter(sizes[n] for n in buffer.shape if isinstance(n, str))
+    empty = tensor.EmptyOp([n if isinstance(n, int) else next(dynamic) for n in buffer.shape],
+                           ir.Type.parse(buffer.element)).result
+    return linalg.fill(build.zero(buffer.element), outs=[empty])
+
+
+def _run_abi(abis, sizes: dict[str, ir.Value], values: dict[str, ir.Value],
+             input_dims: list[ir.Value]) -> dict[str, ir.Value]:
+    """Every kernel of `abis` in order, each taking its inputs by name among `values`
+    and the earlier kernels' outputs (`input_dims`: the dynamic dims of `values`'
+    tensors in order; an output's come from `sizes`). Returns every buffer by name."""
+    values, given = dict(values), iter(input_dims)
+    dims = {name: [next(given) for n in d.shape_of(value) if n == DYN]
+            for name, value in values.items()}
+    for abi in abis:
+        argument_dims = [x for n in abi.inputs if n in dims for x in dims[n]]
+        for b, result in zip(abi.outputs, _abi_dispatch(abi, sizes, values, argument_dims)):
+            values[b.name] = result
+            dims[b.name] = [sizes[n] for n in b.shape if isinstance(n, str)]
+    return values
 
 
 def _paged_sizes(args: "_PagedArguments", shape, partition_tokens: int) -> dict:
@@ -153,21 +179,15 @@ def build_paged_host_function(kernels: DecodeKernels, name: str, argument_types,
                               result_type: ir.Type) -> None:
     """func.func @name(q, k_cache, k_scale, v_cache, v_scale, block_tables,
     context_lens) at the current insertion point; any of B, NB, MB may be static
-    or dynamic in the signature. The two dispatches follow `kernels.abi`."""
+    or dynamic in the signature. The dispatches follow `kernels.abi`."""
     s = kernels.shape
-    partition, merge = kernels.abi
 
     @func.FuncOp.from_py_func(*argument_types, name=name)
     def host(*arguments):
         args = _PagedArguments(s, arguments, [s.q_heads, s.head_dim])
         sizes = _paged_sizes(args, s, kernels.access.partition_tokens)
-        values = dict(zip(PAGED_INPUTS, args.values))
-        values.update(zip((b.name for b in partition.outputs),
-                          _abi_dispatch(partition, sizes, values, args.dims)))
-        partial_dims = [sizes[n] for b in partition.outputs for n in b.shape
-                        if isinstance(n, str)]
-        (out,) = _abi_dispatch(merge, sizes, values, partial_dims + [args.batch])
-        return _cast(_real_rows(out, s, kernels.rows_out, args.batch), result_type)
+        values = _run_abi(kernels.abi, sizes, dict(zip(PAGED_INPUTS, args.values)), args.dims)
+        return _cast(_real_rows(values["out"], s, kernels.rows_out, args.batch), result_type)
 
 
 def build_prefill_host_function(kernels: PrefillKernels, name: str, q_type: ir.Type, *,

@@ -130,6 +130,10 @@ class DenseKV:
                       remaining=arith.subi(lanes.index(s.tokens), first))
         return view, args[self.inputs:]
 
+    def live_partitions(self, view: KVView) -> ir.Value:
+        """The partitions holding tokens of the view's sequence: all of them."""
+        return view.lanes.index(self.partitions)
+
     # merge -------------------------------------------------------------------
     def bind_merge(self, lanes: Lanes, args, b):
         """(batch, partition count, partitions of sequence b, [o, m, l, out])."""
@@ -302,6 +306,11 @@ class PagedKV:
                          block_ids=lanes.shared([self.blocks_per_partition], "i32"),
                          blocks_per_partition=self.blocks_per_partition, partition=p)
         return view, args[self.inputs + self.index_operands:]
+
+    def live_partitions(self, view: PagedView) -> ir.Value:
+        """The partitions holding tokens of the view's sequence (those whose
+        workgroups pass the guard): ceil(length / partition tokens)."""
+        return ceil_div(view.lanes.ops, view.length, self.partition_tokens)
 
     # merge -------------------------------------------------------------------
     def bind_merge(self, lanes: Lanes, args, b):

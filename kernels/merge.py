@@ -67,6 +67,18 @@ class MergePlan:
                              f"waves of {wave_size} and at most 1024")
         return plan
 
+    @staticmethod
+    def in_partition(shape, rows_out: int, tile_rows: int, wave_size: int,
+                     partition_threads: int, tuning: DecodeTuning) -> "MergePlan":
+        """The merge run by a partition workgroup (`fused_merge`): its threads, every
+        column, `fused_splits` groups each over every splits-th partition."""
+        splits = tuning.fused_splits
+        if splits < 1 or partition_threads % splits:
+            raise ValueError(f"{splits} fused merge splits must divide the "
+                             f"{partition_threads} partition threads")
+        return MergePlan(shape.head_dim, shape.kv_heads, rows_out, tile_rows, wave_size,
+                         tuning.fused_unroll, splits, 1, partition_threads // splits)
+
     @property
     def columns(self) -> int:
         return self.head_dim // self.chunks
@@ -91,18 +103,33 @@ class _Cells:
 
 def build_merge(plan: MergePlan, access, args) -> None:
     """The merge kernel's body (the module docstring)."""
-    d = plan.head_dim
     lanes = Lanes(plan.threads, plan.wave_size)
-    zero = lanes.index(0)
     chunk, h, b = workgroup_id(0), workgroup_id(1), workgroup_id(2)
     batch, partition_count, parts, (o_arg, m_arg, l_arg, out_arg) = \
         access.bind_merge(lanes, args, b)
-    kv = (batch, plan.kv_heads, partition_count)
-    o = binding(o_arg, kv + (plan.rows_out, d), "f32", zero)
-    m = binding(m_arg, kv + (plan.tile_rows,), "f32", zero)
-    l = binding(l_arg, kv + (plan.tile_rows,), "f32", zero)
-    out = binding(out_arg, (batch, plan.kv_heads, plan.rows_out, d), "f32", zero)
+    partials = bind_partials(plan, lanes, (o_arg, m_arg, l_arg), batch, partition_count)
+    out = binding(out_arg, (batch, plan.kv_heads, plan.rows_out, plan.head_dim), "f32",
+                  lanes.index(0))
+    merge_sequence(plan, lanes, partials, out, (b, h), chunk, parts)
 
+
+def bind_partials(plan: MergePlan, lanes: Lanes, arguments, batch, partition_count):
+    """The partial o [B, Hkv, P, rows, D], m and l [B, Hkv, P, tile rows] as memrefs."""
+    kv = (batch, plan.kv_heads, partition_count)
+    o_arg, m_arg, l_arg = arguments
+    zero = lanes.index(0)
+    return (binding(o_arg, kv + (plan.rows_out, plan.head_dim), "f32", zero),
+            binding(m_arg, kv + (plan.tile_rows,), "f32", zero),
+            binding(l_arg, kv + (plan.tile_rows,), "f32", zero))
+
+
+def merge_sequence(plan: MergePlan, lanes: Lanes, partials, out, where, chunk, parts) -> None:
+    """Chunk `chunk` of the output rows of (sequence, KV head) `where` from its `parts`
+    partitions' partials (o, m, l), by the workgroup's `plan.threads` threads: the
+    merge kernel's body, and the partition kernel's last workgroup's."""
+    b, h = where
+    zero = lanes.index(0)
+    o, m, l = partials
     _, runs = thread_runs(plan.rows_out, plan.columns, plan.group_threads, VECTOR)
     member_map, group_map = thread_groups(plan.group_threads, plan.splits)
     member = lanes.of_lane(member_map, of=lanes.thread)
@@ -114,7 +141,7 @@ def build_merge(plan: MergePlan, access, args) -> None:
                      _alignment(plan, col, n)) for row, col, n in runs])
     # The first partitions' partials are loaded before M: their loads need no M, so
     # they are in flight with the max's instead of one L2 round trip after it.
-    partials, bounds = (o, m, l), (parts, arith.subi(parts, lanes.index(1)))
+    bounds = (parts, arith.subi(parts, lanes.index(1)))
     first_chunk = _load_chunk(plan, lanes, partials, (b, h), bounds, cells, group, zero)
     top_lds = _row_max(plan, lanes, m, (b, h), parts)
     top = [memref.load(top_lds, [row]) for row in cells.rows]

@@ -47,6 +47,12 @@ class DecodeTuning:
     merge_unroll: int = 8     # partitions each merge thread loads per loop iteration
     merge_splits: int = 1     # thread groups of the merge, each over every splits-th partition
     merge_chunks: int = 1     # merge workgroups per (KV head, sequence), each D / chunks columns
+    # No merge kernel: the last partition workgroup of a (sequence, KV head) to finish
+    # (an atomic count of arrivals) merges its partials, in `fused_splits` thread groups
+    # loading `fused_unroll` partitions each per iteration.
+    fused_merge: bool = False
+    fused_splits: int = 4
+    fused_unroll: int = 2
 
 
 def _vector_type(count: int, element: str) -> ir.VectorType:
@@ -132,6 +138,9 @@ class TargetSpec:
     # The byte permute that packs four i32 levels' low bytes into an A register
     # (`pack_levels`); None: shifts and masks (`Lanes.pack_bytes`).
     byte_permute: str | None = None
+    # The LLVM sync scope of every workgroup of a dispatch: the fences around the
+    # arrival count of the fused merge (DecodeTuning.fused_merge) take it.
+    device_scope: str = "agent"
     # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and
     # the SMs of the GPU that was measured on: a grid too small to fill that many per
     # SM is left to the backend (the cap only costs registers there).
@@ -208,6 +217,11 @@ class TargetSpec:
             return contract.exp2(x)
         return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [x], [], []).result
 
+    def device_fence(self, ordering: str) -> None:
+        """A fence ("release", "acquire") ordering this thread's global memory accesses
+        for every workgroup of the dispatch (the target's `device_scope`)."""
+        llvm.FenceOp(getattr(llvm.AtomicOrdering, ordering), syncscope=self.device_scope)
+
     def pack_levels(self, lanes, levels: list[ir.Value], shape) -> ir.Value:
         """i32 levels (each standing for its low byte) as an i8 operand vector of
         `shape`, row-major: by the target's byte permute, two pairs then the pair of
@@ -267,6 +281,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # twin spills at 8 and is 4-12% slower there at D 128.
         occupancy_by_head_dim=((64, 8, 7), (128, 8, 6), (256, 4, 4)),
         exp2_intrinsic=EXP2_INTRINSICS["cuda"], byte_permute=BYTE_PERMUTE,
+        device_scope="device",
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
         # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)
