@@ -196,7 +196,7 @@ def arrive(lanes: Lanes, spec: TargetSpec, counters, where, count) -> ir.Value:
         last = arith.cmpi(arith.CmpIPredicate.eq,
                           arith.index_cast(ir.IndexType.get(), before),
                           arith.subi(count, lanes.index(1)))
-        memref.store(arith.extui(ir.IntegerType.get_signless(32), last), flag, [zero])
+        memref.store(arith.select(last, lanes.i32(1), lanes.i32(0)), flag, [zero])
     lanes.barrier()
     return arith.cmpi(arith.CmpIPredicate.ne, memref.load(flag, [zero]), lanes.i32(0))
 

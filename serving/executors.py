@@ -6,6 +6,8 @@ caches are read (and, for cache_write, written) in place, partial buffers come
 from torch's caching allocator on that stream, and nothing waits on the host.
 The launch sequence is the package's ABI list in order; each kernel's buffers
 are found by name among the call's tensors and the earlier kernels' outputs.
+A kernel's counters (`KernelABI.counters`: zero on entry, left zero) are one
+zeroed buffer per (device, stream, name), kept across calls: no clear per call.
 
 `HostExecutor` runs a graph compiled for the cpu target through IREE's CPU
 runtime on zero-copy numpy views of CPU tensors (the caches by reference where
@@ -33,6 +35,7 @@ class CudaExecutor:
         self.info = FunctionInfo.from_json(package.signature)
         self._loaded: dict[int, tuple[PtxModule, list[Launch]]] = {}
         self._plans: dict[tuple, list] = {}
+        self._counters: dict[tuple, object] = {}
 
     def _launches(self, device: int) -> list[Launch]:
         if device not in self._loaded:
@@ -54,15 +57,16 @@ class CudaExecutor:
         return paged_sizes(batch, tensors["k_cache"].shape[0], width, block_size, tokens)
 
     def plan(self, sizes: dict[str, int]) -> list:
-        """Per kernel: (grid, constants, [(output name, dims, dtype)], binding names),
-        evaluated once per distinct set of sizes."""
+        """Per kernel: (grid, constants, [(output name, dims, dtype)], binding names,
+        [(counter name, dims, dtype)]), evaluated once per distinct set of sizes."""
         key = tuple(sorted(sizes.items()))
         if key not in self._plans:
             dtypes = torch_dtypes()
             self._plans[key] = [
                 (k.abi.grid_of(sizes), k.abi.constant_values(sizes),
                  [(b.name, b.dims(sizes), dtypes[b.element]) for b in k.abi.outputs],
-                 list(k.abi.inputs) + [b.name for b in k.abi.outputs])
+                 list(k.abi.inputs) + [b.name for b in k.abi.outputs],
+                 [(b.name, b.dims(sizes), dtypes[b.element]) for b in k.abi.counters])
                 for k in self.package.kernels]
         return self._plans[key]
 
@@ -77,11 +81,24 @@ class CudaExecutor:
         buffers = dict(tensors)
         if provided:
             buffers.update(provided)
-        for (grid, constants, outputs, names), launch in zip(self.plan(self.sizes(tensors)),
-                                                              launches):
+        for (grid, constants, outputs, names, counters), launch in zip(
+                self.plan(self.sizes(tensors)), launches):
             buffers.update(_allocate([o for o in outputs if o[0] not in buffers], device))
+            buffers.update({name: self._counter(device, stream, name, dims, dtype)
+                            for name, dims, dtype in counters})
             launch(grid, [buffers[n].data_ptr() for n in names], constants, stream)
         return buffers
+
+    def _counter(self, device, stream: int, name: str, dims, dtype):
+        """The zeroed counter `name` of this stream, grown (zeroed) as sizes need: the
+        kernel leaves it zero, so calls in stream order may share it."""
+        torch = torch_module()
+        key = (device.index, stream, name)
+        held = self._counters.get(key)
+        if held is None or held.numel() < math.prod(dims):
+            held = torch.zeros(max(1, math.prod(dims)), dtype=dtype, device=device)
+            self._counters[key] = held
+        return held[:math.prod(dims)].view(dims)
 
 
 def _allocate(outputs, device) -> dict:

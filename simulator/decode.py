@@ -26,17 +26,19 @@ def _real_rows(out, q_heads):
     return out[:, :, :q_heads // kv_heads].reshape(batch, q_heads, head_dim)
 
 
-def run_dense_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale):
+def run_dense_kernels(module: ir.Operation, layout: dict, q, k, k_scale, v, v_scale, *,
+                      seed: int = 0):
     """The dense graph's host work in numpy (K/V padded to whole partitions, V
-    token-innermost), its two kernels in the simulator as their KernelABI says."""
+    token-innermost), its kernels in the simulator as their KernelABI says (`seed`:
+    the order of their atomics, `run_abi`)."""
     unit = layout["partition_tokens"]
     padded = ceil_div(NUMPY_OPS, k.shape[2], unit) * unit
     tensors = dict(zip(DENSE_INPUTS, dense_kernel_inputs(q, k, k_scale, v, v_scale, padded)))
-    return _real_rows(run_abi(module, layout["abi"], {}, tensors)["out"], q.shape[1])
+    return _real_rows(run_abi(module, layout["abi"], {}, tensors, seed)["out"], q.shape[1])
 
 
 def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v_cache, v_scale,
-                      block_tables, context_lens):
+                      block_tables, context_lens, *, seed: int = 0):
     """The paged graph's kernels on the pool as it is (no copy, no padding), called as
     their KernelABI says."""
     batch, q_heads, _ = q.shape
@@ -46,7 +48,7 @@ def run_paged_kernels(module: ir.Operation, layout: dict, q, k_cache, k_scale, v
     tensors = dict(zip(PAGED_INPUTS, [np.asarray(q, np.float32), k_cache, k_scale, v_cache,
                                       v_scale, np.asarray(block_tables, np.int32),
                                       np.asarray(context_lens, np.int32)]))
-    return _real_rows(run_abi(module, layout["abi"], sizes, tensors)["out"], q_heads)
+    return _real_rows(run_abi(module, layout["abi"], sizes, tensors, seed)["out"], q_heads)
 
 
 def run_cache_write_kernel(module: ir.Operation, layout: dict, k_new, v_new, slot_mapping,

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 from iree.compiler import ir
+from iree.compiler.dialects import arith, llvm
 
 from .compute_ops import ComputeOps
+from .global_order import GlobalOrder, atomic_add
 from .memory import DTYPES, SimulationError, _element, _Memory
 
 __all__ = ["Machine", "SimulationError"]
@@ -31,7 +33,7 @@ class Machine(ComputeOps):
     """Runs one kernel function over a grid with the given argument buffers."""
 
     def __init__(self, kernel: ir.Operation, buffers: list[np.ndarray], grid, threads: int,
-                 wave_size: int):
+                 wave_size: int, seed: int = 0):
         self.kernel, self.buffers, self.grid = kernel, buffers, tuple(grid)
         self.threads, self.wave_size = threads, wave_size
         groups = int(np.prod(self.grid))
@@ -46,6 +48,8 @@ class Machine(ComputeOps):
         self.interval = 0                       # barriers passed (LDS hazards)
         self.pending_copies: list = []          # async copies not yet in a group
         self.copy_groups: list = []             # groups not yet waited for, oldest first
+        self.order = GlobalOrder(groups)        # workgroups meeting in global memory
+        self.rng = np.random.default_rng(seed)  # the order of an op's atomics
 
     def run(self) -> None:
         """Bindings are buffer numbers, index arguments uniform scalars."""
@@ -63,6 +67,7 @@ class Machine(ComputeOps):
             op = op.operation
             if op.name in ("func.return", "scf.yield"):
                 return [self.values[v] for v in op.operands]
+            self.order.tick()
             handler = getattr(self, "op_" + op.name.replace(".", "_"), None)
             if handler is None:
                 raise SimulationError(f"the simulator does not know '{op.name}'")
@@ -145,7 +150,8 @@ class Machine(ComputeOps):
             raise SimulationError(f"binding {operands[0]} has {buffer.size} elements, the "
                                   f"kernel views it as {shape}")
         return _Memory(buffer.reshape(-1), shape,
-                       element_bytes=_element_bytes(ir.MemRefType(op.result.type)))
+                       element_bytes=_element_bytes(ir.MemRefType(op.result.type)),
+                       binding=operands[0])
 
     def op_memref_alloc(self, op, _):
         t = ir.MemRefType(op.result.type)
@@ -182,6 +188,30 @@ class Machine(ComputeOps):
 
     def op_memref_store(self, op, operands):
         operands[1].store(operands[0], operands[2:], self)
+
+    def op_memref_atomic_rmw(self, op, operands):
+        """Global atomics (addi), in a random order of the issuing threads; the
+        result is what each thread saw before its own."""
+        kind = ir.IntegerAttr(op.attributes["kind"]).value
+        value, memory, indices = operands[0], operands[1], operands[2:]
+        if kind != int(arith.AtomicRMWKind.addi) or memory.binding is None:
+            raise SimulationError(f"the simulator models atomic addi on global memory "
+                                  f"only, not {arith.AtomicRMWKind(kind).name}")
+        where, threads = memory._active(memory.addresses(indices, self), self)
+        groups = self.workgroup_index[threads]
+        addend = np.broadcast_to(value, (self.thread_count,))[threads]
+        seen = np.zeros(self.thread_count, memory.buffer.dtype)
+        seen[threads] = atomic_add(memory.buffer, where, addend.astype(memory.buffer.dtype),
+                                   self.rng)
+        self.order.stored(memory.binding, memory.buffer.size, where, groups)
+        return seen
+
+    def op_llvm_fence(self, op, _):
+        ordering = llvm.AtomicOrdering(ir.IntegerAttr(op.attributes["ordering"]).value).name
+        scope = op.attributes["syncscope"] if "syncscope" in op.attributes else None
+        threads = np.flatnonzero(self._masked(True))
+        self.order.fence(np.unique(self.workgroup_index[threads]), ordering,
+                         None if scope is None else ir.StringAttr(scope).value)
 
     def op_vector_load(self, op, operands):
         count = ir.VectorType(op.result.type).shape[0]

@@ -73,8 +73,9 @@ class _Memory:
     """A memref view: flat buffer, shape, row-major strides, per-workgroup or global."""
 
     def __init__(self, buffer: np.ndarray, shape, per_workgroup_size: int = 0,
-                 element_bytes: int = 0):
+                 element_bytes: int = 0, binding: int | None = None):
         self.buffer, self.shape = buffer, tuple(shape)
+        self.binding = binding          # global: the kernel argument (GlobalOrder's key)
         self.element_bytes = element_bytes or buffer.dtype.itemsize
         self.strides = tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
         self.per_workgroup_size = per_workgroup_size
@@ -123,6 +124,10 @@ class _Memory:
         if self.hazards is not None:
             self.hazards.check_read(*self._active(where, machine), machine.interval,
                                     self.shape)
+        elif self.binding is not None:
+            addresses, threads = self._active(where, machine)
+            machine.order.check_load(self.binding, addresses,
+                                     machine.workgroup_index[threads], self.shape)
         return self.buffer[where]
 
     def start_copy(self, indices, machine, count: int = 1) -> None:
@@ -151,6 +156,9 @@ class _Memory:
             if not landing:
                 self.hazards.check_write(where, threads, machine.interval, self.shape)
             self.hazards.wrote(where, threads, machine.interval)
+        elif self.binding is not None:
+            machine.order.stored(self.binding, self.buffer.size, where,
+                                 machine.workgroup_index[threads])
         self.buffer[where] = value
 
 

@@ -37,9 +37,11 @@ def _grid(executable: ir.Operation, workload) -> tuple[int, ...]:
     raise SimulationError("the export's workgroup count is not its workload and constants")
 
 
-def run_executable(module: ir.Operation, name: str, workload, arguments: list) -> None:
+def run_executable(module: ir.Operation, name: str, workload, arguments: list,
+                   seed: int = 0) -> None:
     """Execute @name's kernel over the grid of `workload`; `arguments` are numpy
-    buffers (bindings, output buffers written in place) and ints (index operands)."""
+    buffers (bindings, output buffers written in place) and ints (index operands);
+    `seed` orders the atomics of one op (`GlobalOrder`)."""
     executable = _executable(module, name)
     kernel = next(op for op in walk(executable) if op.name == "func.func")
     info = str(kernel.attributes["translation_info"])
@@ -48,7 +50,7 @@ def run_executable(module: ir.Operation, name: str, workload, arguments: list) -
     grid = _grid(executable, workload)
     if 0 in grid:          # no workgroup (an empty batch): the dispatch does nothing
         return
-    Machine(kernel, arguments, grid, threads, wave).run()
+    Machine(kernel, arguments, grid, threads, wave, seed).run()
 
 
 def dense_kernel_inputs(q, k, k_scale, v, v_scale, padded: int) -> list[np.ndarray]:
@@ -63,20 +65,35 @@ def dense_kernel_inputs(q, k, k_scale, v, v_scale, padded: int) -> list[np.ndarr
 ELEMENTS = {"f32": np.float32, "i8": np.int8, "i32": np.int32}
 
 
-def run_abi(module: ir.Operation, abis, sizes: dict[str, int], tensors: dict) -> dict:
+def run_abi(module: ir.Operation, abis, sizes: dict[str, int], tensors: dict,
+            seed: int = 0) -> dict:
     """Each kernel of `abis` (KernelABI JSON, kernels/abi.py: the layout the driver
     records) in order, called as its ABI declares: its inputs by name among `tensors`
-    and the earlier kernels' outputs, its index operands, its outputs (zeroed numpy
-    buffers); the grid from its workload. Returns every buffer by name."""
+    and the earlier kernels' outputs, its counters (zeroed; an error if the kernel
+    does not leave them zero), its index operands, its outputs (poisoned numpy
+    buffers: NaN, or the integer minimum, where the kernel writes nothing); the grid
+    from its workload; `seed` orders atomics. Returns every buffer by name."""
     from ..kernels.abi import KernelABI, evaluate
 
     buffers = dict(tensors)
     for data in abis:
         abi = KernelABI.from_json(data)
         for buffer in abi.outputs:
-            buffers.setdefault(buffer.name, np.zeros(buffer.dims(sizes),
-                                                     ELEMENTS[buffer.element]))
+            buffers.setdefault(buffer.name, _poisoned(buffer.dims(sizes), buffer.element))
+        for counter in abi.counters:
+            buffers[counter.name] = np.zeros(counter.dims(sizes), ELEMENTS[counter.element])
         run_executable(module, abi.kernel, [evaluate(g, sizes) for g in abi.workload],
                        [buffers[n] for n in abi.inputs] + abi.constant_values(sizes)
-                       + [buffers[b.name] for b in abi.outputs])
+                       + [buffers[b.name] for b in abi.outputs], seed)
+        for counter in abi.counters:
+            if buffers[counter.name].any():
+                raise SimulationError(f"kernel {abi.kernel} leaves its counter "
+                                      f"{counter.name} nonzero (the next call would start "
+                                      f"from it)")
     return buffers
+
+
+def _poisoned(shape, element: str) -> np.ndarray:
+    dtype = ELEMENTS[element]
+    fill = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+    return np.full(shape, fill, dtype)
