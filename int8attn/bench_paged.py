@@ -388,7 +388,6 @@ def main(argv=None) -> int:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
     except ValueError as error:                 # common_manifest's
         parser.exit(1, f"{parser.prog}: error: --run {error}\n")
-        parser.exit(1, f"{parser.prog}: error: {error}\n")
     rows = run(directories, args.batch, list(args.contexts), args.ragged_mean, seed=args.seed,
                iterations=args.iterations, pvs=pvs)
     report(rows, markdown, args.json)

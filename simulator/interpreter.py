@@ -8,7 +8,9 @@ them a write; an asynchronous copy counts from its issue) is an error, as is a
 barrier that some threads of a workgroup skip. Global and LDS memory are flat
 arrays (LDS one region per workgroup, poisoned until written); stores that put
 different values at one address in the same op are reported as races, loads out
-of bounds as errors.
+of bounds as errors. Workgroups that meet through global memory (atomics, fences)
+follow `global_order`: one op's atomics land in a seeded random order, and a read
+of another workgroup's store needs its release and a later acquire.
 
 This module is the machine: its threads and workgroups, the block walk, the
 structured control flow under active masks, the kernel environment, memory
