@@ -178,7 +178,8 @@ class Lanes:
 
     def shared(self, shape, element: str) -> ir.Value:
         with self._head:
-            return memref.AllocOp(memref_type(shape, element, workgroup=True), [], []).result
+            return memref.AllocOp(memref_type(shape, element, workgroup=True), [], [],
+                                  alignment=16).result
 
     # asynchronous copies into LDS (cuda: cp.async) -----------------------------
     # nvgpu has no Python module: generic form (docs/design.md §9).

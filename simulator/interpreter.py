@@ -161,8 +161,11 @@ class Machine(ComputeOps):
         dtype = DTYPES[_element(t)]
         groups = int(np.prod(self.grid))
         poison = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+        element_bytes = _element_bytes(t)
+        alignment = (ir.IntegerAttr(op.attributes["alignment"]).value
+                     if "alignment" in op.attributes else element_bytes)
         return _Memory(np.full(groups * size, poison, dtype=dtype), t.shape, size,
-                       _element_bytes(t))
+                       element_bytes, base_alignment=alignment)
 
     def op_gpu_barrier(self, op, _):
         if self.active is not None:

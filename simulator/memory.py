@@ -73,9 +73,14 @@ class _Memory:
     """A memref view: flat buffer, shape, row-major strides, per-workgroup or global."""
 
     def __init__(self, buffer: np.ndarray, shape, per_workgroup_size: int = 0,
-                 element_bytes: int = 0, binding: int | None = None):
+                 element_bytes: int = 0, binding: int | None = None,
+                 base_alignment: int = 16):
         self.buffer, self.shape = buffer, tuple(shape)
         self.binding = binding          # global: the kernel argument (GlobalOrder's key)
+        # Bytes the first element's address is a multiple of: IREE's bindings 16; an
+        # LDS allocation its `alignment` attribute, else its element's size (IREE packs
+        # a workgroup's allocations back to back at their alignment).
+        self.base_alignment = base_alignment
         self.element_bytes = element_bytes or buffer.dtype.itemsize
         self.strides = tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
         self.per_workgroup_size = per_workgroup_size
@@ -103,6 +108,11 @@ class _Memory:
         """An access that needs (or a load that claims) `alignment` bytes: every
         active thread's byte offset in the buffer is a multiple of it (the buffer's
         base is, as IREE's bindings are 16-byte aligned, and its LDS allocations)."""
+        if alignment > self.base_alignment:
+            raise SimulationError(f"an access needing {alignment}-byte alignment into "
+                                  f"memref {self.shape}, whose start is aligned to "
+                                  f"{self.base_alignment} bytes only (give its allocation "
+                                  f"an alignment attribute)")
         offsets = self.addresses(indices, machine) * self.element_bytes
         if machine.active is not None:
             offsets = offsets[machine.active]

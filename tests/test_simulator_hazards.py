@@ -115,3 +115,29 @@ def test_a_barrier_in_divergent_control_flow_is_refused():
             lanes.barrier()
     with pytest.raises(SimulationError, match="do not\\s+reach"):
         run(body)
+
+
+@pytest.mark.parametrize("alignment", [None, 16])
+def test_a_vector_load_claims_no_more_alignment_than_its_lds_allocation_has(alignment):
+    # IREE packs a workgroup's LDS allocations back to back at their alignment attribute
+    # (else their element's size): a 4-byte flag before a staged operand left its 16-byte
+    # loads at offsets 4 mod 16 on an H100 (a misaligned-address fault). Lanes.shared gives
+    # every allocation 16; the simulator holds each access to its allocation's alignment.
+    from iree.compiler.dialects import vector
+
+    from int8attn.kernels.lanes import load_vector, memref_type
+
+    def body(lanes, src, dst):
+        lds = memref.AllocOp(memref_type([THREADS], "f32", workgroup=True), [], [],
+                             alignment=alignment).result
+        memref.store(memref.load(src, [lanes.thread]), lds, [lanes.thread])
+        lanes.barrier()
+        first = arith.andi(lanes.thread, lanes.index(THREADS - 4))
+        four = load_vector(lds, [first], 4, "f32", alignment=16)
+        memref.store(vector.extract(four, [], [3]), dst, [lanes.thread])
+
+    if alignment is None:
+        with pytest.raises(SimulationError, match="aligned to 4 bytes only"):
+            run(body)
+    else:
+        assert np.array_equal(run(body), (np.arange(THREADS) | 3).astype(np.float32))
