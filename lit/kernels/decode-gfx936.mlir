@@ -26,8 +26,8 @@
 // CHECK-LABEL: stream.executable private @decode_merge
 // CHECK: stream.return %c1, %{{.*}}, %{{.*}} : index, index, index
 // CHECK-NOT: llvm.call_intrinsic
-// CHECK: %[[TOP:.*]] = memref.alloc() : memref<16xf32, #gpu.address_space<workgroup>>
-// CHECK: %[[SUMS:.*]] = memref.alloc() : memref<4x3x256xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[TOP:.*]] = memref.alloc() alignment = 16 : memref<16xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[SUMS:.*]] = memref.alloc() alignment = 16 : memref<4x3x256xf32, #gpu.address_space<workgroup>>
 // CHECK: %[[TID:.*]] = gpu.thread_id x upper_bound 1024
 // The group's first partitions' partials are loaded before the rows' max M (their
 // loads need no M: one L2 round trip for both).

@@ -14,7 +14,7 @@ func.func @paged(%q: tensor<?x8x64xf32>, %k_cache: tensor<?x2x32x64xi8>, %k_scal
 // clamped to the sequence's last used table slot.
 // CHECK-LABEL: stream.executable private @decode_partition
 // CHECK: func.func @decode_partition(%{{.*}}: !stream.binding, %{{.*}}, %[[B:[^:]*]]: index, %[[NB:[^:]*]]: index, %[[MB:[^:]*]]: index, %[[P:[^:]*]]: index,
-// CHECK-DAG: %[[IDS:.*]] = memref.alloc() : memref<8xi32, #gpu.address_space<workgroup>>
+// CHECK-DAG: %[[IDS:.*]] = memref.alloc() alignment = 16 : memref<8xi32, #gpu.address_space<workgroup>>
 // CHECK-DAG: %[[K:.*]] = stream.binding.subspan %{{.*}} -> memref<?x2x32x64xi8>{%[[NB]]}
 // CHECK-DAG: %[[TABLES:.*]] = stream.binding.subspan %{{.*}} -> memref<?x?xi32>{%[[B]], %[[MB]]}
 // CHECK-DAG: %[[LENS:.*]] = stream.binding.subspan %{{.*}} -> memref<?xi32>{%[[B]]}

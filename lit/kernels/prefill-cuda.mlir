@@ -6,10 +6,10 @@
 // (kernels/kv_ring.py), the K rows' bytes through the bank swizzle derived from the K
 // loads (fragments/lds_tile.py: at D 128, token bit 0 into byte bit 4).
 // CHECK-LABEL: func.func @prefill_attention
-// CHECK: %[[RK:.*]] = memref.alloc() : memref<2x64x128xi8, #gpu.address_space<workgroup>>
-// CHECK: %[[RKS:.*]] = memref.alloc() : memref<2x64xf32, #gpu.address_space<workgroup>>
-// CHECK: %[[RV:.*]] = memref.alloc() : memref<2x128x64xi8, #gpu.address_space<workgroup>>
-// CHECK: %[[RVS:.*]] = memref.alloc() : memref<2x64xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[RK:.*]] = memref.alloc() alignment = 16 : memref<2x64x128xi8, #gpu.address_space<workgroup>>
+// CHECK: %[[RKS:.*]] = memref.alloc() alignment = 16 : memref<2x64xf32, #gpu.address_space<workgroup>>
+// CHECK: %[[RV:.*]] = memref.alloc() alignment = 16 : memref<2x128x64xi8, #gpu.address_space<workgroup>>
+// CHECK: %[[RVS:.*]] = memref.alloc() alignment = 16 : memref<2x64xf32, #gpu.address_space<workgroup>>
 // CHECK: %[[K:.*]] = stream.binding.subspan %arg1[%{{.*}}] : !stream.binding -> memref<1x8x4096x128xi8>
 // Tile 0 into stage 0 before the loops: K and V in 16-byte copies past L1, K's bytes
 // swizzled in LDS only; the 4-byte scales through L1 (cp.async.cg takes 16 bytes only).

@@ -10,9 +10,9 @@
 // CHECK: func.func @prefill_attention
 // The workgroup's rows quantized once into LDS; W never goes there (its C registers
 // are PV's A registers: fragments/score_feed.py).
-// CHECK: memref.alloc() : memref<64x128xi8, #gpu.address_space<workgroup>>
-// CHECK: memref.alloc() : memref<64xf32, #gpu.address_space<workgroup>>
-// CHECK-NOT: memref.alloc() : memref<4x16x64xi8
+// CHECK: memref.alloc() alignment = 16 : memref<64x128xi8, #gpu.address_space<workgroup>>
+// CHECK: memref.alloc() alignment = 16 : memref<64xf32, #gpu.address_space<workgroup>>
+// CHECK-NOT: memref.alloc() alignment = 16 : memref<4x16x64xi8
 // CHECK: %[[Q:.*]] = stream.binding.subspan %arg0[%{{.*}}] : !stream.binding -> memref<1x32x128x128xf32>
 // CHECK: %[[K:.*]] = stream.binding.subspan %arg1[%{{.*}}] : !stream.binding -> memref<1x8x4096x128xi8>
 // CHECK: %[[OUT:.*]] = stream.binding.subspan %arg5[%{{.*}}] : !stream.binding -> memref<1x32x128x128xf32>
