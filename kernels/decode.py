@@ -42,8 +42,8 @@ from .executable import build_kernel
 from .kv_access import DenseKV, KVView, PagedKV
 from .lanes import Lanes, binding, workgroup_id
 from .merge import MergePlan, build_merge, merge_sequence
-from .pv_stages import load_v, prefetch_v, pv_stage, stage_v, v_tiles
-from .qk_stages import partition_softmax, prefetch_k, q_operands, qk, quantize_rows
+from .pv_stages import load_v, pv_stage, stage_v, v_tiles
+from .qk_stages import partition_softmax, q_operands, qk, quantize_rows
 from .stage_plan import StagePlan, VSource
 from .target_spec import DecodeTuning, TargetSpec
 
@@ -148,10 +148,6 @@ class PartitionKernel:
         staged_q = quantize_rows(plan, kv.q, plan.tile_rows, lambda row: _q_source(kv, s, row))
         # The V loads: copied into LDS during QK, issued right after QK, or at PV.
         source = VSource(per_tile=tuning.v_per_tile)
-        if tuning.k_prefetch:
-            prefetch_k(plan, kv, wave_token0)
-        if tuning.v_prefetch:
-            prefetch_v(plan, kv, wave_token0)
         if tuning.v_async:
             source = VSource(staged=stage_v(plan, kv, wave_token0))
         live = lambda element, local: arith.cmpi(arith.CmpIPredicate.slt, local, kv.remaining)

@@ -181,22 +181,6 @@ class Lanes:
             return memref.AllocOp(memref_type(shape, element, workgroup=True), [], [],
                                   alignment=16).result
 
-    def global_address(self, memory: ir.Value, indices) -> ir.Value:
-        """The address (i64) of `memory`[indices], for instructions that take one (an
-        L2 prefetch): the aligned base plus the strided offset in bytes."""
-        metadata = memref.ExtractStridedMetadataOp(memory).results
-        rank = len(indices)
-        offset, strides = metadata[1], metadata[2 + rank:2 + 2 * rank]
-        linear = offset
-        for index, stride in zip(indices, strides):
-            linear = arith.addi(linear, arith.muli(index, stride))
-        element = ir.MemRefType(memory.type).element_type
-        width = (ir.IntegerType(element).width if isinstance(element, ir.IntegerType)
-                 else ir.FloatType(element).width)
-        base = memref.ExtractAlignedPointerAsIndexOp(memory).result
-        address = arith.addi(base, arith.muli(linear, self.index(width // 8)))
-        return arith.index_cast(ir.IntegerType.get_signless(64), address)
-
     # asynchronous copies into LDS (cuda: cp.async) -----------------------------
     # nvgpu has no Python module: generic form (docs/design.md §9).
     ASYNC_TOKEN = "!nvgpu.device.async.token"

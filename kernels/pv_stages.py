@@ -344,15 +344,6 @@ def load_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value, tiles=None,
              for col, in_wave in row] for row in _v_pieces(plan, tiles)]
 
 
-def prefetch_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value) -> None:
-    """Ask for the lane's V bytes in L2 now (the target's prefetch: no register, no LDS),
-    so that their DRAM reads overlap QK and the softmax; the V loads then hit L2."""
-    wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
-    for row in _v_pieces(plan):
-        for col, in_wave in row:
-            plan.spec.prefetch_l2(plan.lanes.global_address(kv.v, wave_kv.v_row(col, in_wave)))
-
-
 def stage_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value) -> tuple:
     """Start the asynchronous copies of the lane's V loads into LDS; (LDS, group).
     Each lane reads back only what it copied, so the group's wait alone orders

@@ -133,18 +133,6 @@ def local_token(plan: StagePlan, wave_token0: ir.Value, element: int) -> ir.Valu
     return lanes.affine((wave_token0, 1), (lanes.of_lane(plan.token_in_wave(element)), 1))
 
 
-def prefetch_k(plan: StagePlan, kv: KVView, wave_token0: ir.Value) -> None:
-    """Ask for the lane's K bytes in L2 at once (the target's prefetch, no registers):
-    the QK loads, which registers throttle, then find them there or on their way."""
-    lanes, layout = plan.lanes, plan.layout
-    wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
-    firsts = [lanes.of_lane(first) for first in layout.qk_b_loads(plan.head_dim)]
-    for n in range(layout.blocks):
-        token = lanes.of_lane(layout.b_token(n))
-        for first in firsts:
-            plan.spec.prefetch_l2(lanes.global_address(kv.k, wave_kv.k_bytes(token, first)))
-
-
 def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
        token_live: Callable[[int, ir.Value], ir.Value] | None) -> Scores:
     """Scores of the lane's live C elements, -inf where `token_live(element,

@@ -211,38 +211,6 @@ class Machine(ComputeOps):
         self.order.stored(memory.binding, memory.buffer.size, where, groups)
         return seen
 
-    # addresses: a global binding's base is (binding + 1) << ADDRESS_BITS, so that an
-    # instruction taking an address (a prefetch) names its buffer and byte.
-    ADDRESS_BITS = 40
-
-    def op_memref_extract_aligned_pointer_as_index(self, op, operands):
-        if operands[0].binding is None:
-            raise SimulationError("the simulator models addresses of global memory only")
-        return np.array([(operands[0].binding + 1) << self.ADDRESS_BITS], np.int64)
-
-    def op_memref_extract_strided_metadata(self, op, operands):
-        memory = operands[0]
-        values = [np.array([0], np.int64)]                     # offset
-        values += [np.array([n], np.int64) for n in memory.shape]
-        values += [np.array([n], np.int64) for n in memory.strides]
-        return (memory, *values)
-
-    def op_llvm_inline_asm(self, op, operands):
-        """The L2 prefetch (TargetSpec.l2_prefetch) only: every active thread's address
-        must lie in its buffer; nothing else happens."""
-        from ..kernels.target_spec import L2_PREFETCH
-
-        text = ir.StringAttr(op.attributes["asm_string"]).value
-        if text != L2_PREFETCH:
-            raise SimulationError(f"the simulator does not know the inline assembly {text!r}")
-        address = np.broadcast_to(operands[0], (self.thread_count,))[self._masked(True)]
-        binding = (address >> self.ADDRESS_BITS) - 1
-        byte = address & ((1 << self.ADDRESS_BITS) - 1)
-        for b in np.unique(binding):
-            buffer = self.buffers[int(b)] if 0 <= b < len(self.buffers) else None
-            if not isinstance(buffer, np.ndarray) or (byte[binding == b] >= buffer.nbytes).any():
-                raise SimulationError(f"a prefetch outside its buffer (binding {int(b)})")
-
     def op_llvm_fence(self, op, _):
         ordering = llvm.AtomicOrdering(ir.IntegerAttr(op.attributes["ordering"]).value).name
         scope = op.attributes["syncscope"] if "syncscope" in op.attributes else None

@@ -130,11 +130,10 @@ def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
 @pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(v_async=True),
                                     dict(a_register_order=False), dict(merge_unroll=1),
                                     dict(workgroups_per_sm=6), dict(merge_chunks=2),
-                                    dict(merge_chunks=4, merge_unroll=3),
-                                    dict(v_prefetch=True), dict(k_prefetch=True)])
+                                    dict(merge_chunks=4, merge_unroll=3)])
 def test_schedule_choices_do_not_change_a_bit(tuning):
-    # DecodeTuning moves loads, prefetches them into L2, places Q and W in LDS, caps
-    # registers and splits the merge's columns over workgroups; the arithmetic stays.
+    # DecodeTuning moves loads, places Q and W in LDS, caps registers and splits the
+    # merge's columns over workgroups; the arithmetic stays the same.
     from int8attn.kernels.decode import DecodeTuning
 
     rng = seeded_rng(83)
@@ -347,13 +346,3 @@ def test_a_shape_whose_writers_have_no_register_order_map_is_staged_row_major(mo
         monkeypatch.setattr(OperandStaging, "place", refuse)
         fallen_back = str(build_decode_kernels(paged_access(shape, spec), spec).module)
     assert fallen_back == row_major != register_order
-
-
-def test_l2_prefetch_is_a_cuda_choice():
-    from int8attn.kernels.decode import DecodeTuning
-
-    shape = PagedShape(2, 4, 64, 16, 0.125)
-    spec = target_spec("gfx942")
-    with new_context(), ir.Location.unknown(), pytest.raises(ValueError,
-                                                             match="gfx942 has no L2 prefetch"):
-        build_decode_kernels(paged_access(shape, spec), spec, tuning=DecodeTuning(v_prefetch=True))

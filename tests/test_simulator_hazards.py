@@ -141,20 +141,3 @@ def test_a_vector_load_claims_no_more_alignment_than_its_lds_allocation_has(alig
             run(body)
     else:
         assert np.array_equal(run(body), (np.arange(THREADS) | 3).astype(np.float32))
-
-
-@pytest.mark.parametrize("index, refused", [(THREADS - 1, False), (THREADS, True)])
-def test_a_prefetch_stays_inside_its_buffer(index, refused):
-    # An L2 prefetch takes an address (Lanes.global_address), not a memref: the simulator
-    # decodes it back to its buffer and refuses one past the end.
-    from int8attn.kernels.target_spec import target_spec
-
-    def body(lanes, src, dst):
-        target_spec("cuda").prefetch_l2(lanes.global_address(src, [lanes.index(index)]))
-        memref.store(memref.load(src, [lanes.thread]), dst, [lanes.thread])
-
-    if refused:
-        with pytest.raises(SimulationError, match="a prefetch outside its buffer"):
-            run(body)
-    else:
-        assert np.array_equal(run(body), np.arange(THREADS, dtype=np.float32))
