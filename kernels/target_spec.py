@@ -33,10 +33,6 @@ class DecodeTuning:
     # that it streams in during QK and the softmax without holding registers; PV
     # reads it from LDS.
     v_async: bool = False
-    # Prefetch the partition's V into L2 right after Q (memref.prefetch, no registers):
-    # its DRAM reads overlap QK and the softmax, the V loads at PV hit L2.
-    v_prefetch: bool = False
-    k_prefetch: bool = False  # the same for K, right before QK's loads
     # Ask the backend to fit this many workgroups per SM / CU (it caps the registers
     # per thread accordingly); 0 leaves the choice to it.
     workgroups_per_sm: int = 0
@@ -107,9 +103,6 @@ BYTE_PERMUTE = "llvm.nvvm.prmt"
 LOW_BYTES_OF_PAIR = 0x0040        # (a.byte0, b.byte0, a.byte0, a.byte0)
 LOW_HALVES_OF_PAIR = 0x5410       # (a.byte0, a.byte1, b.byte0, b.byte1)
 
-# PTX's prefetch of the line holding a global address into L2 (every sm).
-L2_PREFETCH = "prefetch.global.L2 [$0];"
-
 MmaEmitter = Callable[[MatrixInstruction, ir.Value, ir.Value, ir.Value], ir.Value]
 
 
@@ -149,9 +142,6 @@ class TargetSpec:
     # The LLVM sync scope of every workgroup of a dispatch: the fences around the
     # arrival count of the fused merge (DecodeTuning.fused_merge) take it.
     device_scope: str = "agent"
-    # The instruction (inline assembly, operand $0 the address) that prefetches a
-    # global line into L2; None: the target has none.
-    l2_prefetch: str | None = None
     # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and
     # the SMs of the GPU that was measured on: a grid too small to fill that many per
     # SM is left to the backend (the cap only costs registers there).
@@ -211,9 +201,6 @@ class TargetSpec:
             raise ValueError(f"--target {self.name} has no asynchronous copy into LDS for "
                              f"the V stage (v_async; targets with one: "
                              f"{', '.join(n for n, s in TARGET_SPECS.items() if s.async_copy)})")
-        if (tuning.v_prefetch or tuning.k_prefetch) and self.l2_prefetch is None:
-            raise ValueError(f"--target {self.name} has no L2 prefetch (v_prefetch, "
-                             f"k_prefetch)")
         if tuning.workgroups_per_sm and self.occupancy_attribute is None:
             raise ValueError(f"--target {self.name} has no occupancy hint for the kernel")
 
@@ -235,14 +222,6 @@ class TargetSpec:
         """A fence ("release", "acquire") ordering this thread's global memory accesses
         for every workgroup of the dispatch (the target's `device_scope`)."""
         llvm.FenceOp(getattr(llvm.AtomicOrdering, ordering), syncscope=self.device_scope)
-
-    def prefetch_l2(self, address: ir.Value) -> None:
-        """Bring the line at global `address` (i64) into L2: the target's
-        `l2_prefetch` instruction (inline, as the sm_80 PTX NVVM targets has no
-        selectable intrinsic for it)."""
-        if self.l2_prefetch is None:
-            raise ValueError(f"--target {self.name} has no L2 prefetch")
-        llvm.InlineAsmOp(None, [address], self.l2_prefetch, "l", has_side_effects=True)
 
     def pack_levels(self, lanes, levels: list[ir.Value], shape) -> ir.Value:
         """i32 levels (each standing for its low byte) as an i8 operand vector of
@@ -303,7 +282,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # twin spills at 8 and is 4-12% slower there at D 128.
         occupancy_by_head_dim=((64, 8, 7), (128, 8, 6), (256, 4, 4)),
         exp2_intrinsic=EXP2_INTRINSICS["cuda"], byte_permute=BYTE_PERMUTE,
-        device_scope="device", l2_prefetch=L2_PREFETCH,
+        device_scope="device",
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
         # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)
