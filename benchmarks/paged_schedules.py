@@ -33,6 +33,9 @@ def main(argv=None) -> int:
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--waves", type=int, default=None,
+                        help="waves per partition (the fragment model's; default 4: "
+                             "256-token partitions)")
     args = parser.parse_args(argv)
     types = {f.name: f.type for f in fields(specs.DecodeTuning)}
     changes, numerics = {}, {}
@@ -48,14 +51,16 @@ def main(argv=None) -> int:
     wanted = changes.get("workgroups_per_sm")
     table = tuple((bound, wanted or int8, wanted or bf16)
                   for bound, int8, bf16 in cuda.occupancy_by_head_dim)
+    model = cuda.model if args.waves is None else replace(cuda.model,
+                                                          waves_per_partition=args.waves)
     specs.TARGET_SPECS["cuda"] = replace(cuda, tuning=replace(cuda.tuning, **changes),
-                                         occupancy_by_head_dim=table)
+                                         occupancy_by_head_dim=table, model=model)
     print(f"{args.directory}: {specs.target_spec('cuda').default_tuning(args.head_dim)}",
           flush=True)
     chosen = cuda.numerics.updated(**numerics)
     print(f"{args.directory}: {chosen.describe()}", flush=True)
     bench_paged.prepare(args.directory, args.q_heads, args.kv_heads, args.head_dim,
-                        numerics=chosen)
+                        numerics=chosen, partition_tokens=model.partition_tokens)
     return 0
 
 

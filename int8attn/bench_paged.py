@@ -66,8 +66,10 @@ def manifest_numerics(meta: dict) -> Numerics:
 
 
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
-            block_size: int = BLOCK_SIZE, *, numerics: Numerics | None = None) -> None:
-    """Compile the paged modules for cuda with `numerics` (default: the kernel target's)."""
+            block_size: int = BLOCK_SIZE, *, numerics: Numerics | None = None,
+            partition_tokens: int | None = None) -> None:
+    """Compile the paged modules for cuda with `numerics` (default: the kernel target's);
+    `partition_tokens` for a fragment model of another partition (benchmarks only)."""
     from .driver.compile import compile
     from .driver.options import CompileOptions
     from .driver.paged_decode import paged_attention_graph
@@ -76,6 +78,8 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
     source = paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
                                    softmax_scale=float(np.float32(head_dim ** -0.5)))
     given = {} if numerics is None else dataclasses.asdict(numerics)
+    if partition_tokens is not None:
+        given["partition_tokens"] = partition_tokens
     for pv in PV:
         options = CompileOptions(target="cuda", pv=pv, **given)
         resolved = dataclasses.asdict(options.numerics)
