@@ -150,6 +150,8 @@ class PartitionKernel:
         source = VSource(per_tile=tuning.v_per_tile)
         if tuning.v_async:
             source = VSource(staged=stage_v(plan, kv, wave_token0))
+        if tuning.v_first:
+            source = VSource(loaded=load_v(plan, kv, wave_token0))
         live = lambda element, local: arith.cmpi(arith.CmpIPredicate.slt, local, kv.remaining)
         scores = qk(plan, q_operands(plan, staged_q, lambda row: row), kv, wave_token0, live)
         if tuning.v_early:

@@ -28,6 +28,7 @@ class DecodeTuning:
     """Schedule choices of the partition kernel that do not change its results."""
 
     v_early: bool = False    # issue the V loads right after QK, before the softmax
+    v_first: bool = False    # issue the V loads before QK (in flight with K's)
     v_per_tile: bool = False  # load V for one 16-column tile just before its MMACs
     # Copy the partition's V into LDS asynchronously before QK (cuda: cp.async), so
     # that it streams in during QK and the softmax without holding registers; PV

@@ -127,7 +127,8 @@ def test_the_kernel_refuses_a_block_size_the_v_loads_straddle():
         paged_access(shape, target_spec("cuda"))
 
 
-@pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_per_tile=True), dict(v_async=True),
+@pytest.mark.parametrize("tuning", [dict(v_early=True), dict(v_first=True), dict(v_per_tile=True),
+                                    dict(v_async=True),
                                     dict(a_register_order=False), dict(merge_unroll=1),
                                     dict(workgroups_per_sm=6), dict(merge_chunks=2),
                                     dict(merge_chunks=4, merge_unroll=3)])
