@@ -169,3 +169,33 @@ def test_iree_builds_the_fused_kernel_for_cuda(monkeypatch):
     (grid, _, _, names, counters), = CudaExecutor(package).plan(sizes)
     assert grid == (1, 2, 3) and names[len(kernel.abi.inputs) - 1] == "arrivals"
     assert counters == [("arrivals", (3, 2), torch.int32)]
+
+
+def test_the_dense_host_zero_fills_a_static_counter(monkeypatch):
+    # The dense decode's counter has no run-time size: the host fills a static [B, Hkv].
+    import int8attn
+    from int8attn.driver.graph import decode_graph
+    from int8attn.kernels import target_spec as specs
+    from int8attn.serving.kernel_package import read_executable
+
+    cuda = specs.TARGET_SPECS["cuda"]
+    monkeypatch.setitem(specs.TARGET_SPECS, "cuda",
+                        replace(cuda, tuning=replace(cuda.tuning, fused_merge=True)))
+    graph = int8attn.compile(decode_graph(2, 8, 2, 600, 64), target="cuda", cache=False)
+    exports, ptx = read_executable(graph.vmfb)
+    # (IREE's own dispatches pad K/V and transpose V)
+    assert "decode_partition" in exports and "decode_merge" not in exports and "atom." in ptx
+    assert graph.kernel_layout_of()["abi"][0]["counters"] == [
+        {"name": "arrivals", "shape": [2, 2], "element": "i32"}]
+
+
+def test_counters_are_the_last_inputs_the_kernel_writes():
+    from int8attn.kernels.abi import Buffer, KernelABI
+
+    counter = Buffer("arrivals", ("B", 2), "i32")
+    KernelABI("k", ("q", "arrivals"), (), (), (1, 1, 1), 32, writes_inputs=("arrivals",),
+              counters=(counter,))
+    for inputs, writes in ((("arrivals", "q"), ("arrivals",)), (("q", "arrivals"), ())):
+        with pytest.raises(ValueError, match="counters .* must be its last inputs"):
+            KernelABI("k", inputs, (), (), (1, 1, 1), 32, writes_inputs=writes,
+                      counters=(counter,))
