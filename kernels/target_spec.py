@@ -198,6 +198,11 @@ class TargetSpec:
         return replace(self.tuning, workgroups_per_sm=row[1] if pv == "int8" else row[2])
 
     def check_tuning(self, tuning: DecodeTuning) -> None:
+        v_schedules = [name for name in ("v_early", "v_first", "v_per_tile", "v_async")
+                       if getattr(tuning, name)]
+        if len(v_schedules) > 1:
+            raise ValueError(f"the V loads take one schedule; {' and '.join(v_schedules)} "
+                             f"are set: choose one")
         if tuning.v_async and not self.async_copy:
             raise ValueError(f"--target {self.name} has no asynchronous copy into LDS for "
                              f"the V stage (v_async; targets with one: "

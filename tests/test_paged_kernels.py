@@ -347,3 +347,14 @@ def test_a_shape_whose_writers_have_no_register_order_map_is_staged_row_major(mo
         monkeypatch.setattr(OperandStaging, "place", refuse)
         fallen_back = str(build_decode_kernels(paged_access(shape, spec), spec).module)
     assert fallen_back == row_major != register_order
+
+
+def test_one_v_schedule_at_a_time():
+    from int8attn.kernels.decode import DecodeTuning
+
+    shape = PagedShape(2, 4, 64, 16, 0.125)
+    spec = target_spec("cuda")
+    with new_context(), ir.Location.unknown(), pytest.raises(
+            ValueError, match="v_first and v_async are set: choose one"):
+        build_decode_kernels(paged_access(shape, spec), spec,
+                             tuning=DecodeTuning(v_first=True, v_async=True))
