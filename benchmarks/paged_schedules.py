@@ -37,6 +37,9 @@ def main(argv=None) -> int:
                         help="waves per partition (the fragment model's; default 4: "
                              "256-token partitions)")
     args = parser.parse_args(argv)
+    if args.waves is not None and (args.waves < 1 or args.waves & (args.waves - 1)):
+        parser.error(f"--waves {args.waves}: a power of two (the partition's rows and head "
+                     f"dim split over its threads)")
     types = {f.name: f.type for f in fields(specs.DecodeTuning)}
     changes, numerics = {}, {}
     for pair in args.fields:
