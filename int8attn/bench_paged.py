@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from dataclasses import dataclass
-
-from .bench_harness import (
-                            BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
-                            measure, nan_or, report, run_cases, run_main)
+from .bench_harness import (BenchKind, BenchSettings, Check, Column, IreeDevice, Timer,
+                            map_forked, markdown_table, measure, nan_or, report, run_cases,
+                            run_main)
 from .contract.numerics import SEED_NUMERICS, Numerics
 from .fragments.cache_layout import CacheLayout
 
@@ -68,8 +67,8 @@ def manifest_numerics(meta: dict) -> Numerics:
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
             block_size: int = BLOCK_SIZE, *, numerics: Numerics | None = None,
             partition_tokens: int | None = None) -> None:
-    """Compile the paged modules for cuda with `numerics` (default: the kernel target's);
-    `partition_tokens` for a fragment model of another partition (benchmarks only)."""
+    """Compile the paged modules for cuda with `numerics` (default: the kernel target's)
+    and `partition_tokens` (a model of other partitions: benchmarks/paged_schedules.py)."""
     from .driver.compile import compile
     from .driver.options import CompileOptions
     from .driver.paged_decode import paged_attention_graph
@@ -78,8 +77,7 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
     source = paged_attention_graph(q_heads, kv_heads, head_dim, block_size,
                                    softmax_scale=float(np.float32(head_dim ** -0.5)))
     given = {} if numerics is None else dataclasses.asdict(numerics)
-    if partition_tokens is not None:
-        given["partition_tokens"] = partition_tokens
+    given.update({} if partition_tokens is None else {"partition_tokens": partition_tokens})
     for pv in PV:
         options = CompileOptions(target="cuda", pv=pv, **given)
         resolved = dataclasses.asdict(options.numerics)
