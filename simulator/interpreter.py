@@ -26,7 +26,7 @@ from iree.compiler.dialects import arith, llvm
 
 from .compute_ops import ComputeOps
 from .global_order import GlobalOrder, atomic_add
-from .memory import DTYPES, SimulationError, _element, _Memory
+from .memory import DTYPES, SimulationError, _element, _Memory, poisoned
 
 __all__ = ["Machine", "SimulationError"]
 
@@ -160,11 +160,10 @@ class Machine(ComputeOps):
         size = int(np.prod(t.shape))
         dtype = DTYPES[_element(t)]
         groups = int(np.prod(self.grid))
-        poison = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
         element_bytes = _element_bytes(t)
         alignment = (ir.IntegerAttr(op.attributes["alignment"]).value
                      if "alignment" in op.attributes else element_bytes)
-        return _Memory(np.full(groups * size, poison, dtype=dtype), t.shape, size,
+        return _Memory(poisoned(groups * size, dtype), t.shape, size,
                        element_bytes, base_alignment=alignment)
 
     def op_gpu_barrier(self, op, _):

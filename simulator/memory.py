@@ -25,6 +25,12 @@ class SimulationError(RuntimeError):
     pass
 
 
+def poisoned(shape, dtype) -> np.ndarray:
+    """Memory no one has written yet: NaN, or the integer type's minimum."""
+    fill = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+    return np.full(shape, fill, dtype=dtype)
+
+
 MANY = -2          # an element read by more than one thread in the interval
 
 

@@ -10,6 +10,7 @@ from iree.compiler import ir
 from ..reference.common import pad_tokens
 from ..support.ir import walk
 from .interpreter import Machine, SimulationError
+from .memory import poisoned
 
 
 def _executable(module: ir.Operation, name: str) -> ir.Operation:
@@ -79,7 +80,8 @@ def run_abi(module: ir.Operation, abis, sizes: dict[str, int], tensors: dict,
     for data in abis:
         abi = KernelABI.from_json(data)
         for buffer in abi.outputs:
-            buffers.setdefault(buffer.name, _poisoned(buffer.dims(sizes), buffer.element))
+            buffers.setdefault(buffer.name, poisoned(buffer.dims(sizes),
+                                                       ELEMENTS[buffer.element]))
         for counter in abi.counters:
             buffers[counter.name] = np.zeros(counter.dims(sizes), ELEMENTS[counter.element])
         run_executable(module, abi.kernel, [evaluate(g, sizes) for g in abi.workload],
@@ -92,8 +94,3 @@ def run_abi(module: ir.Operation, abis, sizes: dict[str, int], tensors: dict,
                                       f"from it)")
     return buffers
 
-
-def _poisoned(shape, element: str) -> np.ndarray:
-    dtype = ELEMENTS[element]
-    fill = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
-    return np.full(shape, fill, dtype)
