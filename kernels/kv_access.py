@@ -309,8 +309,12 @@ class PagedKV:
 
     def live_partitions(self, view: PagedView) -> ir.Value:
         """The partitions holding tokens of the view's sequence (those whose
-        workgroups pass the guard): ceil(length / partition tokens)."""
-        return ceil_div(view.lanes.ops, view.length, self.partition_tokens)
+        workgroups pass the guard)."""
+        return self._partitions(view.lanes, view.length)
+
+    def _partitions(self, lanes: Lanes, length: ir.Value) -> ir.Value:
+        """ceil(length / partition tokens): a sequence's partitions."""
+        return ceil_div(lanes.ops, length, self.partition_tokens)
 
     # merge -------------------------------------------------------------------
     def bind_merge(self, lanes: Lanes, args, b):
@@ -318,8 +322,7 @@ class PagedKV:
         partition count, ceil(length / partition tokens) of sequence b, [o, m, l, out])."""
         batch, partition_count = args[4], args[5]
         lengths = binding(args[3], (batch,), "i32", lanes.index(0))
-        length = _length(lengths, b)
-        parts = ceil_div(lanes.ops, length, self.partition_tokens)
+        parts = self._partitions(lanes, _length(lengths, b))
         return batch, partition_count, parts, args[:3] + args[6:]
 
 
