@@ -8,7 +8,8 @@ Each folder holds what `int8attn bench --mode prefill --prepare-only` writes (th
 cases: `--context`, `--history`, `--new-tokens`), built with the named `TargetSpec`
 fields of the cuda target changed (kernels/target_spec.py: `prefill_kv_ring`, the
 K/V ring in LDS; `prefill_workgroups_per_sm`, the register cap; `ring_lds_bytes`;
-`prefill_q_per_tile`, Q's operands read from LDS in every tile: cuda's default), so a
+`prefill_q_per_tile`, Q's operands read from LDS in every tile: cuda's default;
+`reciprocal_intrinsic=None`, W's inverses by the checked division), so a
 GPU session times a choice against the default with the bench's checks.
 """
 
@@ -22,7 +23,7 @@ from int8attn import bench_prefill
 from int8attn.kernels import target_spec as specs
 
 CHOICES = ("prefill_kv_ring", "prefill_workgroups_per_sm", "ring_lds_bytes",
-           "prefill_q_per_tile")
+           "prefill_q_per_tile", "reciprocal_intrinsic")
 
 
 def main(argv=None) -> int:
@@ -44,7 +45,9 @@ def main(argv=None) -> int:
         if name not in types:
             parser.error(f"{name!r} is not a prefill choice of the cuda target "
                          f"({', '.join(CHOICES)})")
-        if types[name] == "bool":
+        if name == "reciprocal_intrinsic":
+            changes[name] = None if value == "None" else value
+        elif types[name] == "bool":
             if value not in ("True", "False"):
                 parser.error(f"{name} takes True or False, not {value!r}")
             changes[name] = value == "True"

@@ -73,7 +73,8 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from .constants import (EXACT_BIAS_RANGE, LN_2, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
+from .elementary import divide_by_reciprocal, exp2, levels_over, reciprocal  # noqa: F401
+from .constants import (EXACT_BIAS_RANGE, MAX_W_V_PRODUCT, QMAX,  # noqa: F401
                         QUANTIZE_MIN_ABSMAX, ROUND_BIAS, ROUND_BIAS_BITS, UMAX, DIGIT_BASE,
                         DIGIT_ROUND_BIAS, LEVEL_BYTE, W_OFFSET)
 
@@ -116,6 +117,36 @@ def absmax_merge(a: ir.Value, b: ir.Value) -> ir.Value:
     return arith.maximumf(a, b)
 
 
+def balanced(values: list[ir.Value], combine: Callable) -> ir.Value:
+    """`combine` over `values` as a balanced tree: log2(n) dependent steps where a
+    chain takes n - 1. Only for an order-free combine (`arith.maximumf`: exact, and
+    NaN-propagating in any order); a sum's rounding depends on its order."""
+    level = list(values)
+    while len(level) > 1:
+        level = [combine(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
+                 for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def reduce(values: list[ir.Value], combine: Callable) -> ir.Value:
+    """`combine` over a lane's `values`: a max as a `balanced` tree (the same value in
+    any order), anything else (a sum) in the values' order, as the references add."""
+    if combine is arith.maximumf:
+        return balanced(values, combine)
+    total = values[0]
+    for x in values[1:]:
+        total = combine(total, x)
+    return total
+
+
+def absmax(values: list[ir.Value], c: QuantizeConstants) -> ir.Value:
+    """max_j |x_j| of a lane's elements (0 for none), by `balanced`: the value of
+    `absmax_step` from 0 over them in any order (every |x| is >= +0)."""
+    if not values:
+        return c.zero
+    return balanced([math.absf(x) for x in values], absmax_merge)
+
+
 def quantize_scale(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False,
                    tiny_exact: bool = True) -> ir.Value:
     """s = a / 127 (a / 255 unsigned), NaN when the row held NaN (a is NaN) or Inf.
@@ -137,29 +168,17 @@ def quantize_scale(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False,
     return arith.select(is_inf, c.nan, quotient)
 
 
-def divide_by_reciprocal(x: ir.Value, divisor: ir.Value, y: ir.Value) -> ir.Value:
-    """x / divisor by y = RN(1/divisor) and one FMA correction: q0 = x y,
-    r = fma(-divisor, q0, x), q = fma(r, y, q0). Correctly rounded wherever the
-    residual r is exact (Markstein's theorem), which it is unless it falls below the
-    subnormal grid: x >= 2^-102 for every divisor of at most 2^10 (measured over 1.7e8
-    pairs, benchmarks/results-sass-mix.md); below that, an ulp at most. Three f32
-    instructions where a checked division issues about ten; y is computed once per
-    divisor (a constant, or `reciprocal` of a row's sum)."""
-    q0 = arith.mulf(x, y)
-    return math.fma(math.fma(arith.negf(divisor), q0, x), y, q0)
-
-
-def reciprocal(divisor: ir.Value) -> ir.Value:
-    """y = RN(1 / divisor): the correctly rounded division, once per divisor."""
-    return arith.divf(_f32(1.0), divisor)
-
-
-def quantize_inverse(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False) -> ir.Value:
+def quantize_inverse(amax: ir.Value, c: QuantizeConstants, unsigned: bool = False,
+                     approximate: Callable[[ir.Value], ir.Value] | None = None) -> ir.Value:
     """127 / a (255 / a unsigned), or 0 where the row quantizes to zero (a tiny,
-    zero, NaN or Inf)."""
+    zero, NaN or Inf). The quotient is the correctly rounded division: `arith.divf`,
+    or, given the hardware's `approximate` reciprocal, `levels_over`."""
     quantizable = arith.andi(arith.cmpf(arith.CmpFPredicate.OGE, amax, c.min_absmax),
                              arith.cmpf(arith.CmpFPredicate.OLT, amax, c.inf))
-    return arith.select(quantizable, arith.divf(c.umax if unsigned else c.qmax, amax), c.zero)
+    levels = c.umax if unsigned else c.qmax
+    quotient = (arith.divf(levels, amax) if approximate is None
+                else levels_over(levels, amax, approximate))
+    return arith.select(quantizable, quotient, c.zero)
 
 
 def round_even(x: ir.Value, c: QuantizeConstants) -> ir.Value:
@@ -372,21 +391,3 @@ def score_row_scale(sq: ir.Value, c: ir.Value) -> ir.Value:
     (softmax_scale * log2 e): the score is then (f32(acc) * (sQ * c)) * sK, in log2
     units, as reference.int8_scores states it."""
     return arith.mulf(sq, c)
-
-
-def exp2(x: ir.Value) -> ir.Value:
-    """2^x for the softmax's x = s - m <= 0 (or NaN, -inf): within 2 ulps wherever 2^x
-    is normal, +0 for x < -126.5 (tests/test_exp2_contract.py): 2^n * exp(f ln 2) with
-    n = roundeven(x) clamped to [-127, 128] and f = x - n (exact; |f| <= 1/2 but where
-    n is clamped), 2^n built from its bits and 2^-127 as +0. The exponent f ln 2 is
-    rounded relative to |f| <= 1/2 only: IREE's math.exp2 of x itself lost 56 ulps at
-    x = -126 on llvm-cpu, and on ROCm became a device-library call. A kernel whose
-    hardware has an exp2 takes that instead (`TargetSpec.exp2`)."""
-    f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
-    n = arith.minimumf(arith.maximumf(math.roundeven(x), _f32(-127.0)), _f32(128.0))
-    fraction = math.exp(arith.mulf(arith.subf(x, n), _f32(LN_2)))
-    # NaN x: any n will do (the fraction is NaN); fptosi of a NaN is poison
-    number = arith.cmpf(arith.CmpFPredicate.OEQ, n, n)
-    exponent = arith.fptosi(i32, arith.select(number, n, _f32(0.0)))
-    bits = arith.shli(arith.addi(exponent, arith.constant(i32, 127)), arith.constant(i32, 23))
-    return arith.mulf(fraction, arith.bitcast(f32, bits))

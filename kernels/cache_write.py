@@ -119,10 +119,7 @@ def _write_body(args, shape: CacheWriteShape, wave: int) -> None:
         if bias is not None:    # one f32 subtract per element, as the reference rounds it
             values = [arith.subf(x, memref.load(bias, [h, col]))
                       for x, col in zip(values, channels)]
-        amax = c.zero
-        for x in values:
-            amax = contract.absmax_step(amax, x)
-        amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
+        amax = lanes.xor_reduce(contract.absmax(values, c), offsets, contract.absmax_merge)
         inverse = contract.quantize_inverse(amax, c)
         with lanes.when(inside):
             for x, col in zip(values, channels):

@@ -125,12 +125,10 @@ def _w_lds(plan: StagePlan, scales: bool = True) -> StagedW:
 def _group_scale(plan: StagePlan, members: list[int], values: dict, c, unsigned: bool):
     """(inverse, scale) of one group class of the lane's values: the group's absmax
     over its lanes by xor shuffles, then the contract's rule."""
-    amax = c.zero
-    for e in members:
-        amax = contract.absmax_step(amax, values[e])
+    amax = contract.absmax([values[e] for e in members], c)
     offsets = plan.layout.group_max_offsets(plan.pv_layout.model)
     amax = plan.lanes.xor_reduce(amax, offsets, contract.absmax_merge)
-    return (contract.quantize_inverse(amax, c, unsigned),
+    return (contract.quantize_inverse(amax, c, unsigned, plan.spec.approximate_reciprocal()),
             contract.quantize_scale(amax, c, unsigned, tiny_exact=False))
 
 

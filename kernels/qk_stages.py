@@ -68,10 +68,7 @@ def quantize_rows(plan: StagePlan, q: ir.Value, rows: int, source: RowSource) ->
                              [lanes.plus(row, shift)])
 
     for term in range(1 if numerics.q_digits else numerics.q_terms):
-        amax = c.zero
-        for x in values:
-            amax = contract.absmax_step(amax, x)
-        amax = lanes.xor_reduce(amax, offsets, contract.absmax_merge)
+        amax = lanes.xor_reduce(contract.absmax(values, c), offsets, contract.absmax_merge)
         inverse = contract.quantize_inverse(amax, c)
         scale = contract.quantize_scale(amax, c, tiny_exact=False)   # never stored
         if numerics.q_digits:       # one rounding: the high digit, the low one (scale s1/BASE)
@@ -204,9 +201,7 @@ def masked(live: ir.Value | None, value: ir.Value, dead: ir.Value) -> ir.Value:
 def row_reduce(plan: StagePlan, values: dict, members: list[int], combine) -> ir.Value:
     """One row's reduction over the wave: in-lane over `members`, then xor shuffles
     over the lanes that hold the same row."""
-    value = values[members[0]]
-    for e in members[1:]:
-        value = combine(value, values[e])
+    value = contract.reduce([values[e] for e in members], combine)
     return plan.lanes.xor_reduce(value, plan.layout.row_max_offsets(), combine)
 
 

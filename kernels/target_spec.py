@@ -97,6 +97,10 @@ def _mmac_intrinsic(instruction: MatrixInstruction, a, b, c) -> ir.Value:
 # tolerance sees. The simulator evaluates these as exp2, flushed below 2^-126.
 EXP2_INTRINSICS = {"cuda": "llvm.nvvm.ex2.approx.ftz.f32", "amdgpu": "llvm.exp2.f32"}
 FLUSHED_BELOW = np.float32(2.0 ** -126)
+# The hardware's reciprocal, within 1 ulp: PTX's rcp.approx.ftz.f32 (MUFU.RCP), from
+# which `contract.levels_over` makes W's 127 / a correctly rounded with no checked
+# division's branch. The simulator evaluates it as the correctly rounded 1 / x, flushed.
+RECIPROCAL_INTRINSICS = {"cuda": "llvm.nvvm.rcp.approx.ftz.f"}
 # PTX's prmt.b32 (default mode): byte i of the result is byte (selector nibble i) of the
 # eight bytes {b, a}. Four levels' low bytes into one word in three (SASS `PRMT`), where
 # shifts and masks take seven; the simulator evaluates it (compute_ops).
@@ -137,6 +141,10 @@ class TargetSpec:
     # contract's); None: the contract's `exp2` (a range reduction around math.exp,
     # which IREE expands into a polynomial).
     exp2_intrinsic: str | None = None
+    # The hardware's approximate reciprocal (an LLVM intrinsic f32 -> f32, within 1
+    # ulp), from which the W groups' inverses are divided without a branch
+    # (`contract.levels_over`); None: the checked division.
+    reciprocal_intrinsic: str | None = None
     # The byte permute that packs four i32 levels' low bytes into an A register
     # (`pack_levels`); None: shifts and masks (`Lanes.pack_bytes`).
     byte_permute: str | None = None
@@ -224,6 +232,13 @@ class TargetSpec:
             return contract.exp2(x)
         return llvm.CallIntrinsicOp(ir.F32Type.get(), self.exp2_intrinsic, [x], [], []).result
 
+    def approximate_reciprocal(self) -> Callable[[ir.Value], ir.Value] | None:
+        """The hardware's reciprocal as a builder (`reciprocal_intrinsic`), or None."""
+        if self.reciprocal_intrinsic is None:
+            return None
+        return lambda x: llvm.CallIntrinsicOp(ir.F32Type.get(), self.reciprocal_intrinsic,
+                                              [x], [], []).result
+
     def device_fence(self, ordering: str) -> None:
         """A fence ("release", "acquire") ordering this thread's global memory accesses
         for every workgroup of the dispatch (the target's `device_scope`)."""
@@ -288,6 +303,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # twin spills at 8 and is 4-12% slower there at D 128.
         occupancy_by_head_dim=((64, 8, 7), (128, 8, 6), (256, 4, 4)),
         exp2_intrinsic=EXP2_INTRINSICS["cuda"], byte_permute=BYTE_PERMUTE,
+        reciprocal_intrinsic=RECIPROCAL_INTRINSICS["cuda"],
         device_scope="device",
         # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads

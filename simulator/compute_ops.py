@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from ..kernels.target_spec import BYTE_PERMUTE, EXP2_INTRINSICS, FLUSHED_BELOW
+from ..kernels.target_spec import (BYTE_PERMUTE, EXP2_INTRINSICS, FLUSHED_BELOW,
+                                   RECIPROCAL_INTRINSICS)
 from ..reference.common import fma_f32
 from .isa import matrix_instruction, table_for
 from .memory import DTYPES, SimulationError, _element
@@ -41,6 +42,17 @@ def byte_permute(a, b, selector) -> np.ndarray:
         byte = np.where(nibble & 8, np.where(byte & 0x80, 0xFF, 0), byte)
         out |= byte << (8 * i)
     return out.astype(np.uint32).view(np.int32)
+
+
+def flushed_reciprocal(x) -> np.ndarray:
+    """rcp.approx.ftz.f32 as the simulator takes it: 1 / x correctly rounded, a
+    subnormal operand or result flushed to zero of its sign (the hardware's is within
+    1 ulp, which `contract.levels_over` is checked to absorb)."""
+    x = np.asarray(x, np.float32)
+    x = np.where(np.abs(x) < FLUSHED_BELOW, np.copysign(np.float32(0), x), x)
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        y = np.float32(1) / x
+    return np.where(np.abs(y) < FLUSHED_BELOW, np.copysign(np.float32(0), y), y)
 
 
 class ComputeOps:
@@ -206,6 +218,8 @@ class ComputeOps:
             with np.errstate(over="ignore", under="ignore"):
                 exp2 = np.exp2(np.asarray(operands[0], np.float32))
             return np.where(exp2 < FLUSHED_BELOW, np.float32(0), exp2)
+        if name in RECIPROCAL_INTRINSICS.values():
+            return flushed_reciprocal(operands[0])
         if name == BYTE_PERMUTE:
             return byte_permute(*operands)
         if name not in INTRINSICS:
