@@ -295,7 +295,10 @@ TARGET_SPECS: dict[str, TargetSpec] = {
     "cuda": TargetSpec(
         "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),
         async_copy=True, occupancy_attribute="nvvm.minctasm",
-        tuning=DecodeTuning(workgroups_per_sm=6, merge_chunks=4, merge_splits=16,
+        # the merge in 16 chunks (8 columns a workgroup at D 128) against 4: B = 1 at 16K
+        # 14.5-14.6 us against 14.8 (merge 3.0-3.1 against 3.4-3.5 us), B = 16 within
+        # 0.5% either way, two runs (results-h100-prefill-issue25.md)
+        tuning=DecodeTuning(workgroups_per_sm=6, merge_chunks=16, merge_splits=16,
                             merge_unroll=2),
         # a lane's V loads and output accumulators grow with D: fewer workgroups fit
         # without spilling. INT8 at D <= 128: 8 (64 registers, no spills) beats 6 at D 128
