@@ -97,6 +97,12 @@ class KVRing:
         """Start copying the tile `tile` views into `stage`; returns the copies'
         group for `lanes.async_wait` (each thread waits for its own copies; a barrier
         after the wait publishes them to the workgroup)."""
+        return self._issue(self._copies(tile, stage))
+
+    def _copies(self, tile: KVView, stage: ir.Value) -> list[tuple]:
+        """The (source, source indices, target, target indices, elements) of each of
+        the thread's copies of `tile` into `stage`: their addresses computed here (a
+        pooled tile's block ids loaded), nothing issued."""
         lanes = self.lanes
         of = lambda lane_map: lanes.of_lane(lane_map, lanes.thread)
         k_slots, v_slots, scale_slots = self.copies(self.tokens, self.head_dim, lanes.threads)
@@ -104,18 +110,20 @@ class KVRing:
         staged = self.view(tile, stage)
         for token_map, byte_map in k_slots:
             token, byte = of(token_map), of(byte_map)
-            copies.append(lanes.async_copy(tile.k, tile.k_bytes(token, byte), self.k,
-                                           staged.k_bytes(token, byte), COPY_BYTES))
+            copies.append((tile.k, tile.k_bytes(token, byte), self.k,
+                           staged.k_bytes(token, byte), COPY_BYTES))
         for col_map, token_map in v_slots:
             col, token = of(col_map), of(token_map)
-            copies.append(lanes.async_copy(tile.v, tile.v_row(col, token), self.v,
-                                           [stage, col, token], COPY_BYTES))
+            copies.append((tile.v, tile.v_row(col, token), self.v, [stage, col, token],
+                           COPY_BYTES))
         for token_map, _ in scale_slots:
             token = of(token_map)
             for source, target in ((tile.k_scale, self.k_scale), (tile.v_scale, self.v_scale)):
-                copies.append(lanes.async_copy(source, tile.token_row(token), target,
-                                               [stage, token], 1))
-        return lanes.async_group(copies)
+                copies.append((source, tile.token_row(token), target, [stage, token], 1))
+        return copies
+
+    def _issue(self, copies: list[tuple]) -> ir.Value:
+        return self.lanes.async_group([self.lanes.async_copy(*copy) for copy in copies])
 
     # the loop's turns: tile t reads stage t % STAGES (fragments.TileRing) ---------
     def start(self, tile_of: Callable[[ir.Value], KVView]) -> None:
@@ -125,17 +133,21 @@ class KVRing:
         self.lanes.async_wait(self.fill(tile_of(zero), zero))
 
     def turn(self, tile_of: Callable[[ir.Value], KVView], tile: ir.Value,
-             count: ir.Value) -> tuple[KVView, ir.Value]:
+             count: ir.Value) -> tuple[KVView, Callable[[], ir.Value]]:
         """At the top of tile `tile` of `count`: the barrier that publishes its copies
         and orders the reads of the tile before it (the stage refilled now) before
-        the refill; then the copies of the next tile into the other stage (the last
-        tile copies itself again there: no branch). Returns (the tile's staged view,
-        the copies' group, to wait for at the bottom of the tile)."""
+        the refill, and the addresses of the next tile's copies into the other stage
+        (the last tile copies itself again there: no branch). Returns (the tile's
+        staged view, `issue`): the caller issues the copies by `issue()`, after its
+        QK, and waits for the group it returns at the bottom of the tile. A pooled
+        tile's addresses are block ids loaded from the table: issued at the top, the
+        copies would wait for those loads at once, where QK's MMAs now pass under them
+        (the copies still land a softmax and a PV before they are read)."""
         lanes, ring = self.lanes, TileRing(self.STAGES)
         lanes.barrier()
-        group = self.fill(tile_of(ring.following(lanes.ops, tile, count)),
-                          ring.stage(lanes.ops, lanes.plus(tile, 1)))
-        return self.view(tile_of(tile), ring.stage(lanes.ops, tile)), group
+        copies = self._copies(tile_of(ring.following(lanes.ops, tile, count)),
+                              ring.stage(lanes.ops, lanes.plus(tile, 1)))
+        return self.view(tile_of(tile), ring.stage(lanes.ops, tile)), lambda: self._issue(copies)
 
     def view(self, tile: KVView, stage: ir.Value) -> KVView:
         """`tile`'s view reading its staged copy in `stage` (the same tokens)."""

@@ -209,11 +209,12 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
         with ir.InsertionPoint(loop.body):
             tile = loop.induction_variable
             tile_kv = reads = tile_of(tile)
+            issue = lambda: None
             if ring is not None:
-                reads, group = ring.turn(tile_of, tile, seen)
-            carried_out = _tile_step(plan, reads, operands, list(loop.inner_iter_args),
-                                     classes, mask(tile_kv))
-            if ring is not None:
+                reads, issue = ring.turn(tile_of, tile, seen)
+            carried_out, group = _tile_step(plan, reads, operands, list(loop.inner_iter_args),
+                                            classes, mask(tile_kv), issue)
+            if group is not None:
                 lanes.async_wait(group)
             scf.YieldOp(carried_out)
         carried = list(loop.results)
@@ -237,17 +238,20 @@ def _ring(plan: StagePlan, kv: KVView) -> KVRing | None:
     return KVRing.allocate(lanes, plan.layout, plan.head_dim)
 
 
-def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live) -> list:
+def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live,
+               after_qk) -> list:
     """One tile (QK, the online softmax, PV) under the mask `live`, its K and V read
     through `tile_kv` (the cache's tile, or its staged copy) and Q's operands from
-    `operands()` (held in registers, or read from LDS in the tile); returns the
-    carried (m, l, o) after it."""
+    `operands()` (held in registers, or read from LDS in the tile), `after_qk()`
+    built between QK and the softmax (the ring's copies of the next tile); returns
+    (the carried (m, l, o) after it, what `after_qk()` returned)."""
     lanes = plan.lanes
     slots = plan.pv_live_slots()
     count = len(classes)
     m, l, o = carried[:count], carried[count:2 * count], carried[2 * count:]
     wave_token0 = lanes.index(0)        # every wave reads the whole tile
     scores = qk(plan, operands(), tile_kv, wave_token0, live)
+    between = after_qk()
     m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
     # The tile's sums go on from alpha o (the contract's chain, reference.pv_chain).
     start = _rescaled(plan, _per_pv_slot(plan, alpha, classes, slots), o)
@@ -258,7 +262,7 @@ def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, liv
              for i in slots]
     if plan.w_feed is None:     # the next tile's W overwrites the LDS this PV read
         lanes.barrier()
-    return m_new + l_new + o_new
+    return m_new + l_new + o_new, between
 
 
 def _slots_by_row(plan: StagePlan) -> dict:
