@@ -27,6 +27,7 @@ address rules are the `CacheLayout`'s (fragments/cache_layout.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from iree.compiler import ir
 from iree.compiler.dialects import arith, memref
@@ -75,6 +76,9 @@ class KVView:
     partition_count: object = None
     remaining: ir.Value | None = None
     history: object = None             # an int, or the sequence's own (run time)
+    # Its addresses need loads (a chunked prefill's block ids from the table): a
+    # consumer that can should compute them well before it uses them (`KVRing.turn`).
+    addresses_load: ClassVar[bool] = False
 
     def at(self, first: ir.Value) -> "KVView":
         return replace(self, first=first)
@@ -183,6 +187,7 @@ class PagedPrefillView(_PoolView):
 
     last_slot: ir.Value = None
     tile_tokens: int = 0
+    addresses_load: ClassVar[bool] = True
 
     def _block(self, local: ir.Value):
         # `first` is the tile's first token: the table slot of a lane's token is the

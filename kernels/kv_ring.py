@@ -99,30 +99,27 @@ class KVRing:
         after the wait publishes them to the workgroup)."""
         return self._issue(self._copies(tile, stage))
 
-    def _copies(self, tile: KVView, stage: ir.Value) -> list[tuple]:
+    def _copies(self, tile: KVView, stage: ir.Value):
         """The (source, source indices, target, target indices, elements) of each of
-        the thread's copies of `tile` into `stage`: their addresses computed here (a
-        pooled tile's block ids loaded), nothing issued."""
+        the thread's copies of `tile` into `stage`, one at a time: each one's addresses
+        built (a pooled tile's block ids loaded) when it is drawn, nothing issued."""
         lanes = self.lanes
         of = lambda lane_map: lanes.of_lane(lane_map, lanes.thread)
         k_slots, v_slots, scale_slots = self.copies(self.tokens, self.head_dim, lanes.threads)
-        copies = []
         staged = self.view(tile, stage)
         for token_map, byte_map in k_slots:
             token, byte = of(token_map), of(byte_map)
-            copies.append((tile.k, tile.k_bytes(token, byte), self.k,
-                           staged.k_bytes(token, byte), COPY_BYTES))
+            yield (tile.k, tile.k_bytes(token, byte), self.k, staged.k_bytes(token, byte),
+                   COPY_BYTES)
         for col_map, token_map in v_slots:
             col, token = of(col_map), of(token_map)
-            copies.append((tile.v, tile.v_row(col, token), self.v, [stage, col, token],
-                           COPY_BYTES))
+            yield tile.v, tile.v_row(col, token), self.v, [stage, col, token], COPY_BYTES
         for token_map, _ in scale_slots:
             token = of(token_map)
             for source, target in ((tile.k_scale, self.k_scale), (tile.v_scale, self.v_scale)):
-                copies.append((source, tile.token_row(token), target, [stage, token], 1))
-        return copies
+                yield source, tile.token_row(token), target, [stage, token], 1
 
-    def _issue(self, copies: list[tuple]) -> ir.Value:
+    def _issue(self, copies) -> ir.Value:
         return self.lanes.async_group([self.lanes.async_copy(*copy) for copy in copies])
 
     # the loop's turns: tile t reads stage t % STAGES (fragments.TileRing) ---------
@@ -136,18 +133,26 @@ class KVRing:
              count: ir.Value) -> tuple[KVView, Callable[[], ir.Value]]:
         """At the top of tile `tile` of `count`: the barrier that publishes its copies
         and orders the reads of the tile before it (the stage refilled now) before
-        the refill, and the addresses of the next tile's copies into the other stage
-        (the last tile copies itself again there: no branch). Returns (the tile's
-        staged view, `issue`): the caller issues the copies by `issue()`, after its
-        QK, and waits for the group it returns at the bottom of the tile. A pooled
-        tile's addresses are block ids loaded from the table: issued at the top, the
-        copies would wait for those loads at once, where QK's MMAs now pass under them
-        (the copies still land a softmax and a PV before they are read)."""
+        the refill, then the next tile's copies into the other stage (the last tile
+        copies itself again there: no branch). Returns (the tile's staged view,
+        `issue`): `issue()` gives the copies' group, to wait for at the bottom of the
+        tile; the caller calls it after its QK. Where the next tile's addresses load
+        (`KVView.addresses_load`: a chunked prefill's block ids), only they are
+        computed here and `issue()` issues the copies, so the loads pass under QK's
+        MMAs instead of stalling the copies at once (an H100: the chunked prefill 4%
+        faster); elsewhere the copies are issued here, with the most time to land
+        (after QK, the dense history case was 5% slower; results-h100-prefill-issue25.md)."""
         lanes, ring = self.lanes, TileRing(self.STAGES)
         lanes.barrier()
-        copies = self._copies(tile_of(ring.following(lanes.ops, tile, count)),
-                              ring.stage(lanes.ops, lanes.plus(tile, 1)))
-        return self.view(tile_of(tile), ring.stage(lanes.ops, tile)), lambda: self._issue(copies)
+        following = tile_of(ring.following(lanes.ops, tile, count))
+        copies = self._copies(following, ring.stage(lanes.ops, lanes.plus(tile, 1)))
+        if following.addresses_load:
+            copies = list(copies)           # every address now, the copies later
+            issue = lambda: self._issue(copies)
+        else:
+            group = self._issue(copies)
+            issue = lambda: group
+        return self.view(tile_of(tile), ring.stage(lanes.ops, tile)), issue
 
     def view(self, tile: KVView, stage: ir.Value) -> KVView:
         """`tile`'s view reading its staged copy in `stage` (the same tokens)."""

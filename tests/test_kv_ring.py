@@ -92,6 +92,21 @@ def test_the_tile_loop_reads_k_and_v_from_the_ring():
     assert "nvgpu.device_async_copy" not in _module_text(shape, NO_RING)
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "chunked"])
+def test_a_pooled_tiles_copies_are_issued_after_qk(paged):
+    # The chunked prefill's copy addresses are block ids loaded from the table: its
+    # copies wait for them after QK's MMAs; a dense tile's go out right after the
+    # barrier. Both wait for the copies at the bottom of the tile.
+    shape = (PagedPrefillShape(4, 2, 300, 128, 16, 0.125) if paged
+             else PrefillShape(1, 8, 4, 300, 300, 128, 0.125))
+    body = first_loop_body(_module_text(shape, CUDA))
+    first_copy = body.index("nvgpu.device_async_copy")
+    first_mma = body.index("nvgpu.mma.sync")
+    assert (first_copy > first_mma) == paged
+    assert body.count("nvgpu.device_async_copy") == KVRing.copy_count(64, 128, 128)
+    assert body.rindex("nvgpu.device_async_wait") > body.rindex("nvgpu.device_async_copy")
+
+
 def test_a_head_dim_without_a_linear_split_reads_the_cache():
     # D 96: 6 chunks a K row, not linear in the thread bits; the kernel still builds
     text = _module_text(PrefillShape(1, 2, 4, 130, 70, 96, 0.125), CUDA)

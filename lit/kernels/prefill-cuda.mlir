@@ -21,23 +21,19 @@
 // CHECK: nvgpu.device_async_copy %{{.*}}, %[[RVS]][%c0, %{{.*}}], 1 :
 // CHECK: %[[FIRST:.*]] = nvgpu.device_async_create_group
 // CHECK: nvgpu.device_async_wait %[[FIRST]] numGroups = 0
-// Each tile t: a barrier (tile t's copies published, tile t - 1's reads done) and the
-// addresses of tile min(t + 1, last)'s copies into stage (t + 1) % 2; QK on tile t from
-// stage t % 2; then those copies (issued after QK: a pooled tile's block-id loads pass
-// under its MMAs); the softmax and PV, V from stage t % 2; the wait for the copies.
+// Each tile t: a barrier (tile t's copies published, tile t - 1's reads done), then
+// tile min(t + 1, last) into stage (t + 1) % 2, then tile t from stage t % 2, then the
+// wait for this thread's copies.
 // CHECK: scf.for %[[T:.*]] = %c0 to
 // CHECK-NEXT: gpu.barrier
 // CHECK-NEXT: %[[AFTER:.*]] = arith.addi %[[T]], %c1 : index
 // CHECK: arith.minui %[[AFTER]], %{{.*}} : index
 // CHECK: %[[OTHER:.*]] = arith.remui %{{.*}}, %c2 : index
+// CHECK: nvgpu.device_async_copy %[[K]][{{.*}}], %[[RK]][%[[OTHER]], %{{.*}}, %{{.*}}], 16 bypassL1
+// CHECK: %[[NEXT:.*]] = nvgpu.device_async_create_group
 // CHECK: %[[STAGE:.*]] = arith.remui %[[T]], %c2 : index
 // CHECK: arith.xori
 // CHECK: vector.load %[[RK]][%[[STAGE]], %{{.*}}, %{{.*}}] alignment = 16
-// CHECK-NOT: vector.load %[[K]]
-// CHECK: nvgpu.mma.sync
-// CHECK-NOT: gpu.barrier
-// CHECK: nvgpu.device_async_copy %[[K]][{{.*}}], %[[RK]][%[[OTHER]], %{{.*}}, %{{.*}}], 16 bypassL1
-// CHECK: %[[NEXT:.*]] = nvgpu.device_async_create_group
 // CHECK-NOT: vector.load %[[K]]
 // CHECK: vector.load %[[RV]][%[[STAGE]], %{{.*}}, %{{.*}}] alignment = 16
 // CHECK-NOT: vector.load %[[K]]
