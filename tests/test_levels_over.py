@@ -6,7 +6,14 @@ is the correctly rounded quotient, bitwise what a checked division gives.
 Checked on a numpy emulation with the exactly rounded f32 fma (reference.common.fma_f32),
 for every mantissa at one binade, at the binades around the scaling and the range's
 ends, and on random a over the whole range; and on the scalar IR in the lane simulator,
-its reciprocal made an ulp wrong on purpose."""
+its reciprocal made an ulp wrong on purpose. The premise on the hardware (PTX's
+rcp.approx.ftz.f32 within one ulp for every such a) is `benchmarks/rcp_approx_ulps.py`'s,
+run on an H100 over every f32 of the domain (benchmarks/results-h100-rcp-approx.json)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,3 +131,17 @@ def test_the_contract_ir_gives_the_checked_division(ulps):
     simulate_workgroup("levels_over", [a, fast, checked], threads, body)
     assert np.array_equal(fast.view(np.int32), checked.view(np.int32))
     assert np.array_equal(checked, correctly_rounded(np.full_like(a, 127), a))
+
+
+def test_the_hardware_check_says_what_it_needs():
+    # benchmarks/rcp_approx_ulps.py: a usage error for exponents outside the normal
+    # range, a message (no traceback) where there is no GPU, torch or triton
+    script = Path(__file__).parents[1] / "benchmarks" / "rcp_approx_ulps.py"
+    bad = subprocess.run([sys.executable, str(script), "--low-exponent", "5",
+                          "--high-exponent", "2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "-126 <= low < high <= 127" in bad.stderr
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU may be present: the check would run instead of refusing")
+    missing = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert missing.returncode == 2 and "rcp_approx_ulps needs" in missing.stderr
+    assert "Traceback" not in missing.stderr
