@@ -46,6 +46,10 @@ def main(argv=None) -> int:
             parser.error(f"{name!r} is not a prefill choice of the cuda target "
                          f"({', '.join(CHOICES)})")
         if name == "reciprocal_intrinsic":
+            known = tuple(specs.RECIPROCAL_INTRINSICS.values())
+            if value != "None" and value not in known:
+                parser.error(f"{name} takes None (the checked division) or "
+                             f"{' or '.join(known)}, not {value!r}")
             changes[name] = None if value == "None" else value
         elif types[name] == "bool":
             if value not in ("True", "False"):

@@ -239,7 +239,7 @@ def _ring(plan: StagePlan, kv: KVView) -> KVRing | None:
 
 
 def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, live,
-               after_qk) -> list:
+               after_qk) -> tuple[list, object]:
     """One tile (QK, the online softmax, PV) under the mask `live`, its K and V read
     through `tile_kv` (the cache's tile, or its staged copy) and Q's operands from
     `operands()` (held in registers, or read from LDS in the tile), `after_qk()`

@@ -244,7 +244,7 @@ def test_the_variants_command_refuses_what_is_no_prefill_choice():
     import prefill_variants
 
     for fields in (["prefill_ring=False"], ["prefill_kv_ring=yes"],
-                   ["prefill_workgroups_per_sm=two"]):
+                   ["prefill_workgroups_per_sm=two"], ["reciprocal_intrinsic=llvm.nvvm.rcp"]):
         with pytest.raises(SystemExit):
             prefill_variants.main(["/nonexistent/dir", *fields])
 
