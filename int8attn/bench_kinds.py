@@ -28,10 +28,15 @@ def bench_kind(mode: str, kinds: dict[str, BenchKind] | None = None) -> BenchKin
                          f"{choices})") from None
 
 
-def mode_flags(kinds: dict[str, BenchKind] | None = None) -> dict[str, tuple[str, str]]:
-    """Flags that only one mode reads: flag -> (settings field, mode)."""
+def mode_flags(kinds: dict[str, BenchKind] | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Flags that only some modes read: flag -> (settings field, those modes)."""
     kinds = BENCH_KINDS if kinds is None else kinds
-    return {flag: (name, kind.mode) for kind in kinds.values() for flag, name in kind.flags}
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for kind in kinds.values():
+        for flag, name in kind.flags:
+            modes = found.get(flag, (name, ()))[1]
+            found[flag] = (name, modes + (kind.mode,))
+    return found
 
 
 def check_prepared(directory: Path, mode: str, flag: str = "--from") -> None:

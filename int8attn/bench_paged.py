@@ -25,6 +25,7 @@ import numpy as np
 from .bench_harness import (BenchKind, BenchSettings, Check, Column, IreeDevice, Timer,
                             map_forked, markdown_table, measure, nan_or, report, run_cases,
                             run_main)
+from .bench_numerics import bench_numerics, manifest_numerics
 from .contract.numerics import SEED_NUMERICS, Numerics
 from .fragments.cache_layout import CacheLayout
 
@@ -55,13 +56,6 @@ class PagedCase:
 def module_files(meta: dict) -> list[str]:
     """The modules `prepare` wrote (one per PV precision, whatever the manifest)."""
     return [f"paged_{pv}.vmfb" for pv in PV]
-
-
-def manifest_numerics(meta: dict) -> Numerics:
-    """The numerics of the modules a manifest describes (the seed's fields where a
-    manifest predates them)."""
-    return dataclasses.replace(SEED_NUMERICS, **{f.name: meta[f.name] for f in
-                                                 dataclasses.fields(Numerics) if f.name in meta})
 
 
 def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
@@ -321,22 +315,9 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def bench_numerics(name: str | None) -> Numerics | None:
-    """`--numerics`: None for the kernel target's default, "seed" for the seed's,
-    "defaults" for the cpu pipeline's."""
-    if name is None:
-        return None
-    if name == "seed":
-        return SEED_NUMERICS
-    from .pipelines import PIPELINE_NUMERICS
-
-    return PIPELINE_NUMERICS
-
-
 def _prepare(directory: Path, settings: BenchSettings) -> None:
-    numerics = bench_numerics(settings.numerics)
     prepare(directory, settings.q_heads, settings.kv_heads, settings.head_dim,
-            numerics=numerics)
+            numerics=bench_numerics(settings.numerics, "kernel"))
 
 
 def _run(directory: Path, settings: BenchSettings) -> list[dict]:

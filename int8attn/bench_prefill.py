@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from .bench_harness import (
                             BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, markdown_table, measure,
                             nan_or, report, run_cases, run_main)
-from .contract.numerics import SEED_NUMERICS
+from .bench_numerics import bench_numerics, manifest_numerics
+from .contract.numerics import Numerics
 
 PV = ("int8", "bf16")
 # The INT8 kernel again, as a chunked prefill over a paged pool of BLOCK_SIZE-token
@@ -37,10 +38,10 @@ PAGED = "paged"
 BLOCK_SIZE = 16
 CHECK_TOKENS = 64
 HISTORY, NEW_TOKENS = 8192, 512   # the history case, unless --history / --new-tokens
-# The numerics `prepare` compiles the modules with and `run` checks them against: the
-# seed's, whose timings the README reports (the prefill results predate the kernels'
-# two-term default).
-NUMERICS = SEED_NUMERICS
+# The numerics `prepare` compiles the modules with unless `--numerics` names others (the
+# manifest records them, and `run` checks against them): the seed's, whose timings the
+# README's prefill tables report (they predate the kernels' two-term default).
+NUMERICS = "seed"
 MANIFEST = "prefill.json"   # what `prepare` wrote: the cases and shapes, for `run`
 
 
@@ -82,7 +83,10 @@ def module_files(meta: dict) -> list[str]:
 
 
 def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int,
-            q_heads: int, kv_heads: int, head_dim: int) -> None:
+            q_heads: int, kv_heads: int, head_dim: int,
+            numerics: Numerics | None = bench_numerics(None, NUMERICS)) -> None:
+    """Compile every case's modules for cuda with `numerics` (None: the kernel
+    target's own) into `directory`, and the manifest `run` reads."""
     from .driver.compile import compile
     from .driver.graph import prefill_graph
     from .driver.options import CompileOptions
@@ -90,6 +94,8 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
 
     directory.mkdir(parents=True, exist_ok=True)
     all_cases = cases(contexts, history, new_tokens)
+    given = {} if numerics is None else dataclasses.asdict(numerics)
+    resolved = {}
     for case in all_cases:
         dense = prefill_graph(batch, q_heads, kv_heads, case.tokens, case.query_tokens,
                               head_dim)
@@ -97,7 +103,8 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
                                       query_tokens=case.query_tokens, name="prefill")
         for variant in case.variants:
             pv = "int8" if variant == PAGED else variant
-            options = CompileOptions(target="cuda", pv=pv, **dataclasses.asdict(NUMERICS))
+            options = CompileOptions(target="cuda", pv=pv, **given)
+            resolved = dataclasses.asdict(options.numerics)
             compiled = compile(paged if variant == PAGED else dense, options,
                                filename=f"prefill_{case.tokens}.mlir", until="ptx")
             (directory / _module_name(variant, case.tokens, case.query_tokens)).write_bytes(
@@ -105,7 +112,7 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
             print(f"prepared prefill {variant} {case.name}", flush=True)
     (directory / MANIFEST).write_text(json.dumps(dict(
         cases=[case.manifest_entry() for case in all_cases], batch=batch, q_heads=q_heads, kv_heads=kv_heads,
-        head_dim=head_dim)))
+        head_dim=head_dim, **resolved)))
 
 
 def inputs(seed: int, batch, q_heads, kv_heads, tokens, query_tokens, head_dim):
@@ -151,9 +158,9 @@ def causal_pairs(tokens: int, query_tokens: int) -> int:
     return query_tokens * (history + 1) + query_tokens * (query_tokens - 1) // 2
 
 
-def check_slices(out, arrays, scale, pv) -> tuple[float, bool]:
-    """(max abs vs the fragment reference, within 5e-5 + tie slack) on the first,
-    a middle and the last CHECK_TOKENS query tokens."""
+def check_slices(out, arrays, scale, pv, numerics: Numerics) -> tuple[float, bool]:
+    """(max abs vs the fragment reference of `numerics`, within 5e-5 + tie slack) on
+    the first, a middle and the last CHECK_TOKENS query tokens."""
     from .reference import fragment_attention, rounding_tie_slack
 
     q, k, ks, v, vs = arrays
@@ -168,8 +175,8 @@ def check_slices(out, arrays, scale, pv) -> tuple[float, bool]:
         seen = tokens - query_tokens + end
         part = (q[:, :, start:end], k[:, :, :seen], ks[:, :, :seen], v[:, :, :seen],
                 vs[:, :, :seen])
-        expected = fragment_attention(*part, scale, model="cuda", pv=pv, numerics=NUMERICS)
-        slack = rounding_tie_slack(*part, scale, model="cuda", pv=pv, numerics=NUMERICS)
+        expected = fragment_attention(*part, scale, model="cuda", pv=pv, numerics=numerics)
+        slack = rounding_tie_slack(*part, scale, model="cuda", pv=pv, numerics=numerics)
         err = np.abs(out[:, :, start:end] - expected)
         worst = max(worst, float(err.max()))
         ok = ok and bool((err <= 5e-5 + slack).all())
@@ -214,6 +221,7 @@ def run_case(case: PrefillCase, directory: Path, meta: dict, device, timer: Time
     row = dict(case=case.name, tokens=case.tokens, query_tokens=case.query_tokens,
                causal_flops=flops, seed=seed + case.tokens,
                **{k: meta[k] for k in ("batch", "q_heads", "kv_heads", "head_dim")})
+    numerics = manifest_numerics(meta)
     outputs = {}
     for variant in case.variants:
         fn = device.load(directory / _module_name(variant, case.tokens, case.query_tokens),
@@ -224,7 +232,8 @@ def run_case(case: PrefillCase, directory: Path, meta: dict, device, timer: Time
             pool = block_pool(np.random.default_rng(seed + case.tokens), *arrays[1:])
             args = device.put([arrays[0], *pool])
         outputs[variant] = measure(row, variant, fn, args,
-                                   lambda out: Check(*check_slices(out, arrays, scale, pv)),
+                                   lambda out: Check(*check_slices(out, arrays, scale, pv,
+                                                                   numerics)),
                                    timer, record="kernels")
     if PAGED in outputs:
         row["paged_vs_dense_max_abs"] = float(np.abs(outputs[PAGED] - outputs["int8"]).max())
@@ -313,7 +322,8 @@ def _prepare(directory: Path, settings: BenchSettings) -> None:
     history = HISTORY if settings.history is None else settings.history
     new_tokens = NEW_TOKENS if settings.new_tokens is None else settings.new_tokens
     prepare(directory, list(settings.contexts), history, new_tokens, KIND.batch(settings),
-            settings.q_heads, settings.kv_heads, settings.head_dim)
+            settings.q_heads, settings.kv_heads, settings.head_dim,
+            bench_numerics(settings.numerics, NUMERICS))
 
 
 def _run(directory: Path, settings: BenchSettings) -> list[dict]:
@@ -321,11 +331,13 @@ def _run(directory: Path, settings: BenchSettings) -> list[dict]:
 
 
 KIND = BenchKind("prefill", MANIFEST, module_files, _prepare, _run, markdown, plot=plot,
-                 default_batch=1, flags=(("--history", "history"), ("--new-tokens", "new_tokens")),
+                 default_batch=1, flags=(("--history", "history"), ("--new-tokens", "new_tokens"),
+                                         ("--numerics", "numerics")),
                  query_heads_in_one_tile=False,
                  prepared_flags=(("--context", "contexts"), ("--batch", "batch"), ("--q-heads", "q_heads"),
                  ("--kv-heads", "kv_heads"), ("--head-dim", "head_dim"),
-                                 ("--history", "history"), ("--new-tokens", "new_tokens")))
+                                 ("--history", "history"), ("--new-tokens", "new_tokens"),
+                                 ("--numerics", "numerics")))
 
 
 def main(argv=None) -> int:

@@ -75,8 +75,8 @@ def cmd_bench(args) -> int:
     kind = bench_kind(args.mode)
     # Every check first: none needs a GPU, and a mistake must not cost a compilation.
     for flag, (name, wanted) in MODE_FLAGS.items():
-        if getattr(args, name) is not None and kind.mode != wanted:
-            misuse(f"{flag} applies to --mode {wanted}, not --mode {kind.mode}")
+        if getattr(args, name) is not None and kind.mode not in wanted:
+            misuse(f"{flag} applies to --mode {' or '.join(wanted)}, not --mode {kind.mode}")
     if args.from_dir and args.prepare_only:
         misuse("--prepare-only compiles the modules and --from runs compiled ones; give one")
     if args.from_dir:

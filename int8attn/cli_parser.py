@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import arg_types
+from . import arg_types, bench_numerics
 from .bench_kinds import BENCH_KINDS
 from .driver.options import CompileOptions
 from .driver.targets import STAGE_NAMES
@@ -105,10 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--seed", type=arg_types.seed, default=0,
                            help="seed of the random data (--mode paged: also of the lengths "
                                 "and block tables)")
-    bench_cmd.add_argument("--numerics", choices=("seed", "defaults"), default=None,
-                           help="--mode paged: the kernels' numerics instead of the kernel "
-                                "targets' default (q-terms 2, w-quant s8, w-terms 2): the seed's "
-                                "(1, s8, 1) or the cpu pipeline's defaults (2, u8, 2)")
+    bench_cmd.add_argument("--numerics", choices=bench_numerics.CHOICES, default=None,
+                           help="--mode paged and prefill: the kernels' numerics: the seed's "
+                                "(q-terms 1, w-quant s8, w-terms 1), the kernel targets' "
+                                "default (2, s8, 2) or the cpu pipeline's defaults (2, u8, 2); "
+                                "default: paged the kernel targets', prefill the seed's (the "
+                                "numerics of its tables)")
     bench_cmd.add_argument("--context", type=arg_types.token_counts, default=None,
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=arg_types.positive, default=None,

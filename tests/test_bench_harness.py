@@ -284,10 +284,10 @@ def test_the_kinds_table():
         decode=16, paged=16, prefill=1)
     assert BENCH_KINDS["paged"].batch(BenchSettings(batch=3)) == 3
     assert [m for m, k in BENCH_KINDS.items() if k.plot] == ["decode", "prefill"]
-    assert mode_flags() == {"--ragged-mean": ("ragged_mean", "paged"),
-                            "--numerics": ("numerics", "paged"),
-                            "--history": ("history", "prefill"),
-                            "--new-tokens": ("new_tokens", "prefill")}
+    assert mode_flags() == {"--ragged-mean": ("ragged_mean", ("paged",)),
+                            "--numerics": ("numerics", ("paged", "prefill")),
+                            "--history": ("history", ("prefill",)),
+                            "--new-tokens": ("new_tokens", ("prefill",))}
     assert not BENCH_KINDS["prefill"].query_heads_in_one_tile
 
 
@@ -649,3 +649,21 @@ def _run_script(tmp_path, source: str):
     script.write_text(source)
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=50)
+
+
+def test_numerics_names():
+    # --numerics NAME -> the numerics compiled (None: the kernel target's own), and a
+    # manifest written before the numerics were recorded means the seed's
+    from int8attn.bench_numerics import CHOICES, bench_numerics, manifest_numerics
+    from int8attn.contract.numerics import SEED_NUMERICS
+    from int8attn.pipelines import PIPELINE_NUMERICS
+
+    assert CHOICES == ("seed", "kernel", "defaults")
+    assert bench_numerics(None, "seed") == SEED_NUMERICS
+    assert bench_numerics(None, "kernel") is None
+    assert bench_numerics("defaults", "seed") == PIPELINE_NUMERICS
+    with pytest.raises(ValueError, match="one of seed, kernel, defaults"):
+        bench_numerics("fast", "seed")
+    older = dict(cases=[["Sq=S=64", 64, 64]], batch=1, q_heads=2, kv_heads=1, head_dim=64)
+    assert manifest_numerics(older) == SEED_NUMERICS
+    assert manifest_numerics(dict(older, q_terms=2)).q_terms == 2

@@ -80,7 +80,7 @@ BENCH_MISUSE = {
     "ragged_mean_in_prefill": (["--mode", "prefill", "--ragged-mean", "100"],
                                "--ragged-mean applies to --mode paged, not --mode prefill"),
     "numerics_in_decode": (["--numerics", "defaults"],
-                           "--numerics applies to --mode paged, not --mode decode"),
+                           "--numerics applies to --mode paged or prefill, not --mode decode"),
     "prepare_and_from": (["--prepare-only", "{tmp}/prep", "--from", "{tmp}/prep"],
                          "--prepare-only compiles the modules and --from runs compiled ones; "
                          "give one"),
@@ -277,7 +277,8 @@ def test_bench_runners_name_bad_folders_and_flags(name, tmp_path, capsys, monkey
 @pytest.mark.parametrize("mode, flags", [
     ("paged", ["--head-dim", "64"]), ("paged", ["--numerics", "seed"]),
     ("decode", ["--context", "4096"]), ("decode", ["--q-heads", "32"]),
-    ("prefill", ["--history", "1024"]), ("prefill", ["--batch", "2"])])
+    ("prefill", ["--history", "1024"]), ("prefill", ["--batch", "2"]),
+    ("prefill", ["--numerics", "seed"])])
 def test_bench_from_refuses_the_flags_its_modules_fix(mode, flags, tmp_path, capsys,
                                                       monkeypatch):
     """A prepared folder's modules were compiled for its manifest's shape: a shape flag

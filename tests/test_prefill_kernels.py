@@ -194,19 +194,44 @@ def test_one_kernel_module_runs_every_batch_element():
     _check(out, args, "gfx942")
 
 
-def test_bench_checks_slices_of_the_query_tokens_as_shorter_prefills():
+@pytest.mark.parametrize("name", ["seed", "kernel"])
+def test_bench_checks_slices_of_the_query_tokens_as_shorter_prefills(name):
     # The GPU bench checks 3 slices of 64 query tokens, each as the prefill of the
-    # sequence that ends at its last token: on a simulated output they pass, and an
-    # error in one middle row is found.
+    # sequence that ends at its last token, against the reference of the modules'
+    # numerics (--numerics): on a simulated output they pass, an error in one middle
+    # row is found, and so is a kernel of other numerics.
     from int8attn import bench_prefill
+    from int8attn.bench_numerics import bench_numerics
+    from int8attn.kernels.target_spec import target_spec
 
+    numerics = bench_numerics(name, bench_prefill.NUMERICS) or target_spec("cuda").numerics
+    other = target_spec("cuda").numerics if name == "seed" else bench_numerics("seed", "seed")
     args = prefill_inputs(318, 1, 4, 1, 300, 200, 64)
-    out = simulate_prefill(*args, 0.125, target="cuda", numerics=bench_prefill.NUMERICS)
-    worst, ok = bench_prefill.check_slices(out, args, np.float32(0.125), "int8")
+    out = simulate_prefill(*args, 0.125, target="cuda", numerics=numerics)
+    worst, ok = bench_prefill.check_slices(out, args, np.float32(0.125), "int8", numerics)
     assert ok and worst < 5e-5
     bad = out.copy()
     bad[0, 2, 100, 7] += 1e-3                  # token 100: in the middle slice [68, 132)
-    assert not bench_prefill.check_slices(bad, args, np.float32(0.125), "int8")[1]
+    assert not bench_prefill.check_slices(bad, args, np.float32(0.125), "int8", numerics)[1]
+    assert not bench_prefill.check_slices(out, args, np.float32(0.125), "int8", other)[1]
+
+
+def test_a_prepared_folder_records_its_numerics(tmp_path):
+    # a prefill folder prepared with the kernel target's numerics (--numerics kernel)
+    # records them in its manifest, which the runner checks against
+    import json
+
+    from int8attn import bench_prefill
+    from int8attn.bench_numerics import bench_numerics, manifest_numerics
+    from int8attn.contract.numerics import SEED_NUMERICS
+
+    bench_prefill.prepare(tmp_path / "kernel", [64], 0, 0, 1, 2, 1, 64,
+                          numerics=bench_numerics("kernel", bench_prefill.NUMERICS))
+    bench_prefill.prepare(tmp_path / "seed", [64], 0, 0, 1, 2, 1, 64)
+    recorded = {name: manifest_numerics(json.loads(
+        (tmp_path / name / bench_prefill.MANIFEST).read_text())) for name in ("kernel", "seed")}
+    assert recorded == {"kernel": target_spec("cuda").numerics, "seed": SEED_NUMERICS}
+    assert recorded["kernel"] != recorded["seed"]
 
 
 @pytest.mark.parametrize("tokens, query_tokens", [(1, 1), (300, 300), (300, 37), (64, 1)])
