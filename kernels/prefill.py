@@ -17,7 +17,8 @@ tokens, which is also the contract's prefill tile). The same stages as decode
     QK    `qk` on the tile: scores in the C layout, -inf past each row's
           causal limit (`contract.causal_visible`)
     online softmax   `online_softmax`: per row m' = max(m, tile max),
-          guarded alpha, p = exp(s - m'), l' = alpha l + sum p, W = p * sV
+          guarded alpha, p = exp(s - m'), l' = alpha l + sum p (a lane's own
+          tokens; the row's lanes add theirs after the loop), W = p * sV
     PV    `pv_stage` as in decode, its chain starting from alpha o:
           o' = alpha o + sum_g sW acc_g, one FMA per group
   O = o / l, stored for the real rows.
@@ -50,7 +51,7 @@ from .kv_access import KVView, PagedPrefillKV, PrefillKV
 from .kv_ring import KVRing
 from .lanes import Lanes, binding, workgroup_id
 from .pv_stages import pv_stage, v_tiles
-from .qk_stages import online_softmax, q_operands, qk, quantize_rows
+from .qk_stages import across_row, online_softmax, q_operands, qk, quantize_rows
 from .shapes import PagedPrefillShape, PrefillShape
 from .stage_plan import StagePlan, VSource, class_of
 from .target_spec import TargetSpec
@@ -132,7 +133,8 @@ class PrefillKernel:
         classes = plan.row_classes()
         query_tokens = [rows.token_and_head(rows.packed(lanes.of_lane(plan.row_map(c[0])),
                                                         lanes.wave))[0] for c in classes]
-        o, l = _tile_loop(plan, kv, rows, operands, classes, query_tokens)
+        o, partial_l = _tile_loop(plan, kv, rows, operands, classes, query_tokens)
+        l = [across_row(plan, x, arith.addf) for x in partial_l]     # the lanes' partials
         _store(plan, rows, kv, o, l, classes, out)
 
 
@@ -183,7 +185,7 @@ def _per_pv_slot(plan: StagePlan, values: list, classes, slots) -> dict:
 def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, query_tokens):
     """Two scf.for over the visible tiles carrying (m, l) per row class and o per PV C
     element: the tiles every row sees whole, unmasked, then the rest under the causal
-    mask; returns (o [tile][slot], l per class)."""
+    mask; returns (o [tile][slot], each lane's partial l per class)."""
     lanes = plan.lanes
     tiles = plan.head_dim // plan.pv_layout.instruction.n
     slots = plan.pv_live_slots()

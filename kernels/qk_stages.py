@@ -201,7 +201,11 @@ def masked(live: ir.Value | None, value: ir.Value, dead: ir.Value) -> ir.Value:
 def row_reduce(plan: StagePlan, values: dict, members: list[int], combine) -> ir.Value:
     """One row's reduction over the wave: in-lane over `members`, then xor shuffles
     over the lanes that hold the same row."""
-    value = contract.reduce([values[e] for e in members], combine)
+    return across_row(plan, contract.reduce([values[e] for e in members], combine), combine)
+
+
+def across_row(plan: StagePlan, value: ir.Value, combine) -> ir.Value:
+    """A lane's partial of its row combined over the lanes that hold the same row."""
     return plan.lanes.xor_reduce(value, plan.layout.row_max_offsets(), combine)
 
 
@@ -251,7 +255,9 @@ def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
     """Prefill: (m', alpha, l', W) of one tile, the contract's guarded online
     softmax per row class (scores in log2 units): alpha = 2^(m - m') (1 while
     m' = -inf), p = 2^(s - m'), l' = alpha l + sum p, W = p * sV; exp2 the target's
-    fastest (`TargetSpec.exp2`)."""
+    fastest (`TargetSpec.exp2`). l is the lane's partial over its own tokens of the
+    row: alpha is the row's on every lane of it, so the lanes' partials add to the
+    row's l once, after the last tile (`across_row`), with no shuffle in the loop."""
     lanes = plan.lanes
     exp = plan.spec.exp2
     m_new, alpha, l_new, p = [], [], [], {}
@@ -265,7 +271,7 @@ def online_softmax(plan: StagePlan, scores: Scores, m, l, classes):
                           lanes.f32(0.0))
         m_new.append(running)
         l_new.append(arith.addf(arith.mulf(alpha[c], l[c]),
-                                row_reduce(plan, p, members, arith.addf)))
+                                contract.reduce([p[e] for e in members], arith.addf)))
     w = {e: masked(scores.live[e], arith.mulf(value, scores.v_scales[e]), lanes.f32(0.0))
          for e, value in p.items()}
     return m_new, alpha, l_new, w

@@ -53,6 +53,8 @@
 // CHECK: %[[DIFF:.*]] = arith.subf %[[M]], %[[MNEW]] : f32
 // CHECK: %[[EXP:.*]] = llvm.call_intrinsic "llvm.exp2.f32"(%[[DIFF]]) : (f32) -> f32
 // CHECK: %[[ALPHA:.*]] = arith.select %[[DEAD]], %cst{{.*}}, %[[EXP]] : f32
+// l' = alpha l + the sum of p over the lane's own tokens of the row: no shuffle.
+// CHECK-NOT: gpu.shuffle
 // CHECK: %[[LSCALED:.*]] = arith.mulf %[[ALPHA]], %[[L]] : f32
 // CHECK: %[[LNEW:.*]] = arith.addf %[[LSCALED]], %{{.*}} : f32
 // The tile's PV goes on from alpha o (the contract's chain); the row's 32 products
@@ -77,11 +79,16 @@
 // CHECK-NOT: llvm.call_intrinsic
 // CHECK-NOT: gpu.barrier
 // CHECK: scf.yield %[[MNEW]], %[[LNEW]], %[[ONEW]],
-// The real rows store O = o / l into [B, Hq, Sq, D].
+// The loop carried each lane's partial l of its row: the row's 4 lanes (lane bits 4
+// and 5) add theirs once, here; then the real rows store O = o / l into [B, Hq, Sq, D].
+// CHECK: %[[LOTHER:.*]], %{{.*}} = gpu.shuffle xor %[[LOOP]]#1, %c16_i32, %c64_i32 : f32
+// CHECK-NEXT: %[[LPAIR:.*]] = arith.addf %[[LOOP]]#1, %[[LOTHER]] : f32
+// CHECK-NEXT: %[[LREST:.*]], %{{.*}} = gpu.shuffle xor %[[LPAIR]], %c32_i32, %c64_i32 : f32
+// CHECK-NEXT: %[[LROW:.*]] = arith.addf %[[LPAIR]], %[[LREST]] : f32
 // CHECK: %[[REAL:.*]] = arith.cmpi ult, %{{.*}}, %c512 : index
 // CHECK: scf.if %[[REAL]] {
 // CHECK: %[[QTOKEN:.*]] = arith.divui %{{.*}}, %c4 : index
-// CHECK: arith.divf %[[LOOP]]#2, %[[LOOP]]#1 : f32
+// CHECK: arith.divf %[[LOOP]]#2, %[[LROW]] : f32
 // CHECK: memref.store %{{.*}}, %[[OUT]][%{{.*}}, %{{.*}}, %[[QTOKEN]], %{{.*}}] : memref<1x32x128x128xf32>
 // The host: V transposed to token-innermost, one dispatch over (8 row blocks, 8 KV heads, 1).
 // CHECK-LABEL: func.func @prefill(
