@@ -95,7 +95,7 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
     directory.mkdir(parents=True, exist_ok=True)
     all_cases = cases(contexts, history, new_tokens)
     given = {} if numerics is None else dataclasses.asdict(numerics)
-    resolved = {}
+    resolved = dataclasses.asdict(CompileOptions(target="cuda", **given).numerics)
     for case in all_cases:
         dense = prefill_graph(batch, q_heads, kv_heads, case.tokens, case.query_tokens,
                               head_dim)
@@ -104,7 +104,6 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
         for variant in case.variants:
             pv = "int8" if variant == PAGED else variant
             options = CompileOptions(target="cuda", pv=pv, **given)
-            resolved = dataclasses.asdict(options.numerics)
             compiled = compile(paged if variant == PAGED else dense, options,
                                filename=f"prefill_{case.tokens}.mlir", until="ptx")
             (directory / _module_name(variant, case.tokens, case.query_tokens)).write_bytes(
