@@ -192,9 +192,15 @@ class PagedPrefillView(_PoolView):
     def _block(self, local: ir.Value):
         # `first` is the tile's first token: the table slot of a lane's token is the
         # tile's part plus the lane's own, shared by the lane's tokens of one block.
-        return paged_ir_rules(self.block_size, self.lanes.index).tile_address(
-            self.first, local, self.tile_tokens,
-            lambda slot: _block_id(self.tables, [self.b, slot]), self.last_slot)
+        # In i32, as the table and the lengths are: index math is 64-bit on cuda, and
+        # the slots' clamps and sums were twice the instructions.
+        narrow = lambda value: arith.index_cast(ir.IntegerType.get_signless(32), value)
+        widen = lambda value: arith.index_cast(ir.IndexType.get(), value)
+        block, offset = paged_ir_rules(self.block_size, self.lanes.i32).tile_address(
+            narrow(self.first), narrow(local), self.tile_tokens,
+            lambda slot: _block_id(self.tables, [self.b, widen(slot)]),
+            narrow(self.last_slot))
+        return block, widen(offset)
 
 
 def _block_id(ids: ir.Value, indices: list[ir.Value]) -> ir.Value:

@@ -107,6 +107,20 @@ def test_a_pooled_tiles_copies_are_issued_after_qk(paged):
     assert body.rindex("nvgpu.device_async_wait") > body.rindex("nvgpu.device_async_copy")
 
 
+def test_the_chunked_prefills_table_slots_are_32_bit():
+    # The slots a tile reads from the block table, and their clamp to the last used
+    # one, are i32 like the table: in `index` (64-bit on cuda) each clamp was a pair of
+    # compares and selects (1,060 -> 1,040 SASS per tile, seed numerics).
+    shape = PagedPrefillShape(4, 2, 300, 128, 16, 0.125)
+    body = first_loop_body(_module_text(shape, CUDA))
+    clamps = [line for line in body.splitlines() if "arith.minui" in line]
+    slot_clamps = [line for line in clamps if line.rstrip().endswith(": i32")]
+    assert len(slot_clamps) >= 4, clamps     # the tile's 4 blocks at least
+    table_loads = [line for line in body.splitlines()
+                   if "memref.load" in line and "xi32" in line]
+    assert table_loads, "the loop reads no block ids"
+
+
 def test_a_head_dim_without_a_linear_split_reads_the_cache():
     # D 96: 6 chunks a K row, not linear in the thread bits; the kernel still builds
     text = _module_text(PrefillShape(1, 2, 4, 130, 70, 96, 0.125), CUDA)
