@@ -1,5 +1,6 @@
-"""Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`) or
-numerics (`Numerics`: q_terms, q_second, w_quant, w_terms, w_second).
+"""Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`),
+numerics (`Numerics`: q_terms, q_second, w_quant, w_terms, w_second) or digit join
+(`TargetSpec.digits_join_i32`).
 
     python benchmarks/paged_schedules.py DIR merge_chunks=16 merge_splits=32 merge_unroll=2
     python benchmarks/paged_schedules.py DIR q_terms=1 w_quant=s8 w_terms=1   # the seed's
@@ -22,6 +23,7 @@ from int8attn.kernels import target_spec as specs
 
 NUMERICS_FIELDS = {"q_terms": int, "q_second": str, "w_quant": str, "w_terms": int,
                    "w_second": str}
+SPEC_FIELDS = ("digits_join_i32",)
 
 
 def main(argv=None) -> int:
@@ -29,7 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("fields", nargs="*", metavar="FIELD=VALUE",
                         help=", ".join([f.name for f in fields(specs.DecodeTuning)]
-                                       + list(NUMERICS_FIELDS)))
+                                       + list(NUMERICS_FIELDS) + list(SPEC_FIELDS)))
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -41,15 +43,20 @@ def main(argv=None) -> int:
         parser.error(f"--waves {args.waves}: a power of two (the partition's rows and head "
                      f"dim split over its threads)")
     types = {f.name: f.type for f in fields(specs.DecodeTuning)}
-    changes, numerics = {}, {}
+    changes, numerics, spec_changes = {}, {}, {}
     for pair in args.fields:
         name, _, value = pair.partition("=")
         if name in NUMERICS_FIELDS:
             numerics[name] = NUMERICS_FIELDS[name](value)
+        elif name in SPEC_FIELDS:
+            if value not in ("True", "False"):
+                parser.error(f"{name} takes True or False, not {value!r}")
+            spec_changes[name] = value == "True"
         elif name in types:
             changes[name] = value == "True" if types[name] == "bool" else int(value)
         else:
-            parser.error(f"neither DecodeTuning nor the kernels' numerics has a field {name!r}")
+            parser.error(f"{name!r} is no field of DecodeTuning, of the kernels' numerics "
+                         f"or of the target's ({', '.join(SPEC_FIELDS)})")
     cuda = specs.TARGET_SPECS["cuda"]
     wanted = changes.get("workgroups_per_sm")
     table = tuple((bound, wanted or int8, wanted or bf16)
@@ -57,7 +64,8 @@ def main(argv=None) -> int:
     model = cuda.model if args.waves is None else replace(cuda.model,
                                                           waves_per_partition=args.waves)
     specs.TARGET_SPECS["cuda"] = replace(cuda, tuning=replace(cuda.tuning, **changes),
-                                         occupancy_by_head_dim=table, model=model)
+                                         occupancy_by_head_dim=table, model=model,
+                                         **spec_changes)
     print(f"{args.directory}: {specs.target_spec('cuda').default_tuning(args.head_dim)}",
           flush=True)
     chosen = cuda.numerics.updated(**numerics)

@@ -2,6 +2,7 @@
 
     python benchmarks/prefill_variants.py DIR prefill_kv_ring=False
     python benchmarks/prefill_variants.py DIR prefill_workgroups_per_sm=2
+    python benchmarks/prefill_variants.py DIR digits_join_i32=True --numerics kernel
     python -m int8attn.bench_prefill --run DIR --iterations 10      # on the GPU
 
 Each folder holds what `int8attn bench --mode prefill --prepare-only` writes (the same
@@ -9,8 +10,10 @@ cases: `--context`, `--history`, `--new-tokens`), built with the named `TargetSp
 fields of the cuda target changed (kernels/target_spec.py: `prefill_kv_ring`, the
 K/V ring in LDS; `prefill_workgroups_per_sm`, the register cap; `ring_lds_bytes`;
 `prefill_q_per_tile`, Q's operands read from LDS in every tile: cuda's default;
-`reciprocal_intrinsic=None`, W's inverses by the checked division), so a
-GPU session times a choice against the default with the bench's checks.
+`reciprocal_intrinsic=None`, W's inverses by the checked division;
+`digits_join_i32`, digit sums joined as integers and converted once: a choice of the
+default numerics, `--numerics kernel`; `--numerics` as for `int8attn bench`), so a GPU
+session times a choice against the default with the bench's checks.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import argparse
 from dataclasses import fields, replace
 from pathlib import Path
 
-from int8attn import bench_prefill
+from int8attn import bench_numerics, bench_prefill
 from int8attn.kernels import target_spec as specs
 
 CHOICES = ("prefill_kv_ring", "prefill_workgroups_per_sm", "ring_lds_bytes",
-           "prefill_q_per_tile", "reciprocal_intrinsic")
+           "prefill_q_per_tile", "reciprocal_intrinsic", "digits_join_i32")
 
 
 def main(argv=None) -> int:
@@ -37,6 +40,8 @@ def main(argv=None) -> int:
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--numerics", choices=bench_numerics.CHOICES,
+                        default=bench_prefill.NUMERICS)
     args = parser.parse_args(argv)
     types = {f.name: f.type for f in fields(specs.TargetSpec) if f.name in CHOICES}
     changes = {}
@@ -67,7 +72,8 @@ def main(argv=None) -> int:
     specs.TARGET_SPECS["cuda"] = replace(specs.TARGET_SPECS["cuda"], **changes)
     print(f"{args.directory}: cuda prefill with {changes}", flush=True)
     bench_prefill.prepare(args.directory, contexts, args.history, args.new_tokens,
-                          args.batch, args.q_heads, args.kv_heads, args.head_dim)
+                          args.batch, args.q_heads, args.kv_heads, args.head_dim,
+                          bench_numerics.bench_numerics(args.numerics, bench_prefill.NUMERICS))
     return 0
 
 

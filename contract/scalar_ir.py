@@ -309,11 +309,14 @@ def join_digits(high: ir.Value, low: ir.Value) -> ir.Value:
 
 
 def join_digits_f32(high: ir.Value, low: ir.Value, bound: int, c: QuantizeConstants,
-                    biased: bool = False) -> ir.Value:
+                    biased: bool = False, in_i32: bool = False) -> ir.Value:
     """f32 of `join_digits` for digit sums |high|, |low| <= bound: sitofp of the int32
-    join; or, where `through_bias`, fma(f32(high), BASE, f32(low)), one rounding of
-    the same exact value (bitwise the same); `biased` as for `exact_f32`."""
-    if not through_bias(bound, c):
+    join (always with `in_i32`: a shift-add and one conversion, the sums unbiased); or,
+    where `through_bias`, fma(f32(high), BASE, f32(low)), each sum through the bias's
+    bits (`biased` as for `exact_f32`). One rounding of the same exact value either
+    way: bitwise the same."""
+    if in_i32 or not through_bias(bound, c):
+        assert not biased, "an integer join takes the sums as they are"
         return arith.sitofp(ir.F32Type.get(), join_digits(high, low))
     return math.fma(exact_f32(high, bound, c, biased), _f32(DIGIT_BASE),
                     exact_f32(low, bound, c, biased))

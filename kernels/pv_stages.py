@@ -207,8 +207,10 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
     c = plan.constants()
     bound = MAX_W_V_PRODUCT[numerics.w_quant] * inst.k     # |a sum| of one MMAC, any term
     # The MMACs start from the bias's bits where the sums cross to f32 through them,
-    # but not where a column sum shares their accumulator (it must stay unbiased).
-    biased = contract.through_bias(bound, c) and not plan.column_sums
+    # but not where a column sum shares their accumulator (it must stay unbiased), nor
+    # for digits joined as integers.
+    join_in_i32 = numerics.w_digits and plan.spec.digits_join_i32
+    biased = contract.through_bias(bound, c) and not plan.column_sums and not join_in_i32
     init = (lanes.splat(inst.c_vector, "i32", ROUND_BIAS_BITS) if biased
             else lanes.zeros(inst.c_vector, "i32"))
     # Per term: where its scale sits (LDS or the lane, the slot whose row holds it).
@@ -233,7 +235,8 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
             elif plan.w_packing is not None:
                 values.append({i: c_element(acc, inst, plan.w_packing[1][i]) for i in live})
             if numerics.w_digits:
-                values = [{i: contract.join_digits_f32(v, values[1][i], bound, c, biased)
+                values = [{i: contract.join_digits_f32(v, values[1][i], bound, c, biased,
+                                                       join_in_i32)
                            for i, v in values[0].items()}]
             else:
                 values = [{i: contract.exact_f32(v, bound, c, biased) for i, v in term.items()}

@@ -148,7 +148,9 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     b_pieces = [layout.qk_b_pieces(d, step) for step in steps]
     c = plan.constants()
     bound = MAX_Q_K_PRODUCT * d        # |a QK sum| of any term (a digit's too)
-    biased = contract.through_bias(bound, c)      # the MMAs start from the bias's bits
+    # the MMAs start from the bias's bits, but not for digits joined as integers
+    join_in_i32 = plan.numerics.q_digits and plan.spec.digits_join_i32
+    biased = contract.through_bias(bound, c) and not join_in_i32
     init = (lanes.splat(inst.c_vector, "i32", ROUND_BIAS_BITS) if biased
             else lanes.zeros(inst.c_vector, "i32"))
     values, live, v_scales = {}, {}, {}
@@ -181,7 +183,7 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
             if plan.q_packing is not None:
                 sums.append(c_element(accs[0], inst, plan.q_packing[1][i]))
             if plan.numerics.q_digits:
-                sums = [contract.join_digits_f32(*sums, bound, c, biased)]
+                sums = [contract.join_digits_f32(*sums, bound, c, biased, join_in_i32)]
             else:
                 sums = [contract.exact_f32(value, bound, c, biased) for value in sums]
             scales = [operands.sq_of_row[(t, plan.row_map(element))]

@@ -258,7 +258,8 @@ def test_the_variants_command_refuses_what_is_no_prefill_choice():
     import prefill_variants
 
     for fields in (["prefill_ring=False"], ["prefill_kv_ring=yes"],
-                   ["prefill_workgroups_per_sm=two"], ["reciprocal_intrinsic=llvm.nvvm.rcp"]):
+                   ["prefill_workgroups_per_sm=two"], ["reciprocal_intrinsic=llvm.nvvm.rcp"],
+                   ["digits_join_i32=1"], ["digits_join_i32=True", "--numerics", "exact"]):
         with pytest.raises(SystemExit):
             prefill_variants.main(["/nonexistent/dir", *fields])
 
