@@ -2,14 +2,16 @@
 
     python benchmarks/sass_mix.py [--kernels prefill,paged-prefill,decode,paged-decode]
                                   [--numerics seed,kernel] [--pv int8] [--arch sm_90]
-                                  [--out FILE.md]
+                                  [--spec FIELD=VALUE ...] [--out FILE.md]
 
 The PTX of `ptx_mix.py` (the same kernels and shapes) is assembled by NVIDIA's `ptxas`
 for `--arch` (sm_90: the H200), with the register cap the kernel asks for
 (`.minnctapersm`), as the driver's JIT does with the PTX IREE embeds. Reported per
 kernel: ptxas's registers and spill bytes; with `nvdisasm`, the SASS of each tile loop
 (the backward branches whose body holds an MMA; a decode partition, which has none, is
-counted whole) by class. No GPU is needed. The tools are found on PATH or under a pip
+counted whole) by class. `--spec` changes a bool or int field of the cuda target
+(kernels/target_spec.py), as `prefill_variants.py` builds a choice to time. No GPU is
+needed. The tools are found on PATH or under a pip
 install of NVIDIA's wheels (`pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-nvdisasm`:
 site-packages/nvidia/*/bin).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import os
 import re
@@ -28,6 +31,7 @@ import sysconfig
 import tempfile
 
 import ptx_mix
+from int8attn.kernels import target_spec as specs
 
 # (class, SASS opcode stems), first match wins; the rest is "other".
 CLASSES = (
@@ -41,7 +45,7 @@ CLASSES = (
     ("MUFU", ("MUFU",)),
     ("f32 mul/add/fma", ("FMUL", "FADD", "FFMA")),
     ("f32 max/min", ("FMNMX",)),
-    ("conversions", ("F2I", "I2F", "F2F", "I2I", "F2FP")),
+    ("conversions", ("F2I", "I2F", "F2F", "I2I", "F2FP", "I2FP", "F2IP")),
     ("selects, compares", ("FSEL", "SEL", "FSETP", "ISETP", "PLOP3")),
     ("integer, bits", ("IADD3", "IMAD", "LOP3", "SHF", "LEA", "PRMT", "IABS", "IMNMX",
                        "BMSK", "SGXT")),
@@ -154,6 +158,28 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def spec_changes(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
+    """`--spec FIELD=VALUE` pairs as cuda `TargetSpec` changes (bool and int fields)."""
+    types = {f.name: f.type for f in dataclasses.fields(specs.TargetSpec)
+             if f.type in ("bool", "int")}
+    changes = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in types:
+            parser.error(f"--spec {pair!r}: not a bool or int field of the target "
+                         f"({', '.join(sorted(types))})")
+        if types[name] == "bool":
+            if value not in ("True", "False"):
+                parser.error(f"--spec {pair!r}: {name} takes True or False")
+            changes[name] = value == "True"
+        else:
+            try:
+                changes[name] = int(value)
+            except ValueError:
+                parser.error(f"--spec {pair!r}: {name} takes an integer")
+    return changes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default=",".join(ptx_mix.KERNELS),
@@ -162,9 +188,14 @@ def main(argv=None) -> int:
                         help="comma-separated: seed (one term each), kernel (the default)")
     parser.add_argument("--pv", default="int8", choices=("int8", "bf16"))
     parser.add_argument("--arch", default="sm_90", help="ptxas's -arch (sm_90: the H200)")
+    parser.add_argument("--spec", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a bool or int field of the cuda target, changed")
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)
     kernels, numerics = ptx_mix.check_selection(parser, args.kernels, args.numerics)
+    changes = spec_changes(parser, args.spec)
+    if changes:
+        specs.TARGET_SPECS["cuda"] = dataclasses.replace(specs.TARGET_SPECS["cuda"], **changes)
     if tool("ptxas") is None:
         parser.error("ptxas not found: put CUDA's bin on PATH, or "
                      "pip install nvidia-cuda-nvcc-cu12")

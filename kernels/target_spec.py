@@ -147,8 +147,8 @@ class TargetSpec:
     reciprocal_intrinsic: str | None = None
     # Two INT8 digits' MMA sums (two-term Q or W as digits) joined as integers, a
     # shift-add, and converted once, the MMAs starting from 0; False: each sum through
-    # the round bias's bits and one FMA (`contract.join_digits_f32`). The same bits:
-    # where the conversion is a full-rate instruction, one instruction fewer per sum.
+    # the round bias's bits and one FMA (`contract.join_digits_f32`). The same bits,
+    # one instruction fewer per sum, one conversion more (off everywhere: below).
     digits_join_i32: bool = False
     # The byte permute that packs four i32 levels' low bytes into an A register
     # (`pack_levels`); None: shifts and masks (`Lanes.pack_bytes`).
@@ -285,26 +285,23 @@ class TargetSpec:
 
 
 # Measured on the H200 (benchmarks/results-h200-paged.md); the AMD targets take
-# the target-independent choices only (nothing there is measured on hardware), and
-# their digits join as integers: v_cvt_f32_i32 is a full-rate VALU instruction there,
-# and upstream llc's gfx942 code is 4.4% shorter for the decode partition (1,919 ->
-# 1,835) and 4.8% for the prefill (3,740 -> 3,559). cuda keeps the f32 join until
-# timed: its SASS is 11% shorter joined as integers (prefill, default numerics: 1,496
-# -> 1,326), but a conversion goes to the XU pipe at a fraction of the f32 rate, which
-# MUFU shares, and the tile's 160 could hold it longer than the tile's issue slots
+# the target-independent choices only (nothing there is measured on hardware).
+# `digits_join_i32` stays off everywhere until timed: cuda's SASS is 11% shorter with it
+# (prefill, default numerics: 1,496 -> 1,326 per tile) and upstream llc's gfx942 code
+# 4-5% (decode partition 1,919 -> 1,835, prefill 3,740 -> 3,559), but the conversion is
+# slower than an f32 add on both: cuda's goes to the XU pipe, which MUFU shares, and
+# LLVM's gfx942 model gives v_cvt_f32_i32 the transcendentals' (quarter-rate) class
 # (`prefill_variants.py DIR digits_join_i32=True --numerics kernel` is the A/B).
 TARGET_SPECS: dict[str, TargetSpec] = {
     "gfx936": TargetSpec("gfx936", fragment_model("gfx936"), _mmac_intrinsic,
                          tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942",
-                         digits_join_i32=True,
                          # same operands (i64, i64, <4 x i32>) -> <4 x i32>, then cbsz,
                          # abid, blgp
                          llvm_stand_in=("llvm.amdgcn.mfma.i32.16x16x32.i8", 3),
                          exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
     "gfx942": TargetSpec("gfx942", fragment_model("gfx942"), _mfma,
                          pv_atoms=tuple(pv_model("gfx942", a) for a in PV_ATOMS["gfx942"][1:]),
-                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942",
-                         digits_join_i32=True, exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
+                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942", exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
     "cuda": TargetSpec(
         "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),
         async_copy=True, occupancy_attribute="nvvm.minctasm",

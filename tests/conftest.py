@@ -226,7 +226,8 @@ FAST_TESTS = {
                         "test_the_swizzle_is_derived_from_the_k_loads",
                         "test_the_variants_command_refuses_what_is_no_prefill_choice"},
     "test_sass_mix.py": {"test_the_listing_reads_instructions_loops_and_classes",
-                         "test_the_command_refuses_unknown_kernels"},
+                         "test_the_command_refuses_unknown_kernels",
+                         "test_the_spec_changes_take_bool_and_int_fields_only"},
     "test_fast_tier.py": {
         "test_the_guard_fails_fast_tests_that_compile_or_simulate",
         "test_the_guard_is_on_when_the_marks_select_only_fast_tests",

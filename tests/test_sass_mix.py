@@ -45,6 +45,19 @@ def test_the_command_refuses_unknown_kernels():
         sass_mix.main(["--kernels", "prefil"])
 
 
+def test_the_spec_changes_take_bool_and_int_fields_only(capsys):
+    parser = sass_mix.argparse.ArgumentParser()
+    assert sass_mix.spec_changes(parser, ["digits_join_i32=True", "ring_lds_bytes=1024"]) == {
+        "digits_join_i32": True, "ring_lds_bytes": 1024}
+    for pair, says in (("digits_join_i32=yes", "takes True or False"),
+                       ("ring_lds_bytes=big", "takes an integer"),
+                       ("reciprocal_intrinsic=None", "not a bool or int field"),
+                       ("nonsense", "not a bool or int field")):
+        with pytest.raises(SystemExit):
+            sass_mix.spec_changes(parser, [pair])
+        assert says in capsys.readouterr().err
+
+
 needs_ptxas = pytest.mark.skipif(sass_mix.tool("ptxas") is None, reason="no ptxas")
 needs_nvdisasm = pytest.mark.skipif(sass_mix.tool("nvdisasm") is None, reason="no nvdisasm")
 
