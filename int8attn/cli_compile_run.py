@@ -220,9 +220,11 @@ def _load_inputs(path: str, info) -> list[np.ndarray]:
 
 
 def _note_nonfinite_queries(info, arrays) -> None:
-    from .driver.graph import nonfinite_query_rows
+    """After the inputs' checks (a q of another dtype or shape gets its named error
+    first), the rows of q whose results will be NaN."""
+    from .driver.graph import check_arguments, nonfinite_query_rows
 
-    bad, rows = nonfinite_query_rows(info, arrays)
+    bad, rows = nonfinite_query_rows(info, check_arguments(info, arrays))
     if bad:
         index = info.attention.argument_of[0]
         print(f"note: arg{index} (q) holds NaN or Inf in {bad} of its {rows} rows; the results "

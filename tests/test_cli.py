@@ -108,6 +108,14 @@ def test_no_cache_recompiles(graph):
     (lambda a: a["arg2"].__setitem__((0, 1, 9), -0.5),
      "argument 2 (k_scale, arg2) of @decode holds a negative value at [0, 1, 9]"),
     (lambda a: a.update(extra=np.zeros(3)), "arrays extra that are not arguments"),
+    # q is checked before the note on its non-finite rows reads it
+    (lambda a: a.update(arg0=np.zeros((1, 8, 0), np.float32)),
+     "argument 0 (arg0, q) of @decode must have shape [1, 8, 64] for tensor<1x8x64xf32>, got "
+     "[1, 8, 0]"),
+    (lambda a: a.update(arg0=np.full((64,), np.nan, np.float32)), "got [64]"),
+    (lambda a: a.update(arg0=np.array(["a"] * 512).reshape(1, 8, 64)),
+     "argument 0 (arg0, q) of @decode must be float32"),
+    (lambda a: a.update(arg0=np.zeros((1, 8, 64), [("x", "f4")])), "must be float32"),
 ])
 def test_bad_inputs_are_named_and_no_output_is_written(graph, inputs, tmp_path, mutate, message):
     _, arrays = inputs
@@ -118,6 +126,7 @@ def test_bad_inputs_are_named_and_no_output_is_written(graph, inputs, tmp_path, 
     out = tmp_path / "out.npz"
     proc = run("int8attn", "run", graph, "--inputs", path, "--output", out, check_rc=1)
     assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and "note:" not in proc.stderr
     assert not out.exists()
     assert not list(tmp_path.glob("*.partial"))
 
@@ -149,6 +158,21 @@ def test_nonfinite_q_rows_give_nan_rows_and_a_note(graph, inputs, tmp_path):
     with np.load(out) as results:
         nan_rows = np.isnan(results["result0"]).all(axis=-1)
     assert nan_rows.tolist() == [[h == 3 for h in range(8)]]
+
+
+def test_a_bf16_q_is_noted_as_the_call_rounds_it(graph, inputs, tmp_path):
+    # 3.4e38 is a finite f32 past bf16's largest value: the call rounds it to Inf
+    bf16 = tmp_path / "bf16_q.mlir"
+    bf16.write_text(graph.read_text().replace("%arg0: tensor<1x8x64xf32>",
+                                              "%arg0: tensor<1x8x64xbf16>")
+                    .replace(": (tensor<1x8x64xf32>,", ": (tensor<1x8x64xbf16>,"))
+    _, arrays = inputs
+    q = arrays[0].copy()
+    q[0, 5, 3] = 3.4e38
+    path = tmp_path / "big_q.npz"
+    np.savez(path, **{f"arg{i}": a for i, a in enumerate([q, *arrays[1:]])})
+    proc = run("int8attn", "run", bf16, "--inputs", path, check_rc=0)
+    assert "note: arg0 (q) holds NaN or Inf in 1 of its 8 rows" in proc.stderr
 
 
 def test_missing_files_are_reported(graph, tmp_path):
