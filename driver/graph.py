@@ -157,14 +157,11 @@ def check_cache_scales(info: FunctionInfo, arrays, read=None) -> None:
 
 def nonfinite_query_rows(info: FunctionInfo, arrays) -> tuple[int, int]:
     """(rows of q holding NaN or Inf, all rows of q): those rows' results are NaN.
-    `arrays` have passed `check_arguments`; a bf16 q counts as the call rounds it (a
-    finite f32 past bf16's range is Inf there)."""
+    `arrays` as `check_arguments` returns them: a bf16 q rounded as the call passes it
+    (a finite f32 past bf16's range is Inf there)."""
     if info.attention is None or info.attention.mode == "cache_write":
         return 0, 0
-    index = info.attention.argument_of[0]
-    q = np.asarray(arrays[index])
-    if info.arguments[index].element == BF16:
-        q = bf16_values(q)
+    q = np.asarray(arrays[info.attention.argument_of[0]])
     rows = q.reshape(-1, q.shape[-1]) if q.ndim else q.reshape(1, 1)
     return int((~np.isfinite(rows)).any(axis=-1).sum()), rows.shape[0]
 
