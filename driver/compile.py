@@ -90,11 +90,13 @@ def compile(source: str | bytes, options: CompileOptions, *, filename: str = "<s
 
 
 def check_save_stages(save_stages: str | Path, chain, inputs=(),
-                      flag: str = "save_stages") -> Path:
+                      flag: str = "save_stages", outputs=()) -> Path:
     """The folder `save_stages` names (made later, if missing), refused with an
-    OutputError before any work if it cannot be one, or if a stage of `chain` would
-    write a file over one of `inputs` (its `NN-<stage>.*`: the artifact, the companions).
-    `flag` names it in the messages (the CLI's --save-stages)."""
+    OutputError before any work if it cannot be one, if a stage of `chain` would
+    write a file over one of `inputs` (its `NN-<stage>.*`: the artifact, the companions),
+    or if one of `outputs` (the caller's own files, written after the stages) is the
+    folder or would replace one of its stage files. `flag` names it in the messages
+    (the CLI's --save-stages)."""
     text = os.fspath(save_stages)
     if not text:
         # Path('') is '.': an empty value would scatter the stages over the current folder.
@@ -114,8 +116,19 @@ def check_save_stages(save_stages: str | Path, chain, inputs=(),
         what = "folder" if existing == directory else f"folder cannot be made: '{existing}'"
         raise OutputError(f"{flag} '{directory}': the {what} is not writable; give a "
                           f"folder you can write to")
+    files = {f"{number:02d}-{stage.name}.": stage for number, stage in enumerate(chain)}
+    for output in outputs:
+        where = Path(output).absolute()
+        if where == directory.absolute():
+            raise OutputError(f"output '{output}' is the {flag} folder; give the output "
+                              f"another path")
+        prefix = next((f for f in files if where.name.startswith(f)), None)
+        if prefix and where.parent == directory.absolute():
+            raise OutputError(f"output '{output}' takes a name of the {files[prefix].name} "
+                              f"stage's files ({prefix}*), which {flag} '{directory}' "
+                              f"writes; give the output another name or save the stages "
+                              f"to another folder")
     if directory.is_dir():
-        files = {f"{number:02d}-{stage.name}.": stage for number, stage in enumerate(chain)}
         for entry in directory.iterdir():
             stage = next((s for prefix, s in files.items() if entry.name.startswith(prefix)),
                          None)

@@ -8,6 +8,21 @@ from __future__ import annotations
 import argparse
 
 
+def path(text: str) -> str:
+    """A file or folder name: not empty (an empty value would otherwise read as the flag
+    not given, or as the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file; give a file name")
+    return text
+
+
+def path_object(text: str):
+    """`path` as a pathlib.Path."""
+    from pathlib import Path
+
+    return Path(path(text))
+
+
 def integer(text: str) -> int:
     try:
         return int(text)

@@ -357,8 +357,12 @@ def main(argv=None) -> int:
     parser.add_argument("--iterations", type=arg_types.positive, default=50,
                         help="timed calls per case (default 50)")
     parser.add_argument("--pv", default=",".join(PV), help="modules to run (default: both)")
-    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    parser.add_argument("--json", type=arg_types.path_object,
+                        help="also write the rows to this file")
     args = parser.parse_args(argv)
+    if "" in args.run.split(","):
+        parser.error(f"--run {args.run!r} has an empty folder name; give prepared folders "
+                     f"separated by single commas")
     directories = [Path(d) for d in args.run.split(",")]
     pvs = args.pv.split(",")
     if unknown := [pv for pv in pvs if pv not in PV]:

@@ -348,13 +348,14 @@ def main(argv=None) -> int:
     from .cli_errors import UserError
 
     parser = argparse.ArgumentParser(prog="python -m int8attn.bench_prefill")
-    parser.add_argument("--run", type=Path, required=True, metavar="DIR",
+    parser.add_argument("--run", type=arg_types.path_object, required=True, metavar="DIR",
                         help="a folder prepared by int8attn bench --mode prefill --prepare-only")
     parser.add_argument("--seed", type=arg_types.seed, default=0,
                         help="seed of the random data (default 0)")
     parser.add_argument("--iterations", type=arg_types.positive, default=20,
                         help="timed calls per case (default 20)")
-    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    parser.add_argument("--json", type=arg_types.path_object,
+                        help="also write the rows to this file")
     args = parser.parse_args(argv)
     try:
         check_prepared(args.run, "prefill", "--run")

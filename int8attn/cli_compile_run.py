@@ -67,7 +67,11 @@ def _check_save_stages(args, until: str) -> None:
 
     target = TARGETS[args.target or CompileOptions.target]
     chain = target.chain(until, args.kernel_object is not None)
-    check_save_stages(args.save_stages, chain, _input_files(args), flag="--save-stages")
+    # the file written after the stages: run's results, or compile's artifact (whose
+    # --emit llvm manifest beside it shares its stem, so its name too)
+    outputs = [] if args.output in (None, "-") else [args.output]
+    check_save_stages(args.save_stages, chain, _input_files(args), flag="--save-stages",
+                      outputs=outputs)
 
 
 def _read_graph(path: str) -> str | bytes:

@@ -26,7 +26,7 @@ CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("graph", help="MLIR file with int8attn.attention graphs, or an ONNX "
+    parser.add_argument("graph", type=arg_types.path, help="MLIR file with int8attn.attention graphs, or an ONNX "
                         "model (.onnx: its INT8-cache attention is raised, the rest goes to "
                         "IREE; needs the onnx extra)")
     add_arguments(parser, CompileOptions, only=CLI_OPTIONS)
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the target's chain of stages (int8attn targets lists them) up to "
                     "--emit and write that stage's artifact.")
     _add_compile_options(compile_cmd)
-    compile_cmd.add_argument("-o", "--output", required=True,
+    compile_cmd.add_argument("-o", "--output", required=True, type=arg_types.path,
                              help="output file ('-' writes to stdout)")
     compile_cmd.add_argument("--emit", choices=STAGE_NAMES, default=None,
                              help="stop after this stage and write its artifact (default: "
@@ -61,10 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_argument("--simulate", action="store_true",
                          help="with --target gfx936, gfx942 or cuda: run the generated "
                               "lane-level kernels in the lane simulator")
-    run_cmd.add_argument("--inputs", help="npz with the arguments as arg0, arg1, ... (an ONNX "
-                         "model's: its input names, or arg0, ...)")
-    run_cmd.add_argument("--output", help="npz to write the results to (result0, ...; an ONNX "
-                         "model's: its output names)")
+    run_cmd.add_argument("--inputs", type=arg_types.path,
+                         help="npz with the arguments as arg0, arg1, ... (an ONNX model's: its "
+                              "input names, or arg0, ...)")
+    run_cmd.add_argument("--output", type=arg_types.path,
+                         help="npz to write the results to (result0, ...; an ONNX model's: its "
+                              "output names)")
     run_cmd.add_argument("--function", help="public function to call (default: the only one)")
     run_cmd.add_argument("--seed", type=arg_types.seed, default=None,
                          help="seed of the random inputs (default: drawn and printed; "
@@ -119,12 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--kv-heads", type=arg_types.positive, default=None, help="(default 8)")
     bench_cmd.add_argument("--head-dim", type=arg_types.positive, default=None, help="(default 128)")
     bench_cmd.add_argument("--iterations", type=arg_types.positive, default=50)
-    bench_cmd.add_argument("--prepare-only", metavar="DIR",
+    bench_cmd.add_argument("--prepare-only", metavar="DIR", type=arg_types.path,
                            help="only compile the modules into DIR (for a GPU machine "
                                 "without IREE's compiler)")
-    bench_cmd.add_argument("--from", dest="from_dir", metavar="DIR",
+    bench_cmd.add_argument("--from", dest="from_dir", metavar="DIR", type=arg_types.path,
                            help="run modules compiled earlier with --prepare-only")
-    bench_cmd.add_argument("--out", default="bench-cuda", metavar="PREFIX",
+    bench_cmd.add_argument("--out", default="bench-cuda", metavar="PREFIX", type=arg_types.path,
                            help="writes PREFIX.md, PREFIX.json and PREFIX.png")
     bench_cmd.set_defaults(misuse=bench_cmd.error)   # a usage message and exit status 2
     return parser

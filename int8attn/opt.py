@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import arg_types
 from .passes import PASSES
 from .pipelines import NAMED_PIPELINES, PipelineOptions, named_pipeline
 from .pipelines.manager import PipelineError, parse_pipeline, run_passes
@@ -42,13 +43,14 @@ def split_input(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="int8attn-opt", description="Run int8attn and IREE passes on an MLIR file.")
-    parser.add_argument("input", nargs="?", help="MLIR file ('-' for stdin)")
+    parser.add_argument("input", nargs="?", type=arg_types.path, help="MLIR file ('-' for stdin)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("-p", "--pass-pipeline", dest="pipeline_text", metavar="PIPELINE",
                        help='comma-separated passes, e.g. "int8-qk,decode-split-kv{partition-tokens=256}"')
     group.add_argument("--pipeline", metavar="NAME",
                        help='a named pipeline, e.g. "int8attn-to-linalg{pv=int8 fragment-model=gfx936}"')
-    parser.add_argument("-o", "--output", help="write the result here ('-': stdout, the "
+    parser.add_argument("-o", "--output", type=arg_types.path,
+                        help="write the result here ('-': stdout, the "
                         "default)")
     parser.add_argument("--print-ir-after-all", action="store_true",
                         help="print the IR to stderr after every pass")

@@ -243,6 +243,12 @@ RUNNER_BAD = {
                         "--run folder '{tmp}/damaged': prefill.json is damaged"),
     "prefill_negative_seed": ("bench_prefill", ["--run", "{tmp}/paged", "--seed", "-1"], 2,
                               "argument --seed: must be a non-negative integer"),
+    "prefill_empty_run": ("bench_prefill", ["--run", ""], 2,
+                          "argument --run: an empty path names no file"),
+    "paged_empty_json": ("bench_paged", ["--run", "{tmp}/paged", "--json", ""], 2,
+                         "argument --json: an empty path names no file"),
+    "paged_empty_folder_in_list": ("bench_paged", ["--run", "{tmp}/paged,"], 2,
+                                   "--run '{tmp}/paged,' has an empty folder name"),
 }
 
 
@@ -333,6 +339,42 @@ OUTPUT_PATHS = {
                        "output directory '{tmp}/missing' does not exist; create it or give "
                        "another path"),
 }
+
+
+EMPTY_PATHS = {
+    "run_output": ["run", "{graph}", "--seed", "0", "--output", ""],
+    "run_inputs": ["run", "{graph}", "--inputs", ""],
+    "run_graph": ["run", ""],
+    "compile_output": ["compile", "{graph}", "-o", ""],
+    "bench_out": ["bench", "--out", ""],
+    "bench_prepare_only": ["bench", "--prepare-only", ""],
+    "bench_from": ["bench", "--from", ""],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_PATHS))
+def test_an_empty_path_is_a_usage_error_not_a_flag_left_out(name, tmp_path, capsys, no_work):
+    # argparse keeps "" as given; read as "not given" it would run with random inputs,
+    # write no output, or write bench files into the current folder
+    graph = tmp_path / "decode.mlir"
+    graph.write_text(GRAPH)
+    args = [a.format(graph=graph) for a in EMPTY_PATHS[name]]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(args)
+    assert exit_.value.code == 2
+    assert "an empty path names no file; give a file name" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decode.mlir"]
+
+
+def test_opt_refuses_an_empty_output_path(tmp_path, capsys):
+    from int8attn import opt
+
+    graph = tmp_path / "decode.mlir"
+    graph.write_text(GRAPH)
+    with pytest.raises(SystemExit) as exit_:
+        opt.main([str(graph), "-p", "int8-qk", "-o", ""])
+    assert exit_.value.code == 2
+    assert "argument -o/--output: an empty path names no file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["run", "compile"])

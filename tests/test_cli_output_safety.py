@@ -225,6 +225,40 @@ def test_a_save_stages_folder_that_cannot_be_one_is_refused_first(command, name,
     assert sorted(tmp_path.rglob("*")) == before and graph.read_text() == GRAPH
 
 
+SAVE_STAGES_OUTPUTS = {
+    "the_folder": ("compile", ["-o", "{tmp}/stages"],
+                   "output '{tmp}/stages' is the --save-stages folder; give the output "
+                   "another path"),
+    "a_stage_file": ("compile", ["-o", "{tmp}/stages/01-algorithm.mlir"],
+                     "output '{tmp}/stages/01-algorithm.mlir' takes a name of the algorithm "
+                     "stage's files (01-algorithm.*), which --save-stages '{tmp}/stages' "
+                     "writes"),
+    "an_llvm_output_and_its_manifest": (
+        "compile", ["--target", "gfx942", "--emit", "llvm", "-o", "{tmp}/stages/02-llvm.ll"],
+        "output '{tmp}/stages/02-llvm.ll' takes a name of the llvm stage's files (02-llvm.*)"),
+    "run_results": ("run", ["--seed", "0", "--output", "{tmp}/stages/00-graph.npz"],
+                    "takes a name of the graph stage's files (00-graph.*)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAVE_STAGES_OUTPUTS))
+def test_an_output_among_the_saved_stages_is_refused_first(name, tmp_path, capsys, no_work):
+    # the output is written after the stages: it would replace a saved stage, or be
+    # refused only once the stages' folder exists and the compile is done
+    command, flags, message = SAVE_STAGES_OUTPUTS[name]
+    graph = tmp_path / "decode.mlir"
+    graph.write_text(GRAPH)
+    stages = tmp_path / "stages"
+    if name != "the_folder":
+        stages.mkdir()          # else the output's missing folder is refused first
+    fill = lambda text: text.format(tmp=tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    assert cli.main([command, str(graph), "--save-stages", str(stages),
+                     *map(fill, flags)]) == 1
+    assert fill(message) in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_the_driver_refuses_stages_over_its_input_too(tmp_path):
     """The Python API's save_stages: the same check, before any stage runs (gfx936:
     checking its options needs no CPU probe, so nothing compiles)."""
