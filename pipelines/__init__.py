@@ -204,14 +204,19 @@ NAMED_PIPELINES = {"int8attn-to-algorithm": to_algorithm, "int8attn-to-linalg": 
 
 
 def named_pipeline(text: str) -> list:
-    """`name{key=value ...}` -> pass list."""
-    name, _, rest = text.partition("{")
+    """`name` or `name{key=value ...}` -> pass list."""
+    name, brace, rest = text.partition("{")
     name = name.strip()
     if name not in NAMED_PIPELINES:
         raise PipelineError(f"unknown pipeline '{name}'; known pipelines: "
                             f"{', '.join(NAMED_PIPELINES)}")
+    body = rest.rstrip()
+    if brace and not body.endswith("}") or "{" in rest or body.count("}") > 1:
+        raise PipelineError(f"pipeline '{text}': its options go in one pair of braces, "
+                            f"'{name}{{key=value ...}}'")
     try:                    # (its messages name the pipeline)
-        given = parse_option_items(PipelineOptions, rest.rstrip("}"), f"pipeline '{name}'")
+        given = parse_option_items(PipelineOptions, body[:-1] if brace else "",
+                                   f"pipeline '{name}'")
     except OptionError as error:
         raise PipelineError(str(error)) from None
     try:

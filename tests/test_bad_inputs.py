@@ -174,6 +174,14 @@ MISUSE = [
      "option 'verify' of pipeline 'int8attn-to-linalg' expects true or false, got 'maybe'"),
     (opt.main, ["g.mlir", "-p", "int8-qk", "--pipeline", "int8attn-to-linalg"],
      "not allowed with argument"),
+    (opt.main, ["g.mlir", "--pipeline", "int8attn-to-linalg{pv=f32"],
+     "pipeline 'int8attn-to-linalg{pv=f32': its options go in one pair of braces"),
+    (opt.main, ["g.mlir", "--pipeline", "int8attn-to-linalg{pv=f32}}"],
+     "its options go in one pair of braces, 'int8attn-to-linalg{key=value ...}'"),
+    (opt.main, ["g.mlir", "--pipeline", "int8attn-to-linalg{{pv=f32}}"],
+     "its options go in one pair of braces"),
+    (opt.main, ["g.mlir", "--pipeline", "int8attn-to-linalg{pv=f32}x"],
+     "its options go in one pair of braces"),
 ]
 
 
