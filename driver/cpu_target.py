@@ -68,7 +68,13 @@ def resolve(name: str = HOST) -> CPUTarget:
     """Ask IREE what `--iree-llvmcpu-target-cpu=name` compiles for (`host`: this
     machine's CPU, or $INT8ATTN_HOST_CPU where set)."""
     if name == HOST and os.environ.get(HOST_CPU_VARIABLE):
-        name = os.environ[HOST_CPU_VARIABLE]
+        chosen = os.environ[HOST_CPU_VARIABLE]
+        try:
+            return _resolve(chosen)
+        except UnknownTargetCPU as error:   # the user gave no --target-cpu: say where it came from
+            raise UnknownTargetCPU(f"${HOST_CPU_VARIABLE}={chosen} (what 'host' stands for "
+                                   f"while it is set): {error}; unset it, or set it to an "
+                                   f"LLVM CPU name") from None
     return _resolve(name)
 
 

@@ -93,6 +93,15 @@ def test_unknown_cpu_is_refused_with_the_names_llvm_accepts():
         TARGETS["cpu"].cpu("x86-64-v9")
 
 
+def test_an_unknown_host_cpu_variable_is_named_as_the_source(monkeypatch):
+    # the user gave no --target-cpu: the message says the name came from the variable
+    monkeypatch.setenv("INT8ATTN_HOST_CPU", "x86-64-v9")
+    with pytest.raises(OptionRefused, match=r"\$INT8ATTN_HOST_CPU=x86-64-v9 \(what 'host' "
+                                            r"stands for while it is set\): --target-cpu "
+                                            r"'x86-64-v9' is not a CPU"):
+        TARGETS["cpu"].cpu("host")
+
+
 def test_cpu_without_this_machines_features_is_refused_at_run():
     """Code for a CPU with features this one lacks would die of SIGILL: refused."""
     missing = next((name for name in ("diamondrapids", "znver5", "graniterapids")
