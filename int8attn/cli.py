@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from .cli_bench import MODE_FLAGS, cmd_bench
 from .cli_compile_run import _print_remarks, cmd_compile, cmd_run, cmd_targets
@@ -44,10 +45,22 @@ def _quiet_broken_pipe() -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    # a command line user gets the warning, not the source line that raised it
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"compile": cmd_compile, "run": cmd_run, "bench": cmd_bench,
                "targets": cmd_targets}[args.command]
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _run(handler, args)
+
+
+def _run(handler, args) -> int:
+    """`handler(args)`, its errors turned into a message and the exit status."""
     try:
         return handler(args)
     except BrokenPipeError:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -94,8 +95,17 @@ class ModuleCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             _atomic_write(self.directory / f"{key}.json", json.dumps(meta).encode())
             _atomic_write(self.directory / f"{key}.vmfb", vmfb)
-        except OSError:
-            pass  # a cache that cannot be written only costs a recompile
+        except OSError as error:
+            # only costs a recompile, but every time: said once per folder
+            if self.directory not in _UNWRITABLE:
+                _UNWRITABLE.add(self.directory)
+                warnings.warn(f"the module cache '{self.directory}' cannot be written "
+                              f"({error.strerror or error}): every call compiles again; set "
+                              f"INT8ATTN_CACHE_DIR to a writable folder", RuntimeWarning,
+                              stacklevel=2)
+
+
+_UNWRITABLE: set[Path] = set()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -6,11 +6,13 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 
 import int8attn
+from int8attn import cli
 from int8attn.api import CompiledGraph
 from int8attn.support.diagnostics import StageError
 from int8attn.driver.graph import decode_graph, random_inputs
@@ -98,6 +100,25 @@ def test_a_damaged_cache_entry_is_recompiled(tmp_path):
     assert not first.cache_hit and not again.cache_hit
     assert again.vmfb == first.vmfb
     assert int8attn.compile(SOURCE, cache=cache).cache_hit
+
+
+def test_a_cache_that_cannot_be_written_is_said_once(tmp_path, capsys):
+    # a file where the folder should be: every call compiles again, which the user
+    # hears about once (the CLI prints it as a plain warning)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("x")
+    cache = ModuleCache(blocked / "cache")
+    with pytest.warns(RuntimeWarning, match="module cache .*not-a-folder/cache' cannot be "
+                                            "written .*every call compiles again") as seen:
+        cache.store("k1", b"vmfb", {})
+        cache.store("k2", b"vmfb", {})
+    assert len(seen) == 1 and cache.load("k1") is None
+    graph = tmp_path / "decode.mlir"
+    graph.write_text(decode_graph(1, 4, 1, 70, 32))
+    with mock.patch.dict(os.environ, {"INT8ATTN_CACHE_DIR": str(blocked / "other")}):
+        assert cli.main(["run", str(graph), "--seed", "0"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: the module cache '{blocked / 'other'}' cannot be written" in err, err
 
 
 def test_outputs_are_bitwise_identical_across_runs_and_cache_hits(tmp_path):
