@@ -191,6 +191,10 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
     `simulate=True` (kernel targets) runs calls in the lane simulator instead
     of on the target's GPU.
     """
+    if not isinstance(source, (str, bytes)):
+        raise TypeError(f"int8attn.compile takes the graph's MLIR text (str) or an ONNX "
+                        f"model's bytes, got {type(source).__name__}; for a file use "
+                        f"int8attn.compile_file(path)")
     compile_options_ = compile_options(**options)
     target = TARGETS[compile_options_.target]
     # The options first: one that does not apply to the target (--kernel-object on

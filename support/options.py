@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
 import types
 import typing
 from typing import Any, Literal
@@ -93,7 +94,22 @@ def _check_value(cls, field: dataclasses.Field, value) -> None:
 
 
 def check_fields(obj) -> None:
+    """Check every field of a frozen options dataclass, after taking a numpy integer of
+    an int field as the int it holds and a list of strings of a tuple[str, ...] field as
+    a tuple (a string there is refused: it would become its characters)."""
+    hints = _hints(type(obj))
     for field in dataclasses.fields(obj):
+        value, (inner, _) = getattr(obj, field.name), _unwrap_optional(hints[field.name])
+        if inner is int and isinstance(value, numbers.Integral) \
+                and not isinstance(value, (bool, int)) and type(value).__name__ != "bool_":
+            object.__setattr__(obj, field.name, int(value))
+        elif typing.get_origin(inner) is tuple and typing.get_args(inner) == (str, ...) \
+                and value is not None:
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) \
+                    or not all(isinstance(item, str) for item in value):
+                raise OptionError(f"option '{kebab(field.name)}' must be a list or tuple of "
+                                  f"strings, got {value!r}")
+            object.__setattr__(obj, field.name, tuple(value))
         _check_value(type(obj), field, getattr(obj, field.name))
 
 

@@ -10,6 +10,7 @@ Nothing here compiles with IREE: every compile stops at --emit graph or algorith
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import int8attn
@@ -19,6 +20,7 @@ from int8attn.driver.graph import decode_graph
 from int8attn.driver.options import CompileOptions
 from int8attn.driver.targets import TARGETS, OptionRefused
 from int8attn.support.diagnostics import StageError
+from int8attn.support.options import OptionError
 
 SMALL = decode_graph(1, 4, 2, 64, 32)
 ATTENTION = (
@@ -323,3 +325,23 @@ def test_a_stage_missing_with_a_kernel_object_names_the_object(small, capsys):
                      "--kernel-object", "k.co", "-o", "x.s"]) == 2
     err = capsys.readouterr().err
     assert "--target gfx942 with --kernel-object has the stages graph, kernel, llvm, vmfb" in err
+
+
+def test_the_api_names_what_its_arguments_must_be():
+    # a source that is no text, flags given as one string (it would be split into its
+    # characters), a numpy integer (taken as the int it holds, as decode_graph takes it)
+    for source in (None, 5, ["func.func @f()"]):
+        with pytest.raises(TypeError, match="takes the graph's MLIR text .str. or an ONNX "
+                                            "model's bytes, got"):
+            int8attn.compile(source)
+    for flags in ("--iree-opt-level=O2", ["--a", 3], 5):
+        with pytest.raises(OptionError, match="option 'iree-flags' must be a list or tuple "
+                                              "of strings"):
+            CompileOptions(iree_flags=flags)
+    assert CompileOptions(iree_flags=["--a"]).iree_flags == ("--a",)
+    options = CompileOptions(partition_tokens=np.int64(128), tile_tokens=np.int32(64))
+    assert (type(options.partition_tokens), options.partition_tokens) == (int, 128)
+    assert repr(options) == repr(CompileOptions(partition_tokens=128, tile_tokens=64))
+    for bad in (np.bool_(True), np.float64(64.0), True, 64.0):
+        with pytest.raises(OptionError, match="option 'partition-tokens' must be an integer"):
+            CompileOptions(partition_tokens=bad)
