@@ -267,6 +267,9 @@ def nan_or(value) -> float:
     return value if value else float("nan")
 
 
+BENCH_OUT = "bench-cuda"      # int8attn bench's --out PREFIX when none is given
+
+
 def output_paths(prefix: str, plot: bool) -> list[str]:
     """What `write_results` writes for `--out PREFIX`."""
     return [f"{prefix}.{ext}" for ext in ("md", "json") + (("png",) if plot else ())]

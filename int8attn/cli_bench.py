@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .bench_harness import BenchSettings, output_paths, write_results
+from .bench_harness import BENCH_OUT, BenchSettings, output_paths, write_results
 from .bench_kinds import bench_kind, check_prepared, mode_flags
 from .cli_errors import UserError
 from .support.files import OutputError, check_output_path
@@ -32,6 +32,9 @@ _SETTINGS_ARGS = {"contexts": "context", "batch": "batch", "q_heads": "q_heads",
                   "ragged_mean": "ragged_mean", "numerics": "numerics"}
 
 
+I32_MAX = 2 ** 31 - 1       # the kernels' lengths and block tables are int32
+
+
 def _check_bench_shape(args, misuse) -> None:
     """The kernels' limits on the shape flags, before anything is compiled."""
     from .kernels.target_spec import target_spec
@@ -46,6 +49,15 @@ def _check_bench_shape(args, misuse) -> None:
         misuse(f"--q-heads {args.q_heads} over --kv-heads {args.kv_heads} is {rows} query heads "
                f"per KV head; the decode kernels' MMAC tile holds {cuda.tile_rows} "
                f"(raise --kv-heads)")
+    longest = {"--context": max(args.context or (0,)),
+               "--history plus --new-tokens": (args.history or 0) + (args.new_tokens or 0),
+               # the ragged batch's lengths are uniform on [1, 2 * mean - 1]
+               f"--ragged-mean {args.ragged_mean}'s longest sequence":
+                   2 * (args.ragged_mean or 0) - 1}
+    for what, count in longest.items():
+        if count > I32_MAX:
+            misuse(f"{what} ({count} tokens) is past the kernels' token counts, which are "
+                   f"int32 (at most {I32_MAX})")
     k = cuda.model.instruction.k
     if args.head_dim % k:
         misuse(f"--head-dim {args.head_dim} is not a multiple of {k}, the K of the cuda "
@@ -79,6 +91,12 @@ def cmd_bench(args) -> int:
             misuse(f"{flag} applies to --mode {' or '.join(wanted)}, not --mode {kind.mode}")
     if args.from_dir and args.prepare_only:
         misuse("--prepare-only compiles the modules and --from runs compiled ones; give one")
+    if args.prepare_only:
+        for flag, value in (("--out", args.out), ("--iterations", args.iterations)):
+            if value is not None:
+                misuse(f"{flag} applies to the run, and --prepare-only only compiles; give it "
+                       f"where the modules run (int8attn bench --from DIR {flag} ...)")
+    out = BENCH_OUT if args.out is None else args.out
     if args.from_dir:
         for flag, name in kind.prepared_flags:
             if getattr(args, _SETTINGS_ARGS[name]) is not None:
@@ -97,12 +115,12 @@ def cmd_bench(args) -> int:
         _check_bench_shape(args, misuse)
         if args.prepare_only:
             _check_prepare_folder(Path(args.prepare_only))
-    outputs = [] if args.prepare_only else output_paths(args.out, kind.plot is not None)
+    outputs = [] if args.prepare_only else output_paths(out, kind.plot is not None)
     for output in outputs:
         try:
             check_output_path(output)
         except OutputError as error:
-            raise OutputError(f"--out {args.out}: {error}") from None
+            raise OutputError(f"--out {out}: {error}") from None
     if not args.from_dir:
         directory = Path(args.prepare_only or tempfile.mkdtemp(prefix="int8attn-bench-"))
         kind.prepare(directory, settings)
@@ -113,5 +131,5 @@ def cmd_bench(args) -> int:
     except RuntimeError as error:
         raise UserError(f"cannot run on CUDA here ({error}); compile with --prepare-only "
                         f"and run with --from on a machine with an NVIDIA GPU") from None
-    write_results(rows, kind.markdown, args.out, kind.plot)
+    write_results(rows, kind.markdown, out, kind.plot)
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from . import arg_types, bench_numerics
+from .bench_harness import BENCH_OUT
 from .bench_kinds import BENCH_KINDS
 from .driver.options import CompileOptions
 from .driver.targets import STAGE_NAMES
@@ -120,13 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.add_argument("--q-heads", type=arg_types.positive, default=None, help="(default 32)")
     bench_cmd.add_argument("--kv-heads", type=arg_types.positive, default=None, help="(default 8)")
     bench_cmd.add_argument("--head-dim", type=arg_types.positive, default=None, help="(default 128)")
-    bench_cmd.add_argument("--iterations", type=arg_types.positive, default=50)
+    bench_cmd.add_argument("--iterations", type=arg_types.positive, default=None,
+                           help="timed calls per module (default 50)")
     bench_cmd.add_argument("--prepare-only", metavar="DIR", type=arg_types.path,
                            help="only compile the modules into DIR (for a GPU machine "
                                 "without IREE's compiler)")
     bench_cmd.add_argument("--from", dest="from_dir", metavar="DIR", type=arg_types.path,
                            help="run modules compiled earlier with --prepare-only")
-    bench_cmd.add_argument("--out", default="bench-cuda", metavar="PREFIX", type=arg_types.path,
-                           help="writes PREFIX.md, PREFIX.json and PREFIX.png")
+    bench_cmd.add_argument("--out", default=None, metavar="PREFIX", type=arg_types.path,
+                           help=f"writes PREFIX.md, PREFIX.json and PREFIX.png (default "
+                                f"{BENCH_OUT})")
     bench_cmd.set_defaults(misuse=bench_cmd.error)   # a usage message and exit status 2
     return parser

@@ -92,6 +92,19 @@ BENCH_MISUSE = {
     "head_dim": (["--mode", "prefill", "--head-dim", "48"],
                  "--head-dim 48 is not a multiple of 32, the K of the cuda kernels' int8 "
                  "mma.sync"),
+    "context_past_int32": (["--context", "4096,99999999999"],
+                           "--context (99999999999 tokens) is past the kernels' token counts, "
+                           "which are int32 (at most 2147483647)"),
+    "history_past_int32": (["--mode", "prefill", "--history", "2147483000", "--new-tokens",
+                            "1000"], "--history plus --new-tokens (2147484000 tokens) is past"),
+    "ragged_past_int32": (["--mode", "paged", "--ragged-mean", "1500000000"],
+                          "--ragged-mean 1500000000's longest sequence (2999999999 tokens)"),
+    "prepare_only_out": (["--prepare-only", "{tmp}/modules", "--out", "{tmp}/p"],
+                         "--out applies to the run, and --prepare-only only compiles"),
+    "prepare_only_iterations": (["--prepare-only", "{tmp}/modules", "--iterations", "7"],
+                                "--iterations applies to the run, and --prepare-only only "
+                                "compiles; give it where the modules run (int8attn bench "
+                                "--from DIR --iterations ...)"),
 }
 
 
@@ -99,9 +112,11 @@ BENCH_MISUSE = {
 def test_bench_misuse_is_a_usage_error_before_any_work(name, tmp_path, capsys, no_work):
     flags, message = BENCH_MISUSE[name]
     flags = [f.format(tmp=tmp_path) for f in flags]
+    if "--out" not in flags and "--prepare-only" not in flags:    # (a run's, refused there)
+        flags += ["--out", str(tmp_path / "bench")]
     before = _snapshot(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["bench", *flags, "--out", str(tmp_path / "bench")])
+        cli.main(["bench", *flags])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     assert "usage: int8attn bench" in err and message in err, err
@@ -194,7 +209,7 @@ def test_bench_bad_paths_are_named_before_any_work(name, tmp_path, capsys, no_wo
     unwritable = _unwritable(tmp_path) if "{unwritable}" in " ".join(flags) else None
     fill = lambda text: text.format(tmp=tmp_path, unwritable=unwritable)
     flags = [fill(f) for f in flags]
-    if "--out" not in flags:
+    if "--out" not in flags and "--prepare-only" not in flags:
         flags += ["--out", str(tmp_path / "bench")]
     before = _snapshot(tmp_path)
     assert cli.main(["bench", *flags]) == 1
