@@ -200,18 +200,21 @@ class LoadedModule:
         try:
             yield
         except (RuntimeError, ValueError) as error:
+            message = "\n".join(str(error).strip().splitlines()[:6])
+            if "Could not create device" in message and self.driver != "local-task":
+                # no GPU here: nothing of the module's to reproduce, no files to save
+                raise StageError(
+                    f"IREE runtime ({what})",
+                    f"{message}\nno IREE {self.driver} device is present here (no such GPU, or "
+                    f"no driver for it); `int8attn run --simulate` (simulate=True in the "
+                    f"Python API) runs the lane kernels in the lane simulator instead",
+                    None) from None
             inputs = _repro_inputs(self.signatures.get(function, ()), arguments)
             saved = save_for_repro({"module.vmfb": self.vmfb,
                                     **{name: data for name, data, _ in inputs}})
             command = ["iree-run-module", f"--module={saved / 'module.vmfb'}",
                        f"--device={self.driver}", f"--function={function}"]
             command += [f"--input={prefix}@{saved / name}" for name, _, prefix in inputs]
-            message = "\n".join(str(error).strip().splitlines()[:6])
-            if "Could not create device" in message and self.driver != "local-task":
-                message += (f"\nno IREE {self.driver} device is present here (no such GPU, or "
-                            f"no driver for it); `int8attn run --simulate` (simulate=True in "
-                            f"the Python API) runs the lane kernels in the lane simulator "
-                            f"instead")
             raise StageError(f"IREE runtime ({what})", message, shlex.join(command)) from None
 
     def check_arguments(self, function: str, arrays) -> list[np.ndarray]:

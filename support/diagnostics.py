@@ -44,10 +44,12 @@ class DiagnosticError(Exception):
 
 
 class StageError(Exception):
-    """IREE failed in a stage; `reproducer` is a shell command that shows it again."""
+    """IREE failed in a stage; `reproducer` is a shell command that shows it again (None
+    where nothing of the module's is at fault: no device to run it on)."""
 
-    def __init__(self, stage: str, message: str, reproducer: str):
-        super().__init__(f"{stage} failed: {message}\nreproduce with:\n  {reproducer}")
+    def __init__(self, stage: str, message: str, reproducer: str | None):
+        again = f"\nreproduce with:\n  {reproducer}" if reproducer else ""
+        super().__init__(f"{stage} failed: {message}{again}")
         self.stage = stage
         self.reproducer = reproducer
 

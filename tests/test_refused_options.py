@@ -291,6 +291,8 @@ def test_a_missing_gpu_says_so_and_names_the_simulator():
     text = str(error.value)
     assert "no IREE cuda device is present here" in text
     assert "--simulate" in text and "lane simulator" in text
+    # the module is not at fault: no reproducer, and no folder of files left behind
+    assert "reproduce with" not in text and error.value.reproducer is None
 
 
 def test_run_with_a_kernel_object_gets_past_the_memory_check(small, tmp_path, capsys):
