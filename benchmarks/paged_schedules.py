@@ -49,9 +49,10 @@ def main(argv=None) -> int:
         if name in NUMERICS_FIELDS:
             numerics[name] = NUMERICS_FIELDS[name](value)
         elif name in SPEC_FIELDS:
-            if value not in ("True", "False"):
-                parser.error(f"{name} takes True or False, not {value!r}")
-            spec_changes[name] = value == "True"
+            try:
+                spec_changes[name] = specs.field_value(name, value)
+            except ValueError as error:
+                parser.error(str(error))
         elif name in types:
             changes[name] = value == "True" if types[name] == "bool" else int(value)
         else:

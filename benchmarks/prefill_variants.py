@@ -19,7 +19,7 @@ session times a choice against the default with the bench's checks.
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from int8attn import bench_numerics, bench_prefill
@@ -43,28 +43,10 @@ def main(argv=None) -> int:
     parser.add_argument("--numerics", choices=bench_numerics.CHOICES,
                         default=bench_prefill.NUMERICS)
     args = parser.parse_args(argv)
-    types = {f.name: f.type for f in fields(specs.TargetSpec) if f.name in CHOICES}
-    changes = {}
-    for pair in args.fields:
-        name, _, value = pair.partition("=")
-        if name not in types:
-            parser.error(f"{name!r} is not a prefill choice of the cuda target "
-                         f"({', '.join(CHOICES)})")
-        if name == "reciprocal_intrinsic":
-            known = tuple(specs.RECIPROCAL_INTRINSICS.values())
-            if value != "None" and value not in known:
-                parser.error(f"{name} takes None (the checked division) or "
-                             f"{' or '.join(known)}, not {value!r}")
-            changes[name] = None if value == "None" else value
-        elif types[name] == "bool":
-            if value not in ("True", "False"):
-                parser.error(f"{name} takes True or False, not {value!r}")
-            changes[name] = value == "True"
-        else:
-            try:
-                changes[name] = int(value)
-            except ValueError:
-                parser.error(f"{name} takes an integer, not {value!r}")
+    try:
+        changes = specs.field_changes(args.fields, CHOICES, "a prefill choice of the cuda target")
+    except ValueError as error:
+        parser.error(str(error))
     try:
         contexts = [int(c) for c in args.context.split(",")]
     except ValueError:

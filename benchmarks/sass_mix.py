@@ -160,24 +160,12 @@ def markdown(rows: list[dict]) -> str:
 
 def spec_changes(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
     """`--spec FIELD=VALUE` pairs as cuda `TargetSpec` changes (bool and int fields)."""
-    types = {f.name: f.type for f in dataclasses.fields(specs.TargetSpec)
-             if f.type in ("bool", "int")}
-    changes = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        if name not in types:
-            parser.error(f"--spec {pair!r}: not a bool or int field of the target "
-                         f"({', '.join(sorted(types))})")
-        if types[name] == "bool":
-            if value not in ("True", "False"):
-                parser.error(f"--spec {pair!r}: {name} takes True or False")
-            changes[name] = value == "True"
-        else:
-            try:
-                changes[name] = int(value)
-            except ValueError:
-                parser.error(f"--spec {pair!r}: {name} takes an integer")
-    return changes
+    choices = sorted(f.name for f in dataclasses.fields(specs.TargetSpec)
+                     if f.type in ("bool", "int"))
+    try:
+        return specs.field_changes(pairs, choices, "a bool or int field of the target")
+    except ValueError as error:
+        parser.error(f"--spec: {error}")
 
 
 def main(argv=None) -> int:

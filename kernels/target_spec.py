@@ -10,7 +10,7 @@ of `TARGET_SPECS`; adding an instruction to a target is one atom in its row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import numpy as np
@@ -334,3 +334,38 @@ def target_spec(name: str) -> TargetSpec:
     except KeyError:
         raise ValueError(f"no kernel target {name!r} (kernel targets: "
                          f"{', '.join(TARGET_SPECS)})") from None
+
+
+def field_value(name: str, text: str):
+    """The value of TargetSpec field `name` written as `text` (the benchmarks' FIELD=VALUE:
+    True or False, an integer, or for `reciprocal_intrinsic` None or a known intrinsic);
+    ValueError saying what the field takes."""
+    kind = {f.name: f.type for f in fields(TargetSpec)}.get(name)
+    if name == "reciprocal_intrinsic":
+        known = tuple(RECIPROCAL_INTRINSICS.values())
+        if text != "None" and text not in known:
+            raise ValueError(f"{name} takes None (the checked division) or "
+                             f"{' or '.join(known)}, not {text!r}")
+        return None if text == "None" else text
+    if kind == "bool":
+        if text not in ("True", "False"):
+            raise ValueError(f"{name} takes True or False, not {text!r}")
+        return text == "True"
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{name} takes an integer, not {text!r}") from None
+    raise ValueError(f"{name!r} is not a field of the target that a command line sets")
+
+
+def field_changes(pairs, allowed, what: str) -> dict:
+    """FIELD=VALUE `pairs` as TargetSpec changes (`field_value`), each FIELD one of
+    `allowed` (else ValueError: `what` they must be, e.g. "a prefill choice")."""
+    changes = {}
+    for pair in pairs:
+        name, _, text = pair.partition("=")
+        if name not in allowed:
+            raise ValueError(f"{name!r} is not {what} ({', '.join(allowed)})")
+        changes[name] = field_value(name, text)
+    return changes
