@@ -27,9 +27,10 @@ CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("graph", type=arg_types.path, help="MLIR file with int8attn.attention graphs, or an ONNX "
-                        "model (.onnx: its INT8-cache attention is raised, the rest goes to "
-                        "IREE; needs the onnx extra)")
+    parser.add_argument("graph", type=arg_types.path,
+                        help="MLIR file with int8attn.attention graphs, or an ONNX model "
+                             "(.onnx: its INT8-cache attention is raised, the rest goes to "
+                             "IREE; needs the onnx extra)")
     add_arguments(parser, CompileOptions, only=CLI_OPTIONS)
     parser.add_argument("--save-stages", metavar="DIR",
                         help="write every stage's artifact to DIR (00-graph.mlir, ...), so a "

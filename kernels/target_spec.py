@@ -301,7 +301,8 @@ TARGET_SPECS: dict[str, TargetSpec] = {
                          exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
     "gfx942": TargetSpec("gfx942", fragment_model("gfx942"), _mfma,
                          pv_atoms=tuple(pv_model("gfx942", a) for a in PV_ATOMS["gfx942"][1:]),
-                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942", exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
+                         tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942",
+                         exp2_intrinsic=EXP2_INTRINSICS["amdgpu"]),
     "cuda": TargetSpec(
         "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),
         async_copy=True, occupancy_attribute="nvvm.minctasm",

@@ -211,7 +211,7 @@ def named_pipeline(text: str) -> list:
         raise PipelineError(f"unknown pipeline '{name}'; known pipelines: "
                             f"{', '.join(NAMED_PIPELINES)}")
     body = rest.rstrip()
-    if brace and not body.endswith("}") or "{" in rest or body.count("}") > 1:
+    if (brace and not body.endswith("}")) or "{" in rest or body.count("}") > 1:
         raise PipelineError(f"pipeline '{text}': its options go in one pair of braces, "
                             f"'{name}{{key=value ...}}'")
     try:                    # (its messages name the pipeline)
