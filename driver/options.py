@@ -153,7 +153,8 @@ class CompileOptions(PipelineOptions):
     def given(self) -> set[str]:
         """The fields the caller set: those whose value is not the declared default (None
         for most; a recognisable default such as verify=True or contraction=f32 is
-        indistinguishable from not giving it, and harmless). A `Numerics` given whole
+        indistinguishable from not giving it here; the CLI, which knows its flags, passes
+        them to `refusal`). A `Numerics` given whole
         (all five numerics fields, as `numerics=` passes them) names a variant of the
         contract, which a float PV is compared against: the parts of it that do not apply
         are not counted as given."""
@@ -163,11 +164,13 @@ class CompileOptions(PipelineOptions):
             given -= set(NUMERICS_FIELDS)
         return given
 
-    def refusal(self) -> str | None:
+    def refusal(self, given=None) -> str | None:
         """Why an option the caller gave does nothing with the others (the rules of
-        COMPILE_APPLIES_WHEN, tested on the resolved values), or None."""
-        return refusal(self._defaults_resolved(), self.given(), COMPILE_APPLIES_WHEN,
-                       flag_spelling)
+        COMPILE_APPLIES_WHEN, tested on the resolved values), or None. `given`: the
+        options the caller named (the CLI's flags, at their default values too); None:
+        `given()`."""
+        return refusal(self._defaults_resolved(), self.given() if given is None else given,
+                       COMPILE_APPLIES_WHEN, flag_spelling)
 
     def _defaults_resolved(self) -> "CompileOptions":
         return replace(self, fragment_model=self.resolved_fragment_model(),

@@ -95,6 +95,10 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
     }
 
 
+# What the lane kernels have no use for, whatever its value (the others of
+# `_kernel_refusals` take the value the kernels have anyway).
+_KERNEL_INAPPLICABLE = frozenset({"target_cpu", "contraction", "vector_isa"})
+
 _NO_KERNEL_OBJECT = {"kernel_object": (
     lambda o: o.kernel_object is not None,
     "--kernel-object packages an AMDGPU code object built from --emit llvm; --target "
@@ -114,6 +118,8 @@ class Target:
     assembly_glob: str | None = None
     refusals: Mapping[str, tuple[Callable[[CompileOptions], bool], str]] = \
         dataclasses.field(default_factory=dict)
+    # Of `refusals`, the options that do nothing here at any value (their default too).
+    inapplicable: frozenset[str] = frozenset()
     takes_target_cpu: bool = False          # IREE llvm-cpu: --target-cpu is its CPU
     compiles_models: bool = False           # an ONNX model's float ops too (IREE's own)
     # With --kernel-object (a code object built from the llvm stage): the stages
@@ -190,16 +196,19 @@ class Target:
                             f"kernels directly); write each stage's IR with --emit STAGE or "
                             f"--save-stages DIR")
 
-    def check(self, options: CompileOptions) -> CompileOptions:
-        """Refuse what does not apply; return the options with defaults resolved."""
+    def check(self, options: CompileOptions, given=None) -> CompileOptions:
+        """Refuse what does not apply; return the options with defaults resolved.
+        `given`: the options the caller named (the CLI's flags), refused where they do
+        nothing even at their default value; None: those not at their default."""
         if options.pv not in self.pv:
             raise OptionRefused(f"--pv {options.pv} does not apply to --target {self.name}: "
                                 f"it has {' and '.join(self.pv)} PV")
+        named = set(given or ())
         for name, (refused, why) in self.refusals.items():
-            if refused(options):
+            if refused(options) or (name in named and name in self.inapplicable):
                 raise OptionRefused(f"{flag_spelling(name, getattr(options, name))} does not "
                                     f"apply to --target {self.name}: {why}")
-        why = options.refusal()      # what an option needs of the others (any target)
+        why = options.refusal(given)  # what an option needs of the others (any target)
         if why is not None:
             raise OptionRefused(why)
         resolved = options.resolved()
@@ -254,6 +263,7 @@ TARGETS: dict[str, Target] = {
         "gfx936 toolchain; IREE's LLVM cannot translate the intrinsic)",
         (GRAPH, KERNEL, LLVM), "kernel", ("int8",), None, True,
         with_object=(PACKAGED_VMFB,), object_runtime_driver="hip",
+        inapplicable=_KERNEL_INAPPLICABLE,
         refusals={**_kernel_refusals("gfx936"),
                   "iree_flags": (lambda o: bool(o.iree_flags),
                                  "gfx936 has no IREE compilation stage (IREE does not know "
@@ -263,14 +273,14 @@ TARGETS: dict[str, Target] = {
         "backend",
         (GRAPH, KERNEL, VMFB, ISA, LLVM), "vmfb", ("int8",), "hip", True,
         ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942", *_KERNEL_FLAGS),
-        "*.rocmasm", refusals=_kernel_refusals("gfx942"),
+        "*.rocmasm", refusals=_kernel_refusals("gfx942"), inapplicable=_KERNEL_INAPPLICABLE,
         with_object=(PACKAGED_VMFB,), object_runtime_driver="hip"),
     "cuda": Target(
         "cuda", "lane-level decode, prefill and cache-write kernels on mma.sync.m16n8k32.s8 through IREE's CUDA "
         "backend (sm_80 PTX; the driver JITs it on newer GPUs)",
         (GRAPH, KERNEL, VMFB, PTX), "vmfb", ("int8", "bf16"), "cuda", True,
         ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80", *_KERNEL_FLAGS),
-        "*.ptx", refusals=_kernel_refusals("cuda")),
+        "*.ptx", refusals=_kernel_refusals("cuda"), inapplicable=_KERNEL_INAPPLICABLE),
 }
 
 STAGE_NAMES = tuple(dict.fromkeys(s.name for t in TARGETS.values() for s in t.stages))

@@ -109,6 +109,7 @@ def cmd_compile(args) -> int:
     from .driver.compile import compile
 
     _refuse_for_models(args)
+    _refuse_flags_that_do_nothing(args)
     options = CompileOptions(**_options(args))
     target = TARGETS[options.target]
     emit = args.emit or ("vmfb" if options.kernel_object else target.default_emit)
@@ -266,6 +267,15 @@ def _refuse_report_before_work(args) -> None:
     refuse_unreportable(args.pv or CompileOptions.pv)
 
 
+def _refuse_flags_that_do_nothing(args) -> None:
+    """A flag that does nothing with the others, or on the target, is refused even at
+    its default value: the CLI knows which flags were given (the Python API cannot tell
+    a default it was passed from one it was not, and refuses the other values)."""
+    given = _options(args)
+    options = CompileOptions(**given)
+    TARGETS[options.target].check(options, given=set(given))
+
+
 def _refuse_for_models(args) -> None:
     """Flags that do not apply to an ONNX model, refused before any work."""
     if not is_onnx(args.graph):
@@ -292,6 +302,7 @@ def cmd_run(args) -> int:
         raise UsageError(f"--seed {args.seed} draws random inputs, but --inputs gives them, "
                          f"so the seed would be unused; drop --seed (or --inputs)")
     _refuse_for_models(args)
+    _refuse_flags_that_do_nothing(args)
     if args.report:
         _refuse_report_before_work(args)
     inputs = _input_files(args)

@@ -96,6 +96,41 @@ def test_an_option_that_does_nothing_is_refused_by_cli_and_api(flags, keywords, 
                          **keywords)
 
 
+# The CLI knows the flags it was given: at their default value too, one that does
+# nothing is refused as a pipeline string refuses it (the API keeps the value rule: it
+# cannot tell a default it was passed from one it was not).
+DEFAULT_THAT_DOES_NOTHING = [
+    (["--pv", "f32", "--scale-groups", "fragment"],
+     "--scale-groups fragment does not apply with --pv f32"),
+    (["--pv", "f32", "--contraction", "f32"], "--contraction f32 does not apply with --pv f32"),
+    (["--target", "cuda", "--pv", "bf16", "--scale-groups", "fragment"],
+     "--scale-groups fragment does not apply with --pv bf16"),
+    (["--target", "cuda", "--contraction", "f32"],
+     "--contraction f32 does not apply to --target cuda"),
+    (["--target", "gfx936", "--target-cpu", "host"],
+     "--target-cpu host does not apply to --target gfx936"),
+]
+
+
+@pytest.mark.parametrize("flags, message", DEFAULT_THAT_DOES_NOTHING,
+                         ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+@pytest.mark.parametrize("command", ["compile", "run"])
+def test_the_cli_refuses_a_default_that_does_nothing(command, flags, message, small, tmp_path,
+                                                     capsys):
+    out = tmp_path / "out.mlir"
+    tail = ["--emit", "graph", "-o", str(out)] if command == "compile" else ["--seed", "0"]
+    assert cli.main([command, str(small), *flags, *tail]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_cli_takes_the_value_a_kernel_target_has_anyway(small, tmp_path):
+    # the kernels' own fragment model, groups and verifier: consistent, not inert
+    out = tmp_path / "k.mlir"
+    assert cli.main(["compile", str(small), "--target", "gfx936", "--fragment-model", "gfx936",
+                     "--scale-groups", "fragment", "--emit", "graph", "-o", str(out)]) == 0
+
+
 PIPELINE_REFUSED = [
     ("pv=f32,w-quant=s8", "w-quant=s8 does not apply with pv=f32"),
     ("pv=bf16 w-terms=1", "w-terms=1 does not apply with pv=bf16"),
