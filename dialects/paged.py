@@ -210,7 +210,21 @@ class CacheWriteOp(Int8AttnOp):
             c.that(result.type == cache.type,
                    f"result #{i} has type {result.type}, expected {cache.type} (the updated "
                    f"{name})")
+            self._check_in_place(c, name, cache)
         return True
+
+    def _check_in_place(self, c, name: str, cache: ir.Value) -> None:
+        """A cache that is a function argument is updated in the caller's buffer (the
+        in-place ABI, passes/lower_cache_write.py), so nothing else may read it: another
+        reader would see the update or not, as the buffer happens to be passed."""
+        if not isinstance(cache, ir.BlockArgument):
+            return
+        readers = [use.owner for use in cache.uses]
+        c.that(len(readers) == 1,
+               f"{name} is argument #{cache.arg_number}, which this cache_write updates in "
+               f"place (the caller's array), and {len(readers) - 1} more use of it reads "
+               f"it too; give each cache to one cache_write and chain the writes (the next "
+               f"one takes this one's results), or pass a separate array")
 
 
 def cache_write(k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale, *,

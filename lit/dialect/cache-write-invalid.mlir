@@ -115,3 +115,22 @@ func.func @bias_type(%a0: tensor<?x2x64xf32>, %a1: tensor<?x2x64xf32>, %a2: tens
   %c:4 = "int8attn.cache_write"(%a0, %a1, %a2, %a3, %a4, %a5, %a6, %b) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<2x64xf16>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
   return %c#0, %c#1, %c#2, %c#3 : tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>
 }
+
+// -----
+
+// A cache that is an argument is updated in the caller's array: nothing else may read it.
+// CHECK: cache-write-invalid.mlir:[[# @LINE + 2]]:10: error: 'int8attn.cache_write' op k_cache is argument #6, which this cache_write updates in place (the caller's array), and 1 more use of it reads it too; give each cache to one cache_write and chain the writes
+func.func @two_writes(%k1: tensor<?x2x64xf32>, %v1: tensor<?x2x64xf32>, %s1: tensor<?xi32>, %k2: tensor<?x2x64xf32>, %v2: tensor<?x2x64xf32>, %s2: tensor<?xi32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<?x2x16xf32>, %vc: tensor<?x2x64x16xi8>, %vs: tensor<?x2x16xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16x64xi8>) {
+  %a:4 = "int8attn.cache_write"(%k1, %v1, %s1, %kc, %ks, %vc, %vs) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  %b:4 = "int8attn.cache_write"(%k2, %v2, %s2, %kc, %ks, %vc, %vs) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  return %a#0, %b#0 : tensor<?x2x16x64xi8>, tensor<?x2x16x64xi8>
+}
+
+// -----
+
+// CHECK: cache-write-invalid.mlir:[[# @LINE + 2]]:10: error: 'int8attn.cache_write' op k_scale is argument #5, which this cache_write updates in place (the caller's array), and 1 more use of it reads it too
+func.func @attend_the_old_cache(%kn: tensor<?x2x64xf32>, %vn: tensor<?x2x64xf32>, %s: tensor<?xi32>, %q: tensor<?x8x64xf32>, %kc: tensor<?x2x16x64xi8>, %ks: tensor<?x2x16xf32>, %vc: tensor<?x2x64x16xi8>, %vs: tensor<?x2x16xf32>, %bt: tensor<?x?xi32>, %cl: tensor<?xi32>) -> (tensor<?x2x16x64xi8>, tensor<?x8x64xf32>) {
+  %a:4 = "int8attn.cache_write"(%kn, %vn, %s, %kc, %ks, %vc, %vs) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  %o = "int8attn.paged_attention"(%q, %a#0, %ks, %a#2, %a#3, %bt, %cl) {block_size = 16 : i64, softmax_scale = 0.125 : f32} : (tensor<?x8x64xf32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>, tensor<?x?xi32>, tensor<?xi32>) -> tensor<?x8x64xf32>
+  return %a#0, %o : tensor<?x2x16x64xi8>, tensor<?x8x64xf32>
+}
