@@ -59,16 +59,18 @@ _MOVES = ("tensor.collapse_shape", "torch_c.to_builtin_tensor", "Concat", "Unsqu
 
 def _scale_arguments(func: ir.Operation) -> tuple[int, ...]:
     """Arguments whose values a nested attention reads as k_scale / v_scale, through
-    casts and data movement (an imported model's cache scales, e.g. a Concat of
-    the past tokens' scales and the new ones)."""
-    if INPUT_NAMES not in func.attributes:   # not an imported model
-        return ()
+    casts and data movement: an imported model's cache scales (e.g. a Concat of the
+    past tokens' scales and the new ones), or those of a graph whose result is not one
+    attention of its arguments (attention chained or in a loop). A value that is an
+    argument of a nested block (a loop's) is not the function's: left unchecked."""
+    entry = func.regions[0].blocks[0]
     found, pending = set(), [v for op in walk(func) if op.name == d.ATTENTION
                              for v in (op.operands[2], op.operands[4])]
     while pending:
         value = pending.pop()
         if isinstance(value, ir.BlockArgument):
-            found.add(value.arg_number)
+            if value.owner == entry:
+                found.add(value.arg_number)
         elif value.owner.operation.name in _MOVES or onnx_name(value.owner.operation) in _MOVES:
             pending += list(value.owner.operation.operands)
     return tuple(sorted(found))
@@ -149,8 +151,9 @@ def check_cache_scales(info: FunctionInfo, arrays, read=None) -> None:
             bad = bad & mask
             if bad.any():
                 where = [int(i) for i in np.argwhere(bad)[0]]
+                label = f"arg{index}" if name == f"arg{index}" else f"{name}, arg{index}"
                 raise InputError(
-                    f"argument {index} ({name}, arg{index}) of @{info.name} holds {problem} at "
+                    f"argument {index} ({label}) of @{info.name} holds {problem} at "
                     f"{where} ({int(bad.sum())} of {bad.size}); cache scales are max|row|/127 of "
                     f"each token and must be finite and >= 0")
 

@@ -209,3 +209,39 @@ def test_bad_writes_are_named_and_write_nothing(case, decode_graph, tmp_path, ca
                      "--output", str(out)]) == 1
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+CHAINED_WRITES = """
+func.func @twice(%k1: tensor<?x2x64xf32>, %v1: tensor<?x2x64xf32>, %s1: tensor<?xi32>,
+                 %k2: tensor<?x2x64xf32>, %v2: tensor<?x2x64xf32>, %s2: tensor<?xi32>,
+                 %kc: tensor<?x2x16x64xi8>, %ks: tensor<?x2x16xf32>,
+                 %vc: tensor<?x2x64x16xi8>, %vs: tensor<?x2x16xf32>)
+    -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) {
+  %a:4 = "int8attn.cache_write"(%k1, %v1, %s1, %kc, %ks, %vc, %vs) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  %b:4 = "int8attn.cache_write"(%k2, %v2, %s2, %a#0, %a#1, %a#2, %a#3) {block_size = 16 : i64} : (tensor<?x2x64xf32>, tensor<?x2x64xf32>, tensor<?xi32>, tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>) -> (tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>)
+  return %b#0, %b#1, %b#2, %b#3 : tensor<?x2x16x64xi8>, tensor<?x2x16xf32>, tensor<?x2x64x16xi8>, tensor<?x2x16xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_chained_writes_return_both_and_leave_the_callers_arrays(aligned):
+    # the returned write reads the first one's results, not the arguments: value semantics
+    # (new arrays, both writes applied), the same however the caller's arrays are laid out
+    rng = seeded_rng(6100)
+    nb = 4
+    pool = [np.zeros((nb, 2, 16, 64), np.int8), rng.uniform(0.01, 0.02, (nb, 2, 16)).astype(
+        np.float32), np.zeros((nb, 2, 64, 16), np.int8), rng.uniform(0.01, 0.02, (nb, 2, 16))
+        .astype(np.float32)]
+    pool = [aligned_copy(a) if aligned else np.array(a, copy=True) for a in pool]
+    before = [a.copy() for a in pool]
+    first = (*[rng.standard_normal((3, 2, 64)).astype(np.float32) for _ in range(2)],
+             np.array([0, 17, 40], np.int32))
+    second = (*[rng.standard_normal((2, 2, 64)).astype(np.float32) for _ in range(2)],
+              np.array([17, 63], np.int32))       # 17: over the first write's token
+    graph = int8attn.compile(CHAINED_WRITES, cache=False)
+    out = graph(*first, *second, *pool)
+    expected = paged_cache_write(*second, *paged_cache_write(*first, *before))
+    for got, want, mine, kept in zip(out, expected, pool, before):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(mine, kept)

@@ -321,3 +321,32 @@ def test_run_checks_every_cache_a_write_updates_against_the_pool_before_it(tmp_p
     captured = capsys.readouterr()
     assert "v_cache" in captured.out and "differ" in captured.out
     assert "wrote caches that differ from reference.paged_cache_write" in captured.err
+
+
+CHAINED = """
+func.func @twice(%q: tensor<1x4x32xf32>, %k: tensor<1x1x70x32xi8>, %ks: tensor<1x1x70xf32>,
+                 %v: tensor<1x1x70x32xi8>, %vs: tensor<1x1x70xf32>) -> tensor<1x4x32xf32> {
+  %o = "int8attn.attention"(%q, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.125 : f32} : (tensor<1x4x32xf32>, tensor<1x1x70x32xi8>, tensor<1x1x70xf32>, tensor<1x1x70x32xi8>, tensor<1x1x70xf32>) -> tensor<1x4x32xf32>
+  %o2 = "int8attn.attention"(%o, %k, %ks, %v, %vs) {mode = "decode", softmax_scale = 0.125 : f32} : (tensor<1x4x32xf32>, tensor<1x1x70x32xi8>, tensor<1x1x70xf32>, tensor<1x1x70x32xi8>, tensor<1x1x70xf32>) -> tensor<1x4x32xf32>
+  return %o2 : tensor<1x4x32xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("scale, problem", [(np.nan, "NaN"), (-0.5, "a negative value")])
+def test_the_scales_of_chained_attention_are_checked_too(scale, problem):
+    # the result is no attention of the arguments, but the scales the attentions read
+    # are arguments all the same: refused before the call, as for one attention
+    graph = int8attn.compile(CHAINED, cache=False)
+    rng = seeded_rng(6200)
+    q = rng.standard_normal((1, 4, 32)).astype(np.float32)
+    k, ks = ref.quantize_cache(rng.standard_normal((1, 1, 70, 32)).astype(np.float32))
+    v, vs = ref.quantize_cache(rng.standard_normal((1, 1, 70, 32)).astype(np.float32))
+    first = graph(q, k, ks, v, vs)      # one result: the array itself
+    np.testing.assert_allclose(first, ref.exact_attention(
+        ref.exact_attention(q, k, ks, v, vs, 0.125).astype(np.float32), k, ks, v, vs, 0.125),
+        atol=2e-2)
+    vs[0, 0, 9] = scale
+    with pytest.raises(InputError, match=f"argument 4 \\(arg4\\) of @twice holds {problem} at "
+                                         f"\\[0, 0, 9\\]"):
+        graph(q, k, ks, v, vs)
