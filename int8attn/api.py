@@ -136,11 +136,14 @@ class CompiledGraph:
         results = self.executor.call(info.name, *arrays, **by_reference)
         self.timings["run"] = time.perf_counter() - start
         for r, a in (call.tied if call is not None else ()):
+            # the caller's array, or the numpy view of an array-like's own memory (a torch
+            # tensor, contiguous or not); a copied-in argument gets the result copied back
             original = originals[a]
-            if (isinstance(original, np.ndarray) and results[r] is not original
-                    and original.flags.writeable and original.shape == results[r].shape):
-                np.copyto(original, results[r])
-                results[r] = original
+            target = original if isinstance(original, np.ndarray) else _memory_view(original)
+            if (target is not None and results[r] is not target
+                    and target.flags.writeable and target.shape == results[r].shape):
+                np.copyto(target, results[r])
+                results[r] = target
         return results
 
     def __call__(self, *arrays, function: str | None = None):
@@ -166,6 +169,16 @@ def option_keywords(numerics: Numerics | None = None, **options) -> dict:
         raise OptionRefused(f"numerics= and {', '.join(f'{n}=' for n in both)} both given: "
                             f"pass the variant once")
     return {**options, **fields}
+
+
+def _memory_view(array_like) -> np.ndarray | None:
+    """A numpy view of `array_like`'s own memory (what `numpy.asarray` gives a torch
+    tensor), or None where numpy made a new array of it."""
+    try:
+        view = np.asarray(array_like)
+    except Exception:  # noqa: BLE001  (whatever __array__ raises: check_arguments named it)
+        return None
+    return view if view.base is not None else None
 
 
 def compile_options(**options) -> CompileOptions:

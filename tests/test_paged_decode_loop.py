@@ -245,3 +245,24 @@ def test_chained_writes_return_both_and_leave_the_callers_arrays(aligned):
     for got, want, mine, kept in zip(out, expected, pool, before):
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(mine, kept)
+
+
+def test_a_torch_cache_is_updated_in_place_contiguous_or_not(decode_graph):
+    # a contiguous tensor is passed by reference; a strided one is copied in, and the
+    # written cache copied back into the tensor's own memory (it was left untouched)
+    import torch
+
+    graph, _ = decode_graph
+    rng = seeded_rng(6300)
+    k, v = (rng.standard_normal((3, HKV, D)).astype(np.float32) for _ in range(2))
+    slots = np.array([0, 17, 40], np.int32)
+    nb = 4
+    kc = torch.zeros((2 * nb, HKV, BS, D), dtype=torch.int8)[::2]           # every 2nd block
+    ks = torch.zeros((nb, HKV, BS))
+    vc = torch.zeros((nb, HKV, BS, D), dtype=torch.int8).transpose(2, 3)  # [NB, Hkv, D, BS]
+    vs = torch.zeros((nb, HKV, BS))
+    expected = paged_cache_write(k, v, slots, *(np.zeros(tuple(t.shape), t.numpy().dtype)
+                                                for t in (kc, ks, vc, vs)))
+    graph(k, v, slots, kc, ks, vc, vs, function="write")
+    for tensor, want in zip((kc, ks, vc, vs), expected):
+        np.testing.assert_array_equal(tensor.numpy(), want)
