@@ -23,6 +23,7 @@ holding those values, and passed to IREE as a bf16 buffer of their bits.
 
 from __future__ import annotations
 
+import math
 import shlex
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -126,12 +127,20 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
 
 def aligned_empty(shape, dtype, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
     """An uninitialized C-contiguous array whose data is `alignment`-byte aligned, so
-    the runtime can pass it by reference (no copy)."""
+    the runtime can pass it by reference (no copy). `shape` as numpy.empty takes it."""
     dtype = np.dtype(dtype)
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"aligned_empty: shape {shape!r} must be integers")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"aligned_empty: negative dimensions are not allowed, got {shape!r}")
+    if not (isinstance(alignment, int) and alignment > 0 and alignment & (alignment - 1) == 0):
+        raise ValueError(f"aligned_empty: alignment must be a positive power of two, got "
+                         f"{alignment!r}")
+    size = math.prod(int(d) for d in dims) * dtype.itemsize     # Python ints: no overflow
     raw = np.empty(size + alignment, np.uint8)
     start = -raw.ctypes.data % alignment
-    return raw[start:start + size].view(dtype).reshape(shape)
+    return raw[start:start + size].view(dtype).reshape(dims)
 
 
 def aligned_copy(array) -> np.ndarray:

@@ -350,3 +350,19 @@ def test_the_scales_of_chained_attention_are_checked_too(scale, problem):
     with pytest.raises(InputError, match=f"argument 4 \\(arg4\\) of @twice holds {problem} at "
                                          f"\\[0, 0, 9\\]"):
         graph(q, k, ks, v, vs)
+
+
+def test_aligned_empty_takes_a_shape_as_numpy_empty_does():
+    from int8attn.runtime import aligned_empty
+
+    for shape in ((3, 4), 5, np.int64(3), ()):
+        out = aligned_empty(shape, np.float32)
+        assert out.shape == np.empty(shape).shape and out.ctypes.data % 64 == 0
+    for shape in ((2, -1), (-1,), -5):
+        with pytest.raises(ValueError, match="negative dimensions are not allowed"):
+            aligned_empty(shape, np.int8)
+    for alignment in (0, 48, -64):
+        with pytest.raises(ValueError, match="alignment must be a positive power of two"):
+            aligned_empty((2, 3), np.int8, alignment)
+    with pytest.raises(TypeError, match="must be integers"):
+        aligned_empty((2.0, 3), np.int8)
