@@ -155,6 +155,10 @@ class PagedCache:
         """`sequences` as a list, each one held by the cache and named once."""
         sequences = list(sequences)
         for s in sequences:
+            # True == 1 and 1.0 == 1 would name sequence 1: an id is an integer
+            if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)):
+                raise UnknownSequence(f"sequence {s!r} is not a sequence id: ids are the "
+                                      f"integers prefill or add_sequence returned")
             if s not in self.tables:
                 why = ("released" if isinstance(s, (int, np.integer)) and 0 <= s <
                        self.next_sequence else "never added")
@@ -252,6 +256,13 @@ class PagedDecoder:
         self.graph, self.cache = graph, cache
         self.write_function, self.attend_function = write, attend
         self.k_bias = () if k_bias is None else (np.asarray(k_bias, np.float32),)
+        takes = len(graph.entry(write).arguments)
+        if takes != 7 + len(self.k_bias):   # k_new, v_new, slots, the 4 caches (+ k_bias)
+            biased = bool(self.k_bias)
+            raise InputError(f"@{write} takes {takes} arguments, but the decoder was given "
+                             f"{'a' if biased else 'no'} k_bias: build the graph "
+                             f"{'with' if biased else 'without'} one (paged_decode_graph(..., "
+                             f"k_bias={biased})), or {'drop' if biased else 'give'} k_bias")
         self.last_batch: tuple[np.ndarray, np.ndarray] | None = None
 
     def write(self, k_new, v_new, slot_mapping) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 from ..contract.numerics import Numerics
 from ..driver.paged_decode import cache_write_graph, paged_attention_graph
 from ..runtime.module import InputError
+from ..support.diagnostics import DiagnosticError
 from .executors import CudaExecutor, HostExecutor
 from .kernel_package import KernelPackage
 from .tensors import SignatureCheck, aligned, torch_module
@@ -84,8 +85,14 @@ class PagedAttention:
         if kind not in self._executors:
             from .. import api
 
-            graph = api.compile(self._source(kind), target=self.target,
-                                filename=f"{_kind_name(kind)}.mlir", **self.options)
+            try:
+                graph = api.compile(self._source(kind), target=self.target,
+                                    filename=f"{_kind_name(kind)}.mlir", **self.options)
+            except DiagnosticError as error:    # located in a graph the user never wrote
+                raise InputError(f"PagedAttention(q_heads={self.q_heads}, kv_heads="
+                                 f"{self.kv_heads}, head_dim={self.head_dim}, block_size="
+                                 f"{self.block_size}, target={self.target!r}) cannot build "
+                                 f"its {_kind_name(kind)} kernel: {error.message}") from None
             self._executors[kind] = (CudaExecutor(KernelPackage.from_graph(graph))
                                      if self.target == "cuda" else HostExecutor(graph))
         return self._executors[kind]

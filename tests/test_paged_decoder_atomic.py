@@ -104,6 +104,11 @@ FAILURES = {
                                                                _rows(r, 3)[..., :16]),
                                         InputError, "argument 0 (arg0, k_new) of @write must "
                                         "have shape [?, 2, 32]"),
+    "a True for a sequence id": (lambda d, r: d.step(*_step(r, [1]), [True]), UnknownSequence,
+                                 "sequence True is not a sequence id: ids are the integers "
+                                 "prefill or add_sequence returned"),
+    "a float sequence id": (lambda d, r: d.step(*_step(r, [1]), [1.0]), UnknownSequence,
+                            "sequence 1.0 is not a sequence id"),
     "releasing an unknown sequence": (lambda d, r: d.cache.release(5), UnknownSequence,
                                       "sequence 5 is not in the cache (never added)"),
     "a batch of an unknown sequence": (lambda d, r: d.cache.batch([0, 9]), UnknownSequence,
@@ -205,3 +210,16 @@ def test_an_empty_step_writes_nothing_and_returns_an_empty_batch(graph):
     _assert_unchanged(decoder.cache, before)
     tables, lens = decoder.cache.batch([])
     assert tables.shape == (0, 0) and lens.shape == (0,)
+
+
+@pytest.mark.parametrize("bias_in_graph", [False, True], ids=["bias_given", "bias_missing"])
+def test_a_k_bias_the_graph_does_not_take_is_refused_at_construction(bias_in_graph, graph):
+    # named when the decoder is made, not as an argument count at the first write
+    compiled = (int8attn.compile(paged_decode_graph(HQ, HKV, D, BS, k_bias=True))
+                if bias_in_graph else graph)
+    bias = None if bias_in_graph else np.zeros((HKV, D), np.float32)
+    with pytest.raises(InputError, match=f"@write takes {8 if bias_in_graph else 7} arguments, "
+                                         f"but the decoder was given {'no' if bias_in_graph else 'a'} "
+                                         f"k_bias: build the graph "
+                                         f"{'without' if bias_in_graph else 'with'} one"):
+        PagedDecoder(compiled, PagedCache(BLOCKS, HKV, BS, D), k_bias=bias)

@@ -298,3 +298,16 @@ def test_dlpack_producers_are_taken_without_a_copy(cpu_attention):
     q = rng.standard_normal((2, HQ, D)).astype(np.float32)
     out = cpu_attention(q, *arrays, tables.numpy(), lens.numpy())
     assert torch.equal(out, cpu_attention(torch.from_numpy(q), *pool, tables, lens))
+
+
+def test_a_shape_the_kernels_cannot_build_names_the_attention_not_a_graph_file():
+    # the graph is generated: its file name means nothing to the caller
+    from int8attn.serving.paged_attention import DECODE
+
+    attention = PagedAttention(8, 2, 40, 16, target="cpu")
+    with pytest.raises(InputError, match=r"PagedAttention\(q_heads=8, kv_heads=2, head_dim=40, "
+                                         r"block_size=16, target='cpu'\) cannot build its "
+                                         r"decode kernel: head dim 40 is not a multiple of "
+                                         r"N=16") as error:
+        attention.executor(DECODE)
+    assert "decode.mlir" not in str(error.value)
