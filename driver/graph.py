@@ -20,7 +20,7 @@ from ..reference import exact_attention, fragment_attention, quantize_cache
 from .signature import (CACHE_WRITE_OPERANDS, OPERANDS, PAGED_OPERANDS,  # noqa: F401
                         AttentionCall, FunctionInfo)
 from ..runtime.module import (BF16, NUMPY_DTYPES, InputError, TensorSpec, bf16_values,
-                              check_signature, host_dtype)
+                              argument_label, check_signature, host_dtype)
 from ..support.ir import walk
 
 
@@ -151,9 +151,8 @@ def check_cache_scales(info: FunctionInfo, arrays, read=None) -> None:
             bad = bad & mask
             if bad.any():
                 where = [int(i) for i in np.argwhere(bad)[0]]
-                label = f"arg{index}" if name == f"arg{index}" else f"{name}, arg{index}"
                 raise InputError(
-                    f"argument {index} ({label}) of @{info.name} holds {problem} at "
+                    f"{argument_label(index, name)} of @{info.name} holds {problem} at "
                     f"{where} ({int(bad.sum())} of {bad.size}); cache scales are max|row|/127 of "
                     f"each token and must be finite and >= 0")
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..fragments.cache_layout import EVERY, CacheLayout
 from ..reference import quantize_cache
-from ..runtime.module import InputError
+from ..runtime.module import InputError, argument_label
 
 
 def _operands(info, arrays) -> dict[str, np.ndarray]:
@@ -34,7 +34,7 @@ def _operands(info, arrays) -> dict[str, np.ndarray]:
 
 def _label(info, name: str) -> str:
     index = info.attention.argument(name)
-    return f"argument {index} ({name}, arg{index}) of @{info.name}"
+    return f"{argument_label(index, name)} of @{info.name}"
 
 
 def read_tokens(block_tables, context_lens, block_size: int):

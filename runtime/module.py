@@ -81,13 +81,20 @@ class TensorSpec:
             d is None or d == n for d, n in zip(self.shape, shape))
 
 
+def argument_label(index: int, name: str | None = None) -> str:
+    """How every input check names an argument: `argument 2 (k_scale, arg2)`, or
+    `argument 2 (arg2)` where it has no other name."""
+    named = f"{name}, " if name and name != f"arg{index}" else ""
+    return f"argument {index} ({named}arg{index})"
+
+
 def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray]:
     """Arrays as the function takes them: count, dtype and shape, each named.
 
     `names` (argument index -> a name such as 'q') makes the messages clearer.
     """
     names = names or {}
-    label = lambda i: f"argument {i} (arg{i}{', ' + names[i] if i in names else ''})"
+    label = lambda i: argument_label(i, names.get(i))
     if len(arrays) != len(specs):
         detail = (", ".join(f"{label(i)}: {specs[i].describe()}"
                             for i in range(len(arrays), len(specs))))
@@ -153,16 +160,35 @@ def aligned_copy(array) -> np.ndarray:
 def check_writable(function: str, tied, arrays, names=None) -> None:
     """Refuse a read-only numpy array for an argument the call updates in place (the
     argument of a `tied` (result, argument) pair): it could not be written, and the
-    caller would keep its old contents."""
+    caller would keep its old contents; and two such arguments in one memory (the same
+    array as k_scale and v_scale): one update would overwrite the other."""
     names = names or {}
+    label = lambda a: f"{argument_label(a, names.get(a))} of @{function}"
+    updated = []
     for _, a in tied:
         array = arrays[a] if a < len(arrays) else None
-        if isinstance(array, np.ndarray) and not array.flags.writeable:
-            name = f"arg{a}{', ' + names[a] if a in names else ''}"
-            raise InputError(f"argument {a} ({name}) of @{function} is a read-only array, and "
-                             f"the call updates it in place: pass a writable array, e.g. "
-                             f"numpy.array(x) (a copy; then use that copy), or "
-                             f"x.setflags(write=True) where x owns its memory")
+        if not isinstance(array, np.ndarray):
+            continue
+        if not array.flags.writeable:
+            raise InputError(f"{label(a)} is a read-only array, and the call updates it in "
+                             f"place: pass a writable array, e.g. numpy.array(x) (a copy; "
+                             f"then use that copy), or x.setflags(write=True) where x owns "
+                             f"its memory")
+        for b in updated:
+            if _shared(array, arrays[b]):
+                raise InputError(f"{label(a)} and {argument_label(b, names.get(b))} share "
+                                 f"memory, and the call updates both in place: pass separate "
+                                 f"arrays")
+        updated.append(a)
+
+
+def _shared(a: np.ndarray, b: np.ndarray) -> bool:
+    """Do `a` and `b` share an element? (Where numpy cannot tell within its work bound,
+    an interleaving it cannot untangle, they are taken as separate.)"""
+    try:
+        return bool(np.shares_memory(a, b, max_work=10 ** 6))
+    except getattr(np, "exceptions", np).TooHardError:     # (numpy 1.24: np.TooHardError)
+        return False
 
 
 def _host_memory(array) -> int | None:

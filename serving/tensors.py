@@ -10,7 +10,7 @@ on. The messages name the argument as the numpy path does.
 
 from __future__ import annotations
 
-from ..runtime.module import InputError
+from ..runtime.module import InputError, argument_label
 
 
 def torch_module():
@@ -52,7 +52,7 @@ def check_tensors(function: str, specs, names, tensors, device_type: str,
     (a paged attention or cache write), a token-major value cache is named as such
     first, as the numpy path names it (`driver.paged_inputs.check_value_layout`)."""
     dtypes = torch_dtypes()
-    label = lambda i: f"argument {i} ({names[i]}, arg{i}) of @{function}"
+    label = lambda i: f"{argument_label(i, names[i])} of @{function}"
     if len(tensors) != len(specs):
         raise InputError(f"@{function} takes {len(specs)} arguments "
                          f"({', '.join(names)}), got {len(tensors)}")

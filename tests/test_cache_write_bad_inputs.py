@@ -28,8 +28,8 @@ def _w(name):
     return f"argument {WRITE_NAMES.index(name)} ({name}, arg{WRITE_NAMES.index(name)}) {WRITE}"
 
 
-def _wsig(name):
-    return f"argument {WRITE_NAMES.index(name)} (arg{WRITE_NAMES.index(name)}, {name}) {WRITE} must"
+def _wsig(name):     # the signature checks name an argument as the value checks do
+    return f"{_w(name)} must"
 
 
 def write_arrays():

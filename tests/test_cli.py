@@ -99,7 +99,7 @@ def test_no_cache_recompiles(graph):
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda a: a.pop("arg3"), "has no array 'arg3' for argument 3"),
-    (lambda a: a.update(arg1=a["arg1"].astype(np.int32)), "argument 1 (arg1, k) of @decode must be int8"),
+    (lambda a: a.update(arg1=a["arg1"].astype(np.int32)), "argument 1 (k, arg1) of @decode must be int8"),
     (lambda a: a.update(arg0=a["arg0"][:, :4]), "must have shape [1, 8, 64]"),
     (lambda a: a["arg4"].__setitem__((0, 0, 5), np.nan),
      "argument 4 (v_scale, arg4) of @decode holds NaN at [0, 0, 5] (1 of 2000)"),
@@ -110,11 +110,11 @@ def test_no_cache_recompiles(graph):
     (lambda a: a.update(extra=np.zeros(3)), "arrays extra that are not arguments"),
     # q is checked before the note on its non-finite rows reads it
     (lambda a: a.update(arg0=np.zeros((1, 8, 0), np.float32)),
-     "argument 0 (arg0, q) of @decode must have shape [1, 8, 64] for tensor<1x8x64xf32>, got "
+     "argument 0 (q, arg0) of @decode must have shape [1, 8, 64] for tensor<1x8x64xf32>, got "
      "[1, 8, 0]"),
     (lambda a: a.update(arg0=np.full((64,), np.nan, np.float32)), "got [64]"),
     (lambda a: a.update(arg0=np.array(["a"] * 512).reshape(1, 8, 64)),
-     "argument 0 (arg0, q) of @decode must be float32"),
+     "argument 0 (q, arg0) of @decode must be float32"),
     (lambda a: a.update(arg0=np.zeros((1, 8, 64), [("x", "f4")])), "must be float32"),
 ])
 def test_bad_inputs_are_named_and_no_output_is_written(graph, inputs, tmp_path, mutate, message):

@@ -159,7 +159,7 @@ BAD = {
     "pools disagree": (dict(v_scale=lambda s: s[:-1]),
                        "the caches disagree on the number of blocks"),
     "wrong head dim": (dict(q=lambda q: q[:, :, :16]),
-                       "argument 0 (arg0, q) of @paged must have shape [?, 4, 32]"),
+                       "argument 0 (q, arg0) of @paged must have shape [?, 4, 32]"),
 }
 
 

@@ -52,8 +52,8 @@ def _op(name):
     return f"argument {NAMES.index(name)} ({name}, arg{NAMES.index(name)}) of @paged"
 
 
-def _sig(name):
-    return f"argument {NAMES.index(name)} (arg{NAMES.index(name)}, {name}) of @paged must"
+def _sig(name):      # the signature checks name an argument as the value checks do
+    return f"{_op(name)} must"
 
 
 # case -> ({operand: change of its array}, message).

@@ -72,13 +72,13 @@ FAILURES = {
                              InputError, "@attend: q has 1 sequences, block_tables 2 and "
                              "context_lens 2; they must agree"),
     "q of the wrong heads": (lambda d, r: d.step(*_step(r, [0, 1], q_heads=2), [0, 1]),
-                             InputError, "argument 0 (arg0, q) of @attend must have shape "
+                             InputError, "argument 0 (q, arg0) of @attend must have shape "
                              "[?, 4, 32]"),
     "k of the wrong head dim": (lambda d, r: d.step(r.standard_normal((2, 4, D)).astype(
         np.float32), _rows(r, 2)[..., :16], _rows(r, 2), [0, 1]),
-        InputError, "argument 0 (arg0, k_new) of @write must have shape [?, 2, 32]"),
+        InputError, "argument 0 (k_new, arg0) of @write must have shape [?, 2, 32]"),
     "k of the wrong KV heads": (lambda d, r: d.step(*_step(r, [0, 1], k_heads=1), [0, 1]),
-                                InputError, "argument 0 (arg0, k_new) of @write must have shape"),
+                                InputError, "argument 0 (k_new, arg0) of @write must have shape"),
     "fewer k rows than sequences": (lambda d, r: d.step(*_step(r, [0, 1], k_tokens=1), [0, 1]),
                                     InputError, "@write: k_new has 1 new tokens, v_new 2 and "
                                     "slot_mapping 2; they must agree"),
@@ -102,7 +102,7 @@ FAILURES = {
                                   InputError, "argument 1 (v_new, arg1) of @write: token 0"),
     "a prefill of the wrong head dim": (lambda d, r: d.prefill(_rows(r, 3)[..., :16],
                                                                _rows(r, 3)[..., :16]),
-                                        InputError, "argument 0 (arg0, k_new) of @write must "
+                                        InputError, "argument 0 (k_new, arg0) of @write must "
                                         "have shape [?, 2, 32]"),
     "a True for a sequence id": (lambda d, r: d.step(*_step(r, [1]), [True]), UnknownSequence,
                                  "sequence True is not a sequence id: ids are the integers "

@@ -176,8 +176,8 @@ def test_a_read_only_cache_is_refused(cpu_write, which):
     pool = _pool()
     pool[which].flags.writeable = False
     names = ["k_cache", "k_scale", "v_cache", "v_scale"]
-    with pytest.raises(InputError, match=rf"argument {3 + which} \(arg{3 + which}, "
-                                         rf"{names[which]}\) of @write is a read-only array"
+    with pytest.raises(InputError, match=rf"argument {3 + which} \({names[which]}, "
+                                         rf"arg{3 + which}\) of @write is a read-only array"
                                          rf".*numpy\.array\(x\)"):
         cpu_write(k, v, np.array([3], np.int32), *pool)
     for a in pool:
@@ -366,3 +366,18 @@ def test_aligned_empty_takes_a_shape_as_numpy_empty_does():
             aligned_empty((2, 3), np.int8, alignment)
     with pytest.raises(TypeError, match="must be integers"):
         aligned_empty((2.0, 3), np.int8)
+
+
+def test_two_caches_in_one_memory_are_refused(cpu_write):
+    # the same array as k_scale and v_scale: the write's v scales would overwrite its k
+    # scales; interleaved halves of one buffer are separate elements, and taken
+    rng = seeded_rng(4300)
+    k, v = (rng.standard_normal((1, 2, 64)).astype(np.float32) for _ in range(2))
+    pool = _pool()
+    with pytest.raises(InputError, match=r"argument 6 \(v_scale, arg6\) of @write and "
+                                         r"argument 4 \(k_scale, arg4\) share memory"):
+        cpu_write(k, v, np.array([3], np.int32), pool[0], pool[1], pool[2], pool[1])
+    assert not pool[1].any(), "a refused call wrote into the pool"
+    both = np.zeros(pool[1].shape + (2,), np.float32)
+    cpu_write(k, v, np.array([3], np.int32), pool[0], both[..., 0], pool[2], both[..., 1])
+    assert both[..., 0].any() and both[..., 1].any()

@@ -211,21 +211,21 @@ def _bad_inputs():
     negative[0, 0, 3] = -rng.random(dtype=np.float32) - 0.1
     return {
         "f64 q": ([q.astype(np.float64), k, ks, v, vs],
-                  "argument 0 (arg0, q) of @decode must be float32 for tensor<1x4x32xf32>, got float64"),
+                  "argument 0 (q, arg0) of @decode must be float32 for tensor<1x4x32xf32>, got float64"),
         "uint8 k": ([q, k.astype(np.uint8), ks, v, vs],
-                    "argument 1 (arg1, k) of @decode must be int8"),
+                    "argument 1 (k, arg1) of @decode must be int8"),
         "int32 scales": ([q, k, ks.astype(np.int32), v, vs],
-                         "argument 2 (arg2, k_scale) of @decode must be float32"),
+                         "argument 2 (k_scale, arg2) of @decode must be float32"),
         "NaN scale": ([q, k, nan_scale, v, vs],
                       "argument 2 (k_scale, arg2) of @decode holds NaN at [0, 1, 7]"),
         "negative scale": ([q, k, ks, v, negative],
                            "argument 4 (v_scale, arg4) of @decode holds a negative value at [0, 0, 3]"),
         "q shape": ([q[:, :2], k, ks, v, vs],
-                    "argument 0 (arg0, q) of @decode must have shape [1, 4, 32] for "
+                    "argument 0 (q, arg0) of @decode must have shape [1, 4, 32] for "
                     "tensor<1x4x32xf32>, got [1, 2, 32]"),
         "too few": ([q, k, ks],
-                    "@decode takes 5 arguments, got 3: missing argument 3 (arg3, v): "
-                    "tensor<1x2x40x32xi8>, argument 4 (arg4, v_scale): tensor<1x2x40xf32>"),
+                    "@decode takes 5 arguments, got 3: missing argument 3 (v, arg3): "
+                    "tensor<1x2x40x32xi8>, argument 4 (v_scale, arg4): tensor<1x2x40xf32>"),
     }
 
 
