@@ -196,8 +196,23 @@ class Target:
                             f"kernels directly); write each stage's IR with --emit STAGE or "
                             f"--save-stages DIR")
 
-    def check(self, options: CompileOptions, given=None) -> CompileOptions:
-        """Refuse what does not apply; return the options with defaults resolved.
+    def check(self, options: CompileOptions) -> CompileOptions:
+        """Refuse what does not apply (`refuse`); return the options with defaults
+        resolved."""
+        self.refuse(options)
+        resolved = options.resolved()
+        if not self.takes_target_cpu:
+            return resolved
+        cpu = self.cpu(options.target_cpu)
+        if options.vector_isa not in (None, cpu.vector_isa):
+            raise OptionRefused(f"vector_isa {options.vector_isa} is not the register file of "
+                                f"--target-cpu {options.target_cpu} ({cpu.vector_isa}); it "
+                                f"is derived from --target-cpu, leave it out")
+        # (kept only where it sizes something: contraction mmt4d, `resolved`)
+        return dataclasses.replace(resolved, vector_isa=cpu.vector_isa).resolved()
+
+    def refuse(self, options: CompileOptions, given=None) -> None:
+        """Refuse an option that does not apply to this target or with the others.
         `given`: the options the caller named (the CLI's flags), refused where they do
         nothing even at their default value; None: those not at their default."""
         if options.pv not in self.pv:
@@ -211,16 +226,6 @@ class Target:
         why = options.refusal(given)  # what an option needs of the others (any target)
         if why is not None:
             raise OptionRefused(why)
-        resolved = options.resolved()
-        if not self.takes_target_cpu:
-            return resolved
-        cpu = self.cpu(options.target_cpu)
-        if options.vector_isa not in (None, cpu.vector_isa):
-            raise OptionRefused(f"vector_isa {options.vector_isa} is not the register file of "
-                                f"--target-cpu {options.target_cpu} ({cpu.vector_isa}); it "
-                                f"is derived from --target-cpu, leave it out")
-        # (kept only where it sizes something: contraction mmt4d, `resolved`)
-        return dataclasses.replace(resolved, vector_isa=cpu.vector_isa).resolved()
 
     def cpu(self, name: str) -> CPUTarget:
         """The CPU IREE compiles for, as IREE resolves `--target-cpu name`."""

@@ -273,7 +273,7 @@ def _refuse_flags_that_do_nothing(args) -> None:
     a default it was passed from one it was not, and refuses the other values)."""
     given = _options(args)
     options = CompileOptions(**given)
-    TARGETS[options.target].check(options, given=set(given))
+    TARGETS[options.target].refuse(options, given=set(given))   # (no compile: no CPU probe)
 
 
 def _refuse_for_models(args) -> None:
