@@ -1,6 +1,6 @@
-"""Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`),
-numerics (`Numerics`: q_terms, q_second, w_quant, w_terms, w_second) or digit join
-(`TargetSpec.digits_join_i32`).
+"""Prepare paged bench modules with another cuda decode schedule (`DecodeTuning`, the
+digit join `digits_join_i32` among its fields) or numerics (`Numerics`: q_terms,
+q_second, w_quant, w_terms, w_second).
 
     python benchmarks/paged_schedules.py DIR merge_chunks=16 merge_splits=32 merge_unroll=2
     python benchmarks/paged_schedules.py DIR q_terms=1 w_quant=s8 w_terms=1   # the seed's
@@ -23,7 +23,6 @@ from int8attn.kernels import target_spec as specs
 
 NUMERICS_FIELDS = {"q_terms": int, "q_second": str, "w_quant": str, "w_terms": int,
                    "w_second": str}
-SPEC_FIELDS = ("digits_join_i32",)
 
 
 def main(argv=None) -> int:
@@ -31,7 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("fields", nargs="*", metavar="FIELD=VALUE",
                         help=", ".join([f.name for f in fields(specs.DecodeTuning)]
-                                       + list(NUMERICS_FIELDS) + list(SPEC_FIELDS)))
+                                       + list(NUMERICS_FIELDS)))
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -42,22 +41,19 @@ def main(argv=None) -> int:
     if args.waves is not None and (args.waves < 1 or args.waves & (args.waves - 1)):
         parser.error(f"--waves {args.waves}: a power of two (the partition's rows and head "
                      f"dim split over its threads)")
-    types = {f.name: f.type for f in fields(specs.DecodeTuning)}
-    changes, numerics, spec_changes = {}, {}, {}
+    tuning_fields = {f.name for f in fields(specs.DecodeTuning)}
+    changes, numerics = {}, {}
     for pair in args.fields:
         name, _, value = pair.partition("=")
         if name in NUMERICS_FIELDS:
             numerics[name] = NUMERICS_FIELDS[name](value)
-        elif name in SPEC_FIELDS:
+        elif name in tuning_fields:
             try:
-                spec_changes[name] = specs.field_value(name, value)
+                changes[name] = specs.field_value(name, value)
             except ValueError as error:
                 parser.error(str(error))
-        elif name in types:
-            changes[name] = value == "True" if types[name] == "bool" else int(value)
         else:
-            parser.error(f"{name!r} is no field of DecodeTuning, of the kernels' numerics "
-                         f"or of the target's ({', '.join(SPEC_FIELDS)})")
+            parser.error(f"{name!r} is no field of DecodeTuning or of the kernels' numerics")
     cuda = specs.TARGET_SPECS["cuda"]
     wanted = changes.get("workgroups_per_sm")
     table = tuple((bound, wanted or int8, wanted or bf16)
@@ -65,8 +61,7 @@ def main(argv=None) -> int:
     model = cuda.model if args.waves is None else replace(cuda.model,
                                                           waves_per_partition=args.waves)
     specs.TARGET_SPECS["cuda"] = replace(cuda, tuning=replace(cuda.tuning, **changes),
-                                         occupancy_by_head_dim=table, model=model,
-                                         **spec_changes)
+                                         occupancy_by_head_dim=table, model=model)
     print(f"{args.directory}: {specs.target_spec('cuda').default_tuning(args.head_dim)}",
           flush=True)
     chosen = cuda.numerics.updated(**numerics)

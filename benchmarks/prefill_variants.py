@@ -2,7 +2,7 @@
 
     python benchmarks/prefill_variants.py DIR prefill_kv_ring=False
     python benchmarks/prefill_variants.py DIR prefill_workgroups_per_sm=2
-    python benchmarks/prefill_variants.py DIR digits_join_i32=True --numerics kernel
+    python benchmarks/prefill_variants.py DIR prefill_digits_join_i32=False --numerics kernel
     python -m int8attn.bench_prefill --run DIR --iterations 10      # on the GPU
 
 Each folder holds what `int8attn bench --mode prefill --prepare-only` writes (the same
@@ -11,22 +11,21 @@ fields of the cuda target changed (kernels/target_spec.py: `prefill_kv_ring`, th
 K/V ring in LDS; `prefill_workgroups_per_sm`, the register cap; `ring_lds_bytes`;
 `prefill_q_per_tile`, Q's operands read from LDS in every tile: cuda's default;
 `reciprocal_intrinsic=None`, W's inverses by the checked division;
-`digits_join_i32`, digit sums joined as integers and converted once: a choice of the
-default numerics, `--numerics kernel`; `--numerics` as for `int8attn bench`), so a GPU
+`prefill_digits_join_i32`, digit sums joined as integers and converted once: cuda's
+default, a choice of the default numerics, `--numerics kernel`; `--numerics` as for `int8attn bench`), so a GPU
 session times a choice against the default with the bench's checks.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from int8attn import bench_numerics, bench_prefill
 from int8attn.kernels import target_spec as specs
 
 CHOICES = ("prefill_kv_ring", "prefill_workgroups_per_sm", "ring_lds_bytes",
-           "prefill_q_per_tile", "reciprocal_intrinsic", "digits_join_i32")
+           "prefill_q_per_tile", "reciprocal_intrinsic", "prefill_digits_join_i32")
 
 
 def main(argv=None) -> int:
@@ -51,7 +50,7 @@ def main(argv=None) -> int:
         contexts = [int(c) for c in args.context.split(",")]
     except ValueError:
         parser.error(f"--context takes comma-separated token counts, not {args.context!r}")
-    specs.TARGET_SPECS["cuda"] = replace(specs.TARGET_SPECS["cuda"], **changes)
+    specs.TARGET_SPECS["cuda"] = specs.with_changes(specs.TARGET_SPECS["cuda"], changes)
     print(f"{args.directory}: cuda prefill with {changes}", flush=True)
     bench_prefill.prepare(args.directory, contexts, args.history, args.new_tokens,
                           args.batch, args.q_heads, args.kv_heads, args.head_dim,

@@ -9,9 +9,9 @@ for `--arch` (sm_90: the H200), with the register cap the kernel asks for
 (`.minnctapersm`), as the driver's JIT does with the PTX IREE embeds. Reported per
 kernel: ptxas's registers and spill bytes; with `nvdisasm`, the SASS of each tile loop
 (the backward branches whose body holds an MMA; a decode partition, which has none, is
-counted whole) by class. `--spec` changes a bool or int field of the cuda target
-(kernels/target_spec.py), as `prefill_variants.py` builds a choice to time. No GPU is
-needed. The tools are found on PATH or under a pip
+counted whole) by class. `--spec` changes a bool or int field of the cuda target or of
+its decode tuning (kernels/target_spec.py), as `prefill_variants.py` builds a choice to
+time. No GPU is needed. The tools are found on PATH or under a pip
 install of NVIDIA's wheels (`pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-nvdisasm`:
 site-packages/nvidia/*/bin).
 """
@@ -159,9 +159,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def spec_changes(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
-    """`--spec FIELD=VALUE` pairs as cuda `TargetSpec` changes (bool and int fields)."""
+    """`--spec FIELD=VALUE` pairs as cuda `TargetSpec` changes (bool and int fields, its
+    decode tuning's too)."""
     choices = sorted(f.name for f in dataclasses.fields(specs.TargetSpec)
-                     if f.type in ("bool", "int"))
+                     + dataclasses.fields(specs.DecodeTuning) if f.type in ("bool", "int"))
     try:
         return specs.field_changes(pairs, choices, "a bool or int field of the target")
     except ValueError as error:
@@ -177,13 +178,14 @@ def main(argv=None) -> int:
     parser.add_argument("--pv", default="int8", choices=("int8", "bf16"))
     parser.add_argument("--arch", default="sm_90", help="ptxas's -arch (sm_90: the H200)")
     parser.add_argument("--spec", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a bool or int field of the cuda target, changed")
+                        help="a bool or int field of the cuda target or its decode "
+                             "tuning, changed")
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)
     kernels, numerics = ptx_mix.check_selection(parser, args.kernels, args.numerics)
     changes = spec_changes(parser, args.spec)
     if changes:
-        specs.TARGET_SPECS["cuda"] = dataclasses.replace(specs.TARGET_SPECS["cuda"], **changes)
+        specs.TARGET_SPECS["cuda"] = specs.with_changes(specs.TARGET_SPECS["cuda"], changes)
     if tool("ptxas") is None:
         parser.error("ptxas not found: put CUDA's bin on PATH, or "
                      "pip install nvidia-cuda-nvcc-cu12")

@@ -63,14 +63,16 @@ def output_rows(rows: int, head_dim: int, threads: int, tile_rows: int) -> int:
 def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: str,
                rows_out: int, pv_atom: str | None = None, pack_q_terms: bool = False,
                pack_w_terms: bool = False, feed_w: bool = False,
-               a_register_order: bool = False) -> StagePlan:
+               a_register_order: bool = False,
+               join_digits_in_i32: bool = False) -> StagePlan:
     """The stages' plan; with `pack_q_terms` (`pack_w_terms`), two-term Q (W) shares
     one A tile of QK (PV) where its layout has the padding rows for it
     (`DecodeKernelLayout.term_rows`); with `feed_w`, W goes from QK's C registers
     straight into PV's A operand where the layouts allow it (`score_feed`: every
     row of the tile live, QK's K rows then read in the feed's token order); with
     `a_register_order`, Q and W sit in LDS in the MMA's register order where that
-    holds (`OperandStaging`)."""
+    holds (`OperandStaging`); with `join_digits_in_i32`, digit pairs' sums are joined as
+    integers."""
     pv_model = spec.pv_model(pv, pv_atom)
     layout = DecodeKernelLayout(spec.model)
     pv_layout = DecodeKernelLayout(pv_model)
@@ -86,7 +88,7 @@ def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: st
                  else None)
     return StagePlan(lanes, spec, layout, pv_layout, numerics, pv, shape.head_dim,
                      shape.softmax_scale, rows_out, q_packing, w_packing, feed,
-                     a_register_order)
+                     a_register_order, join_digits_in_i32)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ class PartitionKernel:
         plan = stage_plan(lanes, self.spec, self.access.shape, self.numerics, self.pv,
                           self.rows_out, self.pv_atom, self.tuning.pack_q_terms,
                           self.tuning.pack_w_terms,
-                          a_register_order=self.tuning.a_register_order)
+                          a_register_order=self.tuning.a_register_order,
+                          join_digits_in_i32=self.tuning.digits_join_i32)
 
         def work():
             partials = self.body(plan, kv, outputs, p)

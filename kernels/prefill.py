@@ -119,7 +119,8 @@ class PrefillKernel:
         # C slot is dead, unsigned W takes its column sums from one more MMAC, and W
         # can go from QK's C registers straight into PV's A operand.
         plan = stage_plan(lanes, self.spec, s, self.numerics, self.pv, self.spec.tile_rows,
-                          self.pv_atom, feed_w=self.feed_w, a_register_order=True)
+                          self.pv_atom, feed_w=self.feed_w, a_register_order=True,
+                          join_digits_in_i32=self.spec.prefill_digits_join_i32)
         out = binding(out_arg, (kv.batch, s.q_heads, s.query_tokens, s.head_dim), "f32",
                       lanes.index(0))
         rows = _Rows(plan, s, block, self.rows_per_workgroup)

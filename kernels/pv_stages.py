@@ -209,7 +209,7 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
     # The MMACs start from the bias's bits where the sums cross to f32 through them,
     # but not where a column sum shares their accumulator (it must stay unbiased), nor
     # for digits joined as integers.
-    join_in_i32 = numerics.w_digits and plan.spec.digits_join_i32
+    join_in_i32 = numerics.w_digits and plan.join_digits_in_i32
     biased = contract.through_bias(bound, c) and not plan.column_sums and not join_in_i32
     init = (lanes.splat(inst.c_vector, "i32", ROUND_BIAS_BITS) if biased
             else lanes.zeros(inst.c_vector, "i32"))

@@ -149,7 +149,7 @@ def qk(plan: StagePlan, operands: QOperands, kv: KVView, wave_token0: ir.Value,
     c = plan.constants()
     bound = MAX_Q_K_PRODUCT * d        # |a QK sum| of any term (a digit's too)
     # the MMAs start from the bias's bits, but not for digits joined as integers
-    join_in_i32 = plan.numerics.q_digits and plan.spec.digits_join_i32
+    join_in_i32 = plan.numerics.q_digits and plan.join_digits_in_i32
     biased = contract.through_bias(bound, c) and not join_in_i32
     init = (lanes.splat(inst.c_vector, "i32", ROUND_BIAS_BITS) if biased
             else lanes.zeros(inst.c_vector, "i32"))

@@ -53,6 +53,9 @@ class StagePlan:
     # The A tiles staged in LDS (Q, W) in register order where it holds
     # (fragments/operand_staging.py), else row-major.
     a_register_order: bool = False
+    # Digit pairs' MMA sums joined as integers (DecodeTuning.digits_join_i32): the
+    # kernel's choice, the decode's from its tuning, the prefill's from the target.
+    join_digits_in_i32: bool = False
     dead: frozenset = field(init=False)
     pv_dead: frozenset = field(init=False)
 

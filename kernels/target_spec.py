@@ -55,6 +55,11 @@ class DecodeTuning:
     fused_merge: bool = False
     fused_splits: int = 4
     fused_unroll: int = 2
+    # Two INT8 digits' MMA sums (two-term Q or W as digits) joined as integers, a
+    # shift-add, and converted once, the MMAs starting from 0; False: each sum through
+    # the round bias's bits and one FMA (`contract.join_digits_f32`). The same bits,
+    # one instruction fewer per sum, one conversion more (TARGET_SPECS says which wins).
+    digits_join_i32: bool = False
 
 
 def _vector_type(count: int, element: str) -> ir.VectorType:
@@ -145,11 +150,9 @@ class TargetSpec:
     # ulp), from which the W groups' inverses are divided without a branch
     # (`contract.levels_over`); None: the checked division.
     reciprocal_intrinsic: str | None = None
-    # Two INT8 digits' MMA sums (two-term Q or W as digits) joined as integers, a
-    # shift-add, and converted once, the MMAs starting from 0; False: each sum through
-    # the round bias's bits and one FMA (`contract.join_digits_f32`). The same bits,
-    # one instruction fewer per sum, one conversion more (off everywhere: below).
-    digits_join_i32: bool = False
+    # The prefill's digit sums joined as integers (DecodeTuning.digits_join_i32 says
+    # what that is; the decode partition's choice is its tuning's).
+    prefill_digits_join_i32: bool = False
     # The byte permute that packs four i32 levels' low bytes into an A register
     # (`pack_levels`); None: shifts and masks (`Lanes.pack_bytes`).
     byte_permute: str | None = None
@@ -286,12 +289,14 @@ class TargetSpec:
 
 # Measured on the H200 (benchmarks/results-h200-paged.md); the AMD targets take
 # the target-independent choices only (nothing there is measured on hardware).
-# `digits_join_i32` stays off everywhere until timed: cuda's SASS is 11% shorter with it
-# (prefill, default numerics: 1,496 -> 1,326 per tile) and upstream llc's gfx942 code
-# 4-5% (decode partition 1,919 -> 1,835, prefill 3,740 -> 3,559), but the conversion is
-# slower than an f32 add on both: cuda's goes to the XU pipe, which MUFU shares, and
-# LLVM's gfx942 model gives v_cvt_f32_i32 the transcendentals' (quarter-rate) class
-# (`prefill_variants.py DIR digits_join_i32=True --numerics kernel` is the A/B).
+# Digit sums joined as integers (DecodeTuning.digits_join_i32): cuda's SASS is 11%
+# shorter with it (prefill, default numerics: 1,496 -> 1,326 per tile; paged decode
+# 1,648 -> 1,528), but the conversion goes to the XU pipe, which MUFU shares. Timed on
+# the H200 in one run (benchmarks/results-h200-digit-join.md): the prefill 11-12% faster
+# (16K 10.68 -> 9.46 ms), the paged decode 0.4-2.9% slower, so cuda's prefill joins as
+# integers and its decode through the bias. Off on the AMD targets, untimed: llc's gfx942
+# code is 4-5% shorter, but LLVM's model gives v_cvt_f32_i32 the transcendentals'
+# (quarter-rate) class.
 TARGET_SPECS: dict[str, TargetSpec] = {
     "gfx936": TargetSpec("gfx936", fragment_model("gfx936"), _mmac_intrinsic,
                          tuning=DecodeTuning(merge_splits=4), llvm_proxy="gfx942",
@@ -323,6 +328,7 @@ TARGET_SPECS: dict[str, TargetSpec] = {
         # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
         # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)
         prefill_workgroups_per_sm=3, measured_sms=132, prefill_kv_ring=True,
+        prefill_digits_join_i32=True,
         # Q in register order costs the loop no instruction and frees the registers
         # it spilled: 76 -> 16 spill bytes (digits), 180 -> 28 (chunked, digits)
         prefill_q_per_tile=True),
@@ -338,10 +344,10 @@ def target_spec(name: str) -> TargetSpec:
 
 
 def field_value(name: str, text: str):
-    """The value of TargetSpec field `name` written as `text` (the benchmarks' FIELD=VALUE:
-    True or False, an integer, or for `reciprocal_intrinsic` None or a known intrinsic);
-    ValueError saying what the field takes."""
-    kind = {f.name: f.type for f in fields(TargetSpec)}.get(name)
+    """The value of TargetSpec (or DecodeTuning) field `name` written as `text` (the
+    benchmarks' FIELD=VALUE: True or False, an integer, or for `reciprocal_intrinsic`
+    None or a known intrinsic); ValueError saying what the field takes."""
+    kind = {f.name: f.type for f in fields(TargetSpec) + fields(DecodeTuning)}.get(name)
     if name == "reciprocal_intrinsic":
         known = tuple(RECIPROCAL_INTRINSICS.values())
         if text != "None" and text not in known:
@@ -361,8 +367,9 @@ def field_value(name: str, text: str):
 
 
 def field_changes(pairs, allowed, what: str) -> dict:
-    """FIELD=VALUE `pairs` as TargetSpec changes (`field_value`), each FIELD one of
-    `allowed` (else ValueError: `what` they must be, e.g. "a prefill choice")."""
+    """FIELD=VALUE `pairs` as TargetSpec changes (`field_value`; apply them with
+    `with_changes`), each FIELD one of `allowed` (else ValueError: `what` they must be,
+    e.g. "a prefill choice")."""
     changes = {}
     for pair in pairs:
         name, _, text = pair.partition("=")
@@ -370,3 +377,11 @@ def field_changes(pairs, allowed, what: str) -> dict:
             raise ValueError(f"{name!r} is not {what} ({', '.join(allowed)})")
         changes[name] = field_value(name, text)
     return changes
+
+
+def with_changes(spec: TargetSpec, changes: dict) -> TargetSpec:
+    """`spec` with `changes` (`field_changes`), a DecodeTuning field's in its tuning."""
+    tuning_fields = {f.name for f in fields(DecodeTuning)}
+    tuning = {k: v for k, v in changes.items() if k in tuning_fields}
+    rest = {k: v for k, v in changes.items() if k not in tuning_fields}
+    return replace(spec, tuning=replace(spec.tuning, **tuning), **rest)

@@ -1,4 +1,5 @@
-"""Two INT8 digits' MMA sums joined as integers (`TargetSpec.digits_join_i32`).
+"""Two INT8 digits' MMA sums joined as integers (`DecodeTuning.digits_join_i32`, the
+decode's; `TargetSpec.prefill_digits_join_i32`, the prefill's).
 
 A digit pair's sums (two-term Q or W as digits) reach f32 either each through the round
 bias's bits and one FMA, high * BASE + low, or as one int32 shift-add and one
@@ -6,11 +7,9 @@ conversion, the MMAs then starting from 0. Both round the same exact value once,
 the kernels' outputs are the same bits, on every target, for decode and prefill, for
 s8 and u8 W (whose column sums share the accumulator) and with the digits in the MMA
 tile's padding rows or in a second MMA. Each output is also checked against both
-references. Every target joins through the bias until the integer join is timed
-(kernels/target_spec.py says why).
+references. cuda's prefill joins as integers, every other kernel through the bias
+(timed on the H200: kernels/target_spec.py).
 """
-
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.kernels.decode import build_decode_kernels, dense_access
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.shapes import DenseShape, PrefillShape
-from int8attn.kernels.target_spec import target_spec
+from int8attn.kernels.target_spec import target_spec, with_changes
 from int8attn.simulator.decode import run_dense_kernels
 from int8attn.simulator.prefill import run_prefill_kernels
 from int8attn.support.ir import new_context
@@ -49,7 +48,8 @@ def _both_joins(target, build, run):
     and as integers."""
     outs, texts = [], []
     for in_i32 in (False, True):
-        spec = replace(target_spec(target), digits_join_i32=in_i32)
+        spec = with_changes(target_spec(target), {"digits_join_i32": in_i32,
+                                                  "prefill_digits_join_i32": in_i32})
         with new_context(), ir.Location.unknown():
             built = build(spec)
             texts.append(str(built.module))
@@ -102,3 +102,12 @@ def test_the_schedules_command_takes_the_join_and_refuses_what_it_cannot_read(ca
     err = capsys.readouterr().err
     assert "digits_join_i32 takes True or False, not '1'" in err
     assert "'digit_join' is no field of DecodeTuning" in err
+
+
+def test_cuda_joins_the_prefill_as_integers_and_the_decode_through_the_bias():
+    # the H200's timings (benchmarks/results-h200-digit-join.md) choose per kernel
+    cuda = target_spec("cuda")
+    assert cuda.prefill_digits_join_i32 and not cuda.default_tuning(128).digits_join_i32
+    for target in ("gfx936", "gfx942"):
+        spec = target_spec(target)
+        assert not spec.prefill_digits_join_i32 and not spec.tuning.digits_join_i32

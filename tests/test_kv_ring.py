@@ -251,17 +251,24 @@ def test_the_swizzle_is_derived_from_the_k_loads():
         assert (moved % 16 == bytes_ % 16).all()
 
 
-def test_the_variants_command_refuses_what_is_no_prefill_choice():
+def test_the_variants_command_refuses_what_is_no_prefill_choice(capsys):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import prefill_variants
 
-    for fields in (["prefill_ring=False"], ["prefill_kv_ring=yes"],
-                   ["prefill_workgroups_per_sm=two"], ["reciprocal_intrinsic=llvm.nvvm.rcp"],
-                   ["digits_join_i32=1"], ["digits_join_i32=True", "--numerics", "exact"]):
+    for fields, says in (
+            (["prefill_ring=False"], "'prefill_ring' is not a prefill choice"),
+            (["prefill_kv_ring=yes"], "prefill_kv_ring takes True or False, not 'yes'"),
+            (["prefill_workgroups_per_sm=two"], "takes an integer, not 'two'"),
+            (["reciprocal_intrinsic=llvm.nvvm.rcp"], "reciprocal_intrinsic takes None"),
+            (["prefill_digits_join_i32=1"], "takes True or False, not '1'"),
+            # the decode's join is no prefill choice
+            (["digits_join_i32=True"], "'digits_join_i32' is not a prefill choice"),
+            (["prefill_digits_join_i32=True", "--numerics", "exact"], "--numerics")):
         with pytest.raises(SystemExit):
             prefill_variants.main(["/nonexistent/dir", *fields])
+        assert says in capsys.readouterr().err
 
 
 def test_q_read_in_every_tile_gives_the_same_bits():

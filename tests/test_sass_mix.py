@@ -58,6 +58,14 @@ def test_the_spec_changes_take_bool_and_int_fields_only(capsys):
         assert says in capsys.readouterr().err
 
 
+def test_a_decode_tuning_field_changes_the_tuning():
+    cuda = sass_mix.specs.target_spec("cuda")
+    changed = sass_mix.specs.with_changes(cuda, {"digits_join_i32": True,
+                                                 "prefill_digits_join_i32": False})
+    assert changed.tuning.digits_join_i32 and not changed.prefill_digits_join_i32
+    assert changed.tuning.workgroups_per_sm == cuda.tuning.workgroups_per_sm
+
+
 needs_ptxas = pytest.mark.skipif(sass_mix.tool("ptxas") is None, reason="no ptxas")
 needs_nvdisasm = pytest.mark.skipif(sass_mix.tool("nvdisasm") is None, reason="no nvdisasm")
 
