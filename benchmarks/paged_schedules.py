@@ -46,7 +46,10 @@ def main(argv=None) -> int:
     for pair in args.fields:
         name, _, value = pair.partition("=")
         if name in NUMERICS_FIELDS:
-            numerics[name] = NUMERICS_FIELDS[name](value)
+            try:
+                numerics[name] = NUMERICS_FIELDS[name](value)
+            except ValueError:
+                parser.error(f"{name} takes an integer, not {value!r}")
         elif name in tuning_fields:
             try:
                 changes[name] = specs.field_value(name, value)

@@ -12,8 +12,9 @@ K/V ring in LDS; `prefill_workgroups_per_sm`, the register cap; `ring_lds_bytes`
 `prefill_q_per_tile`, Q's operands read from LDS in every tile: cuda's default;
 `reciprocal_intrinsic=None`, W's inverses by the checked division;
 `prefill_digits_join_i32`, digit sums joined as integers and converted once: cuda's
-default, a choice of the default numerics, `--numerics kernel`; `--numerics` as for `int8attn bench`), so a GPU
-session times a choice against the default with the bench's checks.
+default, a choice of the default numerics, `--numerics kernel`; `--numerics` as for
+`int8attn bench`), so a GPU session times a choice against the default with the bench's
+checks.
 """
 
 from __future__ import annotations
