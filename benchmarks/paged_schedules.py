@@ -58,6 +58,10 @@ def main(argv=None) -> int:
         else:
             parser.error(f"{name!r} is no field of DecodeTuning or of the kernels' numerics")
     cuda = specs.TARGET_SPECS["cuda"]
+    try:
+        chosen = cuda.numerics.updated(**numerics)
+    except ValueError as error:
+        parser.error(str(error))
     wanted = changes.get("workgroups_per_sm")
     table = tuple((bound, wanted or int8, wanted or bf16)
                   for bound, int8, bf16 in cuda.occupancy_by_head_dim)
@@ -67,7 +71,6 @@ def main(argv=None) -> int:
                                          occupancy_by_head_dim=table, model=model)
     print(f"{args.directory}: {specs.target_spec('cuda').default_tuning(args.head_dim)}",
           flush=True)
-    chosen = cuda.numerics.updated(**numerics)
     print(f"{args.directory}: {chosen.describe()}", flush=True)
     bench_paged.prepare(args.directory, args.q_heads, args.kv_heads, args.head_dim,
                         numerics=chosen, partition_tokens=model.partition_tokens)

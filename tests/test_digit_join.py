@@ -96,13 +96,15 @@ def test_the_schedules_command_takes_the_join_and_refuses_what_it_cannot_read(ca
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import paged_schedules
 
-    for fields in (["digits_join_i32=1"], ["digit_join=True"], ["q_terms=two"]):
+    for fields in (["digits_join_i32=1"], ["digit_join=True"], ["q_terms=two"],
+                   ["w_quant=x"]):
         with pytest.raises(SystemExit):
             paged_schedules.main(["/nonexistent/dir", *fields])
     err = capsys.readouterr().err
     assert "digits_join_i32 takes True or False, not '1'" in err
     assert "'digit_join' is no field of DecodeTuning" in err
     assert "q_terms takes an integer, not 'two'" in err
+    assert "numerics w_quant='x': expected one of s8, u8" in err
 
 
 def test_cuda_joins_the_prefill_as_integers_and_the_decode_through_the_bias():
