@@ -200,22 +200,25 @@ def sdpa_seconds(arrays, timer: Timer):
         qt, kf, vf, attn_mask=mask, scale=scale, enable_gqa=True))
 
 
-def run_case(case: PagedCase, rng, meta: dict, directories: list[Path], functions: dict,
-             device, timer: Timer, ceiling, seed: int) -> list[dict]:
-    """A row per prepared folder (`functions`: folder -> PV -> module function), on
-    the same arrays, drawn from `rng` (shared by the cases, in order)."""
-    arrays = batch_arrays(rng, list(case.lengths), meta["q_heads"], meta["kv_heads"],
-                          meta["head_dim"], meta["block_size"], case.data)
+def run_case(case: PagedCase, rng, metas: dict, functions: dict, device, timer: Timer,
+             ceiling, seed: int) -> list[dict]:
+    """A row per prepared folder (`metas`: folder -> its manifest; `functions`: folder ->
+    PV -> module function), on the same arrays, drawn from `rng` (shared by the cases, in
+    order); each folder's output checked against the reference of its own numerics."""
+    directories = list(metas)
+    shape = metas[directories[0]]
+    arrays = batch_arrays(rng, list(case.lengths), shape["q_heads"], shape["kv_heads"],
+                          shape["head_dim"], shape["block_size"], case.data)
     device_args = device.put(arrays)
-    scale = float(np.float32(meta["head_dim"] ** -0.5))
-    numerics = manifest_numerics(meta)
+    scale = float(np.float32(shape["head_dim"] ** -0.5))
     sdpa = sdpa_seconds(arrays, timer)
     rows = []
     for d in directories:
+        numerics = manifest_numerics(metas[d])
         row = dict(case=case.name, batch=len(case.lengths),
                    mean_length=float(np.mean(case.lengths)), max_length=int(max(case.lengths)),
                    bytes_read=bytes_read(arrays), copy_ceiling_bytes_per_s=ceiling, seed=seed,
-                   **meta)
+                   **metas[d])
         if len(directories) > 1:
             row["modules"] = d.name
         for pv in case.variants:
@@ -227,27 +230,34 @@ def run_case(case: PagedCase, rng, meta: dict, directories: list[Path], function
     return rows
 
 
-def common_manifest(directories: list[Path]) -> dict:
-    """The manifest the folders share; ValueError where two differ (folders timed on
-    the same data must be prepared alike)."""
-    metas = [json.loads((d / MANIFEST).read_text()) for d in directories]
-    if unlike := next((d for d, m in zip(directories, metas) if m != metas[0]), None):
-        raise ValueError(f"folders '{directories[0]}' and '{unlike}' hold modules of "
-                         f"different shapes or numerics ({MANIFEST} differs); folders "
-                         f"timed on the same data must be prepared alike")
-    return metas[0]
+SHAPE_FIELDS = ("q_heads", "kv_heads", "head_dim", "block_size")
+
+
+def folder_manifests(directories: list[Path]) -> dict:
+    """Each folder's manifest; ValueError where two differ in a shape (folders timed on
+    the same data must be prepared for the same shapes; their numerics may differ, each
+    folder's outputs checked against its own)."""
+    metas = {d: json.loads((d / MANIFEST).read_text()) for d in directories}
+    first = directories[0]
+    for d, meta in metas.items():
+        if unlike := [f for f in SHAPE_FIELDS if meta.get(f) != metas[first].get(f)]:
+            raise ValueError(
+                f"folders '{first}' and '{d}' hold modules of different shapes ({MANIFEST}: "
+                + ", ".join(f"{f} {metas[first].get(f)} against {meta.get(f)}" for f in unlike)
+                + "); folders timed on the same data must be prepared for the same shapes")
+    return metas
 
 
 def run(directory, batch: int, contexts, mean: int, seed: int = 0, warmup: int = 5,
         iterations: int = 50, pvs=PV, *, device=None, timer: Timer | None = None) -> list[dict]:
-    """One row per case; `directory` may be a list of prepared folders (schedule
-    variants of the same shapes), run on the same data one after the other, a
+    """One row per case; `directory` may be a list of prepared folders (schedule or
+    numerics variants of the same shapes), run on the same data one after the other, a
     row per (folder, case) naming its folder. `pvs` selects the modules to run
     (both by default; one for a quicker look at a variant). `device`: IREE's CUDA
     runtime unless given; `timer`: Timer(warmup, iterations) unless given."""
     directories = [Path(d) for d in directory] if isinstance(directory, (list, tuple)) \
         else [Path(directory)]
-    meta = common_manifest(directories)
+    metas = folder_manifests(directories)
     device = device or IreeDevice()
     timer = timer or Timer(warmup, iterations)
     functions = {d: {pv: device.load(d / f"paged_{pv}.vmfb", "paged") for pv in pvs}
@@ -255,7 +265,7 @@ def run(directory, batch: int, contexts, mean: int, seed: int = 0, warmup: int =
     ceiling = timer.copy_ceiling()
     rng = np.random.default_rng(seed)
     return run_cases(cases(batch, contexts, mean, seed, pvs), lambda case: run_case(
-        case, rng, meta, directories, functions, device, timer, ceiling, seed))
+        case, rng, metas, functions, device, timer, ceiling, seed))
 
 
 def _case(r) -> str:
@@ -344,7 +354,8 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m int8attn.bench_paged")
     parser.add_argument("--run", required=True, metavar="DIR[,DIR...]",
-                        help="a prepared folder, or several (comma-separated) on the same data")
+                        help="a prepared folder, or several (comma-separated) of the same "
+                             "shapes on the same data (schedules or numerics to compare)")
     parser.add_argument("--contexts", type=arg_types.token_counts, default=(4096, 8192, 16384),
                         help="comma-separated lengths of the uniform batches and the B = 1 "
                              "case (default 4096,8192,16384)")
@@ -370,10 +381,10 @@ def main(argv=None) -> int:
     try:
         for directory in directories:
             check_prepared(directory, "paged", "--run")
-        common_manifest(directories)
+        folder_manifests(directories)
     except UserError as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
-    except ValueError as error:                 # common_manifest's
+    except ValueError as error:                 # folder_manifests'
         parser.exit(1, f"{parser.prog}: error: --run {error}\n")
     rows = run(directories, args.batch, list(args.contexts), args.ragged_mean, seed=args.seed,
                iterations=args.iterations, pvs=pvs)

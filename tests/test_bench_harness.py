@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from int8attn import bench_cuda, bench_paged, bench_prefill
+from int8attn.bench_numerics import manifest_numerics
 from int8attn.bench_harness import (
     BenchSettings, Check, Column, Timer, Timing, markdown_table, measure, output_paths, report,
     write_results)
@@ -405,8 +406,8 @@ class FakeTimer(Timer):
 class FakeDevice:
     """Each module file names what the module computes ('int8 1': INT8 PV, V
     token-innermost); its function returns the fragment reference (of the numerics the
-    bench compiles that kind of module with; the paged folders' manifests say the
-    seed's), off by `error` in every 7th element."""
+    bench compiles that kind of module with; a paged module's are its folder manifest's),
+    off by `error` in every 7th element."""
 
     def __init__(self, error=1e-6):
         self.error, self.loaded = np.float32(error), []
@@ -417,6 +418,9 @@ class FakeDevice:
         self.loaded.append(Path(path).name)
         pv, *innermost = Path(path).read_text().split()
         numerics = {"decode": bench_cuda.NUMERICS}.get(function, SEED_NUMERICS)
+        if function == "paged":
+            numerics = manifest_numerics(json.loads(
+                (Path(path).parent / bench_paged.MANIFEST).read_text()))
 
         def reference(q, k, ks, v, vs):
             return fragment_attention(q, k, ks, v, vs, float(np.float32(q.shape[-1] ** -0.5)),
@@ -479,10 +483,11 @@ def test_decode_runs_every_context_and_variant(tmp_path, no_torch_baselines, cap
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
 
 
-def _paged_folder(folder):
+def _paged_folder(folder, **numerics):
     folder.mkdir()
     (folder / "paged.json").write_text(json.dumps(dict(
-        q_heads=4, kv_heads=2, head_dim=32, block_size=16, q_terms=1, w_quant="s8")))
+        q_heads=4, kv_heads=2, head_dim=32, block_size=16, **{"q_terms": 1, "w_quant": "s8",
+                                                              **numerics})))
     for pv in bench_paged.PV:
         (folder / f"paged_{pv}.vmfb").write_text(pv)
     return folder
@@ -510,6 +515,24 @@ def test_paged_runs_every_case_and_folder(tmp_path, no_torch_baselines):
     assert [(r["modules"], r["case"]) for r in rows][:2] == [("default", "uniform 40"),
                                                             ("other", "uniform 40")]
     assert "bf16_s" not in rows[0] and "| default: uniform 40 |" in bench_paged.markdown(rows)
+
+
+def test_paged_folders_of_other_numerics_are_each_checked_against_their_own(
+        tmp_path, no_torch_baselines):
+    # the cost of the default numerics against the seed's, in one process on the same data
+    seed = _paged_folder(tmp_path / "seed")
+    kernel = _paged_folder(tmp_path / "kernel", q_terms=2, w_quant="u8")
+    rows = bench_paged.run([seed, kernel], 2, [40], 30, seed=4, pvs=["int8"],
+                           device=FakeDevice(), timer=FakeTimer(0, 1))
+    assert [(r["modules"], r["q_terms"], r["w_quant"]) for r in rows[:2]] == [
+        ("seed", 1, "s8"), ("kernel", 2, "u8")]
+    assert all(r["int8_within_tolerance"] for r in rows)
+    # the two numerics give different outputs: one reference for both would fail a row
+    seed_numerics = manifest_numerics(json.loads((seed / "paged.json").read_text()))
+    arrays = bench_paged.batch_arrays(np.random.default_rng(0), [40, 40], 4, 2, 32, 16)
+    kernel_out = FakeDevice(error=0).load(kernel / "paged_int8.vmfb", "paged")(*arrays)
+    assert not bench_paged.check(kernel_out.to_host(), arrays, 32 ** -0.5, "int8",
+                                 seed_numerics).ok
 
 
 def test_prefill_runs_every_case_and_a_bad_output_fails_its_check(tmp_path, no_torch_baselines):

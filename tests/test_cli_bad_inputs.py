@@ -241,9 +241,10 @@ RUNNER_BAD = {
         "--run folder '{tmp}/decode' has no paged.json, so no --mode paged modules; it holds "
         "--mode decode modules"),
     "paged_folders_prepared_unlike": (
-        "bench_paged", ["--run", "{tmp}/paged,{tmp}/seed"], 1,
-        "--run folders '{tmp}/paged' and '{tmp}/seed' hold modules of different shapes or "
-        "numerics (paged.json differs)"),
+        "bench_paged", ["--run", "{tmp}/paged,{tmp}/seed,{tmp}/d64"], 1,
+        "--run folders '{tmp}/paged' and '{tmp}/d64' hold modules of different shapes "
+        "(paged.json: head_dim 128 against 64); folders timed on the same data must be "
+        "prepared for the same shapes"),
     "paged_missing_module": ("bench_paged", ["--run", "{tmp}/partial"], 1,
                              "--run folder '{tmp}/partial' lacks paged_bf16.vmfb"),
     "paged_context_with_suffix": ("bench_paged", ["--run", "{tmp}/paged", "--contexts", "4k"],
@@ -283,6 +284,8 @@ def test_bench_runners_name_bad_folders_and_flags(name, tmp_path, capsys, monkey
     _prepared(tmp_path / "partial", "paged", drop="paged_bf16.vmfb")
     _prepared(tmp_path / "seed", "paged", manifest=json.dumps(dict(
         q_heads=32, kv_heads=8, head_dim=128, block_size=16, q_terms=1)))
+    _prepared(tmp_path / "d64", "paged", manifest=json.dumps(dict(
+        q_heads=32, kv_heads=8, head_dim=64, block_size=16)))
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "prefill.json").write_text("{not json")
