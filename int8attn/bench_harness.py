@@ -345,6 +345,8 @@ class BenchKind:
     # modules compiled for them, so there they are refused, not ignored.
     prepared_flags: tuple[tuple[str, str], ...] = (
         ("--q-heads", "q_heads"), ("--kv-heads", "kv_heads"), ("--head-dim", "head_dim"))
+    # The positive integers its manifest holds (a manifest without one is damaged).
+    manifest_counts: tuple[str, ...] = ("batch", "q_heads", "kv_heads", "head_dim")
 
     def batch(self, settings: BenchSettings) -> int:
         return self.default_batch if settings.batch is None else settings.batch

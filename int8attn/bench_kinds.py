@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import bench_cuda, bench_paged, bench_prefill
 from .bench_harness import BenchKind
+from .bench_numerics import manifest_numerics
 from .cli_errors import UserError
 from .support.diagnostics import UsageError
 
@@ -39,6 +40,18 @@ def mode_flags(kinds: dict[str, BenchKind] | None = None) -> dict[str, tuple[str
     return found
 
 
+def check_manifest(meta, kind: BenchKind) -> None:
+    """ValueError unless `meta` is a manifest of `kind`: a JSON object holding its counts
+    as positive integers and numerics the contract takes."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"not a JSON object but {type(meta).__name__}")
+    for name in kind.manifest_counts:
+        value = meta.get(name)
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} is {value!r}, not a positive integer")
+    manifest_numerics(meta)
+
+
 def check_prepared(directory: Path, mode: str, flag: str = "--from") -> None:
     """`flag DIR` (`int8attn bench --from`, a runner's `--run`) must hold what
     `int8attn bench --mode MODE --prepare-only DIR` writes."""
@@ -62,6 +75,7 @@ def check_prepared(directory: Path, mode: str, flag: str = "--from") -> None:
                         f"--mode {mode} modules; {hint}")
     try:
         meta = json.loads(manifest.read_text())
+        check_manifest(meta, kind)
         files = kind.module_files(meta)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise UserError(f"{flag} folder '{directory}': {manifest.name} is damaged ({error}); "

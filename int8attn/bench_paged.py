@@ -1,11 +1,11 @@
 """`int8attn bench --target cuda --mode paged`: the paged decode kernels on a GPU.
 
 One compiled module per PV precision serves every case (B, pool size, table
-width and lengths are run-time values). Cases: uniform batches at each
-context, a ragged batch whose lengths are drawn uniformly from [1, 2·mean − 1]
-(the stated distribution; mean 8K by default), and one sequence at the
-longest context (latency), all on Gaussian data; then a batch shaped like a
-real K cache (`KEY_OUTLIERS`). For each: device time of all kernels of a call
+width and lengths are run-time values). Cases (`bench_paged_cases`): uniform
+batches at each context, a ragged batch whose lengths are drawn uniformly from
+[1, 2·mean − 1] (the stated distribution; mean 8K by default), and one sequence
+at the longest context (latency), all on Gaussian data; then a batch shaped like
+a real K cache. For each: device time of all kernels of a call
 (CUPTI), the bytes the call must read (each sequence's own K, V and scales,
 its table slots, q) and their fraction of the copy ceiling, torch SDPA on the
 same data as a padded bf16 batch (masked past each length), and every
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,31 +25,12 @@ from .bench_harness import (BenchKind, BenchSettings, Check, Column, IreeDevice,
                             map_forked, markdown_table, measure, nan_or, report, run_cases,
                             run_main)
 from .bench_numerics import bench_numerics, manifest_numerics
+from .bench_paged_cases import PV, PagedCase, batch_arrays, bytes_read, cases
 from .contract.numerics import SEED_NUMERICS, Numerics
-from .fragments.cache_layout import CacheLayout
 
-PV = ("int8", "bf16")
 BLOCK_SIZE = 16
 RAGGED_MEAN = 8192        # the ragged batch's mean length, unless --ragged-mean
 MANIFEST = "paged.json"   # what `prepare` wrote: the shapes and numerics, for `run`
-
-
-# The key-outlier family: lengths uniform in [1, 9999] in one batch, KEY_CHANNELS key
-# channels per KV head KEY_GAIN times the others (as LLM keys have them), q times
-# Q_GAIN, the float K and V quantized per token into the pool.
-KEY_OUTLIERS = "key-outliers"
-KEY_OUTLIER_MAX_LENGTH, KEY_CHANNELS, KEY_GAIN, Q_GAIN = 9999, 4, 8.0, 1.5
-
-
-@dataclass(frozen=True)
-class PagedCase:
-    """One batch of sequence lengths, run through every prepared folder's modules
-    (`variants`: the PV precisions), each sequence checked; padded torch SDPA beside.
-    `data`: "gaussian" (int8 K and V, scales around 1/127) or KEY_OUTLIERS."""
-    name: str
-    lengths: tuple[int, ...]
-    variants: tuple[str, ...] = PV
-    data: str = "gaussian"
 
 
 def module_files(meta: dict) -> list[str]:
@@ -82,70 +62,6 @@ def prepare(directory: Path, q_heads: int, kv_heads: int, head_dim: int,
     (directory / MANIFEST).write_text(json.dumps(dict(
         q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
         **resolved)))
-
-
-def cases(batch: int, contexts, mean: int, seed: int, pvs=PV) -> list[PagedCase]:
-    """Uniform batches, the ragged batch, one long sequence."""
-    rng = np.random.default_rng(seed)
-    pvs = tuple(pvs)
-    out = [PagedCase(f"uniform {c}", (c,) * batch, pvs) for c in contexts]
-    out.append(PagedCase(f"ragged mean {mean} (uniform [1, {2 * mean - 1}])",
-                         tuple(rng.integers(1, 2 * mean, batch).tolist()), pvs))
-    out.append(PagedCase(f"B=1 {max(contexts)}", (max(contexts),), pvs))
-    out.append(PagedCase(f"key outliers, ragged [1, {KEY_OUTLIER_MAX_LENGTH}]",
-                         tuple(rng.integers(1, KEY_OUTLIER_MAX_LENGTH + 1, batch).tolist()),
-                         pvs, KEY_OUTLIERS))
-    return out
-
-
-def batch_arrays(rng, lengths, q_heads, kv_heads, head_dim, block_size, data="gaussian"):
-    """q and a pool holding exactly the sequences' blocks, in shuffled order; the
-    cache's values by `data` (`PagedCase`)."""
-    layout = CacheLayout.paged(block_size)
-    needed = [layout.blocks_needed(n) for n in lengths]
-    pool = sum(needed)
-    order = rng.permutation(pool).astype(np.int32)
-    tables = np.zeros((len(lengths), max(needed)), np.int32)
-    start = 0
-    for b, n in enumerate(needed):
-        tables[b, :n] = order[start:start + n]
-        start += n
-    k_shape, shape, v_shape, _ = layout.shapes(pool, kv_heads, head_dim)
-    if data == KEY_OUTLIERS:
-        k, k_scale, v, v_scale = _key_outlier_pool(rng, layout, pool, kv_heads, head_dim)
-        q = Q_GAIN * rng.standard_normal((len(lengths), q_heads, head_dim), dtype=np.float32)
-        return [q, k, k_scale, v, v_scale, tables, np.array(lengths, np.int32)]
-    k = rng.integers(-127, 128, k_shape, dtype=np.int8)
-    v = rng.integers(-127, 128, v_shape, dtype=np.int8)
-    k_scale = rng.uniform(0.5, 1.5, shape).astype(np.float32) / 127
-    v_scale = rng.uniform(0.5, 1.5, shape).astype(np.float32) / 127
-    q = rng.standard_normal((len(lengths), q_heads, head_dim), dtype=np.float32)
-    return [q, k, k_scale, v, v_scale, tables, np.array(lengths, np.int32)]
-
-
-def _key_outlier_pool(rng, layout: CacheLayout, pool: int, kv_heads: int, head_dim: int):
-    """Float K (KEY_CHANNELS channels per KV head times KEY_GAIN) and V, Gaussian,
-    quantized per token into the pool's layout: (k, k_scale, v, v_scale)."""
-    from .reference import quantize_cache
-
-    tokens = (pool, kv_heads, layout.block_size, head_dim)     # [block, head, offset, d]
-    keys = rng.standard_normal(tokens, dtype=np.float32)
-    for h in range(kv_heads):
-        keys[:, h, :, rng.choice(head_dim, KEY_CHANNELS, replace=False)] *= KEY_GAIN
-    k, k_scale = quantize_cache(keys)
-    v, v_scale = quantize_cache(rng.standard_normal(tokens, dtype=np.float32))
-    if layout.v_token_innermost:
-        v = np.ascontiguousarray(np.swapaxes(v, -1, -2))
-    return k, k_scale, v, v_scale
-
-
-def bytes_read(arrays) -> int:
-    q, k, k_scale, v, v_scale, tables, lengths = arrays
-    _, kv_heads, block_size, head_dim = k.shape
-    tokens = int(lengths.astype(np.int64).sum())
-    per_token = kv_heads * (2 * head_dim + 2 * 4)
-    slots = sum(CacheLayout.paged(block_size).blocks_needed(int(n)) for n in lengths) * 4
-    return tokens * per_token + slots + q.nbytes + q.nbytes  # + the output
 
 
 def check(out, arrays, scale, pv, numerics: Numerics = SEED_NUMERICS) -> Check:
@@ -207,6 +123,9 @@ def run_case(case: PagedCase, rng, metas: dict, functions: dict, device, timer: 
     order); each folder's output checked against the reference of its own numerics."""
     directories = list(metas)
     shape = metas[directories[0]]
+    # a folder's name, or its path as given where two folders share a name
+    names = [d.name for d in directories]
+    labels = {d: d.name if names.count(d.name) == 1 else str(d) for d in directories}
     arrays = batch_arrays(rng, list(case.lengths), shape["q_heads"], shape["kv_heads"],
                           shape["head_dim"], shape["block_size"], case.data)
     device_args = device.put(arrays)
@@ -220,7 +139,7 @@ def run_case(case: PagedCase, rng, metas: dict, functions: dict, device, timer: 
                    bytes_read=bytes_read(arrays), copy_ceiling_bytes_per_s=ceiling, seed=seed,
                    **metas[d])
         if len(directories) > 1:
-            row["modules"] = d.name
+            row["modules"] = labels[d]
         for pv in case.variants:
             measure(row, pv, functions[d][pv], device_args,
                     lambda out: check(out, arrays, scale, pv, numerics), timer,
@@ -237,13 +156,18 @@ def folder_manifests(directories: list[Path]) -> dict:
     """Each folder's manifest; ValueError where two differ in a shape (folders timed on
     the same data must be prepared for the same shapes; their numerics may differ, each
     folder's outputs checked against its own)."""
+    seen = {}
+    for d in directories:
+        if (same := seen.setdefault(d.resolve(), d)) is not d:
+            raise ValueError(f"folders '{same}' and '{d}' are one folder; give each once")
     metas = {d: json.loads((d / MANIFEST).read_text()) for d in directories}
     first = directories[0]
     for d, meta in metas.items():
         if unlike := [f for f in SHAPE_FIELDS if meta.get(f) != metas[first].get(f)]:
             raise ValueError(
                 f"folders '{first}' and '{d}' hold modules of different shapes ({MANIFEST}: "
-                + ", ".join(f"{f} {metas[first].get(f)} against {meta.get(f)}" for f in unlike)
+                + ", ".join(f"{f} {metas[first].get(f)!r} against {meta.get(f)!r}"
+                            for f in unlike)
                 + "); folders timed on the same data must be prepared for the same shapes")
     return metas
 
@@ -340,7 +264,8 @@ KIND = BenchKind("paged", MANIFEST, module_files, _prepare, _run, markdown,
                  flags=(("--ragged-mean", "ragged_mean"), ("--numerics", "numerics")),
                  # the batch, lengths and tables are drawn at run time
                  prepared_flags=(("--q-heads", "q_heads"), ("--kv-heads", "kv_heads"),
-                                 ("--head-dim", "head_dim"), ("--numerics", "numerics")))
+                                 ("--head-dim", "head_dim"), ("--numerics", "numerics")),
+                 manifest_counts=SHAPE_FIELDS)
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from int8attn import bench_cuda, bench_paged, bench_prefill
+from int8attn import bench_cuda, bench_paged, bench_paged_cases, bench_prefill
 from int8attn.bench_numerics import manifest_numerics
 from int8attn.bench_harness import (
     BenchSettings, Check, Column, Timer, Timing, markdown_table, measure, output_paths, report,
@@ -187,20 +187,20 @@ def test_report_prints_the_table_and_writes_the_rows(tmp_path, capsys):
 # ---- the case tables --------------------------------------------------------------------
 
 def test_paged_cases():
-    found = bench_paged.cases(4, [64, 128], 100, seed=3)
+    found = bench_paged_cases.cases(4, [64, 128], 100, seed=3)
     assert [c.name for c in found] == ["uniform 64", "uniform 128",
                                        "ragged mean 100 (uniform [1, 199])", "B=1 128",
                                        "key outliers, ragged [1, 9999]"]
     assert found[0].lengths == (64,) * 4 and found[3].lengths == (128,)
     outliers = found[4]
-    assert outliers.data == bench_paged.KEY_OUTLIERS and len(outliers.lengths) == 4
+    assert outliers.data == bench_paged_cases.KEY_OUTLIERS and len(outliers.lengths) == 4
     assert all(1 <= n <= 9999 for n in outliers.lengths)
     assert {c.data for c in found[:4]} == {"gaussian"}
     ragged = found[2].lengths
     assert len(ragged) == 4 and all(1 <= n <= 199 for n in ragged)
-    assert ragged == bench_paged.cases(4, [64, 128], 100, seed=3)[2].lengths   # from the seed
+    assert ragged == bench_paged_cases.cases(4, [64, 128], 100, seed=3)[2].lengths   # from the seed
     assert all(c.variants == ("int8", "bf16") for c in found)
-    assert all(c.variants == ("int8",) for c in bench_paged.cases(1, [8], 4, 0, ["int8"]))
+    assert all(c.variants == ("int8",) for c in bench_paged_cases.cases(1, [8], 4, 0, ["int8"]))
 
 
 def test_the_key_outlier_batch_is_a_per_token_quantized_cache_with_outlier_channels():
@@ -210,10 +210,10 @@ def test_the_key_outlier_batch_is_a_per_token_quantized_cache_with_outlier_chann
     seed = 29
     print(f"seed {seed}")
     lengths, kv_heads, head_dim = [300, 1000], 2, 64
-    gaussian = bench_paged.batch_arrays(np.random.default_rng(seed), lengths, 8, kv_heads,
+    gaussian = bench_paged_cases.batch_arrays(np.random.default_rng(seed), lengths, 8, kv_heads,
                                         head_dim, 16)
-    arrays = bench_paged.batch_arrays(np.random.default_rng(seed), lengths, 8, kv_heads,
-                                      head_dim, 16, bench_paged.KEY_OUTLIERS)
+    arrays = bench_paged_cases.batch_arrays(np.random.default_rng(seed), lengths, 8, kv_heads,
+                                      head_dim, 16, bench_paged_cases.KEY_OUTLIERS)
     assert [(a.shape, a.dtype) for a in arrays] == [(a.shape, a.dtype) for a in gaussian]
     q, k, k_scale, v, v_scale, tables, _ = arrays
     assert np.array_equal(tables, gaussian[5])
@@ -222,9 +222,9 @@ def test_the_key_outlier_batch_is_a_per_token_quantized_cache_with_outlier_chann
     spread = (k.astype(np.float64) * k_scale[..., None]).std(axis=(0, 2))     # [head, d]
     for head in range(kv_heads):
         ranked = np.sort(spread[head])
-        outliers, others = ranked[-bench_paged.KEY_CHANNELS:], ranked[:-bench_paged.KEY_CHANNELS]
+        outliers, others = ranked[-bench_paged_cases.KEY_CHANNELS:], ranked[:-bench_paged_cases.KEY_CHANNELS]
         assert 6 < outliers.min() / others.mean() < 10
-        assert ranked[-bench_paged.KEY_CHANNELS - 1] < 1.5 * others.mean()
+        assert ranked[-bench_paged_cases.KEY_CHANNELS - 1] < 1.5 * others.mean()
     assert 1.3 < q.std() / 1.0 < 1.7
 
 
@@ -497,7 +497,7 @@ def test_paged_runs_every_case_and_folder(tmp_path, no_torch_baselines):
     one = _paged_folder(tmp_path / "default")
     rows = bench_paged.run(one, 2, [40, 64], 30, seed=1, device=FakeDevice(),
                            timer=FakeTimer(0, 1))
-    assert [r["case"] for r in rows] == [c.name for c in bench_paged.cases(2, [40, 64], 30, 1)]
+    assert [r["case"] for r in rows] == [c.name for c in bench_paged_cases.cases(2, [40, 64], 30, 1)]
     assert list(rows[0]) == [
         "case", "batch", "mean_length", "max_length", "bytes_read", "copy_ceiling_bytes_per_s",
         "seed", "q_heads", "kv_heads", "head_dim", "block_size", "q_terms", "w_quant",
@@ -529,7 +529,7 @@ def test_paged_folders_of_other_numerics_are_each_checked_against_their_own(
     assert all(r["int8_within_tolerance"] for r in rows)
     # the two numerics give different outputs: one reference for both would fail a row
     seed_numerics = manifest_numerics(json.loads((seed / "paged.json").read_text()))
-    arrays = bench_paged.batch_arrays(np.random.default_rng(0), [40, 40], 4, 2, 32, 16)
+    arrays = bench_paged_cases.batch_arrays(np.random.default_rng(0), [40, 40], 4, 2, 32, 16)
     kernel_out = FakeDevice(error=0).load(kernel / "paged_int8.vmfb", "paged")(*arrays)
     assert not bench_paged.check(kernel_out.to_host(), arrays, 32 ** -0.5, "int8",
                                  seed_numerics).ok
@@ -598,7 +598,7 @@ def test_the_paged_check_grants_bf16_w_its_rounding_ties():
 
     seed = 140
     print(f"seed {seed}")
-    arrays = bench_paged.batch_arrays(np.random.default_rng(seed), [3000, 700], 8, 2, 64, 16)
+    arrays = bench_paged_cases.batch_arrays(np.random.default_rng(seed), [3000, 700], 8, 2, 64, 16)
     q, k, ks, v, vs, tables, lengths = arrays
     scale = float(np.float32(64 ** -0.5))
     contract = dict(model="cuda", pv="bf16", numerics=SEED_NUMERICS)
