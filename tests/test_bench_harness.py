@@ -515,6 +515,13 @@ def test_paged_runs_every_case_and_folder(tmp_path, no_torch_baselines):
     assert [(r["modules"], r["case"]) for r in rows][:2] == [("default", "uniform 40"),
                                                             ("other", "uniform 40")]
     assert "bf16_s" not in rows[0] and "| default: uniform 40 |" in bench_paged.markdown(rows)
+    # two folders of one name are told apart by their paths
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    same = [_paged_folder(tmp_path / "a" / "x"), _paged_folder(tmp_path / "b" / "x")]
+    rows = bench_paged.run(same, 1, [16], 8, pvs=["int8"], device=FakeDevice(),
+                           timer=FakeTimer(0, 1))
+    assert [r["modules"] for r in rows[:2]] == [str(d) for d in same]
 
 
 def test_paged_folders_of_other_numerics_are_each_checked_against_their_own(

@@ -245,6 +245,19 @@ RUNNER_BAD = {
         "--run folders '{tmp}/paged' and '{tmp}/d64' hold modules of different shapes "
         "(paged.json: head_dim 128 against 64); folders timed on the same data must be "
         "prepared for the same shapes"),
+    "paged_manifest_no_object": (
+        "bench_paged", ["--run", "{tmp}/paged,{tmp}/listed"], 1,
+        "--run folder '{tmp}/listed': paged.json is damaged (not a JSON object but list)"),
+    "paged_manifest_bad_numerics": (
+        "bench_paged", ["--run", "{tmp}/q3"], 1,
+        "--run folder '{tmp}/q3': paged.json is damaged (numerics q_terms=3: expected one "
+        "of 1, 2)"),
+    "paged_manifest_without_shape": (
+        "bench_paged", ["--run", "{tmp}/shapeless"], 1,
+        "paged.json is damaged (q_heads is None, not a positive integer)"),
+    "paged_one_folder_twice": (
+        "bench_paged", ["--run", "{tmp}/paged,{tmp}/seed,{tmp}/./paged"], 1,
+        "--run folders '{tmp}/paged' and '{tmp}/paged' are one folder; give each once"),
     "paged_missing_module": ("bench_paged", ["--run", "{tmp}/partial"], 1,
                              "--run folder '{tmp}/partial' lacks paged_bf16.vmfb"),
     "paged_context_with_suffix": ("bench_paged", ["--run", "{tmp}/paged", "--contexts", "4k"],
@@ -286,6 +299,10 @@ def test_bench_runners_name_bad_folders_and_flags(name, tmp_path, capsys, monkey
         q_heads=32, kv_heads=8, head_dim=128, block_size=16, q_terms=1)))
     _prepared(tmp_path / "d64", "paged", manifest=json.dumps(dict(
         q_heads=32, kv_heads=8, head_dim=64, block_size=16)))
+    _prepared(tmp_path / "listed", "paged", manifest="[1, 2]")
+    _prepared(tmp_path / "q3", "paged", manifest=json.dumps(dict(
+        q_heads=32, kv_heads=8, head_dim=128, block_size=16, q_terms=3)))
+    _prepared(tmp_path / "shapeless", "paged", manifest=json.dumps(dict(q_terms=2)))
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "prefill.json").write_text("{not json")
