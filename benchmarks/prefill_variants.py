@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from int8attn import bench_numerics, bench_prefill
+from int8attn import arg_types, bench_numerics, bench_prefill
+from int8attn.kernels import spec_fields
 from int8attn.kernels import target_spec as specs
+from int8attn.support.diagnostics import DiagnosticError
 
 CHOICES = ("prefill_kv_ring", "prefill_workgroups_per_sm", "ring_lds_bytes",
            "prefill_q_per_tile", "reciprocal_intrinsic", "prefill_digits_join_i32")
@@ -33,29 +35,29 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/prefill_variants.py")
     parser.add_argument("directory", type=Path)
     parser.add_argument("fields", nargs="+", metavar="FIELD=VALUE", help=", ".join(CHOICES))
-    parser.add_argument("--context", default="4096,8192,16384")
-    parser.add_argument("--history", type=int, default=8192)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--q-heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--context", type=arg_types.token_counts, default=(4096, 8192, 16384))
+    parser.add_argument("--history", type=arg_types.count, default=8192)
+    parser.add_argument("--new-tokens", type=arg_types.count, default=512)
+    parser.add_argument("--batch", type=arg_types.positive, default=1)
+    parser.add_argument("--q-heads", type=arg_types.positive, default=32)
+    parser.add_argument("--kv-heads", type=arg_types.positive, default=8)
+    parser.add_argument("--head-dim", type=arg_types.positive, default=128)
     parser.add_argument("--numerics", choices=bench_numerics.CHOICES,
                         default=bench_prefill.NUMERICS)
     args = parser.parse_args(argv)
     try:
-        changes = specs.field_changes(args.fields, CHOICES, "a prefill choice of the cuda target")
+        changes = spec_fields.field_changes(args.fields, CHOICES, "a prefill choice of the cuda target")
     except ValueError as error:
         parser.error(str(error))
-    try:
-        contexts = [int(c) for c in args.context.split(",")]
-    except ValueError:
-        parser.error(f"--context takes comma-separated token counts, not {args.context!r}")
-    specs.TARGET_SPECS["cuda"] = specs.with_changes(specs.TARGET_SPECS["cuda"], changes)
+    specs.TARGET_SPECS["cuda"] = spec_fields.with_changes(specs.TARGET_SPECS["cuda"], changes)
     print(f"{args.directory}: cuda prefill with {changes}", flush=True)
-    bench_prefill.prepare(args.directory, contexts, args.history, args.new_tokens,
-                          args.batch, args.q_heads, args.kv_heads, args.head_dim,
-                          bench_numerics.bench_numerics(args.numerics, bench_prefill.NUMERICS))
+    try:
+        bench_prefill.prepare(args.directory, list(args.context), args.history,
+                              args.new_tokens, args.batch, args.q_heads, args.kv_heads,
+                              args.head_dim,
+                              bench_numerics.bench_numerics(args.numerics, bench_prefill.NUMERICS))
+    except (ValueError, DiagnosticError) as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     return 0
 
 

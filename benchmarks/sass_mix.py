@@ -31,6 +31,7 @@ import sysconfig
 import tempfile
 
 import ptx_mix
+from int8attn.kernels import spec_fields
 from int8attn.kernels import target_spec as specs
 
 # (class, SASS opcode stems), first match wins; the rest is "other".
@@ -164,7 +165,7 @@ def spec_changes(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
     choices = sorted(f.name for f in dataclasses.fields(specs.TargetSpec)
                      + dataclasses.fields(specs.DecodeTuning) if f.type in ("bool", "int"))
     try:
-        return specs.field_changes(pairs, choices, "a bool or int field of the target")
+        return spec_fields.field_changes(pairs, choices, "a bool or int field of the target")
     except ValueError as error:
         parser.error(f"--spec: {error}")
 
@@ -185,7 +186,11 @@ def main(argv=None) -> int:
     kernels, numerics = ptx_mix.check_selection(parser, args.kernels, args.numerics)
     changes = spec_changes(parser, args.spec)
     if changes:
-        specs.TARGET_SPECS["cuda"] = specs.with_changes(specs.TARGET_SPECS["cuda"], changes)
+        try:
+            specs.TARGET_SPECS["cuda"] = spec_fields.with_changes(specs.TARGET_SPECS["cuda"],
+                                                                  changes)
+        except ValueError as error:           # a tuning the schedule refuses
+            parser.error(f"--spec: {error}")
     if tool("ptxas") is None:
         parser.error("ptxas not found: put CUDA's bin on PATH, or "
                      "pip install nvidia-cuda-nvcc-cu12")

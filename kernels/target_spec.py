@@ -10,7 +10,7 @@ of `TARGET_SPECS`; adding an instruction to a target is one atom in its row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -60,6 +60,15 @@ class DecodeTuning:
     # the round bias's bits and one FMA (`contract.join_digits_f32`). The same bits,
     # one instruction fewer per sum, one conversion more (TARGET_SPECS says which wins).
     digits_join_i32: bool = False
+
+    def __post_init__(self):
+        counts = ("merge_unroll", "merge_splits", "merge_chunks", "fused_splits",
+                  "fused_unroll")
+        if low := [f"{n}={getattr(self, n)}" for n in counts if getattr(self, n) < 1]:
+            raise ValueError(f"DecodeTuning: {', '.join(low)}: each is a count, at least 1")
+        if self.workgroups_per_sm < 0:
+            raise ValueError(f"DecodeTuning: workgroups_per_sm={self.workgroups_per_sm}: "
+                             f"0 (the backend's choice) or more")
 
 
 def _vector_type(count: int, element: str) -> ir.VectorType:
@@ -341,47 +350,3 @@ def target_spec(name: str) -> TargetSpec:
     except KeyError:
         raise ValueError(f"no kernel target {name!r} (kernel targets: "
                          f"{', '.join(TARGET_SPECS)})") from None
-
-
-def field_value(name: str, text: str):
-    """The value of TargetSpec (or DecodeTuning) field `name` written as `text` (the
-    benchmarks' FIELD=VALUE: True or False, an integer, or for `reciprocal_intrinsic`
-    None or a known intrinsic); ValueError saying what the field takes."""
-    kind = {f.name: f.type for f in fields(TargetSpec) + fields(DecodeTuning)}.get(name)
-    if name == "reciprocal_intrinsic":
-        known = tuple(RECIPROCAL_INTRINSICS.values())
-        if text != "None" and text not in known:
-            raise ValueError(f"{name} takes None (the checked division) or "
-                             f"{' or '.join(known)}, not {text!r}")
-        return None if text == "None" else text
-    if kind == "bool":
-        if text not in ("True", "False"):
-            raise ValueError(f"{name} takes True or False, not {text!r}")
-        return text == "True"
-    if kind == "int":
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"{name} takes an integer, not {text!r}") from None
-    raise ValueError(f"{name!r} is not a field of the target that a command line sets")
-
-
-def field_changes(pairs, allowed, what: str) -> dict:
-    """FIELD=VALUE `pairs` as TargetSpec changes (`field_value`; apply them with
-    `with_changes`), each FIELD one of `allowed` (else ValueError: `what` they must be,
-    e.g. "a prefill choice")."""
-    changes = {}
-    for pair in pairs:
-        name, _, text = pair.partition("=")
-        if name not in allowed:
-            raise ValueError(f"{name!r} is not {what} ({', '.join(allowed)})")
-        changes[name] = field_value(name, text)
-    return changes
-
-
-def with_changes(spec: TargetSpec, changes: dict) -> TargetSpec:
-    """`spec` with `changes` (`field_changes`), a DecodeTuning field's in its tuning."""
-    tuning_fields = {f.name for f in fields(DecodeTuning)}
-    tuning = {k: v for k, v in changes.items() if k in tuning_fields}
-    rest = {k: v for k, v in changes.items() if k not in tuning_fields}
-    return replace(spec, tuning=replace(spec.tuning, **tuning), **rest)

@@ -21,7 +21,8 @@ from int8attn.driver.options import KERNEL_NUMERICS
 from int8attn.kernels.decode import build_decode_kernels, dense_access
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.shapes import DenseShape, PrefillShape
-from int8attn.kernels.target_spec import target_spec, with_changes
+from int8attn.kernels.spec_fields import with_changes
+from int8attn.kernels.target_spec import target_spec
 from int8attn.simulator.decode import run_dense_kernels
 from int8attn.simulator.prefill import run_prefill_kernels
 from int8attn.support.ir import new_context
@@ -97,7 +98,8 @@ def test_the_schedules_command_takes_the_join_and_refuses_what_it_cannot_read(ca
     import paged_schedules
 
     for fields in (["digits_join_i32=1"], ["digit_join=True"], ["q_terms=two"],
-                   ["w_quant=x"]):
+                   ["w_quant=x"], ["merge_chunks=2", "merge_chunks=4"], ["merge_unroll=0"],
+                   ["--head-dim", "1024"]):
         with pytest.raises(SystemExit):
             paged_schedules.main(["/nonexistent/dir", *fields])
     err = capsys.readouterr().err
@@ -105,6 +107,10 @@ def test_the_schedules_command_takes_the_join_and_refuses_what_it_cannot_read(ca
     assert "'digit_join' is no field of DecodeTuning" in err
     assert "q_terms takes an integer, not 'two'" in err
     assert "numerics w_quant='x': expected one of s8, u8" in err
+    assert "merge_chunks is given twice" in err
+    assert "merge_unroll=0: each is a count, at least 1" in err
+    assert "a head dim of 1024 could overflow" in err
+    assert "Traceback" not in err
 
 
 def test_cuda_joins_the_prefill_as_integers_and_the_decode_through_the_bias():

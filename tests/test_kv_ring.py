@@ -260,7 +260,7 @@ def test_the_variants_command_refuses_what_is_no_prefill_choice(capsys):
     for fields, says in (
             (["prefill_ring=False"], "'prefill_ring' is not a prefill choice"),
             (["prefill_kv_ring=yes"], "prefill_kv_ring takes True or False, not 'yes'"),
-            (["prefill_workgroups_per_sm=two"], "takes an integer, not 'two'"),
+            (["prefill_workgroups_per_sm=two"], "takes a non-negative integer, not 'two'"),
             (["reciprocal_intrinsic=llvm.nvvm.rcp"], "reciprocal_intrinsic takes None"),
             (["prefill_digits_join_i32=1"], "takes True or False, not '1'"),
             # the decode's join is no prefill choice

@@ -50,7 +50,7 @@ def test_the_spec_changes_take_bool_and_int_fields_only(capsys):
     assert sass_mix.spec_changes(parser, ["digits_join_i32=True", "ring_lds_bytes=1024"]) == {
         "digits_join_i32": True, "ring_lds_bytes": 1024}
     for pair, says in (("digits_join_i32=yes", "takes True or False"),
-                       ("ring_lds_bytes=big", "takes an integer"),
+                       ("ring_lds_bytes=big", "takes a non-negative integer"),
                        ("reciprocal_intrinsic=None", "not a bool or int field"),
                        ("nonsense", "not a bool or int field")):
         with pytest.raises(SystemExit):
@@ -60,7 +60,7 @@ def test_the_spec_changes_take_bool_and_int_fields_only(capsys):
 
 def test_a_decode_tuning_field_changes_the_tuning():
     cuda = sass_mix.specs.target_spec("cuda")
-    changed = sass_mix.specs.with_changes(cuda, {"digits_join_i32": True,
+    changed = sass_mix.spec_fields.with_changes(cuda, {"digits_join_i32": True,
                                                  "prefill_digits_join_i32": False})
     assert changed.tuning.digits_join_i32 and not changed.prefill_digits_join_i32
     assert changed.tuning.workgroups_per_sm == cuda.tuning.workgroups_per_sm
@@ -121,3 +121,26 @@ def test_the_decode_mmas_read_q_and_w_as_loaded(kernel):
             writer[m.group(2)] = m.group(1)
     assert len(sources) == 64
     assert sources == ["LDS.128"] * 64
+
+
+def test_the_field_changes_refuse_misuse():
+    fields_ = sass_mix.spec_fields
+    cuda = sass_mix.specs.target_spec("cuda")
+    for pairs, says in ((["merge_chunks=2", "merge_chunks=4"], "merge_chunks is given twice"),
+                        (["merge_chunks=-1"], "takes a non-negative integer, not '-1'"),
+                        (["merge_chunks= 4"], "takes a non-negative integer"),
+                        (["merge_chunks=4_0"], "takes a non-negative integer")):
+        with pytest.raises(ValueError, match=says):
+            fields_.field_changes(pairs, ["merge_chunks"], "a field")
+    with pytest.raises(TypeError, match="lists of FIELD=VALUE pairs"):
+        fields_.field_changes("merge_chunks=4", ["merge_chunks"], "a field")
+    with pytest.raises(TypeError, match="written as a string"):
+        fields_.field_value("v_early", True)
+    with pytest.raises(ValueError, match="nope: no field of TargetSpec or DecodeTuning"):
+        fields_.with_changes(cuda, {"nope": 1})
+    # a count the schedule cannot run with is refused where the tuning is made
+    for name in ("merge_unroll", "merge_splits", "merge_chunks", "fused_splits",
+                 "fused_unroll"):
+        with pytest.raises(ValueError, match=f"{name}=0: each is a count, at least 1"):
+            fields_.with_changes(cuda, {name: 0})
+    assert fields_.with_changes(cuda, {"merge_chunks": 8}).tuning.merge_chunks == 8
