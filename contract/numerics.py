@@ -73,14 +73,20 @@ class Numerics:
         return ", ".join(f"{f.name.replace('_', '-')} {getattr(self, f.name)}" for f in shown)
 
 
-# The seed write-up's variant: one term each, symmetric W (docs/design.md §2c).
-SEED_NUMERICS = Numerics(q_terms=1, w_quant="s8", w_terms=1)
+# One INT8 term each of q and of W, symmetric W: the write-up's numerics that the
+# project grew from (docs/design.md §2c).
+ONE_TERM_NUMERICS = Numerics(q_terms=1, w_quant="s8", w_terms=1)
 
 # The lane kernels' default: two terms of q and of W, symmetric W, each second term a
 # digit. As accurate as the pipeline's (two scaled terms each, u8 W) on the accuracy
-# families (benchmarks/results-h200-issue24.md), and cheap: the low digits take padding
-# rows of the same MMA tiles where the C layout allows (for W, the rows u8's column
-# sums would need), and one integer multiply-add joins each pair of sums before the one
+# families (benchmarks/results/), and cheap: the low digits take padding rows of the
+# same MMA tiles where the C layout allows (for W, the rows u8's column sums would
+# need), and one integer multiply-add joins each pair of sums before the one
 # conversion to f32 (kernels/qk_stages.py, kernels/pv_stages.py).
-KERNEL_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2, w_second="digit",
-                           q_second="digit")
+DIGIT_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2, w_second="digit",
+                          q_second="digit")
+
+# Deprecated aliases, kept so code written against the old names still imports:
+# SEED_NUMERICS is ONE_TERM_NUMERICS, KERNEL_NUMERICS is DIGIT_NUMERICS.
+SEED_NUMERICS = ONE_TERM_NUMERICS
+KERNEL_NUMERICS = DIGIT_NUMERICS

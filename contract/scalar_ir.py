@@ -7,8 +7,8 @@
           (= clamp(roundeven(x * inv)); roundeven as y + 1.5*2^23 - 1.5*2^23; the
           lane kernels take the integer from the bits of y + 1.5*2^23: `to_int`)
 
-Where x is quantized against its own row's absmax (`own_absmax`, all but the seed's bug
-on request), only the lower bound of the clamp is built: the upper one is implied. Every
+Where x is quantized against its own row's absmax (`own_absmax`, all but contiguous (wrong)
+W groups on request), only the lower bound of the clamp is built: the upper one is implied. Every
 x of the row has |x| <= a, and inv = fl(L / a) <= (L / a)(1 + 2^-24) for the levels L
 (127, 255), so fl(x * inv) <= fl(L (1 + 2^-24)) <= L + ulp(L), which rounds to L (ulp(L)
 < 1/2). The lower one is implied as well (x >= -a; W >= 0 for unsigned W), but where the
@@ -255,7 +255,7 @@ def quantize_value(x: ir.Value, inverse: ir.Value, c: QuantizeConstants,
     """i8 of x against its row's `quantize_inverse`: 0 where the inverse is 0. With
     `width` 32 an i32 whose low byte is the i8 (`LEVEL_BYTE`), for a caller that packs
     four into a word itself; `own_absmax` False where the inverse is another row's
-    (the seed's bug, on request): then the clamp is whole."""
+    (contiguous (wrong) W groups, on request): then the clamp is whole."""
     clamped = _clamp(arith.mulf(x, inverse), c.qmin, c.qmax, own_absmax, c)
     return to_int(clamped, inverse, c, width)
 

@@ -134,7 +134,7 @@ def group_quantize(w, groups: np.ndarray, *, scale_groups: np.ndarray | None = N
     `scale_groups[g]`.
 
     `scale_groups` defaults to `groups` (the only correct choice); a different
-    table is how the seed's bug is expressed, for the verifier to reject.
+    table expresses contiguous (wrong) W groups, for the verifier to reject.
     """
     op = GroupQuantizeOp.build(w, groups, scale_groups=scale_groups, w_quant=w_quant, loc=loc)
     return op.wq, op.sw

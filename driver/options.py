@@ -34,7 +34,9 @@ TARGET_NAMES = get_args(TargetName)
 # cpu resolves them to the pipeline's defaults (`Numerics()`).
 _KERNEL_DEFAULTS = {name: spec.numerics for name, spec in TARGET_SPECS.items()}
 assert len(set(_KERNEL_DEFAULTS.values())) == 1, "the option help states one kernel default"
-KERNEL_NUMERICS: Numerics = next(iter(_KERNEL_DEFAULTS.values()))
+KERNEL_TARGET_NUMERICS: Numerics = next(iter(_KERNEL_DEFAULTS.values()))
+# Deprecated alias of KERNEL_TARGET_NUMERICS, kept so code using the old name still imports.
+KERNEL_NUMERICS = KERNEL_TARGET_NUMERICS
 # The CompileOptions fields a `Numerics` declares (`numerics=` gives all of them).
 NUMERICS_FIELDS = tuple(f.name for f in dataclasses.fields(Numerics))
 
@@ -65,27 +67,27 @@ class CompileOptions(PipelineOptions):
     q_terms: QTerms | None = option(
         None, "INT8 terms of q: 1, or 2 (a second term quantizes the f32 residual q - Qq1*s1; "
         f"docs/design.md §2c). Default: {PipelineOptions.q_terms} on cpu (the pipeline's), "
-        f"{KERNEL_NUMERICS.q_terms} on the kernel targets")
+        f"{KERNEL_TARGET_NUMERICS.q_terms} on the kernel targets")
     w_quant: WQuant | None = option(
         None, "W per MMAC group: s8, or u8 (255 levels as u - 128, offset compensated by 128 * "
         f"sum Vq; docs/design.md §2c). Default: {PipelineOptions.w_quant} on cpu (the pipeline's), "
-        f"{KERNEL_NUMERICS.w_quant} on the kernel targets")
+        f"{KERNEL_TARGET_NUMERICS.w_quant} on the kernel targets")
     w_terms: WTerms | None = option(
         None, "INT8 terms of W per MMAC group: 1, or 2 (a second, signed term quantizes the f32 "
         f"residual W - level*sW1; docs/design.md §2c). Default: {PipelineOptions.w_terms} on cpu "
-        f"(the pipeline's), {KERNEL_NUMERICS.w_terms} on the kernel targets")
+        f"(the pipeline's), {KERNEL_TARGET_NUMERICS.w_terms} on the kernel targets")
     q_second: SecondTerm | None = option(
         None, "q-terms 2: how the second q term is made: scaled (the residual on its own "
         "absmax) or digit (q quantized once on 256x finer levels, split into two INT8 digits "
         "whose QK sums one integer multiply-add joins; the lane kernels only; "
         f"docs/design.md §2c). Default: {PIPELINE_NUMERICS.q_second} on cpu, "
-        f"{KERNEL_NUMERICS.q_second} on the kernel targets")
+        f"{KERNEL_TARGET_NUMERICS.q_second} on the kernel targets")
     w_second: SecondTerm | None = option(
         None, "w-terms 2: how the second W term is scaled: scaled (its own absmax over the "
         "residual), or digit (W quantized once on 256x finer levels, split into a high and a "
         "low INT8 digit whose MMAC sums one integer multiply-add joins; the lane kernels "
         f"only; docs/design.md §2c). Default: {PIPELINE_NUMERICS.w_second} on cpu, "
-        f"{KERNEL_NUMERICS.w_second} on the kernel targets")
+        f"{KERNEL_TARGET_NUMERICS.w_second} on the kernel targets")
     target_cpu: str = option(
         "host", "cpu only: the CPU IREE compiles for (--iree-llvmcpu-target-cpu): host (this "
         "machine's), or an LLVM CPU name such as x86-64-v3 (AVX2), x86-64-v4 (AVX-512), "

@@ -68,7 +68,7 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
         "scale_groups": (lambda o: o.scale_groups != "fragment",
                          "the lane kernels compute each W scale in the lanes that feed its "
                          "MMAC, so their groups are the MMAC's token sets by construction; "
-                         "measure the seed's contiguous groups with --target cpu"),
+                         "measure contiguous (wrong) W groups with --target cpu"),
         "verify": (lambda o: not o.verify,
                    "--no-verify only lets --scale-groups contiguous past the verifier, which "
                    "only --target cpu offers"),

@@ -109,8 +109,8 @@ class FragmentModel:
     def contiguous_groups(self, block_tokens: int) -> np.ndarray:
         """int64 [block_tokens / K, K]: logical token order cut into K-token runs.
 
-        Not what any MMAC of this model consumes with its V-load scheme: this is
-        the seed's bug (scales over tokens 0-31 / 32-63 of a wave), kept so that
+        Not what any MMAC of this model consumes with its V-load scheme: these are
+        contiguous (wrong) W groups (scales over tokens 0-31 / 32-63 of a wave), kept so that
         its damage can be reproduced and the verifier shown to reject it.
         """
         self.token_groups(block_tokens)  # same validity rules
@@ -142,7 +142,7 @@ class FragmentModel:
 
 
 FRAGMENT_MODELS: dict[str, FragmentModel] = {
-    # The seed's decode kernel: 16-byte V loads from the token-innermost cache.
+    # The write-up's decode kernel: 16-byte V loads from the token-innermost cache.
     "gfx936": FragmentModel("gfx936", GFX936_MMAC, VLoadScheme(16)),
     "gfx942": FragmentModel("gfx942", GFX942_MFMA, VLoadScheme(16)),
     # NVIDIA: 4 warps of 32 lanes per 256-token partition, 64 tokens per warp.
@@ -151,7 +151,7 @@ FRAGMENT_MODELS: dict[str, FragmentModel] = {
 assert tuple(FRAGMENT_MODELS) == get_args(FragmentModelName)
 
 
-# Targets whose kernels can also run PV in bf16 (the seed's BF16-PV baseline).
+# Targets whose kernels can also run PV in bf16 (the write-up's BF16-PV baseline).
 BF16_PV_INSTRUCTIONS = {"cuda": SM80_MMA_BF16}
 
 

@@ -25,13 +25,13 @@ import numpy as np
 from .bench_harness import (
                             BenchKind, BenchSettings, Check, Column, IreeDevice, Timer, map_forked, markdown_table,
                             measure, nan_or, report, run_cases, run_main)
-from .contract.numerics import KERNEL_NUMERICS
+from .contract.numerics import DIGIT_NUMERICS
 
 # (name, PV precision, V token-innermost)
 VARIANTS = {"int8": ("int8", True), "bf16": ("bf16", True), "int8_transpose_v": ("int8", False)}
 # The numerics `prepare` compiles the modules with and `run` checks them against: the
 # kernel targets' default, whose timings the README reports.
-NUMERICS = KERNEL_NUMERICS
+NUMERICS = DIGIT_NUMERICS
 
 MANIFEST = "manifest.json"   # what `prepare` wrote: the shapes, for `run`
 

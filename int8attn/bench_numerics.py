@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .contract.numerics import SEED_NUMERICS, Numerics
+from .contract.numerics import ONE_TERM_NUMERICS, Numerics
 
 # --numerics NAME: the seed's (q-terms 1, s8 W, one W term), the kernel targets' default
 # (two terms of Q and W, as digits), the cpu pipeline's defaults (two terms, u8 W).
@@ -20,7 +20,7 @@ def bench_numerics(name: str | None, default: str) -> Numerics | None:
     if name not in CHOICES:
         raise ValueError(f"--numerics {name!r}: one of {', '.join(CHOICES)}")
     if name == "seed":
-        return SEED_NUMERICS
+        return ONE_TERM_NUMERICS
     if name == "kernel":
         return None
     from .pipelines import PIPELINE_NUMERICS
@@ -31,5 +31,5 @@ def bench_numerics(name: str | None, default: str) -> Numerics | None:
 def manifest_numerics(meta: dict) -> Numerics:
     """The numerics of the modules a manifest describes (the seed's fields where a
     manifest predates them)."""
-    return dataclasses.replace(SEED_NUMERICS, **{f.name: meta[f.name] for f in
+    return dataclasses.replace(ONE_TERM_NUMERICS, **{f.name: meta[f.name] for f in
                                                  dataclasses.fields(Numerics) if f.name in meta})

@@ -1,4 +1,4 @@
-"""The lane-level decode kernels (vLLM's ll4mi structure, as the seed modified it).
+"""The lane-level decode kernels (vLLM's ll4mi structure, as the write-up modified it).
 
 Partition kernel, one workgroup of 4 waves per (partition, KV head, sequence),
 64 tokens per wave; a composition of the stages (kernels/qk_stages.py,

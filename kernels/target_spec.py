@@ -18,7 +18,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import amdgpu, llvm, vector
 
 from ..contract import scalar_ir as contract
-from ..contract.numerics import KERNEL_NUMERICS, Numerics
+from ..contract.numerics import DIGIT_NUMERICS, Numerics
 from ..fragments import (PV_ATOMS, FragmentModel, MatrixInstruction, bf16_pv_model,
                          fragment_model, pv_model)
 
@@ -141,7 +141,7 @@ class TargetSpec:
     # the BF16-PV twin's), first match, the last row's value above it.
     occupancy_by_head_dim: tuple[tuple[int, int, int], ...] = ()
     # The numerics its kernels build when none is given (docs/design.md §2c).
-    numerics: Numerics = KERNEL_NUMERICS
+    numerics: Numerics = DIGIT_NUMERICS
     # The AMDGPU chip IREE's ROCm backend builds the kernels' LLVM IR for (the
     # `llvm` stage); for a chip IREE does not know, a sibling with the same wave
     # size, whose IR is then retargeted.

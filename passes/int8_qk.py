@@ -35,6 +35,7 @@ from ..dialects import builders as build
 from ..contract import scalar_ir as contract
 from .rewrite import apply_patterns
 from ..contract.constants import QTerms, score_scale
+from ..contract.numerics import Numerics
 from ..support.options import TypedOptions, option
 
 
@@ -126,8 +127,9 @@ class Int8QK(TypedOptions):
     """Quantize query rows and compute attention scores with an int8 dot product."""
 
     argument: ClassVar[str] = "int8-qk"
-    q_terms: QTerms = option(1, "INT8 terms of q: 1, or 2 (the second quantizes the f32 "
-                             "residual q - Qq1*s1; one more int8 dot)")
+    # The contract's default (`Numerics()`), as the named pipelines'.
+    q_terms: QTerms = option(Numerics().q_terms, "INT8 terms of q: 1, or 2 (the second "
+                             "quantizes the f32 residual q - Qq1*s1; one more int8 dot)")
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.ATTENTION: lambda op, rw: rewrite_attention(

@@ -42,9 +42,9 @@ from iree.compiler.dialects import arith, scf, tensor
 from ..dialects import int8attn as d
 from ..dialects import builders as build
 from ..contract import scalar_ir as contract
-from .decode_split_kv import partition_softmax
-from .int8_qk import group_query_rows, int8_scores, quantize_q, ungroup_query_rows
-from .prefill_online_softmax import causal_mask, online_softmax_tile
+from .decode_split_kv import DecodeSplitKV, partition_softmax
+from .int8_qk import Int8QK, group_query_rows, int8_scores, quantize_q, ungroup_query_rows
+from .prefill_online_softmax import PrefillOnlineSoftmax, causal_mask, online_softmax_tile
 from .rewrite import apply_patterns
 from ..contract.constants import QTerms
 from ..fragments.cache_layout import CacheLayout, arith_ops, ceil_div
@@ -229,10 +229,12 @@ class LowerPagedAttention(TypedOptions):
     partitions (tiles) gathered through the block table."""
 
     argument: ClassVar[str] = "lower-paged-attention"
-    partition_tokens: int = option(256, "tokens per decode partition", minimum=1,
-                                   maximum=MAX_BLOCK_TOKENS)
-    q_terms: QTerms = option(1, "INT8 terms of q, as int8-qk's")
-    tile_tokens: int = option(64, "tokens per KV tile of a chunked prefill", minimum=1,
+    # The defaults of the passes it does the work of (class attributes: their defaults).
+    partition_tokens: int = option(DecodeSplitKV.partition_tokens, "tokens per decode "
+                                   "partition", minimum=1, maximum=MAX_BLOCK_TOKENS)
+    q_terms: QTerms = option(Int8QK.q_terms, "INT8 terms of q, as int8-qk's")
+    tile_tokens: int = option(PrefillOnlineSoftmax.tile_tokens, "tokens per KV tile of a "
+                              "chunked prefill", minimum=1,
                               maximum=MAX_BLOCK_TOKENS)
 
     def run(self, module: ir.Operation) -> None:

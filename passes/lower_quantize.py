@@ -130,7 +130,7 @@ def lower_group_quantize(op: d.GroupQuantizeOp, rewriter, tokens: str = "in-plac
             return
         grouped = gather_tokens(w, token_dim, groups)
         amax = None
-        if not (scale_groups == groups).all():  # the seed's bug, on request
+        if not (scale_groups == groups).all():  # contiguous (wrong) W groups, on request
             amax = row_absmax(gather_tokens(w, token_dim, scale_groups))
         q, scale = quantize_rows(grouped, amax, unsigned)
     rewriter.replace_op(op, [q, scale])

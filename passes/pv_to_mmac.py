@@ -26,6 +26,7 @@ from ..contract import scalar_ir as contract
 from ..dialects import int8attn as d
 from ..fragments import NUMPY_OPS, FragmentModelName, ceil_div, fragment_model
 from ..dialects import builders as build
+from .quantize_w_groups import QuantizeWGroups
 from .rewrite import apply_patterns
 from ..support.options import TypedOptions, option
 
@@ -60,7 +61,7 @@ class PVToMMAC(TypedOptions):
 
     argument: ClassVar[str] = "pv-to-mmac"
     fragment_model: FragmentModelName = option(
-        "gfx936", "matrix instruction whose K the groups must match")
+        QuantizeWGroups.fragment_model, "matrix instruction whose K the groups must match")
 
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.GROUPED_PV: lambda op, rw: to_mmac_tiles(

@@ -36,7 +36,7 @@ own MMAC tiles over the same groups:
 verify-scale-groups proves each pair like the first (the residual is W's, in the
 same token order, so the second term's groups are the MMAC's tokens too).
 
-Option `scale-groups=contiguous` reproduces the seed's bug on purpose: scales
+Option `scale-groups=contiguous` reproduces contiguous (wrong) W groups on purpose: scales
 over logical tokens 0-31 / 32-63 of each wave applied to the fragment's real
 interleaved sets (`scale_groups` differs from `groups`). verify-scale-groups
 rejects it; without the verifier it compiles, so the damage can be measured.
@@ -59,6 +59,7 @@ from ..dialects import builders as build
 from ..contract import scalar_ir as contract
 from .rewrite import apply_patterns
 from ..contract.constants import WQuant, WTerms
+from ..contract.numerics import Numerics
 from ..support.options import TypedOptions, option
 
 
@@ -152,13 +153,14 @@ class QuantizeWGroups(TypedOptions):
     fragment_model: FragmentModelName = option(
         "gfx936", "matrix instruction and V-load scheme whose MMAC token sets are the groups")
     scale_groups: ScaleGroupKind = option(
-        "fragment", "token sets of the W scales: fragment (the MMAC's) or contiguous (the "
-        "seed's bug, for the verifier to reject)")
+        "fragment", "token sets of the W scales: fragment (the MMAC's) or contiguous (wrong "
+        "W groups, for the verifier to reject)")
+    # The numerics default to the contract's (`Numerics()`), as the named pipelines'.
     w_quant: WQuant = option(
-        "s8", "W per group: s8 (symmetric, 127 levels) or u8 (255 levels, stored as u - 128, "
+        Numerics().w_quant, "W per group: s8 (symmetric, 127 levels) or u8 (255 levels, stored as u - 128, "
         "offset compensated by 128 * sum Vq)")
     w_terms: WTerms = option(
-        1, "INT8 terms of W per group: 1, or 2 (a second, signed term quantizes the f32 "
+        Numerics().w_terms, "INT8 terms of W per group: 1, or 2 (a second, signed term quantizes the f32 "
         "residual W - level*sW1 over the same tokens: one more MMAC per group)")
 
     def run(self, module: ir.Operation) -> None:

@@ -22,13 +22,14 @@ step a/510 on the weights next to a big one, which a peaked softmax makes large;
 benchmarks/results-numpy-w-rounding.md), so what stays is the K/V cache's
 quantization. With two W terms u8 and s8 first terms measure alike (u8's W term
 is ~2x smaller, both far below the rest); u8 stays. q-terms=1 w-quant=s8
-w-terms=1 is the seed's contract, the lane kernels' default; they implement
-q-terms=2 and u8 as well, not w-terms=2 yet.
+w-terms=1 is one-term numerics (`ONE_TERM_NUMERICS`, the write-up's); the lane
+kernels default to two-term digits (`DIGIT_NUMERICS`).
 
 `verify=false` drops the verifier (only to measure a deliberately wrong
-`scale-groups=contiguous`). `PipelineOptions` is the one declaration of these
-options: the pass options, the pipeline string, the CLI flags and the API
-keywords all derive from its fields.
+`scale-groups=contiguous`). `PipelineOptions` declares these options for the
+pipeline string, the CLI flags and the API keywords; each default is the one its
+pass declares (the numerics: the contract's `Numerics()`), so a pass run alone
+(`int8attn-opt -p int8-qk`) computes what the pipeline does.
 
 An option that does nothing unless another has a value (`w-quant` without
 `pv=int8`, ...) says so in `APPLIES_WHEN`: given otherwise, it is refused with the
@@ -67,18 +68,20 @@ class PipelineOptions(TypedOptions):
     pv: PVKind = option("int8", "PV precision: int8 (MMAC tiles, W quantized per MMAC "
                         "group), or the bf16 / f32 baselines")
     fragment_model: FragmentModelName = option(
-        "gfx936", "matrix instruction and V-load scheme whose MMAC token sets the W scale "
-        "groups follow")
+        QuantizeWGroups.fragment_model, "matrix instruction and V-load scheme whose MMAC "
+        "token sets the W scale groups follow")
     scale_groups: ScaleGroupKind = option(
-        "fragment", "token sets of the W scales: fragment (the MMAC's real sets) or "
-        "contiguous (the seed's bug, rejected by the verifier unless verification is off)")
+        QuantizeWGroups.scale_groups, "token sets of the W scales: fragment (the MMAC's real "
+        "sets) or contiguous (wrong W groups, rejected by the verifier unless verification is off)")
     verify: bool = option(True, "pv=int8: skip verify-scale-groups (--no-verify, "
                           "verify=false), which otherwise proves every W scale is computed "
                           "over its MMAC's tokens; only to measure the deliberately wrong "
                           "scale-groups contiguous", flag="--no-verify")
-    partition_tokens: int = option(256, "tokens per decode partition", minimum=1,
+    partition_tokens: int = option(DecodeSplitKV.partition_tokens,
+                                   "tokens per decode partition", minimum=1,
                                    maximum=MAX_BLOCK_TOKENS)
-    tile_tokens: int = option(64, "tokens per prefill KV tile", minimum=1,
+    tile_tokens: int = option(PrefillOnlineSoftmax.tile_tokens,
+                              "tokens per prefill KV tile", minimum=1,
                               maximum=MAX_BLOCK_TOKENS)
     q_terms: QTerms = option(PIPELINE_NUMERICS.q_terms,
                              "INT8 terms of q: 1 (per-row quantize), or 2 (a second term "
@@ -95,11 +98,11 @@ class PipelineOptions(TypedOptions):
                              "error; docs/design.md §2c)")
 
     contraction: Contraction = option(
-        "f32", "pv=int8: how lower-mmac-tiles contracts the in-place MMAC tiles: f32 (FMAs "
+        LowerMMACTiles.contraction, "pv=int8: how lower-mmac-tiles contracts the in-place MMAC tiles: f32 (FMAs "
         "over a zero-spread Wq, exact) or mmt4d (a linalg.batch_mmt4d of i16 operands on "
         "IREE's mmt4d ukernel, exact; its tiles sized by vector-isa)")
     vector_isa: VectorISA = option(
-        "sse", "contraction=mmt4d: the SIMD register file of the CPU IREE compiles for (sse, "
+        LowerMMACTiles.vector_isa, "contraction=mmt4d: the SIMD register file of the CPU IREE compiles for (sse, "
         "avx, avx512, neon; support/cpu_vectors.py); the driver derives it from --target-cpu")
 
     @property

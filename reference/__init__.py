@@ -13,10 +13,11 @@ implementation of the contract; compiled modules must match it to f32 rounding.
 
 The numerics variant travels whole as a `Numerics` (contract/numerics.py): every
 function here that depends on it takes `numerics=`, default the contract's
-`Numerics()` (q-terms 2, w-quant u8, w-terms 2); `SEED_NUMERICS` is the seed's.
+`Numerics()` (q-terms 2, w-quant u8, w-terms 2); `ONE_TERM_NUMERICS` is one INT8 term each
+(`SEED_NUMERICS`, its old name, is a deprecated alias).
 """
 
-from ..contract.numerics import SEED_NUMERICS, Numerics
+from ..contract.numerics import ONE_TERM_NUMERICS, SEED_NUMERICS, Numerics
 from .common import (PV_MODES, Q_TERMS, W_OFFSET, W_QUANTS, W_TERMS, PVKind,
                      QTerms, WQuant, WTerms, quantize, quantize_cache,
                      quantize_q, quantize_w, quantize_w_terms, round_to_bf16,
@@ -32,7 +33,7 @@ from .fragment import fixed_p_scale_attention, fragment_attention, fragment_soft
 from .paged import (exact_paged_attention, fragment_paged_attention,
                     paged_cache_write, sequence_cache)
 
-__all__ = ["Numerics", "SEED_NUMERICS", "TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
+__all__ = ["Numerics", "ONE_TERM_NUMERICS", "SEED_NUMERICS", "TERMS", "error_split", "PV_MODES", "PVKind", "Q_TERMS", "QTerms", "quantize_q",
            "W_OFFSET", "W_QUANTS", "WQuant", "quantize_w", "W_TERMS", "WTerms",
            "quantize_w_terms", "w_residual", "TIE_WINDOW", "quantize",
            "quantize_cache", "round_to_bf16", "channel_bias", "quantize_keys", "subtract_bias",

@@ -10,7 +10,7 @@ from ..contract.constants import (  # noqa: F401  (the references' names)
     PV_MODES, Q_TERMS, QMAX, QUANTIZE_MIN_ABSMAX, UMAX, DIGIT_BASE, W_OFFSET, W_QUANTS,
     W_TERMS, PVKind,
     QTerms, WQuant, WTerms, score_scale)
-from ..contract.numerics import SEED_NUMERICS, Numerics  # noqa: F401
+from ..contract.numerics import ONE_TERM_NUMERICS, Numerics  # noqa: F401
 from ..support.bf16 import round_to_bf16  # noqa: F401  (the references' name)
 
 F32 = np.float32
@@ -31,7 +31,7 @@ def quantization_inverse(amax: np.ndarray, levels: float = QMAX) -> np.ndarray:
 
 
 def quantize_with(x: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of x quantized against `amax` (their own absmax, or the seed's bug's)."""
+    """Rows of x quantized against `amax` (their own absmax, or contiguous (wrong) W groups')."""
     inverse = quantization_inverse(amax)
     with np.errstate(invalid="ignore"):
         steps = np.clip(np.rint(x * inverse[..., None]), -QMAX, QMAX)
@@ -57,7 +57,7 @@ def quantize_unsigned_with(w: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray,
 def quantize_w(w: np.ndarray, w_quant: str = "s8",
                amax: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """W groups (last axis) quantized as `w_quant`; `amax` defaults to each group's
-    max|W| (= max W, W >= 0); another one is the seed's contiguous-scale bug."""
+    max|W| (= max W, W >= 0); another one gives contiguous (wrong) W groups."""
     if w_quant not in W_QUANTS:
         raise ValueError(f"w quant must be one of {W_QUANTS}, got {w_quant!r}")
     w = np.asarray(w, dtype=F32)

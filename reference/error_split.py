@@ -45,8 +45,8 @@ def error_split(q, k, k_scale, v, v_scale, k_float, v_float, softmax_scale: floa
                 numerics: Numerics = Numerics()) -> dict[str, np.ndarray]:
     """The terms above (each shaped like q), plus `total` and `exact`.
 
-    `scale_groups` and `numerics` must be the module's ("contiguous" to split the
-    seed's bug).
+    `scale_groups` and `numerics` must be the module's ("contiguous" to split
+    contiguous (wrong) W groups).
     """
     st = blocks_for(q, k, k_scale, v, v_scale, softmax_scale, partition_tokens=partition_tokens,
                     tile_tokens=tile_tokens, numerics=numerics)

@@ -99,9 +99,9 @@ def fragment_attention(q, k, k_scale, v, v_scale, softmax_scale: float, *, pv: s
     """The contract in f32: decode for q [B,Hq,D], causal prefill for [B,Hq,Sq,D].
 
     `fragments` overrides the named model (e.g. another V-load scheme);
-    `scale_groups="contiguous"` reproduces the seed's bug like the compiler does;
+    `scale_groups="contiguous"` reproduces contiguous (wrong) W groups like the compiler does;
     `numerics` is the variant (docs/design.md §2c), default the contract's `Numerics()`
-    (q-terms 2, w-quant u8, w-terms 2; `SEED_NUMERICS` is the seed's): q in `q_terms`
+    (q-terms 2, w-quant u8, w-terms 2; `ONE_TERM_NUMERICS` is one term each): q in `q_terms`
     INT8 terms, W unsigned (u8, the offset compensated exactly) or symmetric (s8), in
     `w_terms` INT8 terms (the second signed, on the first's residual).
     Works through the query rows in chunks (common.row_chunks), calling

@@ -19,14 +19,14 @@ from __future__ import annotations
 import numpy as np
 
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
+from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
 
 FRAGMENT_TOL = 1.25e-5  # x max|V|
 FLOAT_SLACK = 5e-7      # x max|V|: f32 rounding of module and references
 SIGMAS = 6.0
 # What the INT8-QK bounds and the bf16 rounding model are evaluated with, whatever the
 # module's variant: one-term Q (its bounds still hold for two terms, docstring below).
-ONE_TERM_Q = SEED_NUMERICS
+ONE_TERM_Q = ONE_TERM_NUMERICS
 
 
 def pv_rounding_scale(args, scale, pv, numerics: Numerics):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from int8attn.contract.numerics import SEED_NUMERICS  # noqa: F401  (the tests' name for it)
+from int8attn.contract.numerics import ONE_TERM_NUMERICS  # noqa: F401  (the tests' name for it)
 
 import fast_tier
 
@@ -106,8 +106,8 @@ def first_loop_body(text: str) -> str:
 
 @lru_cache(maxsize=None)
 def compiled_decode(batch, q_heads, kv_heads, tokens, head_dim, pv="int8",
-                    numerics=SEED_NUMERICS):
-    """`numerics` (a Numerics) default to the seed's contract (SEED_NUMERICS, one-term Q,
+                    numerics=ONE_TERM_NUMERICS):
+    """`numerics` (a Numerics) default to one-term numerics (ONE_TERM_NUMERICS: one-term Q,
     s8 W in one term), which the files using this helper pass to the references too;
     test_numerics.py also tests the pipeline's defaults (`Numerics()`)."""
     import int8attn
@@ -207,6 +207,7 @@ FAST_FILES = {
     "test_dialect_ops.py", "test_digits.py", "test_fragments.py", "test_index_arithmetic.py", "test_layout.py",
     "test_linear_layout.py", "test_reference.py", "test_reference_chunks.py",
     "test_score_feed.py", "test_fixed_p_scale.py", "test_cli_output_safety.py",
+    "test_pass_defaults.py",
 }
 FAST_TESTS = {
     "test_bad_inputs.py": {"test_misuse_is_a_usage_error"},

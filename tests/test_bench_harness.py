@@ -413,11 +413,11 @@ class FakeDevice:
         self.error, self.loaded = np.float32(error), []
 
     def load(self, path, function):
-        from int8attn.reference import SEED_NUMERICS, fragment_attention, sequence_cache
+        from int8attn.reference import ONE_TERM_NUMERICS, fragment_attention, sequence_cache
 
         self.loaded.append(Path(path).name)
         pv, *innermost = Path(path).read_text().split()
-        numerics = {"decode": bench_cuda.NUMERICS}.get(function, SEED_NUMERICS)
+        numerics = {"decode": bench_cuda.NUMERICS}.get(function, ONE_TERM_NUMERICS)
         if function == "paged":
             numerics = manifest_numerics(json.loads(
                 (Path(path).parent / bench_paged.MANIFEST).read_text()))
@@ -600,7 +600,7 @@ def test_the_paged_check_grants_bf16_w_its_rounding_ties():
     # exp and sums differ from the reference's by ulps): the check allows what such a
     # tie moves the output by, as tests/accuracy.py does, and not a bit more. (It
     # allowed 0, so the BF16 twin's GQA 8 key-outlier row read NO in issue 24's table.)
-    from int8attn.reference import (SEED_NUMERICS, fragment_attention, rounding_tie_slack,
+    from int8attn.reference import (ONE_TERM_NUMERICS, fragment_attention, rounding_tie_slack,
                                     sequence_cache)
 
     seed = 140
@@ -608,7 +608,7 @@ def test_the_paged_check_grants_bf16_w_its_rounding_ties():
     arrays = bench_paged_cases.batch_arrays(np.random.default_rng(seed), [3000, 700], 8, 2, 64, 16)
     q, k, ks, v, vs, tables, lengths = arrays
     scale = float(np.float32(64 ** -0.5))
-    contract = dict(model="cuda", pv="bf16", numerics=SEED_NUMERICS)
+    contract = dict(model="cuda", pv="bf16", numerics=ONE_TERM_NUMERICS)
     expected, slack = [], []
     for b in range(q.shape[0]):
         dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lengths, b))
@@ -685,15 +685,15 @@ def test_numerics_names():
     # --numerics NAME -> the numerics compiled (None: the kernel target's own), and a
     # manifest written before the numerics were recorded means the seed's
     from int8attn.bench_numerics import CHOICES, bench_numerics, manifest_numerics
-    from int8attn.contract.numerics import SEED_NUMERICS
+    from int8attn.contract.numerics import ONE_TERM_NUMERICS
     from int8attn.pipelines import PIPELINE_NUMERICS
 
     assert CHOICES == ("seed", "kernel", "defaults")
-    assert bench_numerics(None, "seed") == SEED_NUMERICS
+    assert bench_numerics(None, "seed") == ONE_TERM_NUMERICS
     assert bench_numerics(None, "kernel") is None
     assert bench_numerics("defaults", "seed") == PIPELINE_NUMERICS
     with pytest.raises(ValueError, match="one of seed, kernel, defaults"):
         bench_numerics("fast", "seed")
     older = dict(cases=[["Sq=S=64", 64, 64]], batch=1, q_heads=2, kv_heads=1, head_dim=64)
-    assert manifest_numerics(older) == SEED_NUMERICS
+    assert manifest_numerics(older) == ONE_TERM_NUMERICS
     assert manifest_numerics(dict(older, q_terms=2)).q_terms == 2

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import decode_inputs
 from int8attn import reference as ref
-from int8attn.contract.numerics import KERNEL_NUMERICS  # the simulated kernels' default
+from int8attn.contract.numerics import DIGIT_NUMERICS  # the simulated kernels' default
 from int8attn.driver.graph import decode_graph
 from int8attn.simulator import simulate_decode
 from test_cli import run
@@ -43,10 +43,10 @@ def test_bf16_pv_kernel_differs_only_in_pv():
     shape = (1, 8, 2, 300, 64)
     args = decode_inputs(61, *shape)
     out = simulate_decode(*args, 0.125, target="cuda", pv="bf16")
-    bf16 = ref.fragment_attention(*args, 0.125, pv="bf16", numerics=KERNEL_NUMERICS)
+    bf16 = ref.fragment_attention(*args, 0.125, pv="bf16", numerics=DIGIT_NUMERICS)
     assert np.abs(out - bf16).max() <= 5e-5
     int8 = simulate_decode(*args, 0.125, target="cuda")
-    expected = ref.fragment_attention(*args, 0.125, model="cuda", numerics=KERNEL_NUMERICS)
+    expected = ref.fragment_attention(*args, 0.125, model="cuda", numerics=DIGIT_NUMERICS)
     assert np.abs(int8 - expected).max() <= 5e-5
 
 

@@ -114,7 +114,7 @@ def test_the_schedules_command_takes_the_join_and_refuses_what_it_cannot_read(ca
 
 
 def test_cuda_joins_the_prefill_as_integers_and_the_decode_through_the_bias():
-    # the H200's timings (benchmarks/results-h200-digit-join.md) choose per kernel
+    # the H200's timings (benchmarks/results/2026-12-05-h200-prefill-digit-join/README.md) choose per kernel
     cuda = target_spec("cuda")
     assert cuda.prefill_digits_join_i32 and not cuda.default_tuning(128).digits_join_i32
     for target in ("gfx936", "gfx942"):

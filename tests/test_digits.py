@@ -18,7 +18,7 @@ import pytest
 from conftest import seeded_rng
 from int8attn import reference as ref
 from int8attn.contract.constants import DIGIT_BASE, LOG2_E, QMAX, UMAX, W_OFFSET, score_scale
-from int8attn.contract.numerics import KERNEL_NUMERICS, Numerics
+from int8attn.contract.numerics import DIGIT_NUMERICS, Numerics
 from int8attn.reference.common import int8_scores, quantize_digits
 
 SCALED = Numerics(q_terms=2, w_quant="s8", w_terms=2)
@@ -104,7 +104,7 @@ def test_qk_with_digits_joins_the_sums_before_one_conversion():
     expected = (joined.astype(np.float32) * (s2 * c)[..., None]) * k_scale[:, :, None, :]
     assert np.array_equal(got, expected.astype(np.float32))
     scaled = int8_scores(q, k, k_scale, 0.125, numerics=SCALED)
-    one_term = int8_scores(q, k, k_scale, 0.125, numerics=ref.SEED_NUMERICS)
+    one_term = int8_scores(q, k, k_scale, 0.125, numerics=ref.ONE_TERM_NUMERICS)
     exact = (ref.common.group_rows(q, 2).astype(np.float64) @
              (k * k_scale[..., None]).astype(np.float64).swapaxes(-1, -2)) * 0.125 * LOG2_E
     # both second terms are ~250x finer than one term, and they round differently
@@ -138,6 +138,6 @@ def test_digits_need_two_terms():
         with pytest.raises(ValueError, match=f"{field[0]}-second digit .* needs "
                                              f"{field[0]}-terms 2 \\(got 1\\)"):
             Numerics(**{field: "digit", terms: 1})
-    assert KERNEL_NUMERICS.q_digits and KERNEL_NUMERICS.w_digits
+    assert DIGIT_NUMERICS.q_digits and DIGIT_NUMERICS.w_digits
     assert not Numerics().q_digits and not Numerics().w_digits
     assert DIGITS.describe() == "q-terms 2, w-quant s8, w-terms 2, w-second digit, q-second digit"

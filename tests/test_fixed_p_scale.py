@@ -5,7 +5,7 @@ import numpy as np
 
 from conftest import seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.numerics import KERNEL_NUMERICS, SEED_NUMERICS
+from int8attn.contract.numerics import DIGIT_NUMERICS, ONE_TERM_NUMERICS
 
 
 def _inputs(seed, q_heads=4, kv_heads=2, tokens=150, query_tokens=70, head_dim=64):
@@ -23,8 +23,8 @@ def test_p_of_one_is_exact_on_the_fixed_scale():
     # the fixed-P output is the f32-PV reference's, bit for bit.
     q, k, ks, v, vs = _inputs(7101)
     q[:] = 0
-    fixed = ref.fixed_p_scale_attention(q, k, ks, v, vs, 0.125, numerics=SEED_NUMERICS)
-    f32 = ref.fragment_attention(q, k, ks, v, vs, 0.125, pv="f32", numerics=SEED_NUMERICS)
+    fixed = ref.fixed_p_scale_attention(q, k, ks, v, vs, 0.125, numerics=ONE_TERM_NUMERICS)
+    f32 = ref.fragment_attention(q, k, ks, v, vs, 0.125, pv="f32", numerics=ONE_TERM_NUMERICS)
     np.testing.assert_array_equal(fixed, f32)
 
 
@@ -34,7 +34,7 @@ def test_the_error_of_p_is_at_most_half_a_level_per_token():
     1/127 or a lost tile breaks it; the fixed scale must also be visibly coarser than the
     per-MMAC dynamic one with two-term W."""
     q, k, ks, v, vs = _inputs(7102)
-    for numerics in (SEED_NUMERICS, KERNEL_NUMERICS):
+    for numerics in (ONE_TERM_NUMERICS, DIGIT_NUMERICS):
         fixed = ref.fixed_p_scale_attention(q, k, ks, v, vs, 0.125, numerics=numerics)
         f32 = ref.fragment_attention(q, k, ks, v, vs, 0.125, pv="f32", numerics=numerics)
         dynamic = ref.fragment_attention(q, k, ks, v, vs, 0.125, model="cuda",
@@ -47,5 +47,5 @@ def test_the_error_of_p_is_at_most_half_a_level_per_token():
         diff = np.abs(fixed.astype(np.float64) - f32)
         assert (diff <= bound).all(), float((diff - bound).max())
         assert diff.max() > 1e-4                                      # it does quantize
-        if numerics is KERNEL_NUMERICS:     # W in two digits: far finer than 1/127
+        if numerics is DIGIT_NUMERICS:     # W in two digits: far finer than 1/127
             assert np.abs(dynamic - f32).max() < diff.max() / 4

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import decode_inputs, seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.numerics import (KERNEL_NUMERICS,  # the simulated kernels' default
-                                        SEED_NUMERICS)
+from int8attn.contract.numerics import (DIGIT_NUMERICS,  # the simulated kernels' default
+                                        ONE_TERM_NUMERICS)
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
 from int8attn.driver.graph import decode_graph
 from int8attn.simulator import simulate_decode
@@ -46,8 +46,8 @@ def test_simulated_kernels_match_the_fragment_reference(target, shape):
     args = decode_inputs(sum(shape), *shape)
     scale = shape[-1] ** -0.5
     out = simulate_decode(*args, scale, target=target)
-    fragment = ref.fragment_attention(*args, scale, model=target, numerics=KERNEL_NUMERICS)
-    slack = ref.rounding_tie_slack(*args, scale, model=target, numerics=KERNEL_NUMERICS)
+    fragment = ref.fragment_attention(*args, scale, model=target, numerics=DIGIT_NUMERICS)
+    slack = ref.rounding_tie_slack(*args, scale, model=target, numerics=DIGIT_NUMERICS)
     err = np.abs(out - fragment)
     assert (err <= FRAGMENT_TOL + slack).all(), f"{target} {shape}: {err.max():.3e}"
     print(f"{target} {shape}: simulated kernel vs fragment reference max abs {err.max():.3e}")
@@ -62,8 +62,8 @@ def test_peaked_decode_stays_within_the_fragment_tolerance(target):
     shape = (1, 8, 2, 600, 128)
     args = decode_inputs(4712, *shape)
     out = simulate_decode(*args, 10.0, target=target)
-    fragment = ref.fragment_attention(*args, 10.0, model=target, numerics=KERNEL_NUMERICS)
-    slack = ref.rounding_tie_slack(*args, 10.0, model=target, numerics=KERNEL_NUMERICS)
+    fragment = ref.fragment_attention(*args, 10.0, model=target, numerics=DIGIT_NUMERICS)
+    slack = ref.rounding_tie_slack(*args, 10.0, model=target, numerics=DIGIT_NUMERICS)
     err = np.abs(out - fragment)
     assert (err <= FRAGMENT_TOL + slack).all(), f"{target}: {err.max():.3e}"
     print(f"{target} scale 10: simulated kernel vs fragment reference max abs {err.max():.3e}")
@@ -77,7 +77,7 @@ def test_a_wrong_layout_fails_the_comparison():
     wrong = FragmentModel("gfx936", dataclasses.replace(GFX936_MMAC, c=GFX942_MFMA.c),
                           VLoadScheme(16))
     out = simulate_decode(*args, 0.125, target="gfx936", fragments=wrong)
-    fragment = ref.fragment_attention(*args, 0.125, numerics=KERNEL_NUMERICS)
+    fragment = ref.fragment_attention(*args, 0.125, numerics=DIGIT_NUMERICS)
     assert not np.isfinite(out).all() or np.abs(out - fragment).max() > 1e-2
 
 
@@ -89,9 +89,9 @@ def test_the_load_scheme_sets_the_groups_end_to_end():
     args = decode_inputs(51, *shape)
     eight = fragment_model("gfx936").with_v_load(8)
     out = simulate_decode(*args, 0.125, target="gfx936", fragments=eight,
-                          numerics=SEED_NUMERICS)
-    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight, numerics=SEED_NUMERICS)
-    interleaved = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
+                          numerics=ONE_TERM_NUMERICS)
+    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight, numerics=ONE_TERM_NUMERICS)
+    interleaved = ref.fragment_attention(*args, 0.125, numerics=ONE_TERM_NUMERICS)
     assert np.abs(out - contiguous).max() <= FRAGMENT_TOL
     assert np.abs(out - interleaved).max() > 10 * np.abs(out - contiguous).max()
 
@@ -106,7 +106,7 @@ def test_mmacs_per_wave(tmp_path, head_dim):
     pv = 2 * (head_dim // 16)                   # MMACs x head-dim tiles
     # gfx936's C layout holds one row per lane: no padding rows take a second term, so
     # each term of q and of W is an MMAC of its own.
-    terms = KERNEL_NUMERICS.q_terms * qk + KERNEL_NUMERICS.w_terms * pv
+    terms = DIGIT_NUMERICS.q_terms * qk + DIGIT_NUMERICS.w_terms * pv
     assert partition.count('llvm.call_intrinsic "llvm.amdgcn.mmac.i32.16x16x32i8"') == terms
 
 
@@ -119,7 +119,7 @@ def test_gfx942_isa_has_the_int8_mfma(tmp_path):
     # 4 rows per KV head: no padding rows in the same lane for a second term
     qk, pv = (64 // 16) * (64 // 32), 2 * (64 // 16)
     assert text.count("v_mfma_i32_16x16x32_i8") == \
-        KERNEL_NUMERICS.q_terms * qk + KERNEL_NUMERICS.w_terms * pv
+        DIGIT_NUMERICS.q_terms * qk + DIGIT_NUMERICS.w_terms * pv
     assert "s_barrier" in text
     vmfb = tmp_path / "decode.vmfb"
     run("int8attn", "compile", path, "--target", "gfx942", "-o", vmfb, check_rc=0)
@@ -134,7 +134,7 @@ def test_run_simulate_with_inputs_and_output(tmp_path):
     run("int8attn", "run", path, "--target", "gfx936", "--simulate", "--inputs",
         tmp_path / "in.npz", "--output", tmp_path / "out.npz", check_rc=0)
     with np.load(tmp_path / "out.npz") as out:
-        expected = ref.fragment_attention(*arrays, 0.125, numerics=KERNEL_NUMERICS)
+        expected = ref.fragment_attention(*arrays, 0.125, numerics=DIGIT_NUMERICS)
         assert np.abs(out["result0"] - expected).max() <= FRAGMENT_TOL
     report = run("int8attn", "run", path, "--target", "gfx942", "--simulate", "--seed", "1",
                  check_rc=0).stdout
@@ -169,4 +169,4 @@ def test_a_gqa_group_that_is_no_power_of_two_through_the_driver(target, q_heads)
     out = graph(*args)
     assert out.shape == args[0].shape
     check_against_references(out, args, np.float32(128 ** -0.5), model=target,
-                             numerics=KERNEL_NUMERICS)
+                             numerics=DIGIT_NUMERICS)

@@ -16,8 +16,8 @@ import pytest
 from iree.compiler import ir
 
 from conftest import first_loop_body, seeded_rng
-from int8attn.contract.numerics import SEED_NUMERICS
-from int8attn.driver.options import KERNEL_NUMERICS
+from int8attn.contract.numerics import ONE_TERM_NUMERICS
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS
 from int8attn.fragments import TileRing, tile_copies
 from int8attn.kernels import kv_ring
 from int8attn.kernels.shapes import PagedPrefillShape, PrefillShape
@@ -77,7 +77,7 @@ def test_the_ring_rule_turns_stages_and_stops_at_the_last_tile():
 
 def _module_text(shape, spec):
     with new_context(), ir.Location.unknown():
-        return str(build_prefill_kernels(shape, spec, numerics=SEED_NUMERICS).module)
+        return str(build_prefill_kernels(shape, spec, numerics=ONE_TERM_NUMERICS).module)
 
 
 def test_the_tile_loop_reads_k_and_v_from_the_ring():
@@ -127,7 +127,7 @@ def test_a_head_dim_without_a_linear_split_reads_the_cache():
     assert "nvgpu.device_async_copy" not in text
 
 
-@pytest.mark.parametrize("numerics", [SEED_NUMERICS, KERNEL_NUMERICS], ids=["seed", "kernel"])
+@pytest.mark.parametrize("numerics", [ONE_TERM_NUMERICS, KERNEL_TARGET_NUMERICS], ids=["seed", "kernel"])
 @pytest.mark.parametrize("shape", [(1, 8, 2, 200, 37, 64), (2, 4, 4, 129, 129, 32)],
                          ids=["history", "sq_is_s_b2"])
 def test_the_ring_gives_the_bits_of_direct_loads(shape, numerics):

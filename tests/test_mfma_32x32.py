@@ -14,7 +14,7 @@ import pytest
 
 from conftest import decode_inputs, seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS
+from int8attn.contract.numerics import ONE_TERM_NUMERICS
 from int8attn.fragments import (FRAGMENT_MODELS, GFX942_MFMA, GFX942_MFMA_32X32X16, PV_ATOMS,
                                 format_token_set, fragment_model, pv_model, pv_model_named)
 from int8attn.fragments.mma_layouts import (group_tokens, k_slot_tokens, mma_layouts,
@@ -198,22 +198,22 @@ def test_the_fragment_reference_on_the_atom_matches_the_exact_reference(seed, sh
     # (vs f32 PV on the same INT8 scores): the W bound, and 6 sd of its rounding model.
     args = decode_inputs(seed, *shape)
     scale = shape[-1] ** -0.5
-    out = ref.fragment_attention(*args, scale, numerics=SEED_NUMERICS, fragments=MODEL)
+    out = ref.fragment_attention(*args, scale, numerics=ONE_TERM_NUMERICS, fragments=MODEL)
     exact = ref.exact_attention(*args, scale).astype(np.float64)
     value_scale = float(np.abs(args[3] * args[4][..., None].astype(np.float64)).max())
     err = np.abs(out - exact)
-    w_bound, w_sd = ref.w_quantization_error_scale(*args, scale, numerics=SEED_NUMERICS,
+    w_bound, w_sd = ref.w_quantization_error_scale(*args, scale, numerics=ONE_TERM_NUMERICS,
                                                    fragments=MODEL)
-    qk_hard, qk_beyond = ref.qk_quantization_error_bound(*args, scale, numerics=SEED_NUMERICS)
+    qk_hard, qk_beyond = ref.qk_quantization_error_bound(*args, scale, numerics=ONE_TERM_NUMERICS)
     hard = w_bound * (1 + 1e-4) + qk_hard + FLOAT_SLACK * value_scale
     assert (err <= hard).all(), f"beyond the hard bound by {(err - hard).max():.3e}"
-    qk_sd = ref.qk_quantization_error_scale(*args, scale, numerics=SEED_NUMERICS)
+    qk_sd = ref.qk_quantization_error_scale(*args, scale, numerics=ONE_TERM_NUMERICS)
     statistical = 6 * np.sqrt(qk_sd ** 2 + w_sd ** 2) + qk_beyond + FLOAT_SLACK * value_scale
     assert (err <= statistical).all(), \
         f"{(err / statistical).max():.2f} x the statistical tolerance"
     # Sharper, the PV part alone: against the same contract with f32 PV (same INT8
     # QK, same partitions) the only difference is the W rounding over the 16-token groups.
-    w_err = np.abs(out - ref.fragment_attention(*args, scale, numerics=SEED_NUMERICS,
+    w_err = np.abs(out - ref.fragment_attention(*args, scale, numerics=ONE_TERM_NUMERICS,
                                                 pv="f32"))
     slack = FLOAT_SLACK * value_scale
     assert (w_err <= w_bound * (1 + 1e-4) + slack).all()
@@ -221,15 +221,15 @@ def test_the_fragment_reference_on_the_atom_matches_the_exact_reference(seed, sh
 
     # The 16x16x32 model's groups are other tokens (32 per group): another result,
     # by far more than f32 rounding, within its own bound of exact.
-    other = ref.fragment_attention(*args, scale, numerics=SEED_NUMERICS, model="gfx942")
+    other = ref.fragment_attention(*args, scale, numerics=ONE_TERM_NUMERICS, model="gfx942")
     differ = np.abs(out - other)
     assert differ.max() > 100 * FLOAT_SLACK * value_scale
-    w_bound32, _ = ref.w_quantization_error_scale(*args, scale, numerics=SEED_NUMERICS,
+    w_bound32, _ = ref.w_quantization_error_scale(*args, scale, numerics=ONE_TERM_NUMERICS,
                                                   model="gfx942")
     assert (np.abs(other - exact) <= w_bound32 * (1 + 1e-4) + qk_hard
             + FLOAT_SLACK * value_scale).all()
     # With the contiguous (wrong) 16-token groups it is another result again.
-    wrong = ref.fragment_attention(*args, scale, numerics=SEED_NUMERICS, fragments=MODEL,
+    wrong = ref.fragment_attention(*args, scale, numerics=ONE_TERM_NUMERICS, fragments=MODEL,
                                    scale_groups="contiguous")
     assert np.abs(wrong - out).max() > 100 * FLOAT_SLACK * value_scale
     print(f"{shape}: 32x32x16 vs exact max {err.max():.3e} (hard bound min "

@@ -1,6 +1,6 @@
 """Compiled decode modules against both references.
 
-The seed's numerics (one-term Q, s8 W in one term: SEED_NUMERICS, which these tests
+The seed's numerics (one-term Q, s8 W in one term: ONE_TERM_NUMERICS, which these tests
 pass to the references), and the pipeline's defaults (two-term Q, u8 W in
 two terms) on the
 issue-13 targets: Gaussian decode 4K/8K/16K, 32 query rows, INT8 PV vs f32 PV
@@ -25,11 +25,11 @@ import pytest
 from accuracy import check_against_references
 from conftest import compiled_decode, decode_inputs
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS
+from int8attn.contract.numerics import ONE_TERM_NUMERICS
 from int8attn.pipelines import PipelineOptions
 
 DEFAULTS = PipelineOptions().numerics
-SEED = SEED_NUMERICS
+SEED = ONE_TERM_NUMERICS
 
 FRAGMENT_TOL = 5e-5
 SIGMAS = 6.0

@@ -3,7 +3,7 @@
 - `Numerics` (contract/numerics.py) refuses a value outside its choices, naming the
   field, the value and the choices; its defaults are the contract's (the pipeline's).
 - The options declare the three fields; `PipelineOptions.numerics` and
-  `CompileOptions.numerics` (resolved: the cpu pipeline's, else KERNEL_NUMERICS) give
+  `CompileOptions.numerics` (resolved: the cpu pipeline's, else KERNEL_TARGET_NUMERICS) give
   them as one value, and `int8attn.compile(..., numerics=)` takes one.
 - In the converted layers (CONVERTED; not kernels/, passes/, dialects/, whose pass
   options and kernel builders keep their fields, nor the tests' own parameters) no
@@ -26,8 +26,8 @@ import pytest
 import int8attn
 from conftest import REPO
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
-from int8attn.driver.options import KERNEL_NUMERICS, CompileOptions
+from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS, CompileOptions
 from int8attn.kernels.target_spec import target_spec
 from int8attn.driver.targets import OptionRefused
 from int8attn.pipelines import PIPELINE_NUMERICS, PipelineOptions
@@ -70,21 +70,21 @@ def test_the_defaults_are_declared_once():
         dataclasses.astuple(Numerics())[:3]
     # the tensor-level pipeline's second terms are the scaled ones (digits: the kernels')
     assert (Numerics().q_second, Numerics().w_second) == ("scaled", "scaled")
-    assert SEED_NUMERICS == Numerics(q_terms=1, w_quant="s8", w_terms=1)
+    assert ONE_TERM_NUMERICS == Numerics(q_terms=1, w_quant="s8", w_terms=1)
     assert Numerics().describe() == "q-terms 2, w-quant u8, w-terms 2"
 
 
 def test_compile_options_resolve_one_numerics_value():
     assert CompileOptions().numerics == Numerics()
-    assert CompileOptions(target="cuda").numerics == KERNEL_NUMERICS
+    assert CompileOptions(target="cuda").numerics == KERNEL_TARGET_NUMERICS
     assert CompileOptions(q_terms=1).numerics == Numerics(q_terms=1)            # the rest: cpu's
     assert CompileOptions(target="gfx936", w_quant="u8").numerics == \
-        dataclasses.replace(KERNEL_NUMERICS, w_quant="u8")
+        dataclasses.replace(KERNEL_TARGET_NUMERICS, w_quant="u8")
     options = CompileOptions(target="gfx942", q_terms=2)
     # the pipeline options carry what the tensor-level pipeline implements: scaled terms
     assert options.pipeline_options().numerics == \
         dataclasses.replace(options.numerics, q_second="scaled", w_second="scaled")
-    assert (options.resolved().q_terms, options.resolved().w_quant) == (2, KERNEL_NUMERICS.w_quant)
+    assert (options.resolved().q_terms, options.resolved().w_quant) == (2, KERNEL_TARGET_NUMERICS.w_quant)
 
 
 def test_the_api_takes_numerics_whole():
@@ -151,7 +151,7 @@ def test_the_other_numerics_parameters_and_their_defaults():
     for function in (simulate_decode, simulate_paged, simulate_prefill, simulate_paged_prefill):
         assert inspect.signature(function).parameters["numerics"].default is None
     for target in ("gfx936", "gfx942", "cuda"):
-        assert target_spec(target).resolve_numerics(None, 128) == KERNEL_NUMERICS
+        assert target_spec(target).resolve_numerics(None, 128) == KERNEL_TARGET_NUMERICS
         assert CompileOptions(target=target).numerics == target_spec(target).numerics
 
 
@@ -167,32 +167,32 @@ def test_the_kernels_build_what_is_given_else_their_default():
     variant = Numerics(q_terms=2, w_quant="u8", w_terms=1)
     for target in ("gfx936", "gfx942", "cuda"):
         assert target_spec(target).resolve_numerics(variant, 128) is variant
-        assert target_spec(target).resolve_numerics(None, 128) == KERNEL_NUMERICS
+        assert target_spec(target).resolve_numerics(None, 128) == KERNEL_TARGET_NUMERICS
 
 
 def test_q_digits_refuse_a_head_dim_whose_joined_sums_could_overflow():
     # 512 x 128 x (127 * 256 + 128) < 2^31 <= 544 x 128 x 32640: the joined QK sums of
     # q digits stay exact in int32 up to D = 512; above, scaled second terms still build.
     spec = target_spec("cuda")
-    assert spec.resolve_numerics(None, 512) == KERNEL_NUMERICS
+    assert spec.resolve_numerics(None, 512) == KERNEL_TARGET_NUMERICS
     with pytest.raises(ValueError, match="a head dim of 544 could overflow"):
         spec.resolve_numerics(None, 544)
-    scaled = dataclasses.replace(KERNEL_NUMERICS, q_second="scaled")
+    scaled = dataclasses.replace(KERNEL_TARGET_NUMERICS, q_second="scaled")
     assert spec.resolve_numerics(scaled, 1024) is scaled
     with pytest.raises(ValueError, match="use q-second scaled"):
         ref.fragment_attention(np.zeros((1, 1, 544), np.float32),
                                np.zeros((1, 1, 4, 544), np.int8), np.ones((1, 1, 4), np.float32),
                                np.zeros((1, 1, 4, 544), np.int8), np.ones((1, 1, 4), np.float32),
-                               0.125, numerics=KERNEL_NUMERICS)
+                               0.125, numerics=KERNEL_TARGET_NUMERICS)
 
 
 def test_paged_attention_states_its_numerics(tmp_path):
     from int8attn.serving.paged_attention import SETTINGS, PagedAttention
 
-    assert PagedAttention(8, 2, 64, 16).numerics == KERNEL_NUMERICS
+    assert PagedAttention(8, 2, 64, 16).numerics == KERNEL_TARGET_NUMERICS
     assert PagedAttention(8, 2, 64, 16, target="cpu").numerics == Numerics()
     assert PagedAttention(8, 2, 64, 16, q_terms=2).numerics == \
-        dataclasses.replace(KERNEL_NUMERICS, q_terms=2)
+        dataclasses.replace(KERNEL_TARGET_NUMERICS, q_terms=2)
     # A saved folder keeps the numerics its kernels were built with (before w_terms was
     # saved: one W term, the kernels' only one).
     (tmp_path / SETTINGS).write_text(json.dumps(dict(

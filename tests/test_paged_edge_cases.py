@@ -17,7 +17,7 @@ import pytest
 import int8attn
 from conftest import seeded_rng
 from int8attn import cli
-from int8attn.driver.options import KERNEL_NUMERICS
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS
 from int8attn.driver.paged_decode import paged_attention_graph
 from test_paged import check_every_sequence, paged_batch
 
@@ -33,7 +33,7 @@ def _compile(target, **shape):
 
 
 def _check(out, arrays, target):
-    contract = {} if target == "cpu" else dict(model=target, numerics=KERNEL_NUMERICS)
+    contract = {} if target == "cpu" else dict(model=target, numerics=KERNEL_TARGET_NUMERICS)
     check_every_sequence(out, arrays, SCALE, **contract)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from accuracy import check_against_references
 from int8attn.contract.numerics import Numerics
-from int8attn.driver.options import KERNEL_NUMERICS
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS
 from conftest import seeded_rng
 from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.decode import build_decode_kernels, paged_access
@@ -51,7 +51,7 @@ def _kernels(target, q_heads, kv_heads, head_dim, block_size, scale):
     return built.module, built.layout
 
 
-def _check(out, arrays, scale, target, numerics: Numerics = KERNEL_NUMERICS):
+def _check(out, arrays, scale, target, numerics: Numerics = KERNEL_TARGET_NUMERICS):
     q, k, ks, v, vs, tables, lens = arrays
     assert out.shape == q.shape
     for b in range(q.shape[0]):
@@ -166,7 +166,7 @@ def test_v_async_reads_v_only_after_the_wait(monkeypatch):
     q, k, ks, v, vs, tables, lens = arrays
     dense = (q[:1], *sequence_cache(k, ks, v, vs, tables, lens, 0))
     from int8attn.reference import fragment_attention
-    expected = fragment_attention(*dense, 0.125, model="cuda", numerics=KERNEL_NUMERICS)
+    expected = fragment_attention(*dense, 0.125, model="cuda", numerics=KERNEL_TARGET_NUMERICS)
     np.testing.assert_allclose(out[:1], expected, atol=1e-5)
     monkeypatch.setattr(Lanes, "async_wait", lambda self, group: None)
     with new_context(), ir.Location.unknown():
@@ -215,7 +215,7 @@ def test_the_driver_compiles_one_kernel_module_for_every_batch(counted_compiles)
         for b in range(len(lengths)):
             dense = (q[b:b + 1], *sequence_cache(k, ks, v, vs, tables, lens, b))
             check_against_references(out[b:b + 1], dense, np.float32(0.125), model="cuda",
-                                     numerics=KERNEL_NUMERICS)
+                                     numerics=KERNEL_TARGET_NUMERICS)
     assert len(counted_compiles) - before == 1
 
 
@@ -293,7 +293,7 @@ def test_bench_prepares_one_paged_module_per_pv(tmp_path):
     ("gfx942", 4, 2, 128, "amdgpu.mfma"),       # 2 rows: rows r and r+2 share a lane
 ])
 @pytest.mark.parametrize("numerics", [Numerics(q_terms=2, w_quant="u8", w_terms=1),
-                                      KERNEL_NUMERICS], ids=["scaled", "digits"])
+                                      KERNEL_TARGET_NUMERICS], ids=["scaled", "digits"])
 def test_two_term_q_in_the_padding_rows_is_bitwise_the_two_mma_form(target, q_heads, kv_heads,
                                                                     head_dim, mma, numerics):
     # The second Q term sits in the A tile's padding rows (DecodeKernelLayout.term_rows):

@@ -16,7 +16,7 @@ import pytest
 from iree.compiler import ir
 
 from conftest import seeded_rng
-from int8attn.driver.options import KERNEL_NUMERICS
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS
 from int8attn.driver.paged_decode import paged_attention_graph
 from int8attn.kernels.target_spec import target_spec
 from int8attn.kernels.shapes import PagedPrefillShape
@@ -57,7 +57,7 @@ def test_one_kernel_module_serves_ragged_batches(target, block_size):
             arrays = paged_batch(rng, lengths, *HEADS, block_size, query_tokens=QUERY_TOKENS)
             out = run_paged_prefill_kernels(built.module, built.layout, *arrays)
             check_every_sequence(out, arrays, np.float32(scale), model=target,
-                                 numerics=KERNEL_NUMERICS)
+                                 numerics=KERNEL_TARGET_NUMERICS)
 
 
 def test_the_driver_runs_the_kernel_on_the_pool():
@@ -76,7 +76,7 @@ def test_the_driver_runs_the_kernel_on_the_pool():
     assert abi["grid"][1:] == [HEADS[1], "B"]
     arrays = paged_batch(seeded_rng(403), [40, 200], *HEADS, 16, query_tokens=QUERY_TOKENS)
     check_every_sequence(graph(*arrays), arrays, np.float32(HEADS[2] ** -0.5), model="cuda",
-                         numerics=KERNEL_NUMERICS)
+                         numerics=KERNEL_TARGET_NUMERICS)
 
 
 def test_a_sequence_shorter_than_its_chunk_is_refused():

@@ -1,6 +1,6 @@
 """Causal prefill with history: compiled modules against both references.
 
-The seed's numerics (one-term Q, s8 W: SEED_NUMERICS; the pipeline's
+The seed's numerics (one-term Q, s8 W: ONE_TERM_NUMERICS; the pipeline's
 defaults are checked in test_w_quant.py and test_q_terms.py). Tolerances as in
 test_numerics.py: 5e-5 (plus exact rounding-tie slack) vs the
 fragment-level reference; INT8 PV vs f32 PV within the hard W-rounding bound
@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from conftest import SEED_NUMERICS, seeded_rng
+from conftest import ONE_TERM_NUMERICS, seeded_rng
 from int8attn import reference as ref
 
 FRAGMENT_TOL = 5e-5
@@ -27,7 +27,7 @@ def compiled_prefill(batch, q_heads, kv_heads, tokens, query_tokens, head_dim, p
 
     source = prefill_graph(batch, q_heads, kv_heads, tokens, query_tokens, head_dim)
     return int8attn.compile(source, filename="prefill.mlir", pv=pv, cache=False,
-                            numerics=SEED_NUMERICS)
+                            numerics=ONE_TERM_NUMERICS)
 
 
 def prefill_inputs(seed, batch, q_heads, kv_heads, tokens, query_tokens, head_dim):
@@ -55,18 +55,18 @@ def test_prefill_against_references(shape):
     scale = shape[-1] ** -0.5
     out = compiled_prefill(*shape)(*args)
     assert np.isfinite(out).all()
-    fragment = ref.fragment_attention(*args, scale, numerics=SEED_NUMERICS)
-    slack = ref.rounding_tie_slack(*args, scale, numerics=SEED_NUMERICS)
+    fragment = ref.fragment_attention(*args, scale, numerics=ONE_TERM_NUMERICS)
+    slack = ref.rounding_tie_slack(*args, scale, numerics=ONE_TERM_NUMERICS)
     frag_err = np.abs(out - fragment)
     assert (frag_err <= FRAGMENT_TOL + slack).all(), f"vs fragment {frag_err.max():.3e}"
 
     f32_pv = compiled_prefill(*shape, pv="f32")(*args)
-    bound, sd_w = ref.w_quantization_error_scale(*args, scale, numerics=SEED_NUMERICS)
+    bound, sd_w = ref.w_quantization_error_scale(*args, scale, numerics=ONE_TERM_NUMERICS)
     diff = np.abs(out - f32_pv)
     assert (diff <= bound * (1 + 1e-4) + FLOAT_SLACK).all(), "beyond the hard W-rounding bound"
     assert (diff <= SIGMAS * sd_w + FLOAT_SLACK).all(), f"{(diff / sd_w).max():.2f} sd"
 
-    sd_qk = ref.qk_quantization_error_scale(*args, scale, numerics=SEED_NUMERICS)
+    sd_qk = ref.qk_quantization_error_scale(*args, scale, numerics=ONE_TERM_NUMERICS)
     exact_err = np.abs(out - ref.exact_attention(*args, scale))
     worst = (exact_err / (SIGMAS * np.sqrt(sd_qk ** 2 + sd_w ** 2) + FLOAT_SLACK)).max()
     assert worst <= 1, f"vs exact: {worst * SIGMAS:.2f} sd"
@@ -80,7 +80,7 @@ def test_prefill_baselines():
     scale = 0.125
     for pv in ("bf16", "f32"):
         out = compiled_prefill(*shape, pv=pv)(*args)
-        expected = ref.fragment_attention(*args, scale, pv=pv, numerics=SEED_NUMERICS)
+        expected = ref.fragment_attention(*args, scale, pv=pv, numerics=ONE_TERM_NUMERICS)
         assert np.abs(out - expected).max() <= FRAGMENT_TOL
 
 
@@ -119,9 +119,9 @@ func.func @tail(%s: tensor<1x1x{rows}x{tokens}xf32>, %v: tensor<1x1x{tokens}x{he
     for r in range(rows):
         scores[0, 0, r, history + r + 1:] = -np.inf
     v, v_scale = ref.quantize_cache(rng.standard_normal((1, 1, tokens, head_dim)).astype(np.float32))
-    out = int8attn.compile(source, cache=False, numerics=SEED_NUMERICS)(scores, v, v_scale)
+    out = int8attn.compile(source, cache=False, numerics=ONE_TERM_NUMERICS)(scores, v, v_scale)
     assert np.isfinite(out).all()
-    expected = ref.fragment_softmax_pv(scores, v, v_scale, "prefill", numerics=SEED_NUMERICS)
+    expected = ref.fragment_softmax_pv(scores, v, v_scale, "prefill", numerics=ONE_TERM_NUMERICS)
     assert np.abs(out - expected).max() <= FRAGMENT_TOL
     # ... and equal to attention over the visible tokens only, up to quantization
     # (softmax_pv's scores are in log2 units: its softmax is exp2).

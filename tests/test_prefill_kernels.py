@@ -19,8 +19,8 @@ from iree.compiler import ir
 from accuracy import check_against_references
 from conftest import first_loop_body, seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
-from int8attn.driver.options import KERNEL_NUMERICS
+from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS
 from int8attn.fragments import GFX936_MMAC, GFX942_MFMA, FragmentModel, VLoadScheme, fragment_model
 from int8attn.kernels.shapes import PrefillShape
 from int8attn.kernels.prefill import build_prefill_kernels
@@ -47,7 +47,7 @@ SHAPES = {
 }
 
 
-def _check(out, args, target, numerics: Numerics = KERNEL_NUMERICS, pv="int8", scale=None):
+def _check(out, args, target, numerics: Numerics = KERNEL_TARGET_NUMERICS, pv="int8", scale=None):
     scale = np.float32(args[0].shape[-1] ** -0.5 if scale is None else scale)
     return check_against_references(out, args, scale, pv, numerics=numerics, model=target)
 
@@ -65,7 +65,7 @@ def test_simulated_prefill_matches_both_references(target, name):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("numerics", [SEED_NUMERICS, KERNEL_NUMERICS], ids=["seed", "kernel"])
+@pytest.mark.parametrize("numerics", [ONE_TERM_NUMERICS, KERNEL_TARGET_NUMERICS], ids=["seed", "kernel"])
 def test_peaked_scores_stay_within_the_fragment_tolerance(target, numerics):
     """Softmax scale 10: scores of magnitude ~100, whose rounding is an ulp of ~1e-5.
     The kernel must compute them in the contract's order, (((n sQ) sK) c) then
@@ -109,7 +109,7 @@ def test_a_wrong_layout_fails_the_comparison():
     wrong = FragmentModel("gfx936", dataclasses.replace(GFX936_MMAC, c=GFX942_MFMA.c),
                           VLoadScheme(16))
     out = simulate_prefill(*args, 0.125, target="gfx936", fragments=wrong)
-    fragment = ref.fragment_attention(*args, 0.125, numerics=KERNEL_NUMERICS)
+    fragment = ref.fragment_attention(*args, 0.125, numerics=KERNEL_TARGET_NUMERICS)
     assert not np.isfinite(out).all() or np.abs(out - fragment).max() > 1e-2
 
 
@@ -121,9 +121,9 @@ def test_the_load_scheme_sets_the_prefill_groups():
     args = prefill_inputs(314, *shape)
     eight = fragment_model("gfx936").with_v_load(8)
     out = simulate_prefill(*args, 0.125, target="gfx936", fragments=eight,
-                           numerics=SEED_NUMERICS)
-    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight, numerics=SEED_NUMERICS)
-    interleaved = ref.fragment_attention(*args, 0.125, numerics=SEED_NUMERICS)
+                           numerics=ONE_TERM_NUMERICS)
+    contiguous = ref.fragment_attention(*args, 0.125, fragments=eight, numerics=ONE_TERM_NUMERICS)
+    interleaved = ref.fragment_attention(*args, 0.125, numerics=ONE_TERM_NUMERICS)
     assert np.abs(out - contiguous).max() <= 5e-5
     assert np.abs(out - interleaved).max() > 10 * np.abs(out - contiguous).max()
 
@@ -223,14 +223,14 @@ def test_a_prepared_folder_records_its_numerics(tmp_path):
 
     from int8attn import bench_prefill
     from int8attn.bench_numerics import bench_numerics, manifest_numerics
-    from int8attn.contract.numerics import SEED_NUMERICS
+    from int8attn.contract.numerics import ONE_TERM_NUMERICS
 
     bench_prefill.prepare(tmp_path / "kernel", [64], 0, 0, 1, 2, 1, 64,
                           numerics=bench_numerics("kernel", bench_prefill.NUMERICS))
     bench_prefill.prepare(tmp_path / "seed", [64], 0, 0, 1, 2, 1, 64)
     recorded = {name: manifest_numerics(json.loads(
         (tmp_path / name / bench_prefill.MANIFEST).read_text())) for name in ("kernel", "seed")}
-    assert recorded == {"kernel": target_spec("cuda").numerics, "seed": SEED_NUMERICS}
+    assert recorded == {"kernel": target_spec("cuda").numerics, "seed": ONE_TERM_NUMERICS}
     assert recorded["kernel"] != recorded["seed"]
 
 
@@ -301,7 +301,7 @@ def test_w_fed_from_registers_matches_w_through_lds(target):
     outs = {}
     for feed in (True, False):
         with new_context(), ir.Location.unknown():
-            built = build_prefill_kernels(s, spec, numerics=SEED_NUMERICS, feed_w=feed)
+            built = build_prefill_kernels(s, spec, numerics=ONE_TERM_NUMERICS, feed_w=feed)
             loop = first_loop_body(str(built.module))
             ring = 1 if spec.prefill_kv_ring else 0
             barriers = loop.count("gpu.barrier")
@@ -311,7 +311,7 @@ def test_w_fed_from_registers_matches_w_through_lds(target):
             assert spec.exp2_intrinsic is not None and spec.exp2_intrinsic in loop
             assert "math.exp" not in loop
             outs[feed] = run_prefill_kernels(built.module, built.layout, *args)
-        _check(outs[feed], args, target, SEED_NUMERICS)
+        _check(outs[feed], args, target, ONE_TERM_NUMERICS)
     np.testing.assert_allclose(outs[True], outs[False], rtol=0, atol=2e-6)
     print(f"{target} seed {seed}: fed vs LDS max abs "
           f"{np.abs(outs[True] - outs[False]).max():.1e}")

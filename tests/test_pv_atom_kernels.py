@@ -14,7 +14,7 @@ import pytest
 
 from accuracy import check_against_references
 from conftest import decode_inputs, seeded_rng
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
+from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
 from int8attn.fragments import pv_model
 from int8attn.kernels.target_spec import target_spec
 from int8attn.reference import sequence_cache
@@ -24,7 +24,7 @@ from test_prefill import prefill_inputs
 
 ATOM = "v_mfma_i32_32x32x16_i8"
 MODEL = pv_model("gfx942", ATOM).name          # "gfx942:v_mfma_i32_32x32x16_i8"
-NUMERICS = [SEED_NUMERICS, Numerics(q_terms=2, w_quant="u8", w_terms=1)]
+NUMERICS = [ONE_TERM_NUMERICS, Numerics(q_terms=2, w_quant="u8", w_terms=1)]
 
 
 def _check(out, args, numerics, model=MODEL):

@@ -26,13 +26,13 @@ import int8attn
 from accuracy import check_against_references
 from conftest import seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
+from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
 from int8attn.driver.graph import attention_graph
 from test_paged import LENGTHS, paged_batch, paged_graph
 
 MIN_REDUCTION = 40.0
 # q in one or two INT8 terms, W as the seed's (s8, one term): the variant under test alone.
-Q_TERMS = {1: SEED_NUMERICS, 2: Numerics(q_terms=2, w_quant="s8", w_terms=1)}
+Q_TERMS = {1: ONE_TERM_NUMERICS, 2: Numerics(q_terms=2, w_quant="s8", w_terms=1)}
 # (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode.
 SHAPES = {"decode": (1, 8, 2, 1000, 1, 64), "prefill": (1, 4, 2, 300, 64, 64)}
 

@@ -17,7 +17,7 @@ from iree.compiler.dialects import memref
 
 from conftest import seeded_rng, simulate_workgroup
 from int8attn import reference as ref
-from int8attn.contract.numerics import KERNEL_NUMERICS  # the simulated kernels' default
+from int8attn.contract.numerics import DIGIT_NUMERICS  # the simulated kernels' default
 from int8attn.fragments import fragment_model
 from int8attn.contract import scalar_ir as contract
 from int8attn.contract.constants import QMAX
@@ -298,8 +298,8 @@ def w_group_tokens(target, partition, group):
 
 def assert_matches_reference(out, args, target):
     with np.errstate(invalid="ignore"):
-        fragment = ref.fragment_attention(*args, SCALE, model=target, numerics=KERNEL_NUMERICS)
-        slack = ref.rounding_tie_slack(*args, SCALE, model=target, numerics=KERNEL_NUMERICS)
+        fragment = ref.fragment_attention(*args, SCALE, model=target, numerics=DIGIT_NUMERICS)
+        slack = ref.rounding_tie_slack(*args, SCALE, model=target, numerics=DIGIT_NUMERICS)
     assert np.array_equal(np.isnan(out), np.isnan(fragment))
     finite = ~np.isnan(fragment)
     assert np.isfinite(out[finite]).all()
@@ -356,6 +356,6 @@ def test_all_w_below_the_threshold_gives_exact_zeros(target):
     tiny = np.full_like(args[4], TINY)
     out = simulate_decode(*args[:4], tiny, SCALE, target=target)
     assert np.array_equal(ref.fragment_attention(*args[:4], tiny, SCALE, model=target,
-                                                 numerics=KERNEL_NUMERICS),
+                                                 numerics=DIGIT_NUMERICS),
                           np.zeros_like(out))
     assert not out.any() and not np.signbit(out).any(), f"{target}: max {np.abs(out).max():.3e}"

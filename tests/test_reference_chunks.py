@@ -15,7 +15,7 @@ from int8attn import reference as ref
 from int8attn.reference import common
 
 UNCHUNKED = 1 << 62
-SEED = ref.SEED_NUMERICS                   # the numerics these tests were written with
+SEED = ref.ONE_TERM_NUMERICS                   # the numerics these tests were written with
 
 
 def _fragment(*args, **kwargs):

@@ -15,7 +15,7 @@ import pytest
 
 import int8attn
 from int8attn import cli, opt
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
+from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
 from int8attn.driver.graph import decode_graph
 from int8attn.driver.options import CompileOptions
 from int8attn.driver.targets import TARGETS, OptionRefused
@@ -181,7 +181,7 @@ def test_options_that_apply_are_accepted(small, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
-@pytest.mark.parametrize("numerics", [SEED_NUMERICS, Numerics(q_terms=2)])
+@pytest.mark.parametrize("numerics", [ONE_TERM_NUMERICS, Numerics(q_terms=2)])
 def test_a_whole_numerics_variant_with_a_float_pv_is_accepted(target, numerics):
     # numerics= (all five fields) names a contract variant a float PV is compared with.
     pv = "bf16"

@@ -23,7 +23,7 @@ import pytest
 
 from accuracy import check_against_references
 from conftest import seeded_rng
-from int8attn.contract.numerics import KERNEL_NUMERICS, Numerics
+from int8attn.contract.numerics import DIGIT_NUMERICS, Numerics
 from int8attn.kernels.target_spec import target_spec
 from int8attn.reference import fragment_attention, sequence_cache
 from int8attn.simulator.decode import simulate_paged
@@ -83,7 +83,7 @@ def test_two_w_terms_in_the_padding_rows_are_bitwise_the_two_mmac_form(target, q
     print(f"seed {seed}")
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 300, 700], q_heads, kv_heads, head_dim, 16)
-    numerics = replace(KERNEL_NUMERICS, w_second=w_second)
+    numerics = replace(DIGIT_NUMERICS, w_second=w_second)
     (unpacked, packed), counts = _paged_mmas(target, q_heads, kv_heads, head_dim,
                                              numerics, arrays, mma)
     assert np.array_equal(unpacked, packed)
@@ -118,13 +118,13 @@ def test_q_digits_in_every_kernel_within_both_references(target, q_heads):
     rng = seeded_rng(seed)
     arrays = paged_batch(rng, [1, 200, 700], q_heads, 2, 64, 16)
     out = simulate_paged(*arrays, SCALE, target=target)            # the kernels' default
-    assert KERNEL_NUMERICS.q_digits
-    scaled_q = replace(KERNEL_NUMERICS, q_second="scaled")
+    assert DIGIT_NUMERICS.q_digits
+    scaled_q = replace(DIGIT_NUMERICS, q_second="scaled")
     for got, dense in _sequences(out, arrays):
-        check_against_references(got, dense, SCALE, model=target, numerics=KERNEL_NUMERICS)
+        check_against_references(got, dense, SCALE, model=target, numerics=DIGIT_NUMERICS)
         kept, swapped = (
             np.abs(got - fragment_attention(*dense, SCALE, model=target, numerics=n)).max()
-            for n in (KERNEL_NUMERICS, scaled_q))
+            for n in (DIGIT_NUMERICS, scaled_q))
         print(f"{target} Hq {q_heads} seed {seed}: vs its contract {kept:.1e}, vs scaled Q "
               f"{swapped:.1e}")
         if dense[1].shape[2] > 1:        # one token: every weight is 1, q's rounding gone

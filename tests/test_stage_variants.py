@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from iree.compiler import ir
 
-from int8attn.contract.numerics import SEED_NUMERICS
+from int8attn.contract.numerics import ONE_TERM_NUMERICS
 from int8attn.kernels import decode, prefill
 from int8attn.kernels.decode import build_decode_kernels, paged_access
 from int8attn.kernels.prefill import build_prefill_kernels
@@ -100,7 +100,7 @@ def test_one_scale_keeps_the_mmas_and_drops_the_epilogue(monkeypatch):
     def tile_loop(pv_stage) -> str:
         monkeypatch.setattr(prefill, "pv_stage", pv_stage)
         with new_context(), ir.Location.unknown():
-            text = str(build_prefill_kernels(shape, CUDA, numerics=SEED_NUMERICS).module)
+            text = str(build_prefill_kernels(shape, CUDA, numerics=ONE_TERM_NUMERICS).module)
         start = text.index("scf.for")
         return text[start:text.index("scf.for", start + 1)]
 

@@ -24,7 +24,7 @@ from conftest import REPO, seeded_rng
 from int8attn import cli
 from int8attn.contract.numerics import Numerics
 from int8attn.driver.graph import decode_graph, random_inputs
-from int8attn.driver.options import KERNEL_NUMERICS, CompileOptions
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS, CompileOptions
 from int8attn.driver.targets import TARGETS
 from int8attn.pipelines import PipelineOptions
 from int8attn.runtime.cache import project_source_roots, source_fingerprint
@@ -291,16 +291,16 @@ def test_numerics_defaults_follow_the_target():
         astuple(Numerics())
     for target in KERNEL_TARGETS:
         options = TARGETS[target].check(CompileOptions(target=target))
-        assert options.numerics == KERNEL_NUMERICS
+        assert options.numerics == KERNEL_TARGET_NUMERICS
         assert (options.q_terms, options.w_quant, options.w_terms, options.w_second,
-                options.q_second) == astuple(KERNEL_NUMERICS)
+                options.q_second) == astuple(KERNEL_TARGET_NUMERICS)
     assert cli.main(["run", "--target", "gfx936", "--simulate", "--seed", "1",
                      str(REPO / "examples" / "decode.mlir")]) == 0
 
 
 def test_cpu_and_every_simulated_kernel_agree_on_the_same_inputs():
     # The kernels' numerics with the second terms the cpu pipeline implements (scaled).
-    numerics = replace(KERNEL_NUMERICS, q_second="scaled", w_second="scaled")
+    numerics = replace(KERNEL_TARGET_NUMERICS, q_second="scaled", w_second="scaled")
     graph = int8attn.compile(SMALL, numerics=numerics)
     arrays = random_inputs(graph.entry(), seed=12)
     cpu = graph(*arrays)

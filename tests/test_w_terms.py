@@ -33,7 +33,7 @@ import int8attn
 from accuracy import FLOAT_SLACK, check_against_references
 from conftest import seeded_rng
 from int8attn import reference as ref
-from int8attn.contract.numerics import SEED_NUMERICS, Numerics
+from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
 from int8attn.driver.graph import attention_graph
 from test_paged import LENGTHS, paged_batch, paged_graph
 
@@ -149,7 +149,7 @@ def test_key_outliers_error_falls_from_the_seeds_numerics(mode):
     args = _inputs(43, mode, key_outliers=True)
     scale = SHAPES[mode][-1] ** -0.5
     exact = ref.exact_attention(*args, scale).astype(np.float64)
-    seed = _compiled(mode, "int8", SEED_NUMERICS)(*args)
+    seed = _compiled(mode, "int8", ONE_TERM_NUMERICS)(*args)
     best = _compiled(mode, "int8", _w("u8", 2))(*args)
     one_term = _compiled(mode, "int8", _w("u8", 1))(*args)
     err = {name: float(np.abs(out - exact).max())

@@ -1,5 +1,7 @@
-// RUN: int8attn-opt %s -p int8-qk | filecheck %s
+// RUN: int8attn-opt %s -p "int8-qk{q-terms=1}" | filecheck %s
 // RUN: int8attn-opt %s -p "int8-qk{q-terms=2}" | filecheck %s --check-prefix=TWO
+// The pass alone takes the named pipeline's default, q-terms=2:
+// RUN: int8attn-opt %s -p int8-qk | filecheck %s --check-prefix=TWO
 
 // GQA 4:1 decode: q rows are grouped by KV head, quantized per row, and the
 // int32 dot product is rescaled by (sQ * c) * sK, c = softmax_scale * log2 e

@@ -1,5 +1,5 @@
-// RUN: int8attn-opt %s --split-input-file -p lower-paged-attention | filecheck %s --check-prefixes=CHECK,PREFILL
-// RUN: int8attn-opt %s --split-input-file -p "lower-paged-attention{partition-tokens=64}" | filecheck %s --check-prefix=T64
+// RUN: int8attn-opt %s --split-input-file -p "lower-paged-attention{q-terms=1}" | filecheck %s --check-prefixes=CHECK,PREFILL
+// RUN: int8attn-opt %s --split-input-file -p "lower-paged-attention{partition-tokens=64 q-terms=1}" | filecheck %s --check-prefix=T64
 // RUN: int8attn-opt %s --split-input-file --pipeline int8attn-to-algorithm | filecheck %s --check-prefix=ALGO
 
 // A loop over the (dynamic) batch; per sequence the query rows are quantized

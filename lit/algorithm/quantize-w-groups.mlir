@@ -1,8 +1,10 @@
-// RUN: int8attn-opt %s -p quantize-w-groups | filecheck %s
-// RUN: int8attn-opt %s -p "quantize-w-groups{fragment-model=gfx942}" | filecheck %s
-// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8}" | filecheck %s --check-prefix=U8
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=s8 w-terms=1}" | filecheck %s
+// RUN: int8attn-opt %s -p "quantize-w-groups{fragment-model=gfx942 w-quant=s8 w-terms=1}" | filecheck %s
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8 w-terms=1}" | filecheck %s --check-prefix=U8
 // RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8 w-terms=2}" | filecheck %s --check-prefix=TWO
-// RUN: int8attn-opt %s -p "quantize-w-groups{w-terms=2}" | filecheck %s --check-prefix=TWO-S8
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=s8 w-terms=2}" | filecheck %s --check-prefix=TWO-S8
+// The pass alone takes the named pipeline's defaults, w-quant=u8 w-terms=2:
+// RUN: int8attn-opt %s -p quantize-w-groups | filecheck %s --check-prefix=TWO
 
 // One scale per (row, partition, MMAC group). The groups of a wave are the
 // gfx936 MMAC's real token sets with 16-byte V loads:
