@@ -17,7 +17,7 @@ from iree.compiler import ir
 
 from accuracy import check_against_references
 from conftest import seeded_rng
-from int8attn.driver.options import KERNEL_NUMERICS
+from int8attn.driver.options import KERNEL_TARGET_NUMERICS
 from int8attn.kernels.decode import build_decode_kernels, dense_access
 from int8attn.kernels.prefill import build_prefill_kernels
 from int8attn.kernels.shapes import DenseShape, PrefillShape
@@ -30,7 +30,7 @@ from test_prefill import prefill_inputs
 
 TARGETS = ["gfx936", "gfx942", "cuda"]
 SCALE = 0.125
-U8_W = KERNEL_NUMERICS.updated(w_quant="u8")
+U8_W = KERNEL_TARGET_NUMERICS.updated(w_quant="u8")
 
 
 def _decode_inputs(seed, batch, q_heads, kv_heads, tokens, dim):
@@ -58,7 +58,7 @@ def _both_joins(target, build, run):
     return outs, texts
 
 
-@pytest.mark.parametrize("numerics", [KERNEL_NUMERICS, U8_W], ids=["s8", "u8"])
+@pytest.mark.parametrize("numerics", [KERNEL_TARGET_NUMERICS, U8_W], ids=["s8", "u8"])
 @pytest.mark.parametrize("q_heads", [4, 16], ids=["gqa2", "gqa8"])
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_decode_joins_give_the_same_bits(target, q_heads, numerics):
@@ -84,7 +84,7 @@ def test_the_prefill_joins_give_the_same_bits(target):
     b, hq, hkv, s, sq, d = shape
     prefill = PrefillShape(b, hkv, hq // hkv, s, sq, d, SCALE)
     outs, texts = _both_joins(
-        target, lambda spec: build_prefill_kernels(prefill, spec, numerics=KERNEL_NUMERICS),
+        target, lambda spec: build_prefill_kernels(prefill, spec, numerics=KERNEL_TARGET_NUMERICS),
         lambda built: run_prefill_kernels(built.module, built.layout, *args))
     assert np.isfinite(outs[0]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
