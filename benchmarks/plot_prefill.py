@@ -1,10 +1,10 @@
 """The prefill bench's plot (`int8attn.bench_prefill.plot`) from rows it saved.
 
-    python benchmarks/plot_prefill.py benchmarks/results-h200-prefill-ring.json \\
-        --key final_3afdba3 --out benchmarks/results-h200-prefill.png
+    python benchmarks/plot_prefill.py benchmarks/results/2026-12-05-h200-prefill-and-paged-decode/rows.json \\
+        --key head_tables --out benchmarks/results/2026-12-05-h200-prefill-and-paged-decode/plot.png
 
-The JSON is what `bench_prefill --json` writes (a list of rows), or a results file
-holding such lists under keys (`--key` chooses one).
+The JSON is what `bench_prefill --json` writes (a list of rows), or a results folder's
+`rows.json` holding such lists under keys (`--key` chooses one).
 """
 
 from __future__ import annotations

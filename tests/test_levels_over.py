@@ -8,7 +8,7 @@ for every mantissa at one binade, at the binades around the scaling and the rang
 ends, and on random a over the whole range; and on the scalar IR in the lane simulator,
 its reciprocal made an ulp wrong on purpose. The premise on the hardware (PTX's
 rcp.approx.ftz.f32 within one ulp for every such a) is `benchmarks/rcp_approx_ulps.py`'s,
-run on an H100 over every f32 of the domain (benchmarks/results-h100-rcp-approx.json)."""
+run on an H100 over every f32 of the domain (benchmarks/results/2026-12-05-h100-rcp-approx-ulps/rows.json)."""
 
 import os
 import subprocess
