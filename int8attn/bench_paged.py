@@ -251,7 +251,7 @@ def markdown(rows: list[dict]) -> str:
 
 def _prepare(directory: Path, settings: BenchSettings) -> None:
     prepare(directory, settings.q_heads, settings.kv_heads, settings.head_dim,
-            numerics=bench_numerics(settings.numerics, "kernel"))
+            numerics=bench_numerics(settings.numerics, "digits"))
 
 
 def _run(directory: Path, settings: BenchSettings) -> list[dict]:

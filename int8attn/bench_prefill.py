@@ -39,9 +39,9 @@ BLOCK_SIZE = 16
 CHECK_TOKENS = 64
 HISTORY, NEW_TOKENS = 8192, 512   # the history case, unless --history / --new-tokens
 # The numerics `prepare` compiles the modules with unless `--numerics` names others (the
-# manifest records them, and `run` checks against them): the seed's, whose timings the
-# README's prefill tables report (they predate the kernels' two-term default).
-NUMERICS = "seed"
+# manifest records them, and `run` checks against them): one-term numerics, those of the
+# prefill tables in benchmarks/results/.
+NUMERICS = "one-term"
 MANIFEST = "prefill.json"   # what `prepare` wrote: the cases and shapes, for `run`
 
 

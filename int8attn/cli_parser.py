@@ -110,11 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="seed of the random data (--mode paged: also of the lengths "
                                 "and block tables)")
     bench_cmd.add_argument("--numerics", choices=bench_numerics.CHOICES, default=None,
-                           help="--mode paged and prefill: the kernels' numerics: the seed's "
-                                "(q-terms 1, w-quant s8, w-terms 1), the kernel targets' "
-                                "default (2, s8, 2) or the cpu pipeline's defaults (2, u8, 2); "
-                                "default: paged the kernel targets', prefill the seed's (the "
-                                "numerics of its tables)")
+                           type=bench_numerics.numerics_name,
+                           help="--mode paged and prefill: the kernels' numerics: one-term "
+                                "(q-terms 1, w-quant s8, w-terms 1), digits (the kernel "
+                                "targets' default: 2, s8, 2, each second term a digit) or "
+                                "defaults (the cpu pipeline's: 2, u8, 2, scaled); default: "
+                                "paged digits, prefill one-term (the numerics of its tables); "
+                                "the old names seed and kernel are deprecated")
     bench_cmd.add_argument("--context", type=arg_types.token_counts, default=None,
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=arg_types.positive, default=None,

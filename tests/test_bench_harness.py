@@ -311,7 +311,7 @@ def test_of_two_flags_of_other_modes_the_first_in_the_help_is_named(capsys):
 
     assert list(cli.MODE_FLAGS) == ["--history", "--new-tokens", "--ragged-mean", "--numerics"]
     with pytest.raises(SystemExit):
-        cli.main(["bench", "--numerics", "seed", "--history", "5"])
+        cli.main(["bench", "--numerics", "one-term", "--history", "5"])
     assert "--history applies to --mode prefill, not --mode decode" in capsys.readouterr().err
 
 
@@ -526,20 +526,21 @@ def test_paged_runs_every_case_and_folder(tmp_path, no_torch_baselines):
 
 def test_paged_folders_of_other_numerics_are_each_checked_against_their_own(
         tmp_path, no_torch_baselines):
-    # the cost of the default numerics against the seed's, in one process on the same data
-    seed = _paged_folder(tmp_path / "seed")
+    # the cost of the default numerics against one-term numerics, in one process on the
+    # same data
+    one_term = _paged_folder(tmp_path / "one-term")
     kernel = _paged_folder(tmp_path / "kernel", q_terms=2, w_quant="u8")
-    rows = bench_paged.run([seed, kernel], 2, [40], 30, seed=4, pvs=["int8"],
+    rows = bench_paged.run([one_term, kernel], 2, [40], 30, seed=4, pvs=["int8"],
                            device=FakeDevice(), timer=FakeTimer(0, 1))
     assert [(r["modules"], r["q_terms"], r["w_quant"]) for r in rows[:2]] == [
-        ("seed", 1, "s8"), ("kernel", 2, "u8")]
+        ("one-term", 1, "s8"), ("kernel", 2, "u8")]
     assert all(r["int8_within_tolerance"] for r in rows)
     # the two numerics give different outputs: one reference for both would fail a row
-    seed_numerics = manifest_numerics(json.loads((seed / "paged.json").read_text()))
+    one_term_numerics = manifest_numerics(json.loads((one_term / "paged.json").read_text()))
     arrays = bench_paged_cases.batch_arrays(np.random.default_rng(0), [40, 40], 4, 2, 32, 16)
     kernel_out = FakeDevice(error=0).load(kernel / "paged_int8.vmfb", "paged")(*arrays)
     assert not bench_paged.check(kernel_out.to_host(), arrays, 32 ** -0.5, "int8",
-                                 seed_numerics).ok
+                                 one_term_numerics).ok
 
 
 def test_prefill_runs_every_case_and_a_bad_output_fails_its_check(tmp_path, no_torch_baselines):
@@ -682,18 +683,38 @@ def _run_script(tmp_path, source: str):
 
 
 def test_numerics_names():
-    # --numerics NAME -> the numerics compiled (None: the kernel target's own), and a
-    # manifest written before the numerics were recorded means the seed's
+    # --numerics NAME -> the numerics compiled (the old names too), and a manifest
+    # written before the numerics were recorded means one-term numerics
     from int8attn.bench_numerics import CHOICES, bench_numerics, manifest_numerics
-    from int8attn.contract.numerics import ONE_TERM_NUMERICS
+    from int8attn.contract.numerics import DIGIT_NUMERICS, ONE_TERM_NUMERICS
+    from int8attn.driver.options import KERNEL_TARGET_NUMERICS
     from int8attn.pipelines import PIPELINE_NUMERICS
 
-    assert CHOICES == ("seed", "kernel", "defaults")
-    assert bench_numerics(None, "seed") == ONE_TERM_NUMERICS
-    assert bench_numerics(None, "kernel") is None
-    assert bench_numerics("defaults", "seed") == PIPELINE_NUMERICS
-    with pytest.raises(ValueError, match="one of seed, kernel, defaults"):
-        bench_numerics("fast", "seed")
+    assert CHOICES == ("one-term", "digits", "defaults")
+    assert bench_numerics(None, "one-term") == ONE_TERM_NUMERICS
+    assert bench_numerics(None, "digits") == DIGIT_NUMERICS == KERNEL_TARGET_NUMERICS
+    assert bench_numerics("defaults", "one-term") == PIPELINE_NUMERICS
+    assert bench_numerics("seed", "digits") == ONE_TERM_NUMERICS
+    assert bench_numerics("kernel", "one-term") == DIGIT_NUMERICS
+    with pytest.raises(ValueError, match="one of one-term, digits, defaults"):
+        bench_numerics("fast", "one-term")
     older = dict(cases=[["Sq=S=64", 64, 64]], batch=1, q_heads=2, kv_heads=1, head_dim=64)
     assert manifest_numerics(older) == ONE_TERM_NUMERICS
     assert manifest_numerics(dict(older, q_terms=2)).q_terms == 2
+
+
+def test_the_old_numerics_names_are_taken_with_a_note(capsys):
+    # --numerics seed / kernel still parse, as one-term / digits, with one line on stderr
+    from int8attn.cli_parser import build_parser
+
+    parser = build_parser()
+    for old, new in (("seed", "one-term"), ("kernel", "digits")):
+        args = parser.parse_args(["bench", "--mode", "paged", "--numerics", old])
+        assert args.numerics == new
+        err = capsys.readouterr().err
+        assert err == f"note: --numerics {old} is deprecated; it is --numerics {new}\n"
+    args = parser.parse_args(["bench", "--mode", "paged", "--numerics", "digits"])
+    assert args.numerics == "digits" and capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--mode", "paged", "--numerics", "fast"])
+    assert "(choose from 'one-term', 'digits', 'defaults')" in capsys.readouterr().err

@@ -316,10 +316,10 @@ def test_bench_runners_name_bad_folders_and_flags(name, tmp_path, capsys, monkey
 
 
 @pytest.mark.parametrize("mode, flags", [
-    ("paged", ["--head-dim", "64"]), ("paged", ["--numerics", "seed"]),
+    ("paged", ["--head-dim", "64"]), ("paged", ["--numerics", "one-term"]),
     ("decode", ["--context", "4096"]), ("decode", ["--q-heads", "32"]),
     ("prefill", ["--history", "1024"]), ("prefill", ["--batch", "2"]),
-    ("prefill", ["--numerics", "seed"])])
+    ("prefill", ["--numerics", "one-term"])])
 def test_bench_from_refuses_the_flags_its_modules_fix(mode, flags, tmp_path, capsys,
                                                       monkeypatch):
     """A prepared folder's modules were compiled for its manifest's shape: a shape flag
