@@ -125,10 +125,10 @@ func.func @unsigned_groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3
 
 // -----
 
-// The seed's bug on request (scale_groups other than groups, which verify-scale-groups
+// Contiguous (wrong) W groups on request (scale_groups other than groups, which verify-scale-groups
 // would refuse): each group is quantized against the absmax of other tokens, so a value
 // may exceed it and the clamp is whole.
-// CHECK-LABEL: func.func @seed_bug_groups
+// CHECK-LABEL: func.func @contiguous_groups
 // CHECK-DAG: %[[QMAX:.*]] = arith.constant 1.270000e+02 : f32
 // CHECK-DAG: %[[QMIN:.*]] = arith.constant -1.270000e+02 : f32
 // CHECK: linalg.generic
@@ -140,7 +140,7 @@ func.func @unsigned_groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3
            array<i64: 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>]
 #contiguous = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31>,
                array<i64: 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63>]
-func.func @seed_bug_groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
+func.func @contiguous_groups(%w: tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>) {
   %q:2 = "int8attn.group_quantize"(%w) {groups = #groups, scale_groups = #contiguous} : (tensor<3x64xf32>) -> (tensor<3x2x32xi8>, tensor<3x2xf32>)
   return %q#0, %q#1 : tensor<3x2x32xi8>, tensor<3x2xf32>
 }

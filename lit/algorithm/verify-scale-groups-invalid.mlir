@@ -1,6 +1,6 @@
 // RUN: not int8attn-opt %s --split-input-file -p verify-scale-groups 2>&1 | filecheck %s
 
-// The seed's bug: scales over logical tokens 0-31 / 32-63, values from the
+// Contiguous (wrong) W groups: scales over logical tokens 0-31 / 32-63, values from the
 // MMAC's interleaved sets.
 // CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 7]]:10: error: W scale of group 0 is computed over tokens {0-31} but the MMAC consuming its quantized values reads tokens {0-7,16-23,32-39,48-55}
 // CHECK: note: consumer at {{.*}}verify-scale-groups-invalid.mlir:[[# @LINE + 7]]:8; scales must come from the token set the MMAC really consumes
@@ -55,7 +55,7 @@ func.func @opaque(%wq: tensor<1x1x4x1x2x32xi8>, %sw: tensor<1x1x4x1x2xf32>, %v: 
 // -----
 
 // Unsigned W whose offset compensation sums V over logical tokens 0-31 / 32-63
-// (the seed's contiguous mistake, made in the column sums): the MMAC reads the
+// (the contiguous mistake again, made in the column sums): the MMAC reads the
 // interleaved sets.
 // CHECK: verify-scale-groups-invalid.mlir:[[# @LINE + 8]]:9: error: column sum of group 0 is computed over tokens {0-31} but the MMAC it compensates reads tokens {0-7,16-23,32-39,48-55}
 // CHECK: note: consumer at {{.*}}verify-scale-groups-invalid.mlir:[[# @LINE + 8]]:8; the 128 * sum Vq offset must cover the MMAC's own tokens

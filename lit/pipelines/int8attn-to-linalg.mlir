@@ -8,7 +8,7 @@
 
 // The whole pipeline leaves only standard dialects. INT8 PV keeps exact
 // per-group sums (accumulated in f32, exact for int8 products, as int32
-// tiles), reading W and V in place (no token gather; the seed's contiguous
+// tiles), reading W and V in place (no token gather; contiguous (wrong)
 // scale groups still gather W for their absmax); the baselines contract in f32.
 // INT8-LABEL: func.func @decode
 // INT8-NOT: int8attn.
@@ -39,7 +39,7 @@
 // FLOAT: arith.sitofp %{{.*}} : i8 to f32
 // FLOAT: return
 
-// The seed's bug is rejected by default, at the graph's location.
+// Contiguous (wrong) W groups are rejected by default, at the graph's location.
 // BUG: int8attn-to-linalg.mlir:[[# @LINE + 21]]:8: error: W scale of group 0 is computed over tokens {0-31} but the MMAC consuming its quantized values reads tokens {0-7,16-23,32-39,48-55}
 
 // STAGES: IR Dump After int8-qk
