@@ -29,9 +29,9 @@ def divide_by_reciprocal(x: ir.Value, divisor: ir.Value, y: ir.Value) -> ir.Valu
     """x / divisor by y = RN(1/divisor) and one FMA correction: q0 = x y,
     r = fma(-divisor, q0, x), q = fma(r, y, q0). Correctly rounded wherever the
     residual r is exact (Markstein's theorem), which it is unless it falls below the
-    subnormal grid: x >= 2^-102 for every divisor of at most 2^10 (measured over 1.7e8
-    pairs, benchmarks/results-sass-mix.md); below that, an ulp at most. Three f32
-    instructions where a checked division issues about ten; y is computed once per
+    subnormal grid: x >= 2^-102 for every divisor of at most 2^10 (checked over 1.7e8
+    pairs, benchmarks/results/2026-12-05-nogpu-sass-mix/); below that, an ulp at most.
+    Three f32 instructions where a checked division issues about ten; y is computed once per
     divisor (a constant, or `reciprocal` of a row's sum)."""
     q0 = arith.mulf(x, y)
     return math.fma(math.fma(arith.negf(divisor), q0, x), y, q0)
@@ -57,7 +57,8 @@ def levels_over(levels: ir.Value, a: ir.Value,
     operands and branches to a slow path (a warp's four W groups then reduce and
     divide one after the other). Bitwise `arith.divf` for every such a and y0 within
     1 ulp of 1/a (tests/test_levels_over.py); rcp.approx.ftz.f32 is within 1 ulp for
-    every x it gets here on an H100 (benchmarks/rcp_approx_ulps.py)."""
+    every x it gets here, checked on hardware by benchmarks/rcp_approx_ulps.py
+    (benchmarks/results/2026-12-05-h100-rcp-approx-ulps/)."""
     large = arith.cmpf(arith.CmpFPredicate.OGE, a, _f32(LARGE_DIVISOR))
     k = arith.select(large, _f32(1.0 / LARGE_DIVISOR), _f32(1.0))
     scaled = arith.mulf(a, k)

@@ -79,10 +79,11 @@ ONE_TERM_NUMERICS = Numerics(q_terms=1, w_quant="s8", w_terms=1)
 
 # The lane kernels' default: two terms of q and of W, symmetric W, each second term a
 # digit. As accurate as the pipeline's (two scaled terms each, u8 W) on the accuracy
-# families (benchmarks/results/), and cheap: the low digits take padding rows of the
-# same MMA tiles where the C layout allows (for W, the rows u8's column sums would
-# need), and one integer multiply-add joins each pair of sums before the one
-# conversion to f32 (kernels/qk_stages.py, kernels/pv_stages.py).
+# families (benchmarks/results/2026-12-04-h200-paged-decode-default-numerics/), and
+# cheap: the low digits take padding rows of the same MMA tiles where the C layout
+# allows (for W, the rows u8's column sums would need), and one integer multiply-add
+# joins each pair of sums before the one conversion to f32 (kernels/qk_stages.py,
+# kernels/pv_stages.py).
 DIGIT_NUMERICS = Numerics(q_terms=2, w_quant="s8", w_terms=2, w_second="digit",
                           q_second="digit")
 

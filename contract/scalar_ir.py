@@ -132,7 +132,7 @@ def reduce(values: list[ir.Value], combine: Callable) -> ir.Value:
     """`combine` over a lane's `values`: a max as a `balanced` tree (the same value in
     any order), anything else (a sum) in the values' order. (The references sum by
     numpy's pairwise rule, so either order is within their tolerance; balanced row sums
-    were 1-5% slower in the prefill: benchmarks/results-h100-prefill-issue25.md.)"""
+    made the prefill slower: benchmarks/results/2026-12-05-h100-prefill-reciprocal/.)"""
     if combine is arith.maximumf:
         return balanced(values, combine)
     total = values[0]

@@ -237,8 +237,8 @@ class Target:
 
 _KERNEL_FLAGS = (
     # Binding fusion packs the partition outputs into one buffer, and its offsets
-    # do not reach the hand-written kernel's subspans (seen on an H200: the
-    # outputs landed on top of each other).
+    # do not reach the hand-written kernel's subspans (the outputs land on top of
+    # each other).
     "--iree-scheduling-optimize-bindings=false",
 )
 _CPU_ONLY = {**_NO_KERNEL_OBJECT, "v_token_innermost": (lambda o: o.v_token_innermost,

@@ -155,8 +155,7 @@ class DecodeKernelLayout:
     # K bytes for all steps are one contiguous run of the token's row, read in
     # K_LOAD_BYTES-wide loads, and Q is read from LDS through the same map.
     # (Interleaving the lane groups per load, so that each load instruction reads
-    # whole 32-byte sectors, measured the same on the H200: the second load of a
-    # run hits L1.)
+    # whole 32-byte sectors, gains nothing: the second load of a run hits L1.)
     def qk_b_width(self, head_dim: int) -> int:
         """Bytes of each K load of a lane: the widest that divides its run."""
         return math.gcd(K_LOAD_BYTES, head_dim // self.instruction.k * self.instruction.b.slots)

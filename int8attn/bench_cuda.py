@@ -237,7 +237,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("time per decode step (us)")
     ax.set_title(f"decode, B={rows[0]['batch']}, Hq={rows[0]['q_heads']}, "
-                 f"Hkv={rows[0]['kv_heads']}, D={rows[0]['head_dim']} (H200)")
+                 f"Hkv={rows[0]['kv_heads']}, D={rows[0]['head_dim']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

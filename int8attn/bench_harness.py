@@ -183,12 +183,11 @@ def run_main(main: Callable[[], int]) -> NoReturn:
     """`raise SystemExit(main())` for a bench's command line on the GPU machine, without
     the interpreter's teardown: after the CUDA runtimes (IREE's, torch's and its CUPTI
     trace) the teardown is where things went wrong, after the work was done. A run
-    the device failed (IREE's and torch's RuntimeError) outlived its traceback by
-    minutes there (an H100, 2026-12-05), time the device lease pays for; a finished
-    one aborted there with "double free or corruption" (exit 134, an H200, the same
-    day) after every row and file was written. So the process says what failed, if
-    anything, flushes its output and ends at once. The rows measured before a failure
-    are already printed (`run_cases`)."""
+    the device failed (IREE's and torch's RuntimeError) can outlive its traceback by
+    minutes there, time the device lease pays for; a finished one can abort there with
+    "double free or corruption" (exit 134) after every row and file was written. So
+    the process says what failed, if anything, flushes its output and ends at once.
+    The rows measured before a failure are already printed (`run_cases`)."""
     try:
         code = main()
     except RuntimeError as error:

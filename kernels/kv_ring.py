@@ -139,9 +139,10 @@ class KVRing:
         tile; the caller calls it after its QK. Where the next tile's addresses load
         (`KVView.addresses_load`: a chunked prefill's block ids), only they are
         computed here and `issue()` issues the copies, so the loads pass under QK's
-        MMAs instead of stalling the copies at once (an H100: the chunked prefill 4%
-        faster); elsewhere the copies are issued here, with the most time to land
-        (after QK, the dense history case was 5% slower; results-h100-prefill-issue25.md)."""
+        MMAs instead of stalling the copies at once (the chunked prefill is faster so);
+        elsewhere the copies are issued here, with the most time to land (issued after
+        QK, the dense history case is slower;
+        benchmarks/results/2026-12-05-h100-prefill-reciprocal/)."""
         lanes, ring = self.lanes, TileRing(self.STAGES)
         lanes.barrier()
         following = tile_of(ring.following(lanes.ops, tile, count))

@@ -258,8 +258,8 @@ def _tile_step(plan: StagePlan, tile_kv: KVView, operands, carried, classes, liv
     m_new, alpha, l_new, w = online_softmax(plan, scores, m, l, classes)
     # The tile's sums go on from alpha o (the contract's chain, reference.pv_chain).
     start = _rescaled(plan, _per_pv_slot(plan, alpha, classes, slots), o)
-    # V loaded per 16-column tile just before its MMACs: fewer live registers
-    # (the H200: INT8 the same, the BF16 twin 6% faster at 3 workgroups per SM).
+    # V loaded per 16-column tile just before its MMACs: fewer live registers (INT8
+    # as fast, the BF16 twin faster at 3 workgroups per SM; benchmarks/results/).
     o_new = [regs[i] for regs in pv_stage(plan, w, v_tiles(plan, tile_kv, wave_token0,
                                                            VSource(per_tile=True)), start)
              for i in slots]

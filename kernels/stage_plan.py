@@ -117,7 +117,7 @@ class StagePlan:
     def w_staging(self) -> OperandStaging:
         """Where W sits in LDS (one operand per PV MMAC), for PV's instruction. The
         BF16-PV twin's stays row-major: in register order ptxas spills it at the
-        decode's 80 registers (benchmarks/results-sass-mix.md)."""
+        decode's 80 registers (benchmarks/results/2026-12-05-nogpu-sass-mix/)."""
         pv = self.pv_layout
         if self.pv != "int8":
             return OperandStaging.row_major(pv.instruction, pv.model.wave_token_groups)

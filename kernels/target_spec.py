@@ -4,7 +4,7 @@ simulator read about a GPU.
 A spec holds the target's matrix-instruction atoms (the QK/PV fragment model,
 the other INT8 PV atoms it offers, the bf16 PV baseline's), how its backend
 spells an MMA, its wave size, its capabilities (an asynchronous copy into LDS,
-an occupancy hint) and the schedule measured on it. Adding a target is one row
+an occupancy hint) and the schedule chosen for it. Adding a target is one row
 of `TARGET_SPECS`; adding an instruction to a target is one atom in its row.
 """
 
@@ -50,8 +50,8 @@ class DecodeTuning:
     merge_chunks: int = 1     # merge workgroups per (KV head, sequence), each D / chunks columns
     # No merge kernel: the last partition workgroup of a (sequence, KV head) to finish
     # (an atomic count of arrivals) merges its partials, in `fused_splits` thread groups
-    # loading `fused_unroll` partitions each per iteration. Off: 9-14% slower at B = 16
-    # and 50-70% at B = 1 on an H100 (benchmarks/results-h100-fused-merge.md).
+    # loading `fused_unroll` partitions each per iteration. Off by default: it was slower
+    # at every batch measured (benchmarks/results/2026-12-05-h100-paged-decode-fused-merge/).
     fused_merge: bool = False
     fused_splits: int = 4
     fused_unroll: int = 2
@@ -169,7 +169,7 @@ class TargetSpec:
     # arrival count of the fused merge (DecodeTuning.fused_merge) take it.
     device_scope: str = "agent"
     # Workgroups per SM the prefill kernel is built for (0: the backend's choice), and
-    # the SMs of the GPU that was measured on: a grid too small to fill that many per
+    # the SMs of the GPU the choice was made on: a grid too small to fill that many per
     # SM is left to the backend (the cap only costs registers there).
     prefill_workgroups_per_sm: int = 0
     measured_sms: int = 0
@@ -182,7 +182,7 @@ class TargetSpec:
     # registers (16 registers a lane, 32 with two-term Q; with the ring's barrier in
     # the loop the loads stay there): one LDS.128 per K step in register order
     # (fragments/operand_staging.py). cuda's choice from ptxas's counts, not yet timed
-    # (benchmarks/results-sass-mix.md).
+    # (benchmarks/results/2026-12-05-nogpu-sass-mix/).
     prefill_q_per_tile: bool = False
 
     @property
@@ -296,15 +296,15 @@ class TargetSpec:
         return {self.occupancy_attribute: f"{workgroups_per_sm} : i32"}
 
 
-# Measured on the H200 (benchmarks/results-h200-paged.md); the AMD targets take
-# the target-independent choices only (nothing there is measured on hardware).
-# Digit sums joined as integers (DecodeTuning.digits_join_i32): cuda's SASS is 11%
-# shorter with it (prefill, default numerics: 1,496 -> 1,326 per tile; paged decode
-# 1,648 -> 1,528), but the conversion goes to the XU pipe, which MUFU shares. Timed on
-# the H200 in one run (benchmarks/results-h200-digit-join.md): the prefill 11-12% faster
-# (16K 10.68 -> 9.46 ms), the paged decode 0.4-2.9% slower, so cuda's prefill joins as
+# cuda's schedule is chosen from timings on NVIDIA hardware (benchmarks/results/, e.g.
+# 2026-12-03-h200-paged-decode/); the AMD targets take the target-independent choices
+# only (nothing there has run on hardware).
+# Digit sums joined as integers (DecodeTuning.digits_join_i32): fewer SASS instructions
+# on cuda, but the conversion goes to the XU pipe, which MUFU shares. The prefill
+# gains from it and the paged decode does not
+# (benchmarks/results/2026-12-05-h200-prefill-digit-join/), so cuda's prefill joins as
 # integers and its decode through the bias. Off on the AMD targets, untimed: llc's gfx942
-# code is 4-5% shorter, but LLVM's model gives v_cvt_f32_i32 the transcendentals'
+# code is shorter, but LLVM's model gives v_cvt_f32_i32 the transcendentals'
 # (quarter-rate) class.
 TARGET_SPECS: dict[str, TargetSpec] = {
     "gfx936": TargetSpec("gfx936", fragment_model("gfx936"), _mmac_intrinsic,
@@ -320,26 +320,27 @@ TARGET_SPECS: dict[str, TargetSpec] = {
     "cuda": TargetSpec(
         "cuda", fragment_model("cuda"), _mma_sync, bf16_pv=bf16_pv_model("cuda"),
         async_copy=True, occupancy_attribute="nvvm.minctasm",
-        # the merge in 16 chunks (8 columns a workgroup at D 128) against 4: B = 1 at 16K
-        # 14.5-14.6 us against 14.8 (merge 3.0-3.1 against 3.4-3.5 us), B = 16 within
-        # 0.5% either way, two runs (results-h100-prefill-issue25.md)
+        # the merge in 16 chunks (8 columns a workgroup at D 128) rather than 4: faster
+        # at B = 1 and no slower at B = 16
+        # (benchmarks/results/2026-12-05-h100-prefill-reciprocal/)
         tuning=DecodeTuning(workgroups_per_sm=6, merge_chunks=16, merge_splits=16,
                             merge_unroll=2),
         # a lane's V loads and output accumulators grow with D: fewer workgroups fit
         # without spilling. INT8 at D <= 128: 8 (64 registers, no spills) beats 6 at D 128
-        # by 1-4% and 7 at D 64 by 4-9% in every bench case (results-h100-decode.md); the
-        # twin spills at 8 and is 4-12% slower there at D 128.
+        # and 7 at D 64 in every bench case; the BF16 twin spills at 8 and is slower there
+        # at D 128 (benchmarks/results/2026-12-05-h100-paged-decode-stages/).
         occupancy_by_head_dim=((64, 8, 7), (128, 8, 6), (256, 4, 4)),
         exp2_intrinsic=EXP2_INTRINSICS["cuda"], byte_permute=BYTE_PERMUTE,
         reciprocal_intrinsic=RECIPROCAL_INTRINSICS["cuda"],
         device_scope="device",
-        # the prefill kernel at 242 registers fits 2 workgroups; capped for 3 it runs
-        # 16K in 13.4 ms against 15.9 (4: 14.8), but 512 new tokens over 8 KV heads
-        # (256 workgroups) in 0.71 ms against 0.58 (results-h200-prefill-issue25.md)
+        # the prefill kernel uncapped fits 2 workgroups; capped for 3 (better than 2 and
+        # 4) it runs long prefills faster, but a grid of few workgroups (512 new tokens
+        # over 8 KV heads: 256) slower, hence measured_sms
+        # (benchmarks/results/2026-12-04-h200-prefill/)
         prefill_workgroups_per_sm=3, measured_sms=132, prefill_kv_ring=True,
         prefill_digits_join_i32=True,
-        # Q in register order costs the loop no instruction and frees the registers
-        # it spilled: 76 -> 16 spill bytes (digits), 180 -> 28 (chunked, digits)
+        # Q in register order costs the loop no instruction and frees most of the
+        # registers it spilled (benchmarks/results/2026-12-05-nogpu-sass-mix/)
         prefill_q_per_tile=True),
 }
 

@@ -27,8 +27,8 @@ every product is an integer of magnitude <= 128*128 and every partial sum of a
 group's at most K nonzero products one of magnitude <= K*128*128 < 2^24, so
 every f32 operation is exact and acc (converted to i32) is the group's int32
 sum, bit for bit, in any summation order (the zeros add exactly nothing). On
-this CPU the f32 FMA path is the fastest exact one (the i32 multiply-add form
-of the same loop ran ~1.35x slower).
+the CPU the f32 FMA path is the fastest exact one (the i32 multiply-add form of
+the same loop is slower; benchmarks/results/2026-12-03-cpu-zen4-decode-time/).
 
 With `contraction=mmt4d` (passes/mmac_tiles_mmt4d.py) the in-place tiles are one
 `linalg.batch_mmt4d` over the groups (batch B = b*h*n*G), i16 operands (int8 values and u = Wq + 128
@@ -47,8 +47,8 @@ which IREE's mmt4d ukernel runs on VNNI (`vpdpwssd`; the cpu target's
 file of the CPU it is compiled for (`vector-isa`; N0 one vector of i32, M0 up
 to 16 rows): IREE caps vector tiles to that register space, and an mmt4d
 tile it cuts reaches the ukernel with the whole tile's strides and sums the
-wrong elements (the AVX2 failure of issue 21; `support/cpu_vectors.py`). The MMAC tiles of several W terms
-(w_terms=2) over the same V and groups share one batch_mmt4d: their Wq side
+wrong elements (as it did on AVX2; `support/cpu_vectors.py`). The MMAC tiles of
+several W terms (w_terms=2) over the same V and groups share one batch_mmt4d: their Wq side
 by side in each row tile (M0 = T x rows), V packed and read once
 (`stacked_terms`). The sums are not copied back to [r, g, d]: each
 linalg.generic that reads them (the rescale
@@ -59,7 +59,7 @@ a transposed copy (`untile`). It needs D % 16 == 0 and an even innermost slot
 axis; otherwise the f32 form is used. It is not the default: the V pack (i16,
 2x V's bytes, a copy per call) costs about what the VNNI contraction saves, and
 from 16K the module's transient buffers pass 32 MB, which glibc's malloc maps
-afresh on every call (benchmarks/results-cpu-decode.md).
+afresh on every call (benchmarks/results/2026-12-03-cpu-zen4-decode-time/).
 
 Any other table (not a digit permutation), or K too large for exact f32 sums,
 is lowered through a gather of V in fragment order and an i32 contraction:
@@ -114,8 +114,8 @@ from ..support.options import TypedOptions, option
 # gather by the table ("gather", the reference form the tests compare with).
 TokenAccess = Literal["in-place", "gather"]
 # How the in-place tiles contract: f32 FMAs over a zero-spread Wq (the default:
-# the fastest measured on the CPU), or a packed i16 batch_mmt4d (issue 12's
-# VNNI lead; slower end to end so far, see benchmarks/results-cpu-decode.md).
+# the fastest on the CPU), or a packed i16 batch_mmt4d on IREE's VNNI ukernel
+# (slower end to end: benchmarks/results/2026-12-03-cpu-zen4-decode-time/).
 Contraction = Literal["f32", "mmt4d"]
 
 # f32 accumulates a group's sum exactly while K * max|product| <= 2^24 (the

@@ -10,7 +10,7 @@ tiles are sized to fit the target's SIMD register file whole (`MMT4DTile`). The
 consumers of the group sums read the result in its tile layout (`read_tiles`),
 so no untiled copy is made. Bit for bit the same int32 sums as the other forms
 (tests/test_mmac_lowering.py); measured against them in
-benchmarks/results-cpu-decode.md.
+benchmarks/results/2026-12-03-cpu-zen4-decode-time/.
 """
 
 from __future__ import annotations

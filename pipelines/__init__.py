@@ -16,10 +16,11 @@ Only the PV part differs between `pv` values:
 
 The defaults (q-terms=2, w-quant=u8, w-terms=2: `PIPELINE_NUMERICS`, the contract's
 `Numerics()`; `options.numerics` is the three as one value) are what the accuracy
-benchmark over data families favours (benchmarks/results-cpu-accuracy-variants.md): two-term
-Q removes the Q term, two-term W the W term (what one INT8 W term leaves is half a
-step a/510 on the weights next to a big one, which a peaked softmax makes large;
-benchmarks/results-numpy-w-rounding.md), so what stays is the K/V cache's
+benchmark over data families favours
+(benchmarks/results/2026-12-03-cpu-numerics-accuracy/): two-term Q removes the Q
+term, two-term W the W term (what one INT8 W term leaves is half a step a/510 on
+the weights next to a big one, which a peaked softmax makes large;
+benchmarks/results/2026-12-03-cpu-w-rounding-error/), so what stays is the K/V cache's
 quantization. With two W terms u8 and s8 first terms measure alike (u8's W term
 is ~2x smaller, both far below the rest); u8 stays. q-terms=1 w-quant=s8
 w-terms=1 is one-term numerics (`ONE_TERM_NUMERICS`, the write-up's); the lane

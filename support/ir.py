@@ -25,8 +25,8 @@ _FOREIGN_PREFIX = "int8attn.support.ir_foreign_dialects"
 def _remember_foreign_dialects() -> None:
     # The bindings import a dialect's Python module (iree.compiler.dialects.<name>)
     # before wrapping one of its ops, and do not remember a failed import: every
-    # torch or int8attn op walked cost a file-system search (~20 us; 3.8 s of a
-    # 32-layer model's passes). An empty module under a search prefix of ours is
+    # torch or int8attn op walked cost a file-system search (seconds over a large
+    # model's passes). An empty module under a search prefix of ours is
     # found once and kept; registered op classes are still looked up as before.
     if _FOREIGN_PREFIX in _cext.globals.dialect_search_modules:
         return

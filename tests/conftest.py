@@ -207,7 +207,7 @@ FAST_FILES = {
     "test_dialect_ops.py", "test_digits.py", "test_fragments.py", "test_index_arithmetic.py", "test_layout.py",
     "test_linear_layout.py", "test_reference.py", "test_reference_chunks.py",
     "test_score_feed.py", "test_fixed_p_scale.py", "test_cli_output_safety.py",
-    "test_pass_defaults.py", "test_results_current.py",
+    "test_pass_defaults.py", "test_results_current.py", "test_no_history_in_code.py",
 }
 FAST_TESTS = {
     "test_bad_inputs.py": {"test_misuse_is_a_usage_error"},
