@@ -506,7 +506,7 @@ def test_paged_runs_every_case_and_folder(tmp_path, no_torch_baselines):
         "torch_sdpa_bf16_padded_s"]
     assert all(r["int8_within_tolerance"] and r["bf16_within_tolerance"] for r in rows)
     assert rows[0]["int8_kernels_s"] == KERNELS and rows[3]["batch"] == 1
-    # vs exact: the seed's INT8 rounding on Gaussian data, far more on the outlier keys
+    # vs exact: one-term numerics' INT8 rounding on Gaussian data, far more on the outlier keys
     gaussian, outliers = rows[0]["int8_max_abs_vs_exact"], rows[-1]["int8_max_abs_vs_exact"]
     assert 1e-5 < gaussian < 1e-2 and outliers > 2 * gaussian
     two = _paged_folder(tmp_path / "other")

@@ -2,7 +2,7 @@
 
 The simulator's `byte_permute` is checked against the PTX ISA's definition written out
 byte by byte; then the prefill kernel built with it must give the bits the shift-and-
-mask packing gives, for the seed's numerics and the default (digits: the high digit
+mask packing gives, for one-term numerics and the default (digits: the high digit
 is a shifted sum, the low one the biased sum itself, `LEVEL_BYTE`), and the tile loop
 must hold the permutes and no byte masks.
 """

@@ -16,7 +16,7 @@ DECODE = (1, 4, 2, 300, 1, 64)      # B, Hq, Hkv, S, Sq, D
 PREFILL = (1, 4, 2, 150, 37, 64)
 # compiled_attention's modules have the pipeline's numerics (`Numerics()`, which
 # check_against_references assumes); three direct reference calls below were written
-# against the seed's (the references' old default) and keep it: their margins (a
+# against one-term numerics (the references' old default) and keep it: their margins (a
 # one-hot softmax, the s8 one-term W bound, a NaN row) hold for either.
 SEED_ONLY_HERE = ONE_TERM_NUMERICS
 

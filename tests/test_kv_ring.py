@@ -110,7 +110,7 @@ def test_a_pooled_tiles_copies_are_issued_after_qk(paged):
 def test_the_chunked_prefills_table_slots_are_32_bit():
     # The slots a tile reads from the block table, and their clamp to the last used
     # one, are i32 like the table: in `index` (64-bit on cuda) each clamp was a pair of
-    # compares and selects (1,060 -> 1,040 SASS per tile, seed numerics).
+    # compares and selects (1,060 -> 1,040 SASS per tile, one-term numerics).
     shape = PagedPrefillShape(4, 2, 300, 128, 16, 0.125)
     body = first_loop_body(_module_text(shape, CUDA))
     clamps = [line for line in body.splitlines() if "arith.minui" in line]

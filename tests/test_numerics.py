@@ -1,6 +1,6 @@
 """Compiled decode modules against both references.
 
-The seed's numerics (one-term Q, s8 W in one term: ONE_TERM_NUMERICS, which these tests
+One-term numerics (one-term Q, s8 W in one term: ONE_TERM_NUMERICS, which these tests
 pass to the references), and the pipeline's defaults (two-term Q, u8 W in
 two terms) on the
 issue-13 targets: Gaussian decode 4K/8K/16K, 32 query rows, INT8 PV vs f32 PV

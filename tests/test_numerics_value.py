@@ -199,3 +199,17 @@ def test_paged_attention_states_its_numerics(tmp_path):
         numerics={"q_terms": 2, "w_quant": "u8"}, q_heads=8, kv_heads=2, head_dim=64,
         block_size=16, softmax_scale=0.125, options={}, kinds=[])))
     assert PagedAttention.load(tmp_path).numerics == Numerics(q_terms=2, w_quant="u8", w_terms=1)
+
+
+def test_the_old_preset_names_are_aliases_of_the_new():
+    # SEED_NUMERICS / KERNEL_NUMERICS stay importable where they were, deprecated
+    from int8attn import reference
+    from int8attn.contract import numerics
+    from int8attn.driver import options
+
+    assert numerics.SEED_NUMERICS is numerics.ONE_TERM_NUMERICS is reference.SEED_NUMERICS
+    assert numerics.ONE_TERM_NUMERICS == Numerics(q_terms=1, w_quant="s8", w_terms=1)
+    assert numerics.KERNEL_NUMERICS is numerics.DIGIT_NUMERICS
+    assert numerics.DIGIT_NUMERICS.q_digits and numerics.DIGIT_NUMERICS.w_digits
+    assert options.KERNEL_NUMERICS is options.KERNEL_TARGET_NUMERICS == numerics.DIGIT_NUMERICS
+    assert "ONE_TERM_NUMERICS" in reference.__all__ and "SEED_NUMERICS" in reference.__all__

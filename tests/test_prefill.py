@@ -1,6 +1,6 @@
 """Causal prefill with history: compiled modules against both references.
 
-The seed's numerics (one-term Q, s8 W: ONE_TERM_NUMERICS; the pipeline's
+One-term numerics (one-term Q, s8 W: ONE_TERM_NUMERICS; the pipeline's
 defaults are checked in test_w_quant.py and test_q_terms.py). Tolerances as in
 test_numerics.py: 5e-5 (plus exact rounding-tie slack) vs the
 fragment-level reference; INT8 PV vs f32 PV within the hard W-rounding bound

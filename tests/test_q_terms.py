@@ -31,7 +31,7 @@ from int8attn.driver.graph import attention_graph
 from test_paged import LENGTHS, paged_batch, paged_graph
 
 MIN_REDUCTION = 40.0
-# q in one or two INT8 terms, W as the seed's (s8, one term): the variant under test alone.
+# q in one or two INT8 terms, W as one-term numerics' (s8, one term): the variant under test alone.
 Q_TERMS = {1: ONE_TERM_NUMERICS, 2: Numerics(q_terms=2, w_quant="s8", w_terms=1)}
 # (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode.
 SHAPES = {"decode": (1, 8, 2, 1000, 1, 64), "prefill": (1, 4, 2, 300, 64, 64)}

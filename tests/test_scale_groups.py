@@ -1,4 +1,4 @@
-"""Scale groups: the verifier, the seed's bug on demand, and the error split."""
+"""Scale groups: the verifier, contiguous (wrong) W groups on demand, and the error split."""
 
 import re
 

@@ -31,7 +31,7 @@ from int8attn.driver.graph import attention_graph
 from test_paged import LENGTHS, paged_batch, paged_graph
 
 MAX_RATIO = 0.65
-# W signed or unsigned, q and W in one term each (the seed's): the variant under test alone.
+# W signed or unsigned, q and W in one term each (one-term numerics): the variant under test alone.
 W_QUANT = {"s8": ONE_TERM_NUMERICS, "u8": Numerics(q_terms=1, w_quant="u8", w_terms=1)}
 # (B, Hq, Hkv, S, Sq, D); Sq is ignored for decode.
 SHAPES = {"decode": (1, 8, 2, 1000, 1, 64), "prefill": (1, 4, 2, 300, 64, 64)}

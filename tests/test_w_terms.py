@@ -15,7 +15,7 @@
   (sum omega sW2/2 |Vq|, reference.w_quantization_error_scale) plus f32 rounding.
 - Multiplicative key outliers (4 of 64 key channels x30-60, issue 13's family at
   test size): the error vs exact falls by at least MIN_OUTLIER_GAIN = 20x from the
-  seed's numerics (q1, s8, one W term) to q2/u8/two W terms (seed 43, measured:
+  one-term numerics (q1, s8, one W term) to q2/u8/two W terms (seed 43, measured:
   decode 3.2e-2 -> 2.1e-4, 156x, q2/u8 one term 1.6e-3; prefill 1.8e-1 -> 7.1e-4,
   256x, one term 7.2e-3).
 - NaN / zero / tiny rows: a NaN row poisons only itself, through both terms.
