@@ -66,3 +66,17 @@ def test_the_listing_shows_the_pipelines_numerics_for_the_passes_alone():
                for line in w_options)
     assert any(line.startswith(f"w-terms=<one of 1, 2> (default {Numerics().w_terms})")
                for line in w_options)
+
+
+@pytest.mark.parametrize("pv", ["int8", "bf16"])
+def test_the_default_pipeline_is_its_passes_run_alone_without_options(pv):
+    # `int8attn-opt -p "int8-qk,lower-cache-write,..."` by hand, no options given, is
+    # `--pipeline int8attn-to-linalg` (float-pv's own pv aside)
+    from int8attn.pipelines import to_linalg
+
+    ours = [p for p in to_linalg(PipelineOptions(pv=pv)) if type(p) in PASSES.values()]
+    assert len(ours) >= 8
+    for configured in ours:
+        alone = type(configured)(**({"pv": pv} if configured.argument == "float-pv" else {}))
+        assert alone == configured, f"{configured.argument}: {alone} alone, {configured} " \
+                                    f"in the pipeline"
