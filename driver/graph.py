@@ -57,6 +57,21 @@ _MOVES = ("tensor.collapse_shape", "torch_c.to_builtin_tensor", "Concat", "Unsqu
           "Reshape", "Identity")
 
 
+def choose_function(functions: dict[str, FunctionInfo], function: str | None) -> FunctionInfo:
+    """The named public function, or the only one; otherwise an InputError naming them
+    (`int8attn run` asks this of the graph stage, before compiling the rest)."""
+    if function is not None:
+        if function not in functions:
+            raise InputError(f"no public function @{function}; the module has "
+                             f"{', '.join('@' + f for f in functions) or 'none'}")
+        return functions[function]
+    if len(functions) != 1:
+        raise InputError(f"the module has {len(functions)} public functions "
+                         f"({', '.join('@' + f for f in functions) or 'none'}); "
+                         f"choose one with --function")
+    return next(iter(functions.values()))
+
+
 def _scale_arguments(func: ir.Operation) -> tuple[int, ...]:
     """Arguments whose values a nested attention reads as k_scale / v_scale, through
     casts and data movement: an imported model's cache scales (e.g. a Concat of the

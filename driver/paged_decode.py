@@ -117,6 +117,28 @@ class UnknownSequence(InputError):
     """A sequence id the cache does not hold: never added, or released."""
 
 
+# Why each size of a pool must be at least 1.
+_POOL_SIZES = {"blocks": "a pool of no blocks holds no token",
+               "kv_heads": "the pool holds each token's K and V per KV head",
+               "block_size": "a block holds at least one token",
+               "head_dim": "a token's K and V rows have head_dim elements"}
+
+
+def _check_pool_sizes(**sizes) -> None:
+    """Each size of a PagedCache a positive integer (InputError naming it)."""
+    for name, value in sizes.items():
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise InputError(f"PagedCache {name} must be a positive integer, got {value!r} "
+                             f"({type(value).__name__}): give a whole number")
+        if value < 1:
+            raise InputError(f"PagedCache {name} must be a positive integer "
+                             f"({_POOL_SIZES[name]}), got {value}")
+
+
+# The pool sizes of k_cache [NB, Hkv, BS, D], as PagedCache names them.
+_POOL_DIMS = ("blocks", "kv_heads", "block_size", "head_dim")
+
+
 class PagedCache:
     """A pool of `blocks` blocks of `block_size` tokens, its free list and block tables.
 
@@ -131,6 +153,10 @@ class PagedCache:
 
     def __init__(self, blocks: int, kv_heads: int, block_size: int, head_dim: int, *,
                  seed: int = 0):
+        _check_pool_sizes(blocks=blocks, kv_heads=kv_heads, block_size=block_size,
+                          head_dim=head_dim)
+        blocks, kv_heads, block_size, head_dim = map(int, (blocks, kv_heads, block_size,
+                                                           head_dim))
         rng = np.random.default_rng(seed)
         self.block_size = block_size
         self.layout = CacheLayout.paged(block_size)
@@ -263,7 +289,29 @@ class PagedDecoder:
                              f"{'a' if biased else 'no'} k_bias: build the graph "
                              f"{'with' if biased else 'without'} one (paged_decode_graph(..., "
                              f"k_bias={biased})), or {'drop' if biased else 'give'} k_bias")
+        for function in (write, attend):
+            self._check_cache_fits(function)
         self.last_batch: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _check_cache_fits(self, function: str) -> None:
+        """The cache's pool sizes are what `function`'s k_cache takes (a dynamic size
+        takes any), refused here rather than at the first prefill."""
+        info = self.graph.entry(function)
+        call = info.attention
+        if call is None or "k_cache" not in call.operands:
+            raise InputError(f"@{function} returns no int8attn.cache_write or paged_attention "
+                             f"of its arguments, so it cannot work on a PagedCache: build "
+                             f"the graph with paged_decode_graph(...)")
+        spec = info.arguments[call.argument_of[call.operands.index("k_cache")]]
+        have = self.cache.k_cache.shape
+        for name, takes, size in zip(_POOL_DIMS, spec.shape, have):
+            if takes is not None and takes != size:
+                graph = (f"paged_decode_graph(..., {name}={size})" if name != "blocks"
+                         else f"a graph whose pool has {size} blocks")
+                raise InputError(
+                    f"PagedDecoder: the cache's {name} is {size} but @{function} takes "
+                    f"{name} {takes} (its k_cache is {spec.describe()}): build the cache "
+                    f"with PagedCache(..., {name}={takes}), or the graph with {graph}")
 
     def write(self, k_new, v_new, slot_mapping) -> None:
         """`@write`: the tokens' quantized rows stored at their slots, in the cache arrays

@@ -22,7 +22,7 @@ import numpy as np
 from .contract.numerics import Numerics
 from .driver.compile import compile as compile_stages
 from .driver.cpu_target import UnknownTargetCPU, check_runnable_here
-from .driver.graph import FunctionInfo, check_arguments
+from .driver.graph import FunctionInfo, check_arguments, choose_function
 from .driver.onnx_import import is_onnx, read_model
 from .driver.options import CompileOptions
 from .driver.targets import TARGETS, OptionRefused
@@ -75,16 +75,7 @@ class CompiledGraph:
 
     def entry(self, function: str | None = None) -> FunctionInfo:
         """The named public function, or the only one."""
-        if function is not None:
-            if function not in self.functions:
-                raise InputError(f"no public function @{function}; the module has "
-                                 f"{', '.join('@' + f for f in self.functions) or 'none'}")
-            return self.functions[function]
-        if len(self.functions) != 1:
-            raise InputError(f"the module has {len(self.functions)} public functions "
-                             f"({', '.join('@' + f for f in self.functions) or 'none'}); "
-                             f"choose one with --function")
-        return next(iter(self.functions.values()))
+        return choose_function(self.functions, function)
 
     def kernel_layout_of(self, function: str | None = None) -> dict | None:
         """What the named function's kernels need from a host (mode, ABI, ...; see

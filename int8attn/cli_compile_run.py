@@ -21,9 +21,11 @@ import numpy as np
 
 from .cli_errors import UserError
 from .cli_results import check_cache_write, compare_with_onnxruntime, print_accuracy
+from .driver.devices import check_runs_here
 from .driver.onnx_import import is_onnx, read_model
 from .driver.options import CompileOptions
 from .driver.targets import TARGETS, OptionRefused, describe
+from .runtime.module import InputError
 from .support.diagnostics import UsageError
 from .support.files import OutputError, check_output_path, write_atomic
 from .support.options import given
@@ -242,17 +244,25 @@ def _executed_how(graph) -> str:
     return f"ran on IREE {TARGETS[graph.options.target].runtime_driver}"
 
 
-def _refuse_what_would_not_fit(source: str, args) -> None:
-    """Random inputs too large for this machine are refused before compiling."""
+def _check_graph_before_compiling(source: str, args) -> None:
+    """From the graph stage alone (parsed and verified, nothing compiled): the function
+    to run (--function, needed where there are several), --report's attention, and
+    random inputs too large for this machine."""
     from .driver.compile import compile
-    from .driver.graph import check_memory
+    from .driver.graph import check_memory, choose_function
 
     # (only the graph is read here: a code object belongs to the vmfb, not to this stage)
     options = dataclasses.replace(CompileOptions(**_options(args)), kernel_object=None)
     graph = compile(source, options, filename=args.graph, until="graph")
-    for name, info in graph.functions.items():
-        if args.function in (None, name) and info.attention is not None:
-            check_memory(info, float_caches=True)
+    try:
+        info = choose_function(graph.functions, args.function)
+    except InputError as error:
+        raise UsageError(str(error)) from None
+    if args.report and info.attention is None:
+        raise UsageError(f"--report splits the error of one int8attn.attention of the "
+                         f"graph's arguments, and @{info.name} returns none (drop --report)")
+    if not args.inputs and info.attention is not None:
+        check_memory(info, float_caches=True)
 
 
 def _refuse_report_before_work(args) -> None:
@@ -310,8 +320,11 @@ def cmd_run(args) -> int:
         check_output_path(args.output, inputs)
     _check_save_stages(args, "kernel" if args.simulate else "vmfb")   # what api.compile runs
     source = _read_graph(args.graph)
-    if not args.inputs and not is_onnx(args.graph):
-        _refuse_what_would_not_fit(source, args)
+    if not is_onnx(args.graph):
+        _check_graph_before_compiling(source, args)
+    if not args.simulate:
+        check_runs_here(TARGETS[args.target or CompileOptions.target], args.kernel_object,
+                        args.graph)
     start = time.perf_counter()
     graph = api.compile(source, filename=args.graph, cache=not args.no_cache,
                         simulate=args.simulate, save_stages=args.save_stages,

@@ -330,9 +330,13 @@ def test_a_missing_gpu_says_so_and_names_the_simulator():
     assert "reproduce with" not in text and error.value.reproducer is None
 
 
-def test_run_with_a_kernel_object_gets_past_the_memory_check(small, tmp_path, capsys):
+def test_run_with_a_kernel_object_gets_past_the_memory_check(small, tmp_path, capsys,
+                                                            monkeypatch):
     # run's up-front memory check compiles only the graph stage, which a code object does
     # not belong to: it must not refuse --kernel-object as "not for --emit graph"
+    from int8attn.driver import devices
+
+    monkeypatch.setattr(devices, "missing_device", lambda driver: None)   # a GPU host
     bad = tmp_path / "k.co"
     bad.write_bytes(b"junk")
     assert cli.main(["run", str(small), "--target", "gfx942", "--kernel-object", str(bad),
