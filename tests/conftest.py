@@ -208,6 +208,7 @@ FAST_FILES = {
     "test_linear_layout.py", "test_reference.py", "test_reference_chunks.py",
     "test_score_feed.py", "test_fixed_p_scale.py", "test_cli_output_safety.py",
     "test_pass_defaults.py", "test_results_current.py", "test_no_history_in_code.py",
+    "test_doc_tables.py",
 }
 FAST_TESTS = {
     "test_bad_inputs.py": {"test_misuse_is_a_usage_error"},
@@ -238,6 +239,12 @@ FAST_TESTS = {
     "test_sass_mix.py": {"test_the_listing_reads_instructions_loops_and_classes",
                          "test_the_command_refuses_unknown_kernels",
                          "test_the_spec_changes_take_bool_and_int_fields_only"},
+    # the extraction and its checks; the examples themselves compile (slow ones marked
+    # per block, `<!-- example: slow -->`)
+    "test_doc_examples.py": {
+        "test_blocks_and_markers_are_found_with_their_lines", "test_a_fence_left_open_is_named",
+        "test_shown_output_matches_numbers_aside_and_nothing_else",
+        "test_every_page_has_runnable_examples_and_markers_are_known"},
     "test_fast_tier.py": {
         "test_the_guard_fails_fast_tests_that_compile_or_simulate",
         "test_the_guard_is_on_when_the_marks_select_only_fast_tests",

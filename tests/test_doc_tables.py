@@ -1,0 +1,233 @@
+"""The reference tables of the docs restate declarations; these tests keep them true.
+
+- docs/cli.md: each table marked `<!-- flags: CMD ... -->` lists flags of those commands;
+  for every command, the flags of its tables are exactly its parser's (`int8attn`'s
+  subcommands from int8attn/cli_parser.py, `int8attn-opt`'s from int8attn/opt.py), each
+  with the default the declaration gives (`expected_default`).
+- docs/passes.md: the table after `<!-- passes -->` names every registered pass with every
+  option and its declared default; the table after `<!-- pipeline options -->` names every
+  field of the named pipelines' options with its default.
+- README.md stays short (the line and width limits below) and links every docs page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+README_MAX_LINES = 250
+MAX_LINE_CHARS = 200
+KERNEL_TARGETS = ("gfx936", "gfx942", "cuda")
+
+
+
+def tables_after(text: str, marker: re.Pattern) -> list[tuple[re.Match, list[list[str]], int]]:
+    """(the marker's match, the rows of the table right after it as cells, the line of the
+    table's first row) for every marker line."""
+    lines = text.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        match = marker.match(line)
+        if not match:
+            continue
+        rows, j = [], i + 1
+        while j < len(lines) and lines[j].startswith("|"):
+            rows.append(_cells(lines[j]))
+            j += 1
+        assert len(rows) > 2, f"line {i + 1}: no table after the marker"
+        found.append((match, rows[2:], i + 4))      # the header and its rule left out
+    return found
+
+
+def _cells(line: str) -> list[str]:
+    cells = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+    return [c.strip().replace("\\|", "|") for c in cells]
+
+
+def _code_spans(cell: str) -> list[str]:
+    return re.findall(r"`([^`]*)`", cell)
+
+
+# ----------------------------------------------------------------------------
+# docs/cli.md against the parsers
+# ----------------------------------------------------------------------------
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    from int8attn import opt
+    from int8attn.cli_parser import build_parser
+
+    main = build_parser()
+    commands = next(a for a in main._actions if isinstance(a, argparse._SubParsersAction))
+    return {**commands.choices, "int8attn-opt": opt.build_parser()}
+
+
+def _resolved_by_target(name: str) -> str:
+    """A CompileOptions field's default as each target resolves it, stated as the docs
+    do: one value, or the cpu value and the kernel targets' (their own name where each
+    kernel target resolves to itself)."""
+    from int8attn.driver.options import CompileOptions
+
+    values = {t: getattr(CompileOptions(target=t).resolved(), name)
+              for t in ("cpu",) + KERNEL_TARGETS}
+    text = {t: "—" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+            for t, v in values.items()}
+    if len(set(text.values())) == 1:
+        return text["cpu"]
+    if all(values[t] == t for t in KERNEL_TARGETS):
+        kernel = "the target's own"
+    else:
+        assert len({text[t] for t in KERNEL_TARGETS}) == 1, (name, values)
+        kernel = text["cuda"]
+    return f"{text['cpu']} on cpu; {kernel} on kernel targets"
+
+
+def expected_default(action: argparse.Action) -> str:
+    """What the Default column says for a flag: `off` for a switch; for a compile option
+    (argparse default None: not given) the declared default as each target resolves it;
+    a non-None argparse default as it is; else the `(default X)` of its help, or `—`."""
+    from int8attn.driver.options import CompileOptions
+
+    if action.nargs == 0:                     # store_true / store_const switches
+        return "off"
+    fields = {f.name: f for f in dataclasses.fields(CompileOptions)}
+    if action.default is None and action.dest in fields:
+        declared = fields[action.dest].default
+        return _resolved_by_target(action.dest) if declared is None else _option_text(declared)
+    if action.default is not None:
+        return str(action.default)
+    match = re.search(r"\(default ([^)]*)\)", action.help or "")
+    return match.group(1) if match else "—"
+
+
+def documented_flags(text: str) -> dict[str, dict[str, tuple[str, int]]]:
+    """command -> {flag spelling: (default cell, line)} from the marked tables."""
+    documented: dict[str, dict[str, tuple[str, int]]] = {}
+    for match, rows, first_line in tables_after(text, re.compile(r"^<!-- flags: (.*) -->$")):
+        for offset, row in enumerate(rows):
+            flags = [f for span in _code_spans(row[0]) for f in [span.split(" ")[0]]
+                     if f.startswith("-")]
+            for command in match.group(1).split():
+                for flag in flags:
+                    documented.setdefault(command, {})[flag] = (row[1], first_line + offset)
+    return documented
+
+
+def _declared(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if a.option_strings and not
+            isinstance(a, argparse._HelpAction)]
+
+
+def test_the_cli_tables_list_every_flag_with_its_default():
+    text = (DOCS / "cli.md").read_text()
+    documented = documented_flags(text)
+    problems = []
+    for command, parser in parsers().items():
+        table = documented.get(command, {})
+        declared = _declared(parser)
+        spellings = {s for a in declared for s in a.option_strings}
+        for flag in sorted(set(table) - spellings):
+            problems.append(f"docs/cli.md:{table[flag][1]}: {command} has no flag {flag}")
+        for action in declared:
+            rows = [table[s] for s in action.option_strings if s in table]
+            name = "/".join(action.option_strings)
+            if len(rows) != len(action.option_strings):
+                problems.append(f"docs/cli.md: {command}'s {name} is not in its table "
+                                f"(every spelling in one row)")
+                continue
+            want = expected_default(action)
+            for cell, line in rows:
+                if not (cell == want or cell.startswith(f"{want} (")):
+                    problems.append(f"docs/cli.md:{line}: {command} {name}: the table says "
+                                    f"default {cell!r}, the declaration {want!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_flag_check_can_fail():
+    text = ("<!-- flags: int8attn-opt -->\n| flag | default | meaning |\n|---|---|---|\n"
+            "| `--list-passes` | on | x |\n| `--no-such-flag` | — | x |\n")
+    documented = documented_flags(text)["int8attn-opt"]
+    assert documented["--list-passes"] == ("on", 4) and "--no-such-flag" in documented
+    action = next(a for a in _declared(parsers()["int8attn-opt"])
+                  if "--list-passes" in a.option_strings)
+    assert expected_default(action) == "off"
+
+
+# ----------------------------------------------------------------------------
+# docs/passes.md against the pass registry and the pipeline options
+# ----------------------------------------------------------------------------
+
+def _option_text(value) -> str:
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_the_pass_table_lists_every_pass_and_option_with_its_default():
+    from int8attn.passes import PASSES
+    from int8attn.support.options import kebab
+
+    text = (DOCS / "passes.md").read_text()
+    [(_, rows, first_line)] = tables_after(text, re.compile(r"^<!-- passes -->$"))
+    table = {}
+    for offset, row in enumerate(rows):
+        [name] = _code_spans(row[0])
+        options = dict(span.split("=", 1) for span in _code_spans(row[1]))
+        table[name] = (options, first_line + offset)
+    problems = [f"docs/passes.md:{line}: no pass {name} is registered"
+                for name, (_, line) in table.items() if name not in PASSES]
+    for name, cls in PASSES.items():
+        if name not in table:
+            problems.append(f"docs/passes.md: pass {name} is not in the table")
+            continue
+        options, line = table[name]
+        declared = {kebab(f.name): _option_text(f.default) for f in dataclasses.fields(cls)}
+        if options != declared:
+            problems.append(f"docs/passes.md:{line}: {name}: the table says {options}, "
+                            f"the pass declares {declared}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_pipeline_table_lists_every_option_with_its_default():
+    from int8attn.pipelines import PipelineOptions
+    from int8attn.support.options import kebab
+
+    text = (DOCS / "passes.md").read_text()
+    [(_, rows, _)] = tables_after(text, re.compile(r"^<!-- pipeline options -->$"))
+    table = {_code_spans(row[0])[0]: row[1] for row in rows}
+    declared = {kebab(f.name): _option_text(f.default) for f in dataclasses.fields(PipelineOptions)}
+    assert table == declared
+
+
+# ----------------------------------------------------------------------------
+# The README's size and the docs index
+# ----------------------------------------------------------------------------
+
+def test_the_readme_is_short_and_links_every_page():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+    long = [n for n, line in enumerate(lines, 1) if len(line) > MAX_LINE_CHARS]
+    assert not long, f"README.md lines over {MAX_LINE_CHARS} characters: {long}"
+    text = "\n".join(lines)
+    pages = sorted(p.name for p in DOCS.glob("*.md"))
+    assert pages and all(f"(docs/{page})" in text for page in pages), pages
+
+
+def test_links_between_pages_lead_to_files():
+    problems = []
+    for page in [REPO / "README.md", *DOCS.glob("*.md")]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", line):
+                if "://" in target or not ("." in target or "/" in target):
+                    continue              # a URL, or math that looks like a link
+                if not (page.parent / target).exists():
+                    problems.append(f"{page.relative_to(REPO)}:{number}: {target} does not exist")
+    assert not problems, "\n".join(problems)
+
+
+def test_docs_pages_keep_lines_readable():
+    long = [f"{p.relative_to(REPO)}:{n}" for p in DOCS.glob("*.md")
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if len(line) > 400 and not line.startswith("|")]
+    assert not long, long
