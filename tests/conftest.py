@@ -177,7 +177,7 @@ SLOW_FILES = {
     "test_edge_cases.py", "test_onnx_import.py", "test_onnx_cli.py", "test_kernels.py",
     "test_prefill_kernels.py", "test_paged_kernels.py", "test_targets.py", "test_cuda.py",
     "test_paged.py", "test_paged_prefill.py", "test_paged_decode_loop.py",
-    "test_stage_errors.py", "test_key_bias.py",
+    "test_stage_errors.py", "test_key_bias.py", "test_paged_cpu_agreement.py",
 }
 SLOW_TESTS = {
     "test_cpu_levels.py::test_each_level_meets_both_references",
