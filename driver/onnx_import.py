@@ -52,17 +52,23 @@ def _onnx():
     return onnx
 
 
-def import_model(data: bytes, filename: str) -> ir.Operation:
-    """A builtin.module holding the model's graph as one public function."""
-    onnx = _onnx()
-    from iree.compiler.extras import onnx_importer
-
-    model = onnx.ModelProto()
+def parse_model(data: bytes, filename: str):
+    """`data` as an onnx.ModelProto, or a ModelError saying it is no ONNX model."""
+    model = _onnx().ModelProto()
     try:
         model.ParseFromString(data)
     except Exception as error:  # protobuf's DecodeError has no stable import path
         raise ModelError(f"{filename} is not an ONNX model (protobuf: {error}); export it "
                          "with onnx.save or torch.onnx.export") from None
+    return model
+
+
+def import_model(data: bytes, filename: str) -> ir.Operation:
+    """A builtin.module holding the model's graph as one public function."""
+    onnx = _onnx()
+    from iree.compiler.extras import onnx_importer
+
+    model = parse_model(data, filename)
     if not model.graph.node:
         raise ModelError(f"{filename} holds no ONNX graph (no nodes; an empty or truncated "
                          f"file?); export it again with onnx.save or torch.onnx.export")
@@ -165,11 +171,8 @@ def _load_external_data(data: bytes, path: Path) -> bytes:
     onnx = _onnx()
     from onnx.external_data_helper import load_external_data_for_tensor
 
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(data)
-    except Exception:  # not a model: import_model says so
-        return data
+    # Refused here, before a module cache could answer for bytes no model holds.
+    model = parse_model(data, str(path))
     external = _external_tensors(model)
     if not external:
         return data

@@ -76,7 +76,9 @@ class ModuleCache:
         digest = hashlib.sha256()
         digest.update(_toolchain_fingerprint().encode())
         digest.update(repr(options).encode())
-        digest.update(source if isinstance(source, bytes) else source.encode())
+        # The kind keeps MLIR text and a model file of the same bytes apart.
+        digest.update(b"onnx\0" + source if isinstance(source, bytes) else
+                      b"mlir\0" + source.encode())
         return digest.hexdigest()
 
     def load(self, key: str) -> tuple[bytes, dict] | None:
