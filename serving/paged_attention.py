@@ -38,7 +38,7 @@ import numpy as np
 
 from ..contract.numerics import Numerics
 from ..driver.paged_decode import cache_write_graph, paged_attention_graph
-from ..runtime.module import InputError
+from ..runtime.module import InputError, check_writable
 from ..support.diagnostics import DiagnosticError
 from .executors import CudaExecutor, HostExecutor
 from .kernel_package import KernelPackage
@@ -219,8 +219,12 @@ class PagedAttention:
         executor = self.executor(WRITE)
         info = executor.info
         names = info.attention.operands
-        tensors = _signature(executor)([k_new, v_new, slot_mapping, k_cache, k_scale,
-                                         v_cache, v_scale])
+        arguments = [k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale]
+        # a read-only numpy cache: refused as CompiledGraph.run refuses it (the tensor
+        # taken of it shares its memory, and the write would land in it regardless)
+        check_writable(info.name, info.attention.tied, arguments,
+                       dict(zip(info.attention.argument_of, names)))
+        tensors = _signature(executor)(arguments)
         if executor.device_type == "cpu":     # the CPU runtime checks every call itself
             results = executor.run_positional(tensors)
             for target, result in zip(tensors[3:], results):
