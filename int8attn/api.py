@@ -199,6 +199,10 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
         raise TypeError(f"int8attn.compile takes the graph's MLIR text (str) or an ONNX "
                         f"model's bytes, got {type(source).__name__}; for a file use "
                         f"int8attn.compile_file(path)")
+    if isinstance(source, str) and _looks_like_a_path(source):
+        raise TypeError(f"int8attn.compile takes the graph's MLIR text (or an ONNX model's "
+                        f"bytes), and {source!r} looks like a file path: for a file use "
+                        f"int8attn.compile_file({source!r})")
     compile_options_ = compile_options(**options)
     target = TARGETS[compile_options_.target]
     # The options first: one that does not apply to the target (--kernel-object on
@@ -248,6 +252,19 @@ def compile(source: str | bytes, *, filename: str = "<string>", cache: bool | Mo
                          kernel_layouts=compiled.kernel_layouts, artifacts=compiled.artifacts,
                          timings=compiled.timings,
                          remarks=compiled.remarks)
+
+
+def _looks_like_a_path(source: str) -> bool:
+    """One line without an operation's brackets that names a file, or ends like one:
+    no MLIR module reads so."""
+    text = source.strip()
+    if not text or "\n" in text or any(c in text for c in "({"):
+        return False
+    try:
+        exists = Path(text).expanduser().is_file()
+    except (OSError, ValueError):   # a name too long, a NUL byte
+        exists = False
+    return exists or text.lower().endswith((".mlir", ".onnx"))
 
 
 def _object_digest(path: str) -> str | None:
