@@ -102,8 +102,9 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
             f"{len(arrays) - len(specs)} too many"
         raise InputError(f"@{function} takes {len(specs)} arguments, got {len(arrays)}: {what}")
     checked = []
-    for i, (array, spec) in enumerate(zip(arrays, specs)):
-        array = np.asarray(array)
+    for i, (value, spec) in enumerate(zip(arrays, specs)):
+        array = np.asarray(value)
+        _check_array_like(function, label(i), spec, value, array)
         if spec.element == BF16:
             if not _bf16_accepted(array.dtype):
                 raise InputError(f"{label(i)} of @{function} must be float32 (rounded to "
@@ -121,15 +122,58 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
             raise InputError(f"{label(i)} of @{function} has element type {spec.element}, "
                              f"which the runner cannot pass from numpy")
         if array.dtype != dtype:
+            fix = (quantize_hint(names.get(i), names) if spec.element == "i8" else
+                   f"convert it: array.astype(numpy.{np.dtype(dtype)})")
             raise InputError(f"{label(i)} of @{function} must be {np.dtype(dtype)} for "
-                             f"{spec.describe()}, got {array.dtype} (convert it: "
-                             f"array.astype(numpy.{np.dtype(dtype)}))")
+                             f"{spec.describe()}, got {array.dtype} ({fix})")
         if not spec.accepts(array.shape):
             expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
             raise InputError(f"{label(i)} of @{function} must have shape {expected} "
                              f"for {spec.describe()}, got {list(array.shape)}")
         checked.append(np.asarray(array, order="C"))  # (ascontiguousarray makes 0-d 1-d)
     return checked
+
+
+def quantize_hint(name: str | None, names: dict) -> str:
+    """How to make an INT8 cache of a float (or wider integer) one: quantize it by the
+    contract's rule; a cast would wrap or truncate its values."""
+    cache = name or "x"
+    scale = f"{name}_scale" if name and f"{name}_scale" in names.values() else "scale"
+    if cache.endswith("_cache"):     # a paged pool: tokens are written into it
+        return ("a cast wraps or truncates the values: write float tokens into the pool "
+                "with the cache write, which quantizes each one, e.g. "
+                "int8attn.serving.PagedAttention(...).write(k_new, v_new, slot_mapping, "
+                "k_cache, k_scale, v_cache, v_scale)")
+    return (f"a cast wraps or truncates the values: quantize the float cache instead, one "
+            f"scale per token, e.g. {cache}, {scale} = "
+            f"int8attn.reference.quantize_cache({cache}_float)")
+
+
+def _python_kind(value) -> str | None:
+    """'a list', 'a Python float', ...: what a value that is no array is, or None."""
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__}"
+    if isinstance(value, np.generic):      # (numpy.float64 is a float too)
+        return f"a numpy {value.dtype} scalar ({value!r})"
+    if isinstance(value, (bool, int, float, complex)):
+        return f"a Python {type(value).__name__} ({value!r})"
+    return None
+
+
+def _check_array_like(function: str, label: str, spec: TensorSpec, value, array) -> None:
+    """A list or a scalar that numpy would not turn into the argument (a list of floats
+    is float64, a scalar has no shape) is named as what it is, not by numpy's dtype."""
+    kind = _python_kind(value)
+    dtype = host_dtype(spec.element)
+    if kind is None or dtype is None or (
+            (array.dtype == dtype or spec.element == BF16 and _bf16_accepted(array.dtype))
+            and spec.accepts(array.shape)):
+        return
+    expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
+    raise InputError(f"{label} of @{function} must be a numpy array (or a tensor) of shape "
+                     f"{expected} and dtype {np.dtype(dtype)} for {spec.describe()}, got "
+                     f"{kind}; pass numpy.asarray(x, dtype=numpy.{np.dtype(dtype)}) of that "
+                     f"shape")
 
 
 def aligned_empty(shape, dtype, alignment: int = HOST_ALIGNMENT) -> np.ndarray:

@@ -10,7 +10,7 @@ on. The messages name the argument as the numpy path does.
 
 from __future__ import annotations
 
-from ..runtime.module import InputError, argument_label
+from ..runtime.module import InputError, argument_label, quantize_hint
 
 
 def torch_module():
@@ -67,8 +67,10 @@ def check_tensors(function: str, specs, names, tensors, device_type: str,
         allowed = {spec.element} | (set(accepted_q) if i == 0 else set())
         if t.dtype not in {dtypes[e] for e in allowed if e in dtypes}:
             want = " or ".join(str(dtypes[e]) for e in sorted(allowed) if e in dtypes)
+            fix = (quantize_hint(names[i], dict(enumerate(names))) if spec.element == "i8"
+                   else f"convert it: tensor.to({dtypes[spec.element]})")
             raise InputError(f"{label(i)} must be {want} for {spec.describe()}, got {t.dtype} "
-                             f"(convert it: tensor.to({dtypes[spec.element]}))")
+                             f"({fix})")
         if not spec.accepts(tuple(t.shape)):
             expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
             raise InputError(f"{label(i)} must have shape {expected} for {spec.describe()}, "
