@@ -153,10 +153,26 @@ def check_value_layout(info, arrays, transpose: str = NUMPY_TRANSPOSE) -> None:
     token_major = CacheLayout.paged(block_size, v_token_innermost=False)
     if head_dim != block_size and len(shape) == 4 and shape[1:] == token_major.v_shape(
             None, kv_heads, block_size, head_dim)[1:]:
+        _refuse_swapped_caches(info, arrays)
         raise InputError(f"{_label(info, 'v_cache')} has shape {list(shape)}, the token-major "
                          f"layout [NB, Hkv, BS, D]; the paged value cache is token-innermost "
                          f"[NB, Hkv, D, BS] = [?, {kv_heads}, {head_dim}, {block_size}] (vLLM's "
                          f"value cache): pass {transpose}")
+
+
+def _refuse_swapped_caches(info, arrays) -> None:
+    """The value cache given in the key cache's place and the key cache in the value
+    cache's (each has the other's layout): a swap, not a layout to transpose."""
+    key, value = (info.attention.argument(name) for name in ("k_cache", "v_cache"))
+    wants = lambda index: info.arguments[index].shape[1:]
+    if tuple(np.shape(arrays[key])[1:]) == wants(value) and \
+            tuple(np.shape(arrays[value])[1:]) == wants(key) and len(np.shape(arrays[key])) == 4:
+        order = ", ".join(info.attention.operands)
+        raise InputError(f"{_label(info, 'k_cache')} has shape {list(np.shape(arrays[key]))}, "
+                         f"the value cache's layout [NB, Hkv, D, BS], and "
+                         f"{_label(info, 'v_cache')} has shape {list(np.shape(arrays[value]))}, "
+                         f"the key cache's [NB, Hkv, BS, D]: the two caches look swapped; "
+                         f"pass them in the order {order}")
 
 
 def _gaussian(rng, spec, shape) -> np.ndarray:
