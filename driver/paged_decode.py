@@ -179,6 +179,12 @@ class PagedCache:
 
     def check_sequences(self, sequences) -> list[int]:
         """`sequences` as a list, each one held by the cache and named once."""
+        if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__iter__"):
+            hint = (f" (for the one sequence {sequences!r}: [{sequences!r}])"
+                    if isinstance(sequences, (int, np.integer)) else "")
+            raise InputError(f"sequences must be a list of sequence ids, the integers prefill "
+                             f"or add_sequence returned, one per row of the batch; got "
+                             f"{type(sequences).__name__} {sequences!r}{hint}")
         sequences = list(sequences)
         for s in sequences:
             # True == 1 and 1.0 == 1 would name sequence 1: an id is an integer
