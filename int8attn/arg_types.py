@@ -65,3 +65,64 @@ def token_counts(text: str) -> tuple[int, ...]:
                 f"{where} is not a positive token count; give whole numbers of tokens "
                 f"separated by commas, e.g. 4096,8192 (no suffixes such as 4k)")
     return tuple(int(item) for item in items)
+
+
+_GIVEN = "_flags_given"     # dest -> the first flag and value, while one parse runs
+
+
+class _Once:
+    """A single-valued flag's action that refuses a second occurrence: one of the two
+    is a mistake, and which one is unknown (the last one would silently win)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, _GIVEN, None)
+        if given is None:
+            given = {}
+            setattr(namespace, _GIVEN, given)
+        shown = option_string if self.nargs == 0 else f"{option_string} {_text(values)}"
+        if option_string is not None and self.dest in given:
+            raise argparse.ArgumentError(self, f"given twice ({given[self.dest]} and {shown}); "
+                                               f"give it once")
+        given[self.dest] = shown
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _text(values) -> str:
+    if isinstance(values, (tuple, list)):
+        return ",".join(str(v) for v in values)
+    return str(values)
+
+
+class _StoreOnce(_Once, argparse._StoreAction):
+    pass
+
+
+class _StoreConstOnce(_Once, argparse._StoreConstAction):
+    pass
+
+
+class _StoreTrueOnce(_Once, argparse._StoreTrueAction):
+    pass
+
+
+class _StoreFalseOnce(_Once, argparse._StoreFalseAction):
+    pass
+
+
+class FlagParser(argparse.ArgumentParser):
+    """An ArgumentParser (and its subcommands' parsers) whose single-valued flags, every
+    one declared with a store action, refuse to be given twice (exit status 2, both
+    values named), as pass options refuse a repeated key."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, action in ((None, _StoreOnce), ("store", _StoreOnce),
+                             ("store_const", _StoreConstOnce), ("store_true", _StoreTrueOnce),
+                             ("store_false", _StoreFalseOnce)):
+            self.register("action", name, action)
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        if hasattr(parsed, _GIVEN):
+            delattr(parsed, _GIVEN)
+        return parsed, extra

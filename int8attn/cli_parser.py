@@ -38,7 +38,7 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = arg_types.FlagParser(
         prog="int8attn", description="Compile and run attention over an INT8 KV cache.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -41,7 +41,7 @@ def split_input(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = arg_types.FlagParser(
         prog="int8attn-opt", description="Run int8attn and IREE passes on an MLIR file.")
     parser.add_argument("input", nargs="?", type=arg_types.path, help="MLIR file ('-' for stdin)")
     group = parser.add_mutually_exclusive_group()
