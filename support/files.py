@@ -36,6 +36,18 @@ def _in_place(status: os.stat_result | None) -> bool:
         not stat.S_ISDIR(status.st_mode)
 
 
+def _refuse_a_file_on_the_way(output: Path, shown: Path, link: str) -> None:
+    """The nearest existing folder on the way to `shown` is a file (`good.npz/out.npz`):
+    said as such, not as a folder that does not exist."""
+    for parent in (shown, *shown.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"cannot write '{output}': '{parent}'{link} is a file, not "
+                                  f"a directory, so it cannot hold the output; give a path "
+                                  f"in a folder")
+            return
+
+
 def check_output_path(output: str | Path, inputs=()) -> Path:
     text = os.fspath(output)
     if text.endswith(tuple(filter(None, (os.sep, os.altsep)))) and not Path(text).is_dir():
@@ -64,6 +76,7 @@ def check_output_path(output: str | Path, inputs=()) -> Path:
     shown = folder if output.is_symlink() else output.parent
     link = " (the folder of the link's target)" if output.is_symlink() else ""
     if not folder.is_dir():
+        _refuse_a_file_on_the_way(output, shown, link)
         raise OutputError(f"output directory '{shown}'{link} does not exist; create it or "
                           f"give another path")
     # Refused now, before the work: a run that fails only at the end loses it.

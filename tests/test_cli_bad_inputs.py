@@ -373,6 +373,13 @@ OUTPUT_PATHS = {
     "missing_parent": ("{tmp}/missing/out.npz",
                        "output directory '{tmp}/missing' does not exist; create it or give "
                        "another path"),
+    # the graph file on the way: said to be a file, not a folder that does not exist
+    "parent_is_a_file": ("{tmp}/decode.mlir/out.npz",
+                         "cannot write '{tmp}/decode.mlir/out.npz': '{tmp}/decode.mlir' is a "
+                         "file, not a directory, so it cannot hold the output; give a path "
+                         "in a folder"),
+    "grandparent_is_a_file": ("{tmp}/decode.mlir/x/out.npz",
+                              "'{tmp}/decode.mlir' is a file, not a directory"),
 }
 
 
