@@ -1,7 +1,7 @@
 """A decoder layer over an INT8 KV cache, in ONNX: onnxruntime vs `int8attn run`.
 
     pip install -e '.[onnx]'
-    python examples/onnx_decoder_layer.py [--query-tokens 1] [--layers 1] [--seed 0]
+    python examples/onnx_decoder_layer.py [--query-tokens 1] [--layers 1] [--seed 0] [--keep DIR]
 
 Builds the layer with onnx.helper (`int8attn.reference.onnx_decoder`: RMSNorm,
 QKV projections, rotary embedding, the new tokens quantized per token into a
@@ -16,6 +16,7 @@ the difference, next to the INT8 contract's own error on the same inputs
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,15 +35,19 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--past-tokens", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0, help="weights (seed) and inputs (seed+1)")
-    parser.add_argument("--keep", metavar="DIR", help="write the model and files here")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="write the model, inputs and outputs here and keep them (default: "
+                             "a temporary folder, deleted at exit)")
     args = parser.parse_args()
     shape = DecoderShape(query_tokens=args.query_tokens, layers=args.layers,
                          past_tokens=args.past_tokens)
+    if args.keep:
+        return run(shape, args.seed, Path(args.keep), kept=True)
     with tempfile.TemporaryDirectory(prefix="int8attn-onnx-") as scratch:
-        return run(shape, args.seed, Path(args.keep or scratch))
+        return run(shape, args.seed, Path(scratch), kept=False)
 
 
-def run(shape: DecoderShape, seed: int, directory: Path) -> int:
+def run(shape: DecoderShape, seed: int, directory: Path, kept: bool) -> int:
     import onnx
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -53,10 +58,15 @@ def run(shape: DecoderShape, seed: int, directory: Path) -> int:
     print(f"{shape}, weights seed {seed}, inputs seed {seed + 1}")
     # The int8attn command of this Python's environment (a venv need not be active).
     tool = shutil.which("int8attn", path=str(Path(sys.executable).parent)) or "int8attn"
-    command = [tool, "run", str(directory / "decoder.onnx"), "--inputs",
-               str(directory / "inputs.npz"), "--output", str(directory / "outputs.npz")]
-    print("$", " ".join(command), flush=True)
-    if subprocess.run(command).returncode:
+    # run in the folder, on its file names: the command and its messages name no path
+    # that a temporary folder takes with it
+    command = [tool, "run", "decoder.onnx", "--inputs", "inputs.npz", "--output", "outputs.npz"]
+    where = shlex.quote(str(directory.resolve())) if kept else "DIR"
+    print(f"$ cd {where} && {shlex.join(command)}", flush=True)
+    if not kept:
+        print("  (DIR: a temporary folder, deleted at exit; to repeat this command, run the "
+              "example with --keep DIR, which keeps the model and its inputs there)", flush=True)
+    if subprocess.run(command, cwd=directory).returncode:
         return 1
     y = np.load(directory / "outputs.npz")["y"]
     expected = run_onnxruntime(model, inputs)["y"]
