@@ -244,7 +244,8 @@ FAST_TESTS = {
     "test_doc_examples.py": {
         "test_blocks_and_markers_are_found_with_their_lines", "test_a_fence_left_open_is_named",
         "test_shown_output_matches_numbers_aside_and_nothing_else",
-        "test_every_page_has_runnable_examples_and_markers_are_known"},
+        "test_every_page_has_runnable_examples_and_markers_are_known",
+        "test_a_failing_block_is_named_by_file_and_line"},
     "test_fast_tier.py": {
         "test_the_guard_fails_fast_tests_that_compile_or_simulate",
         "test_the_guard_is_on_when_the_marks_select_only_fast_tests",

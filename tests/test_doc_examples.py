@@ -216,3 +216,14 @@ def test_every_page_has_runnable_examples_and_markers_are_known():
         for number, line in enumerate(page.read_text().splitlines(), 1):
             if line.startswith("<!-- example"):
                 assert _MARKER.match(line), f"{_name(page)}:{number}: unknown marker"
+
+
+def test_a_failing_block_is_named_by_file_and_line(tmp_path):
+    page = tmp_path / "page.md"
+    example = Example(page, 12, "python", "import sys\nsys.exit(3)\n")
+    with pytest.raises(AssertionError, match=rf"{re.escape(str(page))}:12: the python example "
+                                             r"exited 3, expected 0"):
+        test_example_runs(example, tmp_path)
+    shown = Example(page, 20, "console", "$ echo max abs 1.0e-06\nmax abs 2.5e-07\nrms 1\n")
+    with pytest.raises(AssertionError, match=r":20: lines the example shows .*'rms 1'"):
+        test_example_runs(shown, tmp_path)
