@@ -51,7 +51,7 @@ is not finite), `q = clamp(rne(x*(127/a)), -127, 127)`, except `q = 0` when
 `a < QUANTIZE_MIN_ABSMAX` (0 included) or `a` is NaN/Inf. The threshold keeps
 127/a finite and every value that rounds to a nonzero q a normal f32, so the
 result does not depend on flush-to-zero; a non-finite row poisons only its own
-results through the NaN scale (README: non-finite and extreme inputs).
+results through the NaN scale (docs/numerics.md, *Non-finite and extreme inputs*).
 """
 
 from __future__ import annotations

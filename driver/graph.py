@@ -146,7 +146,8 @@ def check_arguments(info: FunctionInfo, arrays, *, scales: bool = True) -> list[
 
 
 def check_cache_scales(info: FunctionInfo, arrays, read=None) -> None:
-    """k_scale and v_scale must be finite and >= 0 (README: non-finite inputs);
+    """k_scale and v_scale must be finite and >= 0 (docs/numerics.md,
+    *Non-finite and extreme inputs*);
     `read` (operand -> bool mask) limits the check to the entries a call reads.
     An imported ONNX model has no attention of its arguments: the arguments its
     raised attentions read as cache scales (`scale_arguments`) are checked whole."""

@@ -160,7 +160,7 @@ class Target:
             hint = ""
             if not kernel_object and until in [s.name for s in self.with_object]:
                 hint = (f" without --kernel-object: its {until} packages a code object built "
-                        f"from --emit llvm (README, 'On a DCU')")
+                        f"from --emit llvm (docs/targets.md, *gfx936: the hand-off to Hygon's DTK*)")
             with_object = " with --kernel-object" if kernel_object else ""
             raise OptionRefused(f"--target {self.name}{with_object} has the stages "
                                 f"{', '.join(names)}; there is no '{until}' to emit{hint}")
@@ -292,7 +292,7 @@ STAGE_NAMES = tuple(dict.fromkeys(s.name for t in TARGETS.values() for s in t.st
 
 
 def describe() -> str:
-    """The table as text (for `int8attn targets` and the README)."""
+    """The table as text (for `int8attn targets` and docs/targets.md)."""
     lines = []
     for t in TARGETS.values():
         lines.append(f"{t.name:7} {' -> '.join(t.stage_names())}")

@@ -30,7 +30,7 @@ from .contract.numerics import DIGIT_NUMERICS
 # (name, PV precision, V token-innermost)
 VARIANTS = {"int8": ("int8", True), "bf16": ("bf16", True), "int8_transpose_v": ("int8", False)}
 # The numerics `prepare` compiles the modules with and `run` checks them against: the
-# kernel targets' default, whose timings the README reports.
+# kernel targets' default, whose timings benchmarks/results/CURRENT.md reports.
 NUMERICS = DIGIT_NUMERICS
 
 MANIFEST = "manifest.json"   # what `prepare` wrote: the shapes, for `run`

@@ -30,7 +30,7 @@ the function's tensor ("a transfer of ownership", HALOps.td), so the update
 happens in the caller's buffer and the result returned is that same buffer.
 The Python runtime passes numpy caches without a copy (`runtime.module`:
 `import_host_allocation`); the cost of a call does not grow with NB
-(README: "Writing the cache").
+(docs/python-api.md, *Writing in place*).
 """
 
 from __future__ import annotations

@@ -284,7 +284,7 @@ RUNNER_BAD = {
 @pytest.mark.parametrize("name", sorted(RUNNER_BAD))
 def test_bench_runners_name_bad_folders_and_flags(name, tmp_path, capsys, monkeypatch):
     """`python -m int8attn.bench_paged / bench_prefill --run DIR` (the GPU machine's
-    runners, README) check their folders as `--from` does and their flags as `int8attn
+    runners, docs/benchmarks.md) check their folders as `--from` does and their flags as `int8attn
     bench` does: a message and exit 1 or 2, never a traceback, before any device."""
     import importlib
 
@@ -629,8 +629,8 @@ def test_model_bytes_without_their_external_data_are_named(tmp_path):
     assert int8attn.compile_file(model).remarks   # the file: its data read beside it
 
 
-# What int8attn does not raise runs in float through IREE (README, *ONNX models*), with a
-# remark naming the reason: not an error. A dynamic shape has no random inputs.
+# What int8attn does not raise runs in float through IREE (docs/cli.md, *ONNX models*),
+# with a remark naming the reason: not an error. A dynamic shape has no random inputs.
 NOT_RAISED = {
     "float_cache": ("K is not dequantized from int8 (Cast(int8) × a scale per token): it "
                     "comes from a function argument; IREE compiles this attention in float"),

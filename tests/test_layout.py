@@ -1,17 +1,17 @@
 """Where modules live, and that they import each other without cycles.
 
-The rule (README, "Layout"): module `int8attn.X.Y` is `X/Y.py` at the
-repository root, every subpackage a top-level folder; `int8attn/` holds only
-the entry points (API, CLIs) and what only they use. Module-level imports
+The rule (docs/architecture.md, *Where modules live*): module `int8attn.X.Y` is
+`X/Y.py` at the repository root, every subpackage a top-level folder; `int8attn/` holds
+only the entry points (API, CLIs) and what only they use. Module-level imports
 between int8attn modules form no cycle (imports inside functions are the
 deliberate way for an entry point to load something lazily). Package modules
 import each other relatively (`from ..fragments import ...`), so an import names
 the sibling folder it resolves to. No module is longer than 400 lines but those
 named in `LONG_MODULES`, each with its reason.
 
-The layers (docs/design.md, "Layers"): every import, lazy or not, absolute or
-relative, goes from a folder to one below it (`ALLOWED_IMPORTS`); the folders form
-no cycle; the contract imports only numpy, iree and support; only the console
+The layers (docs/design.md §5, its *Layers* paragraph): every import, lazy or not,
+absolute or relative, goes from a folder to one below it (`ALLOWED_IMPORTS`); the
+folders form no cycle; the contract imports only numpy, iree and support; only the console
 scripts import the CLI; the simulator's modules form no cycle and its decode and
 prefill hosts do not import each other.
 

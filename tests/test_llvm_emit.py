@@ -1,5 +1,6 @@
 """`--emit llvm` and `--kernel-object`: the kernels as LLVM IR another LLVM builds, and
-the code object packaged back into a vmfb (README, "On a DCU").
+the code object packaged back into a vmfb (docs/targets.md,
+*gfx936: the hand-off to Hygon's DTK*).
 
 Upstream LLVM 19 (Debian's llvm-19 / lld-19, which .ci/run installs) stands in for
 Hygon's DTK: every kernel's IR, gfx936 and gfx942, must pass `opt -passes=verify`;

@@ -9,7 +9,7 @@ equals the numpy quantization of the written tokens bit for bit (and nothing
 else changed); every step matches both references for every sequence
 (tests/accuracy.py); the lengths cross block (16) and partition (256) edges.
 
-In place (README, "Writing the cache"): @write updates the caller's numpy
+In place (docs/python-api.md, *Writing in place*): @write updates the caller's numpy
 arrays without copying them, so its cost does not grow with the pool. On the
 2-core CPU this was written on (T = 16 new tokens, 8 KV heads, D = 128, BS = 16,
 medians of 30 calls, range over three runs):
