@@ -160,7 +160,8 @@ class Target:
             hint = ""
             if not kernel_object and until in [s.name for s in self.with_object]:
                 hint = (f" without --kernel-object: its {until} packages a code object built "
-                        f"from --emit llvm (docs/targets.md, *gfx936: the hand-off to Hygon's DTK*)")
+                        f"from --emit llvm "
+                        f"(docs/targets.md, *gfx936: the hand-off to Hygon's DTK*)")
             with_object = " with --kernel-object" if kernel_object else ""
             raise OptionRefused(f"--target {self.name}{with_object} has the stages "
                                 f"{', '.join(names)}; there is no '{until}' to emit{hint}")

@@ -235,7 +235,8 @@ def _note_nonfinite_queries(info, arrays) -> None:
     if bad:
         index = info.attention.argument_of[0]
         print(f"note: arg{index} (q) holds NaN or Inf in {bad} of its {rows} rows; the results "
-              f"of exactly those rows are NaN (docs/numerics.md, *Non-finite and extreme inputs*)", file=sys.stderr)
+              f"of exactly those rows are NaN "
+              f"(docs/numerics.md, *Non-finite and extreme inputs*)", file=sys.stderr)
 
 
 def _executed_how(graph) -> str:
