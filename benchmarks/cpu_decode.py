@@ -17,7 +17,7 @@ Run time is the median over `--iterations` calls with inputs already on the
 device, after warm-up; the three modules of a context take turns, in
 `--rounds` rounds, so that a change in the machine's load falls on all of them
 alike. Ratios are against the first module of the same context (int8 with the
-pipeline's defaults; with --numerics, the seed's one-term Q and s8 W) compiled
+pipeline's defaults; with --numerics, one-term numerics: one-term Q and s8 W) compiled
 for the same --target-cpu.
 
 `--cpu-time` runs the modules on IREE's inline `local-sync` driver (one thread,

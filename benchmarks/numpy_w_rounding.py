@@ -7,7 +7,7 @@ fragment reference's blocks: INT8 Q with --q-terms 2, partitions / tiles, W = P*
 and its MMAC groups, the W-quantization term alone, sum_n omega_n sum_i (W~_i - W_i) Vq_i,
 for each rule of W~ per (row, MMAC group), max abs over all outputs:
 
-    s8        W~ = sW rne(W/sW), sW = a/127 (the seed's)
+    s8        W~ = sW rne(W/sW), sW = a/127 (one-term numerics)
     u8        sW = a/255, u = rne(W/sW) in [0, 255] (--w-quant u8, one term)
     u8-pow2   u8 with sW rounded up to a power of two (exact rescale)
     u8-min    u8 over [lo, a], lo = the group's min, W~ = lo + sW u: lo * sum Vq is

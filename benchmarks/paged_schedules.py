@@ -3,7 +3,7 @@ digit join `digits_join_i32` among its fields) or numerics (`Numerics`: q_terms,
 q_second, w_quant, w_terms, w_second).
 
     python benchmarks/paged_schedules.py DIR merge_chunks=16 merge_splits=32 merge_unroll=2
-    python benchmarks/paged_schedules.py DIR q_terms=1 w_quant=s8 w_terms=1   # the seed's
+    python benchmarks/paged_schedules.py DIR q_terms=1 w_quant=s8 w_terms=1   # one-term numerics
     python -m int8attn.bench_paged --run DEFAULT_DIR,DIR,... --pv int8   # on the GPU
 
 Each folder holds the modules `int8attn bench --mode paged --prepare-only`

@@ -5,8 +5,9 @@
 INT-FlashAttention quantizes the online softmax's p (in [0, 1]) with the fixed scale
 1/127; this project quantizes W = p * sV per MMAC group on its own absmax (the contract,
 docs/design.md §2). For each prefill data family of benchmarks/cpu_accuracy_variants.py
-(causal Sq = S, Hq 8 over Hkv 2, D 128) and each numerics (the seed's, and the kernels'
-default), max abs and RMS against exact attention on the dequantized cache (float q) of:
+(causal Sq = S, Hq 8 over Hkv 2, D 128) and each numerics (one-term, and two-term digits:
+the kernels' default), max abs and RMS against exact attention on the dequantized cache
+(float q) of:
 
 - f32 PV: the contract's scores and online softmax, PV unquantized (what Q alone costs);
 - fixed P: the same, p quantized to roundeven(127 p) / 127 (reference.fixed_p_scale_attention);
@@ -27,11 +28,11 @@ import numpy as np
 from cpu_accuracy_variants import FAMILIES, PREFILL, float_inputs
 
 from int8attn import reference as ref
-from int8attn.contract.numerics import KERNEL_NUMERICS, SEED_NUMERICS
+from int8attn.contract.numerics import DIGIT_NUMERICS, ONE_TERM_NUMERICS
 from int8attn.simulator import simulate_prefill
 
 PREFILL_FAMILIES = ["gaussian", "key-mult", "key-add", "peaked-1", "peaked-10", "huge-v"]
-NUMERICS = {"seed": SEED_NUMERICS, "kernel default": KERNEL_NUMERICS}
+NUMERICS = {"one-term": ONE_TERM_NUMERICS, "digits": DIGIT_NUMERICS}
 COLUMNS = ("f32 PV", "fixed P", "dynamic W", "kernel", "kernel vs dynamic")
 
 

@@ -8,8 +8,8 @@ by the first MMAC group's scale, where the contract rescales every MMAC's sum by
 group's scale (an f32 conversion and an FMA per C element per MMAC). The time saved is
 what the per-MMAC W scale costs the prefill tile; the results are not the contract's
 (the bench's check says "no" for the INT8 rows by design). The BF16-PV twin and
-everything before PV are unchanged. For the bench's numerics (the seed's: one W term,
-signed W).
+everything before PV are unchanged. For the bench's numerics (one-term numerics: one W
+term, signed W).
 """
 
 from __future__ import annotations

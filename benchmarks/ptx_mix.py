@@ -1,7 +1,7 @@
 """Instructions per MMA of the cuda kernels, read off their PTX (no GPU needed).
 
     python benchmarks/ptx_mix.py [--kernels prefill,paged-prefill,decode,paged-decode]
-                                 [--numerics seed,kernel] [--pv int8] [--out FILE.md]
+                                 [--numerics one-term,digits] [--pv int8] [--out FILE.md]
 
 Each kernel is compiled for the cuda target up to PTX (`compile(..., until="ptx")`) at
 the bench's shape (32 query heads over 8 KV heads, D 128, BS 16). For a prefill, the
@@ -20,9 +20,12 @@ import dataclasses
 import re
 import sys
 
-from int8attn.contract.numerics import KERNEL_NUMERICS, SEED_NUMERICS
+from int8attn.bench_numerics import numerics_name
+from int8attn.contract.numerics import DIGIT_NUMERICS, ONE_TERM_NUMERICS
 
-NUMERICS = {"seed": SEED_NUMERICS, "kernel": KERNEL_NUMERICS}
+# one INT8 term each; two-term digits (the kernel targets' default). The old names
+# `seed` and `kernel` are read as these, with a note (int8attn.bench_numerics).
+NUMERICS = {"one-term": ONE_TERM_NUMERICS, "digits": DIGIT_NUMERICS}
 KERNELS = ("prefill", "paged-prefill", "decode", "paged-decode")
 # (class, opcode prefixes), first match wins; the rest is "other".
 CLASSES = (
@@ -151,7 +154,8 @@ def markdown(rows: list[dict]) -> str:
 def check_selection(parser, kernels: str, numerics: str) -> tuple[list[str], list[str]]:
     """The comma-separated `--kernels` and `--numerics`, each name known (else a usage
     error naming the choices)."""
-    kernels, numerics = kernels.split(","), numerics.split(",")
+    kernels = kernels.split(",")
+    numerics = [numerics_name(n) for n in numerics.split(",")]
     unknown = [k for k in kernels if k not in KERNELS] + [n for n in numerics
                                                           if n not in NUMERICS]
     if unknown:
@@ -164,8 +168,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default=",".join(KERNELS),
                         help=f"comma-separated, of {', '.join(KERNELS)}")
-    parser.add_argument("--numerics", default="seed,kernel",
-                        help="comma-separated: seed (one term each), kernel (the default)")
+    parser.add_argument("--numerics", default=",".join(NUMERICS),
+                        help="comma-separated: one-term (one INT8 term each), digits "
+                             "(two-term digits, the kernel targets' default)")
     parser.add_argument("--pv", default="int8", choices=("int8", "bf16"))
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)

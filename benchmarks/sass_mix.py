@@ -1,7 +1,7 @@
 """What the cuda kernels become in SASS: registers, spills and instructions per MMA.
 
     python benchmarks/sass_mix.py [--kernels prefill,paged-prefill,decode,paged-decode]
-                                  [--numerics seed,kernel] [--pv int8] [--arch sm_90]
+                                  [--numerics one-term,digits] [--pv int8] [--arch sm_90]
                                   [--spec FIELD=VALUE ...] [--out FILE.md]
 
 The PTX of `ptx_mix.py` (the same kernels and shapes) is assembled by NVIDIA's `ptxas`
@@ -174,8 +174,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default=",".join(ptx_mix.KERNELS),
                         help=f"comma-separated, of {', '.join(ptx_mix.KERNELS)}")
-    parser.add_argument("--numerics", default="seed,kernel",
-                        help="comma-separated: seed (one term each), kernel (the default)")
+    parser.add_argument("--numerics", default=",".join(ptx_mix.NUMERICS),
+                        help="comma-separated: one-term (one INT8 term each), digits "
+                             "(two-term digits, the kernel targets' default)")
     parser.add_argument("--pv", default="int8", choices=("int8", "bf16"))
     parser.add_argument("--arch", default="sm_90", help="ptxas's -arch (sm_90: the H200)")
     parser.add_argument("--spec", action="append", default=[], metavar="FIELD=VALUE",

@@ -74,7 +74,7 @@ def _prefill(args, numerics, spec=CUDA) -> tuple[np.ndarray, str]:
                 first_loop_body(str(built.module)))
 
 
-@pytest.mark.parametrize("numerics", [ONE_TERM_NUMERICS, KERNEL_TARGET_NUMERICS], ids=["seed", "digits"])
+@pytest.mark.parametrize("numerics", [ONE_TERM_NUMERICS, KERNEL_TARGET_NUMERICS], ids=["one-term", "digits"])
 def test_the_permute_packs_the_bits_the_masks_pack(numerics):
     args = prefill_inputs(7302, 1, 8, 2, 160, 96, 64)
     outs, loops = zip(*(_prefill(args, numerics, spec)
@@ -87,7 +87,7 @@ def test_the_permute_packs_the_bits_the_masks_pack(numerics):
     assert byte_masks(with_permute) < byte_masks(with_masks)
 
 
-@pytest.mark.parametrize("numerics", [ONE_TERM_NUMERICS, KERNEL_TARGET_NUMERICS], ids=["seed", "digits"])
+@pytest.mark.parametrize("numerics", [ONE_TERM_NUMERICS, KERNEL_TARGET_NUMERICS], ids=["one-term", "digits"])
 def test_a_nonfinite_w_group_reaches_only_its_rows(numerics):
     # A level handed over as LEVEL_BYTE skips the zero of a non-finite group (its bits
     # are NaN's): the group's scale is NaN, so every product of its sum is NaN anyway.

@@ -60,15 +60,33 @@ def test_the_command_refuses_unknown_kernels():
         ptx_mix.main(["--kernels", "prefil"])
 
 
+def test_the_numerics_are_named_as_int8attn_bench_names_them(capsys):
+    import argparse
+
+    from int8attn.bench_numerics import CHOICES
+    from int8attn.contract.numerics import DIGIT_NUMERICS, ONE_TERM_NUMERICS
+
+    assert set(ptx_mix.NUMERICS) <= set(CHOICES)
+    assert ptx_mix.NUMERICS == {"one-term": ONE_TERM_NUMERICS, "digits": DIGIT_NUMERICS}
+    parser = argparse.ArgumentParser()
+    # the old labels are read as the new ones, with a note
+    assert ptx_mix.check_selection(parser, "decode", "seed,kernel") == (
+        ["decode"], ["one-term", "digits"])
+    assert "--numerics seed is deprecated" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ptx_mix.check_selection(parser, "decode", "defaults")
+    assert "unknown defaults" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def prefill_ptx():
-    return {kernel: ptx_mix.compile_ptx(kernel, "seed", "int8")
+    return {kernel: ptx_mix.compile_ptx(kernel, "one-term", "int8")
             for kernel in ("prefill", "paged-prefill")}
 
 
 @pytest.fixture(scope="module")
 def prefill_loops(prefill_ptx):
-    rows = {kernel: ptx_mix.measure(kernel, "seed", "int8", compiled)
+    rows = {kernel: ptx_mix.measure(kernel, "one-term", "int8", compiled)
             for kernel, compiled in prefill_ptx.items()}
     return {kernel: {r["region"]: r["classes"] for r in found} for kernel, found in rows.items()}
 
@@ -115,8 +133,8 @@ def test_the_paged_decode_reads_one_block_id_per_block_of_a_lane():
     # The partition's block ids are staged in LDS once; a lane then reads the id of each
     # block its wave's tokens touch (a wave view: the wave's part of the table slot plus
     # the lane's), not one per token (18 more LDS loads than the dense decode before).
-    dense, = ptx_mix.measure("decode", "seed", "int8")
-    paged, = ptx_mix.measure("paged-decode", "seed", "int8")
+    dense, = ptx_mix.measure("decode", "one-term", "int8")
+    paged, = ptx_mix.measure("paged-decode", "one-term", "int8")
     dense, paged = dense["classes"], paged["classes"]
     assert paged["mma"] == dense["mma"] == 64
     assert paged["LDS"] - dense["LDS"] <= 8

@@ -40,7 +40,7 @@ def test_the_target_spec_offers_the_atom():
         target_spec("gfx936").pv_model("int8", ATOM)
 
 
-@pytest.mark.parametrize("numerics", NUMERICS, ids=["seed", "q2_u8"])
+@pytest.mark.parametrize("numerics", NUMERICS, ids=["one-term", "q2_u8"])
 @pytest.mark.parametrize("shape", [(2, 8, 2, 300, 64), (1, 16, 1, 130, 128)])
 def test_decode_on_the_second_atom_matches_both_references(numerics, shape):
     seed = 241 + shape[1]
@@ -72,7 +72,7 @@ def test_paged_decode_on_the_second_atom_matches_both_references():
                numerics)
 
 
-@pytest.mark.parametrize("numerics", NUMERICS, ids=["seed", "q2_u8"])
+@pytest.mark.parametrize("numerics", NUMERICS, ids=["one-term", "q2_u8"])
 def test_prefill_on_the_second_atom_matches_both_references(numerics):
     # The 32x32 C layout holds a row in other lanes than the 16x16 scores do: the
     # online softmax's alpha and the final l reach PV's rows through LDS.

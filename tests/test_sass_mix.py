@@ -74,7 +74,7 @@ needs_nvdisasm = pytest.mark.skipif(sass_mix.tool("nvdisasm") is None, reason="n
 def test_the_prefill_fits_the_registers_of_its_occupancy_request():
     # cuda's prefill asks for 3 workgroups of 128 threads per SM (.minnctapersm):
     # ptxas must allocate at most 65536 / 384 registers a thread, as the driver's JIT.
-    (row, *_) = sass_mix.measure("prefill", "seed", "int8", "sm_90")
+    (row, *_) = sass_mix.measure("prefill", "one-term", "int8", "sm_90")
     assert 0 < row["registers"] <= 65536 // (3 * 128)
 
 
@@ -93,7 +93,7 @@ def _sass(kernel: str, numerics: str) -> tuple[list[str], dict[str, int]]:
 def test_the_exp_is_one_mufu_in_the_tile_loop():
     # ex2.approx.ftz: no compare against -126 and no rescaling multiplies around MUFU.EX2
     # (the subnormal-keeping form's three extra instructions per exp).
-    found, labels = _sass("prefill", "seed")
+    found, labels = _sass("prefill", "one-term")
     first, last = sass_mix.loops(found, labels)[0]
     body = found[first:last + 1]
     exps = [i for i in body if i.startswith("MUFU.EX2")]
@@ -112,7 +112,7 @@ def test_the_decode_mmas_read_q_and_w_as_loaded(kernel):
     # Q and W sit in LDS in the MMA's register order (fragments/operand_staging.py):
     # every IMMA's A quad is the destination of one LDS.128, not assembled by MOVs
     # (row-major, each took four: ~250 of the partition's ~2,000 instructions).
-    found, _ = _sass(kernel, "kernel")
+    found, _ = _sass(kernel, "digits")
     writer, sources = {}, []
     for instruction in found:
         if instruction.startswith("IMMA"):
