@@ -258,9 +258,9 @@ KIND = BenchKind("decode", MANIFEST, module_files, _prepare, _run, markdown, plo
 
 
 def main(argv=None) -> int:
-    import argparse
+    from . import arg_types
 
-    parser = argparse.ArgumentParser(prog="python -m int8attn.bench_cuda")
+    parser = arg_types.FlagParser(prog="python -m int8attn.bench_cuda")
     parser.add_argument("--prepare", type=Path, help="compile the modules into this folder")
     parser.add_argument("--run", type=Path, help="run the modules of this folder on the GPU")
     parser.add_argument("--contexts", default="4096,8192,16384")

@@ -271,13 +271,11 @@ KIND = BenchKind("paged", MANIFEST, module_files, _prepare, _run, markdown,
 def main(argv=None) -> int:
     """Run modules prepared by `int8attn bench --mode paged --prepare-only DIR` (on a GPU
     machine without IREE's compiler)."""
-    import argparse
-
     from . import arg_types
     from .bench_kinds import check_prepared
     from .cli_errors import UserError
 
-    parser = argparse.ArgumentParser(prog="python -m int8attn.bench_paged")
+    parser = arg_types.FlagParser(prog="python -m int8attn.bench_paged")
     parser.add_argument("--run", required=True, metavar="DIR[,DIR...]",
                         help="a prepared folder, or several (comma-separated) of the same "
                              "shapes on the same data (schedules or numerics to compare)")

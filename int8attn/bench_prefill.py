@@ -343,13 +343,11 @@ KIND = BenchKind("prefill", MANIFEST, module_files, _prepare, _run, markdown, pl
 
 def main(argv=None) -> int:
     """Run modules prepared by `int8attn bench --mode prefill --prepare-only DIR`."""
-    import argparse
-
     from . import arg_types
     from .bench_kinds import check_prepared
     from .cli_errors import UserError
 
-    parser = argparse.ArgumentParser(prog="python -m int8attn.bench_prefill")
+    parser = arg_types.FlagParser(prog="python -m int8attn.bench_prefill")
     parser.add_argument("--run", type=arg_types.path_object, required=True, metavar="DIR",
                         help="a folder prepared by int8attn bench --mode prefill --prepare-only")
     parser.add_argument("--seed", type=arg_types.seed, default=0,

@@ -11,6 +11,7 @@ IREE registers (canonicalize, cse, ...). Errors are printed as
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import arg_types
@@ -90,6 +91,16 @@ def process(chunk: str, filename: str, passes, print_after_all: bool, timing: bo
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`int8attn-opt --list-passes | head -2`): nothing left to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list_passes:

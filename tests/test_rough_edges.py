@@ -270,6 +270,31 @@ def test_int8attn_opt_refuses_a_repeated_flag_by_the_same_rule(capsys):
             "it once") in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("module, flags", [
+    ("bench_paged", ["--run", "a", "--iterations", "3", "--iterations", "4"]),
+    ("bench_prefill", ["--run", "a", "--seed", "1", "--seed", "2"]),
+    ("bench_cuda", ["--prepare", "a", "--prepare", "b"]),
+])
+def test_the_gpu_bench_runners_refuse_a_repeated_flag_by_the_same_rule(module, flags, capsys):
+    import importlib
+
+    runner = importlib.import_module(f"int8attn.{module}")
+    with pytest.raises(SystemExit) as exit_:
+        runner.main(flags)
+    assert exit_.value.code == 2
+    assert "given twice" in capsys.readouterr().err
+
+
+def test_int8attn_opt_piped_into_a_reader_that_leaves_is_quiet():
+    import subprocess
+    import sys
+
+    done = subprocess.run(f"'{sys.executable}' -m int8attn.opt --list-passes | head -1",
+                          shell=True, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("int8attn passes")
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
 # -- a float or int16 cache where an INT8 one goes -----------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int16])
