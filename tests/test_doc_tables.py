@@ -8,6 +8,9 @@
   option and its declared default; the table after `<!-- pipeline options -->` names every
   field of the named pipelines' options with its default.
 - README.md stays short (the line and width limits below) and links every docs page.
+- A reference from code, tests, scripts or pages into the docs (`docs/PAGE.md, *Heading*`,
+  `README, *Heading*`) names a page and a heading that exist, and a repository path in
+  their text (`benchmarks/...`, `tests/...`) exists, so neither rots when pages move.
 """
 
 from __future__ import annotations
@@ -231,3 +234,140 @@ def test_docs_pages_keep_lines_readable():
             for n, line in enumerate(p.read_text().splitlines(), 1)
             if len(line) > 400 and not line.startswith("|")]
     assert not long, long
+
+
+# ----------------------------------------------------------------------------
+# References into the docs from code, tests, scripts and pages
+# ----------------------------------------------------------------------------
+
+# A reference names a page, then optionally its heading: `docs/PAGE.md, *Heading*` (the
+# form the code uses; "Heading" or 'Heading' and a colon for the comma are read too), or
+# `README, *Heading*`. A heading may wrap onto the next line of a comment or docstring.
+DOC_REFERENCE = re.compile(
+    r"(?<![\w./-])(README(?:\.md)?|docs/[\w.-]+\.md)"
+    r"(?:[ \t]*[,:][ \t]*(?:\*([^*]{1,160}?)\*|\"([^\"\n]{1,160})\"|'([^'\n]{1,160})'))?")
+# `README: words`: a section named without its page or quotes (how the README's
+# sections were cited before the docs split; each has a page now).
+UNNAMED_SECTION = re.compile(r"(?<![\w./-])README(?:\.md)?:[ \t]+[A-Za-z]")
+# A repository path in prose or a message: it must exist (a results file that moved, a
+# renamed script). Paths with placeholders (`<date>`, `*`) are not matched.
+REPO_PATH = re.compile(r"(?<![\w./<>*-])(?:docs|benchmarks|examples|tests|lit)/[\w./-]*[\w-]"
+                       r"\.(?:md|json|py|mlir|onnx|cfg)(?![\w*])")
+# File names that stand for any file in a usage line (`docs/PAGE.md`, `tests/test_x.py`).
+PLACEHOLDER_STEMS = {"PAGE", "FILE", "NAME", "X", "x", "test_x"}
+CITING_ROOTS = ("int8attn", "contract", "dialects", "driver", "fragments", "kernels",
+                "passes", "pipelines", "reference", "runtime", "serving", "simulator",
+                "support", "tests", "benchmarks", "lit", "examples", "docs")
+CITING_SUFFIXES = (".py", ".mlir", ".cfg", ".toml", ".txt", ".md", ".sh")
+# Records of the past, which cite the README and the result files as they were then.
+NOT_CITING = ("benchmarks/HISTORY.md", "benchmarks/results")
+
+
+def headings(text: str) -> set[str]:
+    """A markdown page's headings (outside code fences), as `_heading_key` gives them."""
+    found, fenced = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            found.add(_heading_key(line.lstrip("#")))
+    return found
+
+
+def _heading_key(text: str) -> str:
+    """A heading or a cited one, compared without case, backticks, comment marks or line
+    breaks."""
+    text = re.sub(r"\n[ \t]*(?:#[ \t]*)?", " ", text)
+    return " ".join(text.replace("`", "").split()).lower()
+
+
+def doc_reference_problems(text: str, name: str, pages: dict[str, set[str] | None],
+                           exists) -> list[str]:
+    """`name:line: ...` for each reference of `text` to a page that `pages` (page ->
+    its headings, None where the file is missing) does not have, to a heading its page
+    lacks, for a README section named without its page, and for a repository path
+    that `exists` (path -> bool) says is gone."""
+    problems = []
+
+    def line(position):
+        return text.count("\n", 0, position) + 1
+
+    for match in DOC_REFERENCE.finditer(text):
+        if _placeholder(match.group(1)):
+            continue
+        page = "README.md" if match.group(1).startswith("README") else match.group(1)
+        section = next((g for g in match.groups()[1:] if g), None)
+        where = f"{name}:{line(match.start())}"
+        if pages.get(page) is None:
+            problems.append(f"{where}: {page} does not exist")
+        elif section and _heading_key(section) not in pages[page]:
+            problems.append(f"{where}: {page} has no heading {section!r}")
+    for match in UNNAMED_SECTION.finditer(text):
+        problems.append(f"{name}:{line(match.start())}: a README section cited without its "
+                        f"page: name it as docs/PAGE.md, *Heading*")
+    for match in REPO_PATH.finditer(text):
+        if re.fullmatch(r"docs/[\w.-]+\.md", match.group(0)):
+            continue                  # a page: checked above
+        if not _placeholder(match.group(0)) and not exists(match.group(0)):
+            problems.append(f"{name}:{line(match.start())}: {match.group(0)} does not exist")
+    return problems
+
+
+def _placeholder(path: str) -> bool:
+    return Path(path).stem in PLACEHOLDER_STEMS
+
+
+def _citing_files() -> list[Path]:
+    """The repository's own text files but the records of the past (`NOT_CITING`) and
+    this file, which plants bad references for the check that can fail."""
+    def skipped(path: Path) -> bool:
+        relative = path.relative_to(REPO)
+        return (path == Path(__file__).resolve() or any(part.startswith(".") or part in ("__pycache__", "build", "Output")
+                    for part in relative.parts)
+                or any(str(relative).startswith(prefix) for prefix in NOT_CITING))
+
+    files = [REPO / "README.md", REPO / "pyproject.toml"]
+    for root in CITING_ROOTS:
+        files += [p for p in (REPO / root).rglob("*")
+                  if p.is_file() and p.suffix in CITING_SUFFIXES and not skipped(p)]
+    return sorted(files)
+
+
+def _pages() -> dict[str, set[str] | None]:
+    pages = {f"docs/{p.name}": headings(p.read_text()) for p in DOCS.glob("*.md")}
+    return {**pages, "README.md": headings((REPO / "README.md").read_text())}
+
+
+def test_every_reference_into_the_docs_names_a_page_and_heading_that_exist():
+    pages, problems, references = _pages(), [], 0
+    exists = lambda path: (REPO / path).exists()     # noqa: E731
+    files = _citing_files()
+    assert {REPO / "README.md", REPO / "driver" / "targets.py", DOCS / "design.md"} <= set(files)
+    for path in files:
+        text = path.read_text(errors="replace")
+        references += sum(1 for m in DOC_REFERENCE.finditer(text) if any(m.groups()[1:]))
+        problems += doc_reference_problems(text, str(path.relative_to(REPO)), pages, exists)
+    assert references >= 8           # the walk sees the code's and the tests' references
+    assert not problems, "\n".join(problems)
+
+
+def test_the_docs_reference_check_can_fail():
+    pages = {"docs/cli.md": {"onnx models"}, "docs/targets.md": {"gfx936: the hand-off to hygon's dtk"},
+             "README.md": {"quick start"}}
+    exists = lambda path: path in pages              # noqa: E731
+    good = ('"""see docs/cli.md, *ONNX models* and README, *Quick start*\n'
+            "(docs/targets.md, *gfx936: the hand-off\n    to `Hygon's` DTK*); docs/cli.md.\n"
+            '# docs/cli.md: "ONNX models"\n"""\n')
+    assert doc_reference_problems(good, "f.py", pages, exists) == []
+    bad = ("a (docs/nope.md)\n"
+           "b docs/cli.md, *No such heading*\n"
+           "c (README: non-finite inputs)\n"
+           "d (README, 'On a DCU')\n"
+           "e see benchmarks/results-h200-issue24.md\n")
+    problems = doc_reference_problems(bad, "f.py", pages, exists)
+    assert sorted(p.split(":")[1] for p in problems) == ["1", "2", "3", "4", "5"], problems
+    assert any("docs/nope.md does not exist" in p for p in problems)
+    assert any("no heading 'No such heading'" in p for p in problems)
+    assert any("cited without its page" in p for p in problems)
+    assert any("README.md has no heading 'On a DCU'" in p for p in problems)
+    assert any("results-h200-issue24.md does not exist" in p for p in problems)
