@@ -1,10 +1,12 @@
 """benchmarks/results/: every measurement folder is complete (meta.json, rows, a README.md
-whose header is meta.json's, with the command that made it), and CURRENT.md is what
-`python benchmarks/current.py` generates from the newest rows of each topic."""
+whose header is meta.json's, with the command that made it), CURRENT.md is what
+`python benchmarks/current.py` generates from the newest rows of each topic, and the
+README's headline numbers are CURRENT.md's."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -114,3 +116,47 @@ def test_new_makes_a_folder_the_check_accepts(tmp_path):
     with pytest.raises(SystemExit):
         current.main(["new", "h200-paged-decode", "--device", "d", "--measures", "m",
                       "--command", "c"], results=results)
+
+
+def headline_drift(readme: str, current_md: str) -> list[str]:
+    """What the README's *Current numbers* table says that CURRENT.md does not: its
+    `GPU, date` line must head CURRENT.md sections, and every number of its table but the
+    case column must be one of those sections' table cells at the README's precision
+    (7.02 quotes 7.023; 0.525 does not quote 0.524)."""
+    section = readme.split("## Current numbers\n", 1)[1].split("\n## ", 1)[0]
+    device, date = re.match(r"\s*(NVIDIA \w+), (\d{4}-\d\d-\d\d)", section).groups()
+    quoted = [part for part in re.split(r"\n(?=## )", current_md)
+              if f"\n{date}, {device}:" in part]
+    if not quoted:
+        return [f"the README's numbers are from {device}, {date}: no CURRENT.md section is"]
+    cells = {float(n) for part in quoted for row in part.splitlines() if row.startswith("| ")
+             for cell in row.strip("|").split("|")[1:] for n in re.findall(r"\d+(?:\.\d+)?", cell)}
+    problems = []
+    for row in section.splitlines():
+        if not row.startswith("| ") or row.startswith("| case"):
+            continue
+        for cell in row.strip("|").split("|")[1:]:
+            for number in re.findall(r"\d+(?:\.\d+)?", cell):
+                places = len(number.split(".")[1]) if "." in number else 0
+                if not any(f"{c:.{places}f}" == number for c in cells):
+                    problems.append(f"the README's {number} ({row.split('|')[1].strip()}) is "
+                                    f"not in CURRENT.md's {device}, {date} tables")
+    return problems
+
+
+def test_the_readmes_headline_numbers_are_current_mds():
+    readme = (REPO / "README.md").read_text()
+    problems = headline_drift(readme, (current.RESULTS / current.CURRENT).read_text())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_headline_check_can_fail():
+    current_md = ("# Current numbers\n\n## prefill: x\n\n2026-12-05, NVIDIA H200: [`f`](f)\n\n"
+                  "| case | INT8 (ms) | BF16 (ms) |\n|:--|--:|--:|\n| 8192+512 | 0.274 | 0.524 |\n")
+    readme = ("## Current numbers\n\nNVIDIA H200, 2026-12-05 (x).\n\n| case | INT8 | BF16 |\n"
+              "|---|--:|--:|\n| prefill, 8K cached + 512 new | 0.27 ms | {} ms |\n\n## Docs\n")
+    assert headline_drift(readme.format("0.524"), current_md) == []
+    [problem] = headline_drift(readme.format("0.525"), current_md)
+    assert "0.525 (prefill, 8K cached + 512 new)" in problem
+    assert "no CURRENT.md section is" in headline_drift(
+        readme.replace("2026-12-05", "2026-12-06"), current_md)[0]
