@@ -9,7 +9,8 @@ may write files beside them. ```text, ```mlir and other blocks are not run.
 An HTML comment on the line right before a fence marks the block (docs/architecture.md):
 `<!-- example: slow -->` (slow tier), `<!-- example: gpu -->` (skipped without an NVIDIA
 GPU), `<!-- example: exit N -->` (must exit with N), `<!-- example: skip REASON -->`.
-The README's Quick start block is .ci/run's and is not run here.
+The README's Quick start block is .ci/run's; its first command's run (after the install)
+runs here in the slow tier, and must print the lines the README shows after it.
 """
 
 from __future__ import annotations
@@ -179,6 +180,33 @@ def test_example_runs(example: Example, scratch: Path):
     missing = missing_lines(shown, output)
     assert not missing, (f"{example.where}: lines the example shows are not in its output "
                          f"(numbers aside): {missing}\n--- output ---\n{output[-3000:]}")
+
+
+def quick_start_run(readme: Path) -> tuple[str, list[str]]:
+    """The README's first Quick start command after its install (`.venv/bin/int8attn run
+    ...`), and the lines of the ```text block after it, which show its output."""
+    examples = examples_of(readme)
+    at = next(i for i, e in enumerate(examples) if _is_quick_start(e))
+    command = examples[at].text.splitlines()[0].rsplit(" && ", 1)[1]
+    shown = examples[at + 1]
+    assert shown.language == "text", f"{shown.where}: the Quick start's output block"
+    return command, [line for line in shown.text.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_quick_start_run_prints_what_the_readme_shows(scratch: Path):
+    # The install is .ci/run's; the command after it runs here on the venv this suite
+    # runs in, with an empty module cache, as from a fresh clone.
+    command, shown = quick_start_run(REPO / "README.md")
+    assert command.startswith(".venv/bin/int8attn run "), command
+    env = {**_environment(), "INT8ATTN_CACHE_DIR": str(scratch / "cache")}
+    bin_dir = Path(sys.executable).parent
+    result = subprocess.run([str(bin_dir / "int8attn"), *command.split()[1:]], cwd=scratch,
+                            env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    missing = missing_lines(shown, output)
+    assert not missing, f"README.md's Quick start output is not what it shows: {missing}\n{output}"
 
 
 # --- the extraction and the checks themselves --------------------------------------
