@@ -240,15 +240,15 @@ def test_docs_pages_keep_lines_readable():
 # References into the docs from code, tests, scripts and pages
 # ----------------------------------------------------------------------------
 
-# A reference names a page, then optionally its heading: `docs/PAGE.md, *Heading*` (the
-# form the code uses; "Heading" or 'Heading' and a colon for the comma are read too), or
-# `README, *Heading*`. A heading may wrap onto the next line of a comment or docstring.
+# A reference names a page (README, docs/ or benchmarks/), then optionally its heading:
+# `docs/PAGE.md, *Heading*` (the form the code uses; "Heading" or 'Heading' and a colon for
+# the comma are read too). A heading may wrap onto the next line of a comment or docstring.
 DOC_REFERENCE = re.compile(
-    r"(?<![\w./-])(README(?:\.md)?|docs/[\w.-]+\.md)"
+    r"(?<![\w./-])(README(?:\.md)?|(?:docs|benchmarks)/[\w.-]+\.md)"
     r"(?:[ \t]*[,:][ \t]*(?:\*([^*]{1,160}?)\*|\"([^\"\n]{1,160})\"|'([^'\n]{1,160})'))?")
 # `README: words`: a section named without its page or quotes (how the README's
 # sections were cited before the docs split; each has a page now).
-UNNAMED_SECTION = re.compile(r"(?<![\w./-])README(?:\.md)?:[ \t]+[A-Za-z]")
+UNNAMED_SECTION = re.compile(r"(?<![\w./*-])README(?:\.md)?:[ \t]+[A-Za-z]")
 # A repository path in prose or a message: it must exist (a results file that moved, a
 # renamed script). Paths with placeholders (`<date>`, `*`) are not matched.
 REPO_PATH = re.compile(r"(?<![\w./<>*-])(?:docs|benchmarks|examples|tests|lit)/[\w./-]*[\w-]"
@@ -306,7 +306,7 @@ def doc_reference_problems(text: str, name: str, pages: dict[str, set[str] | Non
         problems.append(f"{name}:{line(match.start())}: a README section cited without its "
                         f"page: name it as docs/PAGE.md, *Heading*")
     for match in REPO_PATH.finditer(text):
-        if re.fullmatch(r"docs/[\w.-]+\.md", match.group(0)):
+        if re.fullmatch(r"(?:docs|benchmarks)/[\w.-]+\.md", match.group(0)):
             continue                  # a page: checked above
         if not _placeholder(match.group(0)) and not exists(match.group(0)):
             problems.append(f"{name}:{line(match.start())}: {match.group(0)} does not exist")
@@ -334,7 +334,8 @@ def _citing_files() -> list[Path]:
 
 
 def _pages() -> dict[str, set[str] | None]:
-    pages = {f"docs/{p.name}": headings(p.read_text()) for p in DOCS.glob("*.md")}
+    pages = {str(p.relative_to(REPO)): headings(p.read_text())
+             for p in [*DOCS.glob("*.md"), *(REPO / "benchmarks").glob("*.md")]}
     return {**pages, "README.md": headings((REPO / "README.md").read_text())}
 
 
