@@ -4,6 +4,8 @@
   for every command, the flags of its tables are exactly its parser's (`int8attn`'s
   subcommands from int8attn/cli_parser.py, `int8attn-opt`'s from int8attn/opt.py), each
   with the default the declaration gives (`expected_default`).
+- docs/targets.md: the table after `<!-- targets -->` gives each target's stages as
+  driver/targets.py declares them (which stage reads which, with and without a code object).
 - docs/passes.md: the table after `<!-- passes -->` names every registered pass with every
   option and its declared default; the table after `<!-- pipeline options -->` names every
   field of the named pipelines' options with its default.
@@ -201,6 +203,60 @@ def test_the_pipeline_table_lists_every_option_with_its_default():
     table = {_code_spans(row[0])[0]: row[1] for row in rows}
     declared = {kebab(f.name): _option_text(f.default) for f in dataclasses.fields(PipelineOptions)}
     assert table == declared
+
+
+# ----------------------------------------------------------------------------
+# docs/targets.md's stage table against driver/targets.py
+# ----------------------------------------------------------------------------
+
+def documented_stage_edges(cell: str) -> tuple[set, set]:
+    """(stage edges, edges with `--kernel-object`) of a stages cell: `a → b → c` chains
+    split by `;`; a chain after `with `--kernel-object`:` is the code object's, and one
+    that starts with an arrow goes on from the previous chain's last stage."""
+    edges, object_edges, last = set(), set(), None
+    for part in cell.split(";"):
+        part = part.strip()
+        kind = edges
+        if part.startswith("with `--kernel-object`:"):
+            kind, part = object_edges, part.split(":", 1)[1].strip()
+        names = [n.strip() for n in part.split("→")]
+        if names[0] == "":
+            names[0] = last
+        kind.update(zip(names, names[1:]))
+        last = names[-1]
+    return edges, object_edges
+
+
+def declared_stage_edges(target) -> tuple[set, set]:
+    edges = {(s.reads or target.stages[i - 1].name, s.name)
+             for i, s in enumerate(target.stages) if i}
+    return edges, {(s.reads, s.name) for s in target.with_object}
+
+
+def test_the_targets_table_gives_every_targets_stages():
+    from int8attn.driver.targets import TARGETS
+
+    text = (DOCS / "targets.md").read_text()
+    [(_, rows, first_line)] = tables_after(text, re.compile(r"^<!-- targets -->$"))
+    table = {row[0]: (row[1], first_line + offset) for offset, row in enumerate(rows)}
+    assert sorted(table) == sorted(TARGETS), f"docs/targets.md lists {sorted(table)}"
+    problems = [f"docs/targets.md:{line}: {name}'s stages are {declared_stage_edges(TARGETS[name])}"
+                f" (edges; with --kernel-object), the table says {documented_stage_edges(cell)}"
+                for name, (cell, line) in table.items()
+                if documented_stage_edges(cell) != declared_stage_edges(TARGETS[name])]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_stage_table_check_can_fail():
+    cell = "graph → kernel → vmfb → isa; kernel → llvm; with `--kernel-object`: llvm → vmfb"
+    assert documented_stage_edges(cell) == (
+        {("graph", "kernel"), ("kernel", "vmfb"), ("vmfb", "isa"), ("kernel", "llvm")},
+        {("llvm", "vmfb")})
+    assert documented_stage_edges("graph → kernel → llvm; with `--kernel-object`: → vmfb")[1] \
+        == {("llvm", "vmfb")}
+    from int8attn.driver.targets import TARGETS
+
+    assert documented_stage_edges("graph → kernel → vmfb") != declared_stage_edges(TARGETS["cuda"])
 
 
 # ----------------------------------------------------------------------------
