@@ -26,7 +26,7 @@ scale groups of K tokens each.
 | folded_pv       | w f32 [B,Hkv,R,N,T], v i8 [B,Hkv,N,T,D], acc -> f32 acc-shape |
 | group_quantize  | w f32 [..., T] {groups[, scale_groups]} -> (i8 [..., G, K], f32 [..., G]) |
 | grouped_pv      | wq i8 [B,Hkv,R,N,G,K], sw f32 [B,Hkv,R,N,G], v, acc[, column_sums] {groups} -> f32 acc-shape |
-| mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v[, column_sums] {groups, fragment_model} -> i32 [B,Hkv,R,N,G,D] |
+| mmac_tiles      | wq i8 [B,Hkv,R,N,G,K], v[, column_sums] {groups, fragment_model[, chain]} -> i32 [B,Hkv,R,N,G,D] |
 | column_sums     | v i8 [B,Hkv,N,T,D] {groups} -> i32 [B,Hkv,N,G,D]: sum of v over each group's tokens |
 
 The PV ops accumulate into their `acc` operand (destination-passing, as linalg's
@@ -144,9 +144,9 @@ def grouped_pv(wq, sw, v, acc, groups: np.ndarray, *, column_sums=None, loc=None
     return GroupedPVOp.build(wq, sw, v, acc, groups, column_sums=column_sums, loc=loc).result
 
 
-def mmac_tiles(wq, v, groups: np.ndarray, *, fragment_model: str, column_sums=None,
-               loc=None) -> ir.Value:
-    return MMACTilesOp.build(wq, v, groups, fragment_model=fragment_model,
+def mmac_tiles(wq, v, groups: np.ndarray, *, fragment_model: str, chain: int = 1,
+               column_sums=None, loc=None) -> ir.Value:
+    return MMACTilesOp.build(wq, v, groups, fragment_model=fragment_model, chain=chain,
                              column_sums=column_sums, loc=loc).result
 
 

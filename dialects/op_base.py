@@ -161,6 +161,33 @@ class _Check:
                   f"{', '.join(repr(c) for c in choices)}")
         return value
 
+    def int_attr(self, name: str, choices: tuple[int, ...]) -> int:
+        attr = self.op.attributes[name] if name in self.op.attributes else None
+        if not isinstance(attr, ir.IntegerAttr) or str(attr.type) != "i64":
+            self.fail(f"requires an i64 attribute '{name}' (one of "
+                      f"{', '.join(map(str, choices))}), got {attr}")
+        value = ir.IntegerAttr(attr).value
+        self.that(value in choices, f"attribute '{name}' is {value}; expected one of "
+                  f"{', '.join(map(str, choices))}")
+        return value
+
+    def scale_groups(self, tokens: int, count: int) -> np.ndarray:
+        """'scale_groups': one row per group of tokens of the block, each token at most
+        once per row (a row may cover fewer tokens than its group: a wrong choice the
+        verifier refuses, which must still be expressible)."""
+        try:
+            rows = groups_of(self.op, "scale_groups")
+        except (ValueError, TypeError) as error:
+            self.fail(f"attribute 'scale_groups' must be a non-empty list of equally long "
+                      f"array<i64: ...> rows ({error})")
+        self.that(rows.shape[0] == count, f"attribute 'scale_groups' has {rows.shape[0]} "
+                  f"rows; expected one per group ({count})")
+        self.that(((rows >= 0) & (rows < tokens)).all() and
+                  all(len(set(r.tolist())) == len(r) for r in rows),
+                  f"attribute 'scale_groups' must name distinct tokens of the block "
+                  f"(0..{tokens - 1}) in each row")
+        return rows
+
     def groups(self, tokens: int, name: str = "groups") -> np.ndarray:
         if name not in self.op.attributes:
             self.fail(f"requires a '{name}' attribute ([array<i64: ...>, ...], one row per group)")

@@ -18,7 +18,7 @@ from ..contract.constants import W_QUANTS
 from .op_base import (Int8AttnOp, _Check, _Dialect, _groups, _operand,
                       _result, _string, groups_attr, groups_of, shape_of,
                       tensor)
-from ..fragments import pv_model_named, pv_model_names
+from ..fragments import W_CHAINS, pv_model_named, pv_model_names
 
 
 _ACC = "the O the block's sums accumulate into, f32 [B,Hkv,R,N,D]"
@@ -106,8 +106,7 @@ class GroupQuantizeOp(Int8AttnOp):
         ws = c.ranked(self.w, "w", tuple(range(1, 9)), ("f32",))
         count, size = c.groups(ws[-1]).shape
         if "scale_groups" in self.attributes:
-            c.that(c.groups(ws[-1], "scale_groups").shape == (count, size),
-                   "attribute 'scale_groups' must have the shape of 'groups'")
+            c.scale_groups(ws[-1], count)
         if "w_quant" in self.attributes:
             c.string_attr("w_quant", W_QUANTS)
         c.ranked(self.wq, "result #0", len(ws) + 1, ("i8",))
@@ -157,11 +156,24 @@ class GroupedPVOp(Int8AttnOp):
 @_cext.register_operation(_Dialect)
 class MMACTilesOp(Int8AttnOp):
     OPERATION_NAME = "int8attn.mmac_tiles"
-    ATTRIBUTES = ("groups", "fragment_model")
+    ATTRIBUTES = ("groups", "fragment_model", "chain")
     wq = _operand(0, "quantized weights i8 [B,Hkv,R,N,G,K]")
     v = _operand(1, "values i8 [B,Hkv,N,T,D]")
     groups = _groups("groups")
     fragment_model = _string("fragment_model")
+
+    @property
+    def chain(self) -> int:
+        """MMACs chained into each group's one int32 accumulator ('chain', default 1):
+        a row of `groups` is their K slots, step after step."""
+        return ir.IntegerAttr(self.attributes["chain"]).value \
+            if "chain" in self.attributes else 1
+
+    @property
+    def model(self):
+        """The fragment model whose accumulators the tiles are (`fragments.pv_model_named`
+        of `fragment_model`, chained `chain` times)."""
+        return pv_model_named(self.fragment_model).chained(self.chain)
 
     @property
     def column_sums(self) -> ir.Value | None:
@@ -170,13 +182,15 @@ class MMACTilesOp(Int8AttnOp):
         return operands[2] if len(operands) == 3 else None
 
     @classmethod
-    def build(cls, wq, v, groups: np.ndarray, *, fragment_model: str, column_sums=None,
-              loc=None) -> MMACTilesOp:
+    def build(cls, wq, v, groups: np.ndarray, *, fragment_model: str, chain: int = 1,
+              column_sums=None, loc=None) -> MMACTilesOp:
         out = shape_of(wq)[:-1] + [shape_of(v)[-1]]
         sums = [] if column_sums is None else [column_sums]
-        return cls._create([tensor(out, "i32")], [wq, v, *sums],
-                           {"groups": groups_attr(groups),
-                            "fragment_model": ir.StringAttr.get(fragment_model)}, loc)
+        attrs = {"groups": groups_attr(groups),
+                 "fragment_model": ir.StringAttr.get(fragment_model)}
+        if chain != 1:
+            attrs["chain"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), chain)
+        return cls._create([tensor(out, "i32")], [wq, v, *sums], attrs, loc)
 
     def verify(self) -> bool:
         c = _Check(self)
@@ -186,10 +200,12 @@ class MMACTilesOp(Int8AttnOp):
         if has_sums:
             c.column_sums(self.column_sums, wq, v)
         model = pv_model_named(c.string_attr("fragment_model", tuple(sorted(pv_model_names()))))
+        chain = c.int_attr("chain", W_CHAINS) if "chain" in self.attributes else 1
         k = model.instruction.k
-        c.that(groups.shape[1] == k,
+        c.that(groups.shape[1] == k * chain,
                f"groups of {groups.shape[1]} tokens do not match the K={k} of {model.name}'s "
-               f"{model.instruction.name}")
+               f"{model.instruction.name}" + (f" times its chain of {chain}" if chain > 1
+                                              else ""))
         c.that(shape_of(v)[:3] == shape_of(wq)[:2] + [shape_of(wq)[3]],
                "v's leading [B, Hkv, N] do not match wq's")
         c.ranked(self.result, "result", 6, ("i32",))

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
-from ..fragments import FragmentModelName, PVAtomName, fragment_model
+from ..fragments import FragmentModelName, PVAtomName, fragment_model, pv_model
 from ..pipelines import (NO_W_GROUPS, APPLIES_WHEN, PIPELINE_NUMERICS, AppliesWhen,
                          PipelineOptions, refusal)
 from ..contract.constants import QTerms, WQuant, SecondTerm, WTerms
@@ -118,17 +118,17 @@ class CompileOptions(PipelineOptions):
             pv=self.pv, fragment_model=self.resolved_fragment_model(),
             scale_groups=self.scale_groups, verify=self.verify,
             partition_tokens=self.partition_tokens, tile_tokens=self.tile_tokens,
-            **numerics, contraction=self.contraction,
+            **numerics, w_chain=self.w_chain, contraction=self.contraction,
             vector_isa=self.vector_isa or PipelineOptions.vector_isa)
 
     @property
     def pv_model_name(self) -> str:
-        """The fragment model whose MMAC token sets the W groups follow: the resolved
-        fragment model, or "target:atom" for another PV atom (fragments.pv_model_named)."""
+        """The fragment model whose accumulators' token sets the W groups follow: the
+        resolved fragment model, or "target:atom" for another PV atom, chained `w_chain`
+        times (fragments.pv_model_named reads it; "gfx936" at chain 1)."""
         model = self.resolved_fragment_model()
-        if self.pv_atom is None or self.pv_atom == fragment_model(model).instruction.name:
-            return model
-        return f"{model}:{self.pv_atom}"
+        atom = None if self.pv_atom == fragment_model(model).instruction.name else self.pv_atom
+        return pv_model(model, atom, self.w_chain).name
 
     def resolved_fragment_model(self) -> str:
         if self.fragment_model is not None:

@@ -80,6 +80,9 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                         f"the prefill kernel's KV tile is the fragment model's wave of "
                         f"{model.wave_tokens} tokens (its W groups are the wave's MMAC "
                         f"token sets)"),
+        "w_chain": (lambda o: o.w_chain != 1,
+                    f"--target {target}'s kernels convert each MMAC's int32 sum to f32 on "
+                    f"its own (chain 1); chained accumulators are --target cpu's so far"),
         "pv_atom": (lambda o: o.pv_atom not in (None, *PV_ATOMS[target]),
                     f"--target {target}'s INT8 PV atoms are {', '.join(PV_ATOMS[target])} "
                     f"(the first is QK's too), and only --pv int8 runs on one"),

@@ -26,8 +26,8 @@ from .kernel_layout import DecodeKernelLayout
 from .lane_maps import (LaneMap, element_classes, thread_distribution, thread_groups,
                         thread_runs, tile_copies, xor_reduction_offsets)
 from .model import (BF16_PV_INSTRUCTIONS, FRAGMENT_MODELS, PV_ATOMS, PVAtomName,
-                    SCALE_GROUP_KINDS, FragmentModel, FragmentModelName,
-                    ScaleGroupKind, VLoadScheme, bf16_pv_model,
+                    SCALE_GROUP_KINDS, W_CHAINS, FragmentModel, FragmentModelName,
+                    ScaleGroupKind, VLoadScheme, WChain, bf16_pv_model,
                     format_token_set, fragment_model, pv_model,
                     pv_model_named, pv_model_names)
 from .index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
@@ -57,6 +57,8 @@ __all__ = [
     "ceil_div",
     "floor_div",
     "SCALE_GROUP_KINDS",
+    "W_CHAINS",
+    "WChain",
     "BF16_PV_INSTRUCTIONS",
     "OperandLayout",
     "MatrixInstruction",

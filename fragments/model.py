@@ -15,8 +15,14 @@ from .token_axes import TokenAxes, token_axes
 # The names of the fragment models (the matrix instruction plus load scheme a
 # W scale group follows) and the two ways of choosing W scale groups.
 FragmentModelName = Literal["gfx936", "gfx942", "cuda"]
-ScaleGroupKind = Literal["fragment", "contiguous"]
+# How the W scales are chosen: over the accumulator's tokens ("fragment", the only right
+# one), or, to reproduce two mistakes the verifier refuses, over logical token runs
+# ("contiguous") or over the first MMAC step of each chain only ("step").
+ScaleGroupKind = Literal["fragment", "contiguous", "step"]
 SCALE_GROUP_KINDS = get_args(ScaleGroupKind)
+# MMAC K-steps chained into one int32 accumulator: the W group is the chain's tokens.
+WChain = Literal[1, 2, 4]
+W_CHAINS = get_args(WChain)
 # The most tokens one decode partition or prefill KV tile may hold: the bound of the
 # partition-tokens / tile-tokens options (passes/decode_split_kv.py), checked here too so
 # that no caller builds a group table of an unbounded block.
@@ -47,7 +53,13 @@ class FragmentModel:
 
     `wave_tokens` tokens are processed by one wave; a decode partition is
     `waves_per_partition` waves. Token sets are published per wave
-    (`wave_token_groups`) and per block of whole waves (`token_groups`).
+    (`wave_token_groups`, one row per MMAC) and per block of whole waves
+    (`token_groups`, one row per accumulator).
+
+    `chain` MMACs, consecutive in the order the kernel issues them (a wave's, then
+    the next wave's), add into one int32 accumulator, converted to f32 once: a W group
+    is that accumulator's tokens, the union of the chain's MMAC token sets, in K-slot
+    order step after step (docs/design.md §4). `chained(c)` gives the model of chain c.
     """
 
     name: str
@@ -55,11 +67,12 @@ class FragmentModel:
     v_load: VLoadScheme
     wave_tokens: int = 64
     waves_per_partition: int = 4
+    chain: int = 1
 
     @property
     def group_size(self) -> int:
-        """Tokens per W scale group: the K extent of one instruction."""
-        return self.instruction.k
+        """Tokens per W scale group: what one accumulator sums, `chain` x K."""
+        return self.instruction.k * self.chain
 
     @property
     def partition_tokens(self) -> int:
@@ -94,8 +107,8 @@ class FragmentModel:
                              f"the wave's {self.wave_tokens} tokens exactly once")
         return groups
 
-    def token_groups(self, block_tokens: int) -> np.ndarray:
-        """int64 [block_tokens / K, K]: token sets of a block of whole waves."""
+    def mmac_token_groups(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens / K, K]: each MMAC's token set, in issue order."""
         if not 0 < block_tokens <= MAX_BLOCK_TOKENS:
             raise ValueError(f"a block of {block_tokens} tokens is outside 1..{MAX_BLOCK_TOKENS} "
                              f"(the most a decode partition or KV tile may hold)")
@@ -106,6 +119,25 @@ class FragmentModel:
         wave_offsets = np.arange(waves, dtype=np.int64)[:, None, None] * self.wave_tokens
         return (wave_offsets + self.wave_token_groups[None]).reshape(-1, self.instruction.k)
 
+    def token_groups(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens / (chain K), chain K]: the accumulators' token sets of a
+        block of whole waves (chain 1: the MMACs')."""
+        mmacs = self.mmac_token_groups(block_tokens)
+        if len(mmacs) % self.chain:
+            raise ValueError(f"a block of {block_tokens} tokens holds {len(mmacs)} MMACs of "
+                             f"K={self.instruction.k}, not a whole number of {self.chain}-MMAC "
+                             f"chains (give it a multiple of {self.chain * self.instruction.k} "
+                             f"tokens, or a shorter chain)")
+        return mmacs.reshape(-1, self.group_size)
+
+    def step_groups(self, block_tokens: int) -> np.ndarray:
+        """int64 [block_tokens / (chain K), K]: the first MMAC step's tokens of each
+        chain. Scales over these are a chain's (wrong) W groups: one step's tokens where
+        the accumulator sums the whole chain's; kept so that its damage can be reproduced
+        and the verifier shown to reject it (chain 1: the fragment groups)."""
+        self.token_groups(block_tokens)  # same validity rules
+        return self.mmac_token_groups(block_tokens)[::self.chain]
+
     def contiguous_groups(self, block_tokens: int) -> np.ndarray:
         """int64 [block_tokens / K, K]: logical token order cut into K-token runs.
 
@@ -114,15 +146,19 @@ class FragmentModel:
         its damage can be reproduced and the verifier shown to reject it.
         """
         self.token_groups(block_tokens)  # same validity rules
-        return np.arange(block_tokens, dtype=np.int64).reshape(-1, self.instruction.k)
+        return np.arange(block_tokens, dtype=np.int64).reshape(-1, self.group_size)
 
     def scale_groups(self, block_tokens: int, kind: str) -> np.ndarray:
-        """The groups W scales are computed over: "fragment" (correct) or "contiguous"."""
+        """The groups W scales are computed over: "fragment" (correct), "contiguous" or
+        "step" (the two wrong kinds)."""
         if kind == "fragment":
             return self.token_groups(block_tokens)
         if kind == "contiguous":
             return self.contiguous_groups(block_tokens)
-        raise ValueError(f"scale groups must be 'fragment' or 'contiguous', got '{kind}'")
+        if kind == "step":
+            return self.step_groups(block_tokens)
+        raise ValueError(f"scale groups must be one of {', '.join(SCALE_GROUP_KINDS)}, "
+                         f"got '{kind}'")
 
     def group_of_token(self, block_tokens: int) -> np.ndarray:
         """int64 [block_tokens]: the group index consuming each token of a block."""
@@ -137,8 +173,34 @@ class FragmentModel:
         return token_axes(self.token_groups(block_tokens))
 
     def with_v_load(self, bytes_per_lane: int) -> "FragmentModel":
-        return FragmentModel(self.name, self.instruction, VLoadScheme(bytes_per_lane),
-                             self.wave_tokens, self.waves_per_partition)
+        return FragmentModel(self.name.split(CHAIN_SEPARATOR)[0], self.instruction,
+                             VLoadScheme(bytes_per_lane), self.wave_tokens,
+                             self.waves_per_partition).chained(self.chain)
+
+    def chained(self, chain: int) -> "FragmentModel":
+        """This model with `chain` MMACs per accumulator, named "<name> chain <c>"
+        (`pv_model_named` reads it); one object per (chain-1 model, chain)."""
+        if chain not in W_CHAINS:
+            raise ValueError(f"a chain of {chain} MMACs per accumulator; the chains are "
+                             f"{', '.join(map(str, W_CHAINS))}")
+        root = self.__dict__.get("_root", self)
+        if chain == 1:
+            return root
+        if chain not in root._chains:
+            model = FragmentModel(f"{root.name}{CHAIN_SEPARATOR}{chain}", root.instruction,
+                                  root.v_load, root.wave_tokens, root.waves_per_partition,
+                                  chain)
+            model.__dict__["_root"] = root
+            root._chains[chain] = model
+        return root._chains[chain]
+
+    @cached_property
+    def _chains(self) -> dict[int, "FragmentModel"]:
+        return {}
+
+
+# A chained model's name: the model's, this, the chain length ("gfx936 chain 2").
+CHAIN_SEPARATOR = " chain "
 
 
 FRAGMENT_MODELS: dict[str, FragmentModel] = {
@@ -185,11 +247,16 @@ _PV_INSTRUCTIONS = {inst.name: inst for inst in
 _PV_MODELS: dict[tuple[str, str], FragmentModel] = {}
 
 
-def pv_model(target: str, atom: str | None = None) -> FragmentModel:
+def pv_model(target: str, atom: str | None = None, chain: int = 1) -> FragmentModel:
     """The fragment model of `target`'s PV on matrix instruction `atom` (a name in
-    PV_ATOMS[target]); None or the target's own instruction gives `fragment_model(target)`.
-    Another atom's model is named "target:atom" (`pv_model_named` reads it back); it
-    is one object per (target, atom)."""
+    PV_ATOMS[target]) with `chain` MMACs per accumulator; None or the target's own
+    instruction gives `fragment_model(target)` (chained). Another atom's model is named
+    "target:atom", a chained one "<that> chain <c>" (`pv_model_named` reads both back);
+    it is one object per (target, atom, chain)."""
+    return _pv_atom_model(target, atom).chained(chain)
+
+
+def _pv_atom_model(target: str, atom: str | None) -> FragmentModel:
     model = fragment_model(target)
     if atom is None or atom == model.instruction.name:
         return model
@@ -210,12 +277,17 @@ def pv_model_names() -> tuple[str, ...]:
 
 
 def pv_model_named(name: str) -> FragmentModel:
-    """The model `pv_model` names `name`: a target ("gfx942") or "target:atom"."""
-    target, _, atom = name.partition(":")
-    if name not in pv_model_names():
+    """The model `pv_model` names `name`: a target ("gfx942") or "target:atom", either
+    followed by " chain <c>" for c MMACs per accumulator ("gfx936 chain 2")."""
+    unchained, separator, chain = name.partition(CHAIN_SEPARATOR)
+    target, _, atom = unchained.partition(":")
+    if unchained not in pv_model_names() or (
+            separator and chain not in [str(c) for c in W_CHAINS[1:]]):
         raise KeyError(f"unknown PV fragment model '{name}'; known: "
-                       f"{', '.join(pv_model_names())}")
-    return pv_model(target, atom or None)
+                       f"{', '.join(pv_model_names())} (each may be followed by "
+                       f"'{CHAIN_SEPARATOR.strip()} <c>', c in "
+                       f"{', '.join(map(str, W_CHAINS[1:]))})")
+    return pv_model(target, atom or None, int(chain) if separator else 1)
 
 
 def fragment_model(name: str) -> FragmentModel:

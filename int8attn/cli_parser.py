@@ -21,6 +21,7 @@ from .support.options import add_arguments
 # function's signature: a Python API / bench choice).
 CLI_OPTIONS = ("target", "target_cpu", "pv", "fragment_model", "scale_groups", "verify",
                "partition_tokens", "tile_tokens", "q_terms", "q_second", "w_quant", "w_terms", "w_second",
+               "w_chain",
                "contraction",
                "pv_atom", "kernel_object")
 

@@ -24,7 +24,8 @@ never copied):
 one contraction over one contiguous token loop, with r, d, tok innermost (the
 (M, N, K) IREE's CPU backend tiles a matmul-like op by). It accumulates in f32:
 every product is an integer of magnitude <= 128*128 and every partial sum of a
-group's at most K nonzero products one of magnitude <= K*128*128 < 2^24, so
+group's at most K nonzero products (c*K for a chain of c MMACs: one group, one
+accumulator) one of magnitude <= K*128*128 < 2^24, so
 every f32 operation is exact and acc (converted to i32) is the group's int32
 sum, bit for bit, in any summation order (the zeros add exactly nothing). On
 the CPU the f32 FMA path is the fastest exact one (the i32 multiply-add form of
@@ -61,8 +62,8 @@ axis; otherwise the f32 form is used. It is not the default: the V pack (i16,
 from 16K the module's transient buffers pass 32 MB, which glibc's malloc maps
 afresh on every call (benchmarks/results/2026-12-03-cpu-zen4-decode-time/).
 
-Any other table (not a digit permutation), or K too large for exact f32 sums,
-is lowered through a gather of V in fragment order and an i32 contraction:
+Any other table (not a digit permutation), or a group too large for exact f32 sums
+(c*K above 1024 for s8 W, 514 for u8: longer chains than any offered), is lowered through a gather of V in fragment order and an i32 contraction:
 
     Vg[b,h,n,g,k,d] = v[b,h,n,groups[g,k],d]            token gather (the B operand)
     acc[b,h,r,n,g,d] = sum_k i32(Wq[b,h,r,n,g,k]) * i32(Vg[b,h,n,g,k,d])

@@ -36,10 +36,17 @@ own MMAC tiles over the same groups:
 verify-scale-groups proves each pair like the first (the residual is W's, in the
 same token order, so the second term's groups are the MMAC's tokens too).
 
+Option `w-chain=c` chains c MMAC K-steps into one int32 accumulator: a group is
+the union of c consecutive MMAC token sets (the fragment model's `chained(c)`), c x K
+tokens, with one scale (gfx936, c = 2: one group per 64-token wave, its two MMACs'
+K slots step after step). A block whose MMACs are no whole number of chains is refused.
+
 Option `scale-groups=contiguous` reproduces contiguous (wrong) W groups on purpose: scales
 over logical tokens 0-31 / 32-63 of each wave applied to the fragment's real
 interleaved sets (`scale_groups` differs from `groups`). verify-scale-groups
 rejects it; without the verifier it compiles, so the damage can be measured.
+`scale-groups=step` does the same for a chain: each scale over its chain's first
+MMAC step only, applied to the whole accumulator.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from iree.compiler.dialects import tensor
 from ..support.diagnostics import DiagnosticError
 from ..dialects import int8attn as d
 from ..fragments import (FragmentModelName, NotADigitPermutation, ScaleGroupKind,
-                         fragment_model, token_axes)
+                         WChain, fragment_model, token_axes)
 from ..dialects import builders as build
 from ..contract import scalar_ir as contract
 from .rewrite import apply_patterns
@@ -123,15 +130,19 @@ def w_residual_tokens(w: ir.Value, wq: ir.Value, sw: ir.Value, groups: np.ndarra
 
 
 def quantize_groups(op: d.FoldedPVOp, rewriter, model_name: str, scale_groups: str,
-                    w_quant: str = "s8", w_terms: int = 1):
+                    w_quant: str = "s8", w_terms: int = 1, w_chain: int = 1):
     w, v = op.w, op.v
     block_tokens = d.shape_of(w)[-1]
-    model = fragment_model(model_name)
+    model = fragment_model(model_name).chained(w_chain)
     try:
         groups = model.token_groups(block_tokens)
         scales = model.scale_groups(block_tokens, scale_groups)
     except ValueError as error:
-        raise DiagnosticError(op.location, f"'{op.name}' op: {error} ({model_name})") from None
+        block = "" if model.chain == 1 else (
+            "; the block is a decode partition (partition-tokens) or a prefill KV tile "
+            "(tile-tokens)")
+        raise DiagnosticError(op.location, f"'{op.name}' op: {error} ({model.name}){block}") \
+            from None
     with rewriter.ip, op.location:
         wq, sw = d.group_quantize(
             w, groups, scale_groups=None if scale_groups == "fragment" else scales,
@@ -153,8 +164,9 @@ class QuantizeWGroups(TypedOptions):
     fragment_model: FragmentModelName = option(
         "gfx936", "matrix instruction and V-load scheme whose MMAC token sets are the groups")
     scale_groups: ScaleGroupKind = option(
-        "fragment", "token sets of the W scales: fragment (the MMAC's) or contiguous (wrong "
-        "W groups, for the verifier to reject)")
+        "fragment", "token sets of the W scales: fragment (the accumulator's), or, for the "
+        "verifier to reject, contiguous (logical token runs) or step (each chain's first "
+        "MMAC step only)")
     # The numerics default to the contract's (`Numerics()`), as the named pipelines'.
     w_quant: WQuant = option(
         Numerics().w_quant, "W per group: s8 (symmetric, 127 levels) or u8 (255 levels, stored as u - 128, "
@@ -163,6 +175,11 @@ class QuantizeWGroups(TypedOptions):
         Numerics().w_terms, "INT8 terms of W per group: 1, or 2 (a second, signed term quantizes the f32 "
         "residual W - level*sW1 over the same tokens: one more MMAC per group)")
 
+    w_chain: WChain = option(
+        1, "MMAC K-steps chained into one int32 accumulator before its one conversion to "
+        "f32: the W groups are the chain's tokens (chain x K; fragments.FragmentModel)")
+
     def run(self, module: ir.Operation) -> None:
         apply_patterns(module, {d.FOLDED_PV: lambda op, rw: quantize_groups(
-            op, rw, self.fragment_model, self.scale_groups, self.w_quant, self.w_terms)})
+            op, rw, self.fragment_model, self.scale_groups, self.w_quant, self.w_terms,
+            self.w_chain)})

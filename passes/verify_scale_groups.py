@@ -1,4 +1,8 @@
-"""verify-scale-groups: prove that every W scale covers its MMAC's tokens.
+"""verify-scale-groups: prove that every W scale covers its accumulator's tokens.
+
+A W group is the set of tokens whose W·V products one int32 accumulator sums before
+its single conversion to f32 (one MMAC's, or a chain's of c MMACs): the scale is
+applied once, to that one sum, so it must be computed over exactly those tokens.
 
 Checks, from the IR alone, every consumer of quantized W (`grouped_pv`,
 `mmac_tiles`):
@@ -8,9 +12,10 @@ Checks, from the IR alone, every consumer of quantized W (`grouped_pv`,
   it quantizes into group g (`scale_groups` row g == `groups` row g, as sets);
 - the consumer reads V through the same `groups` table (K slot k of group g
   pairs W and V of the same token);
-- for `mmac_tiles`, those are the tokens the fragment model's MMAC really consumes
-  (the fragment model's groups for the block; the model is a target's, or a PV atom's
-  named "target:atom", `fragments.pv_model`);
+- for `mmac_tiles`, those are the tokens the fragment model's accumulator really
+  sums (the fragment model's groups for the block, chained `chain` times; the model is
+  a target's, or a PV atom's named "target:atom", `fragments.pv_model`); a scale over
+  one step of a chain is refused like any other wrong set;
 - unsigned W (`w_quant = "u8"`) and only it has column sums, produced by one
   `int8attn.column_sums` of the consumer's own V whose group g sums exactly
   the tokens the consumer's group g reads (as sets): the 128 * sum Vq offset
@@ -31,7 +36,7 @@ from iree.compiler import ir
 from ..support.diagnostics import DiagnosticError, format_location
 from ..dialects import int8attn as d
 from ..support.ir import walk
-from ..fragments import format_token_set, pv_model_named
+from ..fragments import format_token_set
 
 
 def _producer(value: ir.Value, consumer, what: str) -> d.GroupQuantizeOp:
@@ -65,6 +70,15 @@ def _check_consumer(consumer: d.GroupedPVOp | d.MMACTilesOp) -> None:
     here = (f"consumer at {format_location(consumer.location)}; " if distinct else "")
 
     g = _first_mismatch(scale_groups, groups, as_sets=True)
+    if g is not None and set(scale_groups[g].tolist()) < set(groups[g].tolist()):
+        raise DiagnosticError(
+            quantize.location,
+            f"W scale of group {g} is computed over tokens "
+            f"{format_token_set(scale_groups[g])}, {len(scale_groups[g])} of the "
+            f"{len(groups[g])} tokens {format_token_set(groups[g])} whose products one "
+            f"accumulator sums",
+            (f"{here}a scale must cover its accumulator's whole token set (every MMAC "
+             f"step of a chain), as it is applied once to the one integer sum",))
     if g is not None:
         raise DiagnosticError(
             quantize.location,
@@ -81,14 +95,20 @@ def _check_consumer(consumer: d.GroupedPVOp | d.MMACTilesOp) -> None:
             (f"Wq produced at {format_location(quantize.location)}",) if distinct else ())
     _check_column_sums(consumer, quantize)
     if isinstance(consumer, d.MMACTilesOp):
-        model_name = consumer.fragment_model
-        real = pv_model_named(model_name).token_groups(d.shape_of(consumer.v)[3])
+        model = consumer.model
+        try:
+            real = model.token_groups(d.shape_of(consumer.v)[3])
+        except ValueError as error:
+            raise DiagnosticError(consumer.location, f"'{consumer.name}' op: {error} "
+                                  f"({model.name})") from None
         g = _first_mismatch(consumed, real, as_sets=False)
         if g is not None:
+            what = f"MMAC {g} consumes" if model.chain == 1 else \
+                f"the chain of {model.chain} MMACs into accumulator {g} consumes"
             raise DiagnosticError(
                 consumer.location,
-                f"'{consumer.name}' op claims MMAC {g} consumes tokens "
-                f"{format_token_set(consumed[g])} but {model_name}'s fragment model says "
+                f"'{consumer.name}' op claims {what} tokens "
+                f"{format_token_set(consumed[g])} but {model.name}'s fragment model says "
                 f"{format_token_set(real[g])}")
 
 

@@ -12,6 +12,8 @@ Only the PV part differs between `pv` values:
 
     pv=int8:       quantize-w-groups, verify-scale-groups, pv-to-mmac,
                    verify-scale-groups             (+ lower-mmac-tiles)
+                   (`w-chain` reaches quantize-w-groups and pv-to-mmac: one
+                   accumulator, one W group, per chain of MMACs)
     pv=bf16|f32:   float-pv
 
 The defaults (q-terms=2, w-quant=u8, w-terms=2: `PIPELINE_NUMERICS`, the contract's
@@ -41,9 +43,10 @@ rule's reason, never ignored (`refusal`; the driver adds its own rows in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, get_args
 
-from ..fragments import FragmentModelName, ScaleGroupKind, fragment_model
+from ..fragments import (W_CHAINS, FragmentModelName, ScaleGroupKind, WChain,
+                         fragment_model)
 from ..fragments.model import MAX_BLOCK_TOKENS
 from ..passes import (DecodeSplitKV, FloatPV, FoldVScale, Int8QK, LowerCacheWrite,
                       LowerMMACTiles,
@@ -58,6 +61,10 @@ from ..support.options import (OptionError, TypedOptions, kebab, option,
                                parse_option_items)
 
 PV_CHOICES = PV_MODES
+# A chain's int32 accumulator holds sum u*Vq over its c*K tokens (u8 W: u <= 255,
+# |Vq| <= 128 with the compensation folded in): every chain offered fits.
+assert all(max(W_CHAINS) * fragment_model(name).instruction.k * 255 * 128 < 2 ** 31
+           for name in get_args(FragmentModelName))
 # The pipeline's (the cpu target's) numerics when not given: the contract's `Numerics()`.
 PIPELINE_NUMERICS = Numerics()
 
@@ -72,8 +79,9 @@ class PipelineOptions(TypedOptions):
         QuantizeWGroups.fragment_model, "matrix instruction and V-load scheme whose MMAC "
         "token sets the W scale groups follow")
     scale_groups: ScaleGroupKind = option(
-        QuantizeWGroups.scale_groups, "token sets of the W scales: fragment (the MMAC's real "
-        "sets) or contiguous (wrong W groups, rejected by the verifier unless verification is off)")
+        QuantizeWGroups.scale_groups, "token sets of the W scales: fragment (the accumulator's "
+        "real sets), or contiguous (wrong W groups) or step (a chain's first MMAC only, "
+        "w-chain 2 or 4), both rejected by the verifier unless verification is off")
     verify: bool = option(True, "pv=int8: skip verify-scale-groups (--no-verify, "
                           "verify=false), which otherwise proves every W scale is computed "
                           "over its MMAC's tokens; only to measure the deliberately wrong "
@@ -98,6 +106,12 @@ class PipelineOptions(TypedOptions):
                              "same tokens: one more MMAC per group, ~250x less W rounding "
                              "error; docs/design.md §2c)")
 
+    w_chain: WChain = option(
+        QuantizeWGroups.w_chain, "pv=int8: MMAC K-steps chained into one int32 accumulator "
+        "before its one conversion to f32 and rescale: 1, 2 or 4; the W groups are the "
+        "chain's tokens (chain x 32 on gfx936), one scale each; the MMACs of a partition "
+        "and a prefill tile must be a whole number of chains (docs/design.md §4)")
+
     contraction: Contraction = option(
         LowerMMACTiles.contraction, "pv=int8: how lower-mmac-tiles contracts the in-place MMAC tiles: f32 (FMAs "
         "over a zero-spread Wq, exact) or mmt4d (a linalg.batch_mmt4d of i16 operands on "
@@ -115,6 +129,8 @@ class PipelineOptions(TypedOptions):
         super().__post_init__()
         if self.pv != "int8":
             return
+        # Whole waves here; whole chains where a block is quantized (quantize-w-groups
+        # names the op: a decode graph with w-chain=4 needs no 128-token prefill tile).
         model = fragment_model(self.fragment_model)
         for name, tokens in (("partition-tokens", self.partition_tokens),
                              ("tile-tokens", self.tile_tokens)):
@@ -123,6 +139,10 @@ class PipelineOptions(TypedOptions):
             except ValueError as error:
                 raise OptionError(f"{name}={tokens} with pv=int8: {error} "
                                   f"({self.fragment_model})") from None
+        if self.scale_groups == "step" and self.w_chain == 1:
+            raise OptionError("scale-groups=step with w-chain=1: a step is one MMAC of a "
+                              "chain, and with one MMAC per accumulator its scale groups are "
+                              "the fragment's; give w-chain=2 or 4")
 
 
 @dataclass(frozen=True)
@@ -148,6 +168,8 @@ APPLIES_WHEN: tuple[AppliesWhen, ...] = (
                 "and " + NO_W_GROUPS),
     AppliesWhen("w_quant", "pv", ("int8",), NO_W_GROUPS),
     AppliesWhen("w_terms", "pv", ("int8",), NO_W_GROUPS),
+    AppliesWhen("w_chain", "pv", ("int8",), "it chains INT8 MMACs into one integer "
+                "accumulator per W group, and " + NO_W_GROUPS),
     AppliesWhen("contraction", "pv", ("int8",), "it chooses how lower-mmac-tiles contracts "
                 "the MMAC tiles, which only pv int8 has"),
     AppliesWhen("vector_isa", "pv", ("int8",), "it sizes the mmt4d tiles of pv int8"),
@@ -181,9 +203,9 @@ def to_algorithm(options: PipelineOptions) -> list:
     if options.pv == "int8":
         verify = [VerifyScaleGroups()] if options.verify else []
         pv = [QuantizeWGroups(options.fragment_model, options.scale_groups, options.w_quant,
-                              options.w_terms),
+                              options.w_terms, options.w_chain),
               *verify,
-              PVToMMAC(options.fragment_model), *verify]
+              PVToMMAC(options.fragment_model, options.w_chain), *verify]
     else:
         pv = [FloatPV(options.pv)]
     return [Int8QK(options.q_terms), LowerCacheWrite(),

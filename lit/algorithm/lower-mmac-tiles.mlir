@@ -353,3 +353,37 @@ func.func @two_terms(%wq1: tensor<1x1x4x1x2x32xi8>, %wq2: tensor<1x1x4x1x2x32xi8
   } -> tensor<1x1x4x1x16xf32>
   return %sum : tensor<1x1x4x1x16xf32>
 }
+
+// -----
+
+// w-chain=2 on gfx936, two waves (128 tokens): one accumulator per wave sums the
+// products of both its MMACs (its 64 tokens, K slots (t, r, j)) in int32. In place
+// the wave is the group: V is read through a view of its token digits, Wq needs no
+// zero spread (every token of the block is the group's), and the f32 partial sums
+// stay exact (64 products of at most 128 x 128 each: below 2^24).
+// CHECK-LABEL: func.func @chained_waves
+// CHECK-SAME: (%[[WQ:.*]]: tensor<1x1x4x1x2x64xi8>, %[[V:.*]]: tensor<1x1x1x128x16xi8>)
+// CHECK-NOT: tensor.extract
+// CHECK-NOT: arith.select
+// CHECK: %[[SUMS:.*]] = linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : tensor<1x1x1x2x4x64xf32>, tensor<1x1x1x2x64x16xi8>) outs(%{{.*}} : tensor<1x1x4x1x2x16xf32>)
+// CHECK:   arith.mulf
+// CHECK:   arith.addf
+// CHECK: %[[ACC:.*]] = linalg.generic {{.*}} ins(%[[SUMS]] : tensor<1x1x4x1x2x16xf32>) outs(%{{.*}} : tensor<1x1x4x1x2x16xi32>)
+// CHECK:   arith.fptosi %{{.*}} : f32 to i32
+// CHECK: return %[[ACC]]
+// MMT4D-LABEL: func.func @chained_waves
+// MMT4D: linalg.batch_mmt4d ins(%{{.*}}, %{{.*}} : tensor<2x1x32x4x2xi16>, tensor<2x1x32x16x2xi16>) outs(%{{.*}} : tensor<2x1x1x4x16xi32>)
+// AVX-LABEL: func.func @chained_waves
+// AVX: linalg.batch_mmt4d
+// SSE-LABEL: func.func @chained_waves
+// SSE: linalg.batch_mmt4d
+// GATHER-LABEL: func.func @chained_waves
+// GATHER: tensor.extract
+// GATHER: arith.muli
+// GATHER-SAME: i32
+#chains = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>,
+           array<i64: 64, 65, 66, 67, 68, 69, 70, 71, 80, 81, 82, 83, 84, 85, 86, 87, 96, 97, 98, 99, 100, 101, 102, 103, 112, 113, 114, 115, 116, 117, 118, 119, 72, 73, 74, 75, 76, 77, 78, 79, 88, 89, 90, 91, 92, 93, 94, 95, 104, 105, 106, 107, 108, 109, 110, 111, 120, 121, 122, 123, 124, 125, 126, 127>]
+func.func @chained_waves(%wq: tensor<1x1x4x1x2x64xi8>, %v: tensor<1x1x1x128x16xi8>) -> tensor<1x1x4x1x2x16xi32> {
+  %acc = "int8attn.mmac_tiles"(%wq, %v) {groups = #chains, fragment_model = "gfx936", chain = 2} : (tensor<1x1x4x1x2x64xi8>, tensor<1x1x1x128x16xi8>) -> tensor<1x1x4x1x2x16xi32>
+  return %acc : tensor<1x1x4x1x2x16xi32>
+}

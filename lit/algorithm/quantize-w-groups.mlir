@@ -3,6 +3,9 @@
 // RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8 w-terms=1}" | filecheck %s --check-prefix=U8
 // RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8 w-terms=2}" | filecheck %s --check-prefix=TWO
 // RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=s8 w-terms=2}" | filecheck %s --check-prefix=TWO-S8
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=s8 w-terms=1 w-chain=2}" | filecheck %s --check-prefix=CHAIN
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=u8 w-terms=2 w-chain=4}" | filecheck %s --check-prefix=CHAIN4
+// RUN: int8attn-opt %s -p "quantize-w-groups{w-quant=s8 w-terms=1 w-chain=2 scale-groups=step}" | filecheck %s --check-prefix=STEP
 // The pass alone takes the named pipeline's defaults, w-quant=u8 w-terms=2:
 // RUN: int8attn-opt %s -p quantize-w-groups | filecheck %s --check-prefix=TWO
 
@@ -80,6 +83,31 @@
 // TWO-S8: "int8attn.group_quantize"
 // TWO-S8: "int8attn.grouped_pv"(%{{[^,]*}}, %{{[^,]*}}, %{{[^,]*}}, %[[O1]])
 // TWO-S8-NOT: arith.addf
+// w-chain=2: one group per chain of two MMACs, a wave's 64 tokens, MMAC 0's K
+// slots then MMAC 1's; one scale each (4 per 256-token partition).
+// CHAIN-LABEL: func.func @groups
+// CHAIN: %[[Q:.*]]:2 = "int8attn.group_quantize"
+// CHAIN-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63>, array<i64: 64, 65,
+// CHAIN-NOT: scale_groups
+// CHAIN-SAME: -> (tensor<1x2x4x2x4x64xi8>, tensor<1x2x4x2x4xf32>)
+// CHAIN: "int8attn.grouped_pv"(%[[Q]]#0, %[[Q]]#1
+// CHAIN-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55, 8, 9,
+// w-chain=4 with unsigned two-term W: 128-token groups (two waves' MMACs), the
+// column sums over the same chains, the second term's groups the same.
+// CHAIN4-LABEL: func.func @groups
+// CHAIN4: "int8attn.group_quantize"
+// CHAIN4-SAME: -> (tensor<1x2x4x2x2x128xi8>, tensor<1x2x4x2x2xf32>)
+// CHAIN4: "int8attn.column_sums"
+// CHAIN4-SAME: groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65,
+// CHAIN4-SAME: -> tensor<1x2x2x2x16xi32>
+// CHAIN4: "int8attn.group_quantize"
+// CHAIN4-SAME: -> (tensor<1x2x4x2x2x128xi8>, tensor<1x2x4x2x2xf32>)
+// scale-groups=step: each chain's scale over its first MMAC's 32 tokens only (the
+// mistake verify-scale-groups refuses).
+// STEP-LABEL: func.func @groups
+// STEP: "int8attn.group_quantize"
+// STEP-SAME: scale_groups = [array<i64: 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55>, array<i64: 64,
+// STEP-SAME: -> (tensor<1x2x4x2x4x64xi8>, tensor<1x2x4x2x4xf32>)
 func.func @groups(%w: tensor<1x2x4x2x256xf32>, %v: tensor<1x2x2x256x16xi8>, %acc: tensor<1x2x4x2x16xf32>) -> tensor<1x2x4x2x16xf32> {
   %o = "int8attn.folded_pv"(%w, %v, %acc) : (tensor<1x2x4x2x256xf32>, tensor<1x2x2x256x16xi8>, tensor<1x2x4x2x16xf32>) -> tensor<1x2x4x2x16xf32>
   return %o : tensor<1x2x4x2x16xf32>

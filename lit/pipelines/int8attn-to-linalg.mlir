@@ -53,7 +53,7 @@
 // STAGES: "int8attn.group_quantize"
 // STAGES: "int8attn.grouped_pv"
 // STAGES: IR Dump After verify-scale-groups
-// STAGES: IR Dump After pv-to-mmac{fragment-model=gfx936}
+// STAGES: IR Dump After pv-to-mmac{fragment-model=gfx936 w-chain=1}
 // STAGES: "int8attn.mmac_tiles"
 // STAGES: IR Dump After verify-scale-groups
 // STAGES: IR Dump After lower-mmac-tiles
