@@ -10,7 +10,9 @@
 runtime updates in place (64-byte aligned, so `@write` -- `int8attn.cache_write`
 lowered by `lower-cache-write` -- stores the new tokens straight into them and
 `@attend` reads them, neither copying the pool), a shuffled free list its
-blocks come from, and every sequence's block table and length. A decode step
+blocks come from, and every sequence's block table and length (the tables,
+lengths and slots it makes are 64-byte aligned too: the runtime reads them, and
+aligned q, k_new and v_new, in place; `runtime.module`). A decode step
 is two calls whatever the lengths: `@write` stores every sequence's new token
 at the slot its table gives (blocks allocated as a sequence crosses a block
 edge), then `@attend` (`int8attn.paged_attention`) attends each sequence over
@@ -25,7 +27,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..fragments.cache_layout import CacheLayout
-from ..runtime.module import InputError, aligned_empty
+from ..runtime.module import InputError, aligned_copy, aligned_empty, check_out
 
 
 def paged_attention_graph(q_heads: int, kv_heads: int, head_dim: int, block_size: int, *,
@@ -250,7 +252,8 @@ class PagedCache:
         """i32 slots of token positions `tokens` of `sequence` (blocks already held)."""
         self.check_sequences([sequence])
         table = np.array(self.tables[sequence], np.int64)
-        return self.layout.token_slots(table, np.asarray(tokens, np.int64)).astype(np.int32)
+        return aligned_copy(self.layout.token_slots(table, np.asarray(tokens, np.int64))
+                            .astype(np.int32))
 
     def release(self, sequence: int) -> None:
         """Return a finished sequence's blocks to the free list."""
@@ -263,10 +266,11 @@ class PagedCache:
         past a sequence's blocks hold -1 (never read). No sequences: [0, 0] and [0]."""
         sequences = self.check_sequences(sequences)
         slots = max((len(self.tables[s]) for s in sequences), default=0)
-        tables = np.full((len(sequences), slots), -1, np.int32)
+        tables = aligned_empty((len(sequences), slots), np.int32)
+        tables[...] = -1
         for row, s in enumerate(sequences):
             tables[row, :len(self.tables[s])] = self.tables[s]
-        return tables, np.array([self.lengths[s] for s in sequences], np.int32)
+        return tables, aligned_copy(np.array([self.lengths[s] for s in sequences], np.int32))
 
 
 class PagedDecoder:
@@ -333,22 +337,27 @@ class PagedDecoder:
             self.write(k, v, self.cache.append(sequence, tokens))
         return sequence
 
-    def step(self, q, k_new, v_new, sequences) -> np.ndarray:
+    def step(self, q, k_new, v_new, sequences, *, out=None) -> np.ndarray:
         """One decode step: sequence sequences[b] gets token (k_new[b], v_new[b]), its
         length grows by one, and it attends with q[b] over all its tokens. No
-        sequences: nothing is written and the result is q's empty [0, Hq, D]."""
+        sequences: nothing is written and the result is q's empty [0, Hq, D]. `out`: a
+        caller-owned f32 array of q's shape the result is written into and returned as."""
         from .graph import check_arguments
 
         sequences = self.cache.check_sequences(sequences)
         self.cache.check_room({s: 1 for s in sequences})
         with self.cache.transaction():
-            slots = np.concatenate([np.zeros(0, np.int32),
-                                    *(self.cache.append(s, 1) for s in sequences)])
+            slots = aligned_copy(np.concatenate([np.zeros(0, np.int32),
+                                                 *(self.cache.append(s, 1) for s in sequences)]))
             batch = self.cache.batch(sequences)
             # @attend's inputs but the scales of the new tokens, before anything is written.
-            check_arguments(self.graph.entry(self.attend_function),
-                            [q, *self.cache.arrays, *batch], scales=False)
+            attend = self.graph.entry(self.attend_function)
+            check_arguments(attend, [q, *self.cache.arrays, *batch], scales=False)
+            if out is not None:
+                check_out(attend.name, attend.results, out)
             self.write(k_new, v_new, slots)
-            out = self.graph(q, *self.cache.arrays, *batch, function=self.attend_function)
+            into = {} if out is None else {"out": out}
+            out = self.graph(q, *self.cache.arrays, *batch, function=self.attend_function,
+                             **into)
         self.last_batch = batch
         return out

@@ -33,14 +33,6 @@ class AttentionCall:
                                                                                     OPERANDS)
         return names[:len(self.argument_of)]     # cache_write's k_bias is optional
 
-    @property
-    def by_reference(self) -> tuple[int, ...]:
-        """Arguments the runtime passes without copying them: the paged caches."""
-        if self.mode not in ("paged", "cache_write"):
-            return ()
-        return tuple(self.argument(name) for name in ("k_cache", "k_scale", "v_cache",
-                                                      "v_scale"))
-
     def argument(self, operand: str) -> int:
         return self.argument_of[self.operands.index(operand)]
 

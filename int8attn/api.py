@@ -27,7 +27,7 @@ from .driver.onnx_import import is_onnx, read_model
 from .driver.options import CompileOptions
 from .driver.targets import TARGETS, OptionRefused
 from .runtime import LoadedModule, ModuleCache
-from .runtime.module import InputError, check_writable
+from .runtime.module import InputError, check_out, check_writable, write_out
 
 __all__ = ["compile", "compile_file", "CompiledGraph", "CompileOptions"]
 
@@ -42,6 +42,7 @@ class _Simulated:
     def call(self, function: str, *arrays) -> list[np.ndarray]:
         from .simulator import simulate_kernel_ir
 
+        arrays = [np.ascontiguousarray(a) for a in arrays]
         results = simulate_kernel_ir(self.kernel_ir, self.layouts[function], arrays)
         return list(results) if isinstance(results, tuple) else [results]
 
@@ -107,38 +108,46 @@ class CompiledGraph:
 
     module = executor  # the loaded IREE module (for timing calls)
 
-    def run(self, arrays, function: str | None = None) -> list[np.ndarray]:
-        """Results as numpy arrays. A cache_write function updates the caller's cache
-        arrays in place (without a copy when they are writable, C-contiguous and
-        64-byte aligned: `int8attn.runtime.aligned_empty`) and returns them; paged
-        caches are read without a copy under the same conditions; a read-only cache
-        array is refused (InputError), as it could not be updated. A bf16 argument is
-        given as f32 (or f16) and rounded to bf16 (`runtime.module.bf16_values`)."""
+    def run(self, arrays, function: str | None = None, out=None) -> list[np.ndarray]:
+        """Results as numpy arrays. On the cpu target every argument is read in place,
+        without a copy, when it is C-contiguous and 64-byte aligned
+        (`int8attn.runtime.aligned_empty` makes such arrays; torch's CPU tensors are);
+        any other is copied once, and `graph.executor.copies` says which and why
+        (`int8attn.runtime.module`). A cache_write function updates the caller's
+        cache arrays in place and returns them (a copied-in cache gets its result
+        copied back); a read-only cache array is refused (InputError), as it could
+        not be updated. `out`: a caller-owned array the result is copied into (one per
+        result for several; None leaves one as a new array), returned in its place.
+        A bf16 argument is given as f32 (or f16) and rounded to bf16
+        (`runtime.module.bf16_values`)."""
         info = self.entry(function)
         originals = list(arrays)
         call = info.attention
         arrays = check_arguments(info, arrays)
-        if call is not None and call.tied:
-            check_writable(info.name, call.tied, originals,
+        given = None if out is None else check_out(info.name, info.results, out)
+        tied = call.tied if call is not None else ()
+        if tied:
+            check_writable(info.name, tied, originals,
                            dict(zip(call.argument_of, call.operands)))
-        by_reference = {} if call is None or self.simulated else {
-            "by_reference": call.by_reference, "tied": call.tied}
         start = time.perf_counter()
-        results = self.executor.call(info.name, *arrays, **by_reference)
+        results = (self.executor.call(info.name, *arrays) if self.simulated else
+                   self.executor.call(info.name, *arrays, tied=tied))
         self.timings["run"] = time.perf_counter() - start
-        for r, a in (call.tied if call is not None else ()):
+        for r, a in tied:
             # the caller's array, or the numpy view of an array-like's own memory (a torch
-            # tensor, contiguous or not); a copied-in argument gets the result copied back
+            # tensor, contiguous or not); a result computed elsewhere is copied back
             original = originals[a]
             target = original if isinstance(original, np.ndarray) else _memory_view(original)
-            if (target is not None and results[r] is not target
-                    and target.flags.writeable and target.shape == results[r].shape):
+            if target is None or not target.flags.writeable or \
+                    target.shape != results[r].shape:
+                continue
+            if not _same_memory(results[r], target):
                 np.copyto(target, results[r])
-                results[r] = target
-        return results
+            results[r] = target
+        return results if given is None else write_out(results, given)
 
-    def __call__(self, *arrays, function: str | None = None):
-        results = self.run(arrays, function)
+    def __call__(self, *arrays, function: str | None = None, out=None):
+        results = self.run(arrays, function, out=out)
         return results[0] if len(results) == 1 else tuple(results)
 
     def save(self, path: str | Path) -> None:
@@ -160,6 +169,12 @@ def option_keywords(numerics: Numerics | None = None, **options) -> dict:
         raise OptionRefused(f"numerics= and {', '.join(f'{n}=' for n in both)} both given: "
                             f"pass the variant once")
     return {**options, **fields}
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Are `a` and `b` views of the same elements (same start, shape and strides)?"""
+    return (a.shape == b.shape and a.strides == b.strides
+            and (a.size == 0 or a.ctypes.data == b.ctypes.data))
 
 
 def _memory_view(array_like) -> np.ndarray | None:

@@ -4,26 +4,40 @@ A failure inside iree.runtime (a module that does not load, a call that
 raises) is a `StageError` naming the stage, with an `iree-run-module` command
 line that reproduces it on the saved vmfb and inputs.
 
-Arguments are copied into device buffers, except those a call passes
-`by_reference` (the paged caches): on a host-memory device (local-task) a
-writable, C-contiguous, 64-byte aligned numpy array is imported as the HAL
-buffer itself (`import_host_allocation`, no copy), so a module that updates
-it in place (`lower-cache-write`) writes into the caller's array, and a
-result `tied` to such an argument is returned as that very array. Any other
-array is copied in and, when tied, the result is copied back into it: the
-caller's array is updated either way, without a copy only in the first case
-(`aligned_empty` makes arrays that qualify). A read-only array for a tied
-argument is refused (`check_writable`): the call could not update it.
+Arguments are passed by reference on a host-memory device (`local-task`,
+`local-sync`): a C-contiguous numpy array whose data is 64-byte aligned is
+imported as the HAL buffer itself (`import_host_allocation`, no copy), and the
+module reads the caller's memory. A read-only array is imported too where the
+module only reads it: IREE never writes an argument it imports without `consume`.
+An argument the module takes as a `!hal.buffer_view` (a cache `lower-cache-write`
+imports with `consume`, updated in place) is passed by reference only when the
+call is `tied` to it: the update lands in the caller's array and the result is
+returned as that very array; a read-only array there is refused
+(`check_writable`); otherwise it is copied, so the caller's array is left as it was.
 
-A bf16 argument (e.g. q of an attention taking bf16 queries) is given as an f32
-(or f16) array: it is rounded to bf16 (to nearest, ties to even:
-`support.bf16.round_to_bf16`, `bf16_values`), checked and returned as f32
-holding those values, and passed to IREE as a bf16 buffer of their bits.
+What is still copied, each once, into a fresh 64-byte aligned buffer (and, when
+tied, its result copied back into the caller's array), and why (`copies`
+records every one, `Copy`):
+  - not C-contiguous (a strided view, a transposed array): the compiled code
+    reads dense row-major buffers;
+  - not 64-byte aligned (numpy's own allocations are 16-byte aligned): the
+    compiled code may assume its bindings are (`aligned_empty` and
+    `aligned_copy` make arrays that are not copied; torch's CPU allocator aligns
+    to 64 already);
+  - a bf16 argument: given as f32 (or f16), rounded to bf16 (to nearest, ties to
+    even: `support.bf16.round_to_bf16`, `bf16_values`) and passed as a bf16
+    buffer of their bits;
+  - a device that is not the host's memory (cuda, hip): copied to the device.
+A result is returned as a numpy view of the module's own output buffer (no
+copy); `out=` copies it into a caller-owned array (the module's ABI has no
+output argument to write into).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+import re
 import shlex
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +50,8 @@ from ..support.diagnostics import StageError, save_for_repro
 
 # Byte alignment IREE's CPU dispatches may assume for a buffer binding.
 HOST_ALIGNMENT = 64
+# IREE drivers whose buffers are host memory: numpy arrays can be imported as they are.
+HOST_DRIVERS = ("local-task", "local-sync")
 
 # MLIR element type -> numpy dtype accepted at the module boundary.
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "i32": np.int32,
@@ -130,7 +146,7 @@ def check_signature(function: str, specs, arrays, names=None) -> list[np.ndarray
             expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
             raise InputError(f"{label(i)} of @{function} must have shape {expected} "
                              f"for {spec.describe()}, got {list(array.shape)}")
-        checked.append(np.asarray(array, order="C"))  # (ascontiguousarray makes 0-d 1-d)
+        checked.append(array)     # as laid out: the runtime copies only what it must
     return checked
 
 
@@ -265,6 +281,9 @@ class LoadedModule:
         self.signatures = signatures
         self.driver = driver
         self._context = None
+        self._consumed: dict[str, frozenset[int]] = {}
+        self._updating: dict[int, np.ndarray] = {}
+        self.copies: list[Copy] = []     # what the last call copied (`Copy`), in order
 
     def _functions(self, function: str, arguments):
         if self._context is None:
@@ -301,7 +320,8 @@ class LoadedModule:
 
     def time_calls(self, function: str, arrays, iterations: int = 20, warmup: int = 3,
                    clock=None) -> list[float]:
-        """Seconds per call with the arguments already on the device, by `clock`
+        """Seconds per call with the arguments already on the device (or passed by
+        reference, as a call passes them), by `clock`
         (default `time.perf_counter`; `time.process_time` counts this process's CPU
         time, which on the inline `local-sync` driver is the call's own work)."""
         import time
@@ -310,9 +330,8 @@ class LoadedModule:
 
         arguments = self.check_arguments(function, arrays)
         entry = self._functions(function, arguments)[function]
-        device_args = [self._bf16_view(a) if spec.element == BF16 else
-                       rt.asdevicearray(self._context.config.device, a)
-                       for a, spec in zip(arguments, self.signatures[function])]
+        held: list[np.ndarray] = []
+        device_args = self._pass(function, arguments, (), held)
         for _ in range(warmup):
             entry(*device_args)
         seconds = []
@@ -323,63 +342,203 @@ class LoadedModule:
             seconds.append(clock() - start)
         return seconds
 
-    def _bf16_view(self, values: np.ndarray):
-        """A bf16 HAL buffer view holding `values` (f32 already rounded to bf16: its
-        upper 16 bits are the bf16 bits, the lower 16 zero), a copy on the device."""
-        bits = bf16_bits(values)
+    def consumed(self, function: str) -> frozenset[int]:
+        """Arguments `function` takes as `!hal.buffer_view`, imported with `consume`: the
+        module may update them in place. Without the module's declaration, all of them."""
+        if function not in self._consumed:
+            entry = self._functions(function, ())[function]
+            declaration = entry.vm_function.reflection.get("iree.abi.declaration")
+            self._consumed[function] = (
+                frozenset(range(len(self.signatures[function]))) if declaration is None else
+                frozenset(int(i) for i in re.findall(r"%input(\d+): !hal\.buffer_view",
+                                                     declaration)))
+        return self._consumed[function]
+
+    def _why_copied(self, index: int, array: np.ndarray, updated: set, consumed) -> str | None:
+        """Why argument `index` cannot be read in place, or None where it can."""
+        if self.driver not in HOST_DRIVERS:
+            return f"the {self.driver} device has its own memory"
+        if index in consumed and index not in updated:
+            return ("the module updates it in place, and this call keeps the caller's array "
+                    "as it was")
+        if not array.flags.c_contiguous:
+            return f"not C-contiguous (strides {list(array.strides)})"
+        if array.ctypes.data % HOST_ALIGNMENT:
+            return (f"not {HOST_ALIGNMENT}-byte aligned (address % {HOST_ALIGNMENT} = "
+                    f"{array.ctypes.data % HOST_ALIGNMENT}; runtime.aligned_empty makes "
+                    f"arrays that are)")
+        shared = [b for b in updated if b != index and _shared(array, self._updating[b])]
+        if shared:
+            return f"shares memory with argument {shared[0]}, which the call updates in place"
+        return None
+
+    def _copy(self, index: int, array: np.ndarray, why: str, held: list, bf16: bool = False):
+        """The one place a call copies caller memory in: `array` (a bf16 argument: its
+        bf16 bits) into a fresh 64-byte aligned host buffer, imported, or on a device
+        driver into device memory. Each copy is recorded in `copies`."""
+        self.copies.append(Copy(index, "in", array.nbytes, why))
+        source = bf16_bits(array) if bf16 else array
+        element = rt.HalElementType.BFLOAT_16 if bf16 else _element_type(source.dtype)
+        if self.driver in HOST_DRIVERS:
+            view = self._import(aligned_copy(source), held, element)
+            if view is not None:
+                return view
         device = self._context.config.device
         return device.allocator.allocate_buffer_copy(
             memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
-            device=device, buffer=bits, element_type=rt.HalElementType.BFLOAT_16)
+            device=device, buffer=np.ascontiguousarray(source), element_type=element)
 
-    def _by_reference(self, array: np.ndarray):
-        """A HAL buffer view over `array`'s own memory, or None where it cannot be one
-        (read-only, not C-contiguous or not aligned, or a device that is not the host)."""
-        if not (array.size and array.flags.c_contiguous and array.flags.writeable
-                and array.ctypes.data % HOST_ALIGNMENT == 0 and self.driver == "local-task"):
-            return None
-        from iree.runtime.array_interop import map_dtype_to_element_type
-
-        element = map_dtype_to_element_type(array.dtype)
-        if element is None:
-            return None
-        allocator = self._context.config.device.allocator
+    def _import(self, array: np.ndarray, held: list, element=None):
+        """A HAL buffer view over `array`'s own memory (appended to `held`, which the
+        caller keeps alive while IREE uses it), or None where IREE refuses it. A
+        read-only array goes through a writable alias (IREE's import asks for one): the
+        caller imports it only for an argument the module does not write."""
+        memory = array if array.flags.writeable else _writable_alias(array)
         try:
-            buffer = allocator.import_host_allocation(
-                array, memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+            buffer = self._context.config.device.allocator.import_host_allocation(
+                memory, memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
                 allowed_usage=int(rt.BufferUsage.DEFAULT))
         except (RuntimeError, ValueError):
             return None
-        return rt.HalBufferView(buffer, array.shape, element)
+        held.append(array)
+        return rt.HalBufferView(buffer, array.shape,
+                                _element_type(array.dtype) if element is None else element)
 
-    def call(self, function: str, *arrays, by_reference=(), tied=()) -> list[np.ndarray]:
-        """Results as numpy arrays. `by_reference`: argument indices to pass without a
-        copy where possible; `tied`: (result, argument) pairs whose result is that
-        argument updated, returned as the caller's array (module docstring)."""
+    def host_view(self, array: np.ndarray):
+        """The HAL buffer view a call passes for C-contiguous, 64-byte aligned `array`:
+        its own memory (None where it cannot be). For tests and tools."""
+        self._functions(next(iter(self.signatures)), ())
+        if self.driver not in HOST_DRIVERS or self._why_copied(-1, array, set(), ()):
+            return None
+        return self._import(array, [])
+
+    def _pass(self, function: str, arguments, tied, held: list) -> list:
+        """What the call gets for each argument: a buffer view over the caller's array
+        where the module may use it in place, else over a copy (`_copy`). Every host
+        array imported is appended to `held`: IREE's import does not keep it alive."""
+        specs, consumed = self.signatures[function], self.consumed(function)
+        updated = {a for _, a in tied}
+        self._updating = {a: arguments[a] for a in updated}
+        passed = []
+        for i, (array, spec) in enumerate(zip(arguments, specs)):
+            if spec.element == BF16:
+                passed.append(self._copy(i, array, "bf16: rounded from f32, passed as bf16 "
+                                                   "bits", held, bf16=True))
+                continue
+            if not array.size:
+                passed.append(array)      # no bytes to copy
+                continue
+            why = self._why_copied(i, array, updated, consumed)
+            view = None if why is not None else self._import(array, held)
+            if view is None:
+                view = self._copy(i, array, why or "IREE did not import it", held)
+            passed.append(view)
+        return passed
+
+    def call(self, function: str, *arrays, tied=()) -> list[np.ndarray]:
+        """Results as numpy arrays (views of the module's output buffers). `tied`:
+        (result, argument) pairs whose result is that argument updated, returned as the
+        caller's array (module docstring). `copies` lists what the call copied."""
         if function not in self.signatures:
             raise InputError(f"no public function @{function}; the module has "
                              f"{', '.join('@' + f for f in self.signatures)}")
         arguments = self.check_arguments(function, arrays)
         check_writable(function, tied, arrays)
         entry = self._functions(function, arguments)[function]
-        passed = list(arguments)
-        for i, spec in enumerate(self.signatures[function]):
-            if spec.element == BF16:
-                passed[i] = self._bf16_view(arguments[i])
-        for i in by_reference:
-            view = self._by_reference(arguments[i])
-            if view is not None:
-                passed[i] = view
+        self.copies = []
+        held: list[np.ndarray] = []
         with self._stage(f"calling @{function}", function, arguments):
+            passed = self._pass(function, arguments, tied, held)
             results = entry(*passed)
             if not isinstance(results, (tuple, list)):
                 results = [results]
-            results = [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+            results = [_owned(np.asarray(r.to_host() if hasattr(r, "to_host") else r), held)
+                       for r in results]
         for r, a in tied:
             target = arrays[a] if isinstance(arrays[a], np.ndarray) else arguments[a]
             if _host_memory(results[r]) == _host_memory(target):
                 results[r] = target
             elif target.flags.writeable and target.shape == results[r].shape:
+                self.copies.append(Copy(a, "back", target.nbytes, "it was copied in"))
                 np.copyto(target, results[r])
                 results[r] = target
         return results
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A copy of caller memory one call made: argument `argument` copied in (`direction`
+    "in") or its updated result copied back into it ("back"), `nbytes` bytes, and why
+    it could not be used in place."""
+
+    argument: int
+    direction: str
+    nbytes: int
+    why: str
+
+
+def _owned(result: np.ndarray, held: list) -> np.ndarray:
+    """`result`, or where it lies in the memory of an array the call imported (a cache
+    updated in place, an argument returned as it is), the same elements as a view of
+    that array: the view keeps the memory alive, IREE's mapping of it does not."""
+    for array in held:
+        start = result.ctypes.data - array.ctypes.data
+        if result.size and 0 <= start and start + result.nbytes <= array.nbytes:
+            flat = array.reshape(-1).view(np.uint8)
+            return flat[start:start + result.nbytes].view(result.dtype).reshape(result.shape)
+    return result
+
+
+def _element_type(dtype: np.dtype):
+    from iree.runtime.array_interop import map_dtype_to_element_type
+
+    return map_dtype_to_element_type(np.dtype(dtype))
+
+
+def _writable_alias(array: np.ndarray):
+    """A writable buffer over read-only `array`'s memory, keeping `array` alive."""
+    alias = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
+    alias.owner = array
+    return alias
+
+
+def check_out(function: str, specs, out) -> list:
+    """`out` as one entry per result of `function` (result specs `specs`): a writable
+    numpy array of the result's dtype and shape, or None. `out` is one array for a
+    function of one result, else a sequence. Checked before the call (a dynamic
+    dimension: after it, by `write_out`)."""
+    single = isinstance(out, np.ndarray) or not isinstance(out, (list, tuple))
+    given = [out] if single else list(out)
+    if len(given) != len(specs):
+        raise InputError(f"out= gives {len(given)} arrays for the {len(specs)} results of "
+                         f"@{function}: give one per result (None for a result returned as "
+                         f"a new array)")
+    for i, (target, spec) in enumerate(zip(given, specs)):
+        what = f"out= (result {i} of @{function})"
+        dtype = np.dtype(host_dtype(spec.element) or np.float32)
+        expected = "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"
+        if target is None:
+            continue
+        if not isinstance(target, np.ndarray):
+            raise InputError(f"{what} must be a numpy array of shape {expected} and dtype "
+                             f"{dtype}, got {type(target).__name__}")
+        if target.dtype != dtype or not spec.accepts(target.shape):
+            raise InputError(f"{what} must have shape {expected} and dtype {dtype} for "
+                             f"{spec.describe()}, got {list(target.shape)} {target.dtype}")
+        if not target.flags.writeable:
+            raise InputError(f"{what} is a read-only array: pass a writable one")
+    return given
+
+
+def write_out(results: list, given: list) -> list:
+    """`results` copied into the arrays `check_out` gave (None: left as returned);
+    returns the results with each given array in its result's place."""
+    for i, (target, result) in enumerate(zip(given, results)):
+        if target is None:
+            continue
+        if target.shape != result.shape:
+            raise InputError(f"out= for result {i} has shape {list(target.shape)}, but the "
+                             f"result is {list(result.shape)}: pass an array of that shape")
+        np.copyto(target, result)
+        results[i] = target
+    return results
