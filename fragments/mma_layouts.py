@@ -1,8 +1,8 @@
 """The fragment model as linear layouts: operands, V loads, W scale groups, shuffles.
 
 Each matrix instruction's operands are `LinearLayout`s (register, lane) ->
-(row, col), built as products of identities read off the ISA lane tables
-(docs/design.md §3): gfx936's A, `A[l % 16][8(l / 16) + j]`, is
+(row, col), built in fragments/mma_atoms.py as products of identities read off
+the ISA lane tables (docs/design.md §3): gfx936's A, `A[l % 16][8(l / 16) + j]`, is
 
     identity(register, 8 -> col) * identity(lane, 16 -> row) * identity(lane, 4 -> col)
 
@@ -18,8 +18,9 @@ derives by enumeration follows by composition and inversion:
 - `score_layout` / `xor_partners`: the lane bits a row (or row, MMAC)
   reduction shuffles over, the lane bases whose image in the kept dims is 0.
 
-fragments/instructions.py and fragments/model.py keep the enumerated tables;
-tests/test_linear_layout.py checks the two element by element.
+The operand layouts are the MMA atoms' (fragments/mma_atoms.py); fragments/instructions.py
+and fragments/model.py keep tables enumerated from them, and tests/test_linear_layout.py
+checks what is derived here against the model's enumerations element by element.
 """
 
 from __future__ import annotations
@@ -30,17 +31,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .instructions import (GFX936_MMAC, GFX942_MFMA, GFX942_MFMA_32X32X16,
-                           SM80_MMA_BF16, SM80_MMA_S8, MatrixInstruction,
-                           OperandLayout)
+from .instructions import MatrixInstruction, OperandLayout
 from .linear_layout import LinearLayout
+from .mma_atoms import ATOMS
 from .model import FragmentModel
 
 I = LinearLayout.identity
-
-
-def _operand(layout: LinearLayout) -> LinearLayout:
-    return layout.transpose_ins(("register", "lane")).transpose_outs(("row", "col"))
 
 
 @dataclass(frozen=True)
@@ -56,57 +52,15 @@ class MmaLayouts:
         return {"a": self.a, "b": self.b, "c": self.c}[which.lower()]
 
 
-def _amd_16x16x32(name: str, c: LinearLayout) -> MmaLayouts:
-    # A[l % 16][8(l / 16) + j], B[8(l / 16) + j][l % 16] (gfx936 MMAC and gfx942 MFMA)
-    return MmaLayouts(
-        name,
-        a=_operand(I("register", 8, "col") * I("lane", 16, "row") * I("lane", 4, "col")),
-        b=_operand(I("register", 8, "row") * I("lane", 16, "col") * I("lane", 4, "row")),
-        c=_operand(c))
-
-
-# PTX fragments: g = l / 4 (lane bits 2-4), t = l % 4 (lane bits 0-1).
-# C of m16n8: c_i = (g + 8(i / 2), 2t + i % 2)
-_PTX_C = _operand(I("register", 2, "col") * I("lane", 4, "col") * I("lane", 8, "row")
-                  * I("register", 2, "row"))
-
+# The layouts are the atoms' (fragments/mma_atoms.py): one source for both views.
 MMA_LAYOUTS: dict[str, MmaLayouts] = {
-    # C "jump" layout: C[l % 16][l / 16 + 4i]
-    GFX936_MMAC.name: _amd_16x16x32(
-        GFX936_MMAC.name, I("lane", 16, "row") * I("lane", 4, "col") * I("register", 4, "col")),
-    # MFMA: C[4(l / 16) + i][l % 16]
-    GFX942_MFMA.name: _amd_16x16x32(
-        GFX942_MFMA.name, I("register", 4, "row") * I("lane", 16, "col") * I("lane", 4, "row")),
-    # MFMA 32x32x16: A[l % 32][8(l / 32) + j], B[8(l / 32) + j][l % 32],
-    # C[8(i / 4) + 4(l / 32) + i % 4][l % 32]
-    GFX942_MFMA_32X32X16.name: MmaLayouts(
-        GFX942_MFMA_32X32X16.name,
-        a=_operand(I("register", 8, "col") * I("lane", 32, "row") * I("lane", 2, "col")),
-        b=_operand(I("register", 8, "row") * I("lane", 32, "col") * I("lane", 2, "row")),
-        c=_operand(I("register", 4, "row") * I("lane", 32, "col") * I("lane", 2, "row")
-                   * I("register", 4, "row"))),
-    # s8 m16n8k32: a_r byte j = (g + 8(r % 2), 16(r / 2) + 4t + j); b_r byte j = (16r + 4t + j, g)
-    SM80_MMA_S8.name: MmaLayouts(
-        SM80_MMA_S8.name,
-        a=_operand(I("register", 4, "col") * I("lane", 4, "col") * I("lane", 8, "row")
-                   * I("register", 2, "row") * I("register", 2, "col")),
-        b=_operand(I("register", 4, "row") * I("lane", 4, "row") * I("register", 2, "row")
-                   * I("lane", 8, "col")),
-        c=_PTX_C),
-    # bf16 m16n8k16: a_r element j = (g + 8(r % 2), 8(r / 2) + 2t + j); b_r = (8r + 2t + j, g)
-    SM80_MMA_BF16.name: MmaLayouts(
-        SM80_MMA_BF16.name,
-        a=_operand(I("register", 2, "col") * I("lane", 4, "col") * I("lane", 8, "row")
-                   * I("register", 2, "row") * I("register", 2, "col")),
-        b=_operand(I("register", 2, "row") * I("lane", 4, "row") * I("register", 2, "row")
-                   * I("lane", 8, "col")),
-        c=_PTX_C),
-}
+    name: MmaLayouts(name, atom.layout("a"), atom.layout("b"), atom.layout("c"))
+    for name, atom in ATOMS.items()}
 
 
 def mma_layouts(instruction: MatrixInstruction | str) -> MmaLayouts:
-    """An instruction's operand layouts: the ones written here for its name, when they
-    reproduce its lane tables; else fitted from its tables (a model built on altered
+    """An instruction's operand layouts: its atom's, when they reproduce its lane
+    tables; else fitted from its tables (a model built on altered
     tables, as the tests of wrong layouts do, gets the layouts of what it says)."""
     if isinstance(instruction, str):
         try:

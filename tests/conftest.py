@@ -206,7 +206,7 @@ SLOW_TESTS = {
 FAST_FILES = {
     "test_attention_match.py", "test_bench_harness.py", "test_cache_layout.py",
     "test_dialect_ops.py", "test_digits.py", "test_fragments.py", "test_index_arithmetic.py", "test_layout.py",
-    "test_linear_layout.py", "test_reference.py", "test_reference_chunks.py",
+    "test_linear_layout.py", "test_mma_atoms.py", "test_reference.py", "test_reference_chunks.py",
     "test_score_feed.py", "test_fixed_p_scale.py", "test_cli_output_safety.py",
     "test_pass_defaults.py", "test_results_current.py", "test_no_history_in_code.py",
     "test_doc_tables.py",

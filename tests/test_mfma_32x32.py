@@ -1,7 +1,7 @@
 """gfx942's v_mfma_i32_32x32x16_i8 as an alternative PV atom (issue 23).
 
-Adding an MMA shape is one atom definition (fragments/instructions.py, its linear
-layouts in fragments/mma_layouts.py, an entry in PV_ATOMS) plus its ISA table in
+Adding an MMA shape is one atom definition (fragments/mma_atoms.py, its linear
+layouts; an entry in PV_ATOMS) plus its ISA table in
 the simulator (simulator/isa.py, written independently). These tests check the
 two encodings against each other, the token groups the model derives (16 tokens per
 MMA with 16-byte V loads), the numpy fragment reference on that model against the
