@@ -34,6 +34,7 @@ from .index_rules import (NUMPY_OPS, TEXT_OPS, HeadMajorRows, IndexOps,
                           PackedRows, PackedTerms, TileRing, arith_ops, ceil_div, floor_div)
 from .layout_emit import INT_BUILDER, TEXT_BUILDER, CallableBuilder
 from .linear_layout import LinearLayout, NotInvertible, NotLinear
+from .mma_atoms import ATOMS, WGMMA_S32_N, MmaAtom, mma_atom, wgmma_atom
 from .operand_staging import OperandStaging, StagingNotLinear
 from .mma_layouts import (MMA_LAYOUTS, MmaLayouts, group_reduction_offsets,
                           group_tokens, k_slot_tokens, mma_layouts,
@@ -100,6 +101,11 @@ __all__ = [
     "LinearLayout",
     "NotLinear",
     "NotInvertible",
+    "MmaAtom",
+    "ATOMS",
+    "mma_atom",
+    "wgmma_atom",
+    "WGMMA_S32_N",
     "CallableBuilder",
     "INT_BUILDER",
     "TEXT_BUILDER",
