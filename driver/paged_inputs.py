@@ -56,47 +56,82 @@ def _pool(info, ops) -> tuple[int, int]:
     return pool["k_cache"], ops["k_cache"].shape[2]
 
 
-def check_paged_arguments(info, arrays, *, scales: bool = True) -> None:
-    """Batch, pool, lengths and block ids; with `scales`, the scales of every token
-    read (a caller that writes those tokens first checks the rest before writing)."""
-    ops = _operands(info, arrays)
+def check_paged_shapes(info, ops) -> tuple[int, int]:
+    """(NB, BS) once the batch of q, block_tables and context_lens and the pool's block
+    count agree; `ops` maps operand names to anything with a `shape` (numpy arrays,
+    torch tensors: the shapes alone are read)."""
     q, tables, lens = ops["q"], ops["block_tables"], ops["context_lens"]
     if not q.shape[0] == tables.shape[0] == lens.shape[0]:
         raise InputError(f"@{info.name}: q has {q.shape[0]} sequences, block_tables "
                          f"{tables.shape[0]} and context_lens {lens.shape[0]}; they must agree "
                          f"(one row of each per sequence)")
-    blocks, block_size = _pool(info, ops)
+    return _pool(info, ops)
+
+
+def check_paged_arguments(info, arrays, *, scales: bool = True) -> None:
+    """Batch, pool, lengths and block ids; with `scales`, the scales of every token
+    read (a caller that writes those tokens first checks the rest before writing)."""
+    ops = _operands(info, arrays)
+    q, tables, lens = ops["q"], ops["block_tables"], ops["context_lens"]
+    blocks, block_size = check_paged_shapes(info, ops)
     layout = CacheLayout.paged(block_size)
     capacity = layout.capacity(tables.shape[1])
     # A chunked prefill's queries are each sequence's last Sq tokens.
     shortest = q.shape[2] if q.ndim == 4 else 1
     for b, length in enumerate(lens):
         if q.ndim == 4 and shortest > capacity:
-            raise InputError(_chunk_too_long(info, b, int(length), shortest,
+            raise InputError(chunk_too_long(info, b, int(length), shortest,
                                              tables.shape[1], block_size))
         if not shortest <= length <= capacity:
-            raise InputError(f"{_label(info, 'context_lens')}: sequence {b} has length "
-                             f"{int(length)}, outside [{shortest}, {capacity}] "
-                             f"({_length_hint(int(length), shortest, tables.shape[1], block_size)})")
+            raise InputError(length_problem(info, b, int(length), shortest, tables.shape[1],
+                                            block_size))
         used = layout.blocks_needed(int(length))
         ids = tables[b, :used]
         bad = np.flatnonzero((ids < 0) | (ids >= blocks))
         if bad.size:
             slot = int(bad[0])
-            # the slot's tokens: from those of the slots before it to its last used one
-            first, end = layout.capacity(slot), min(layout.capacity(slot + 1), int(length))
-            raise InputError(f"{_label(info, 'block_tables')}: sequence {b}, slot {slot} "
-                             f"(tokens {first}..{end - 1}) "
-                             f"holds block {int(ids[slot])}, not a block of the pool [0, {blocks})")
+            raise InputError(block_id_problem(info, b, slot, int(length), int(ids[slot]),
+                                              blocks, block_size))
     if scales:
         _check_read_scales(info, ops, layout, *read_tokens(tables, lens, block_size))
+
+
+def length_problem(info, b: int, length: int, shortest: int, slots: int,
+                   block_size: int) -> str:
+    """Sequence `b`'s length outside [shortest, its table's capacity]."""
+    capacity = CacheLayout.paged(block_size).capacity(slots)
+    return (f"{_label(info, 'context_lens')}: sequence {b} has length {length}, outside "
+            f"[{shortest}, {capacity}] "
+            f"({_length_hint(length, shortest, slots, block_size)})")
+
+
+def block_id_problem(info, b: int, slot: int, length: int, block: int, blocks: int,
+                     block_size: int) -> str:
+    """Table slot `slot` of sequence `b`, which its length uses, outside the pool."""
+    layout = CacheLayout.paged(block_size)
+    # the slot's tokens: from those of the slots before it to its last used one
+    first, end = layout.capacity(slot), min(layout.capacity(slot + 1), length)
+    return (f"{_label(info, 'block_tables')}: sequence {b}, slot {slot} "
+            f"(tokens {first}..{end - 1}) "
+            f"holds block {block}, not a block of the pool [0, {blocks})")
+
+
+def read_scale_problem(info, name: str, problem: str, block: int, head: int,
+                       offset: int) -> str:
+    """A scale a sequence reads that is NaN, Inf or negative (`problem` says which)."""
+    return (f"{_label(info, name)} holds {problem} at [{block}, {head}, {offset}], a slot "
+            f"a sequence reads; cache scales are max|row|/127 of each token "
+            f"and must be finite and >= 0")
+
+
+SCALE_PROBLEMS = ("NaN", "Inf", "a negative value")   # the order they are looked for in
 
 
 def _slots(slots: int, block_size: int) -> str:
     return f"{slots} slot{'' if slots == 1 else 's'} of {block_size} tokens"
 
 
-def _chunk_too_long(info, b: int, length: int, query_tokens: int, slots: int,
+def chunk_too_long(info, b: int, length: int, query_tokens: int, slots: int,
                     block_size: int) -> str:
     """A chunked prefill whose Sq new tokens exceed what a block table can hold."""
     layout = CacheLayout.paged(block_size)
@@ -127,14 +162,12 @@ def _check_read_scales(info, ops, layout, block, offset) -> None:
     """The scales of every token a call reads are finite and >= 0."""
     for name in ("k_scale", "v_scale"):
         scales = ops[name][layout.scale_index(block, EVERY, offset)]   # [tokens read, Hkv]
-        for problem, bad in (("NaN", np.isnan(scales)), ("Inf", np.isinf(scales)),
-                             ("a negative value", scales < 0)):
+        for problem, bad in zip(SCALE_PROBLEMS, (np.isnan(scales), np.isinf(scales),
+                                                 scales < 0)):
             if bad.any():
                 token, head = (int(i) for i in np.argwhere(bad)[0])
-                raise InputError(f"{_label(info, name)} holds {problem} at "
-                                 f"[{int(block[token])}, {head}, {int(offset[token])}], a slot "
-                                 f"a sequence reads; cache scales are max|row|/127 of each token "
-                                 f"and must be finite and >= 0")
+                raise InputError(read_scale_problem(info, name, problem, int(block[token]),
+                                                    head, int(offset[token])))
 
 
 NUMPY_TRANSPOSE = "numpy.ascontiguousarray(v.transpose(0, 1, 3, 2))"
@@ -233,41 +266,59 @@ def random_paged_inputs(info, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-def check_cache_write_arguments(info, arrays) -> None:
-    ops = _operands(info, arrays)
+def check_cache_write_shapes(info, ops) -> tuple[int, int]:
+    """(NB, BS) once k_new, v_new and slot_mapping agree on T and the caches on NB
+    (`ops`: anything with a `shape`, as `check_paged_shapes`)."""
     tokens = {name: ops[name].shape[0] for name in ("k_new", "v_new", "slot_mapping")}
     if len(set(tokens.values())) != 1:
         raise InputError(f"@{info.name}: k_new has {tokens['k_new']} new tokens, v_new "
                          f"{tokens['v_new']} and slot_mapping {tokens['slot_mapping']}; they "
                          f"must agree (one row of each per new token)")
-    blocks, block_size = _pool(info, ops)
+    return _pool(info, ops)
+
+
+def check_cache_write_arguments(info, arrays) -> None:
+    ops = _operands(info, arrays)
+    blocks, block_size = check_cache_write_shapes(info, ops)
     layout = CacheLayout.paged(block_size)
     if "k_bias" in ops:
         bad = np.argwhere(~np.isfinite(ops["k_bias"]))
         if bad.size:
-            raise InputError(f"{_label(info, 'k_bias')}: holds a non-finite value at "
-                             f"{[int(i) for i in bad[0]]}; the key channel bias is "
-                             f"subtracted from every new key and must be finite")
+            raise InputError(bias_problem(info, [int(i) for i in bad[0]]))
     slots = ops["slot_mapping"].astype(np.int64)
     _, _, inside = layout.pool_slots(slots, blocks)
     bad = np.flatnonzero(layout.kept(slots) & ~inside)
     if bad.size:
         token = int(bad[0])
-        raise InputError(f"{_label(info, 'slot_mapping')}: token {token} writes slot "
-                         f"{int(slots[token])}, outside the pool's slots [0, "
-                         f"{layout.capacity(blocks)}) ({blocks} blocks of {block_size} tokens; a "
-                         f"negative slot skips its token)")
+        raise InputError(slot_problem(info, token, int(slots[token]), blocks, block_size))
     live = np.flatnonzero(layout.kept(slots))
     order = live[np.argsort(slots[live], kind="stable")]
     same = np.flatnonzero(slots[order][1:] == slots[order][:-1])
     if same.size:
         first, second = sorted(int(t) for t in order[same[0]:same[0] + 2])
-        slot = int(slots[first])
-        block, offset = (int(x) for x in layout.split_slots(slot))
-        raise InputError(f"{_label(info, 'slot_mapping')}: tokens {first} and {second} both "
-                         f"write slot {slot} (block {block}, offset {offset}); which one the "
-                         f"cache would hold is ambiguous")
+        raise InputError(duplicate_problem(info, first, second, int(slots[first]),
+                                           block_size))
     _check_new_rows(info, ops, slots)
+
+
+def bias_problem(info, index) -> str:
+    return (f"{_label(info, 'k_bias')}: holds a non-finite value at {list(index)}; the key "
+            f"channel bias is subtracted from every new key and must be finite")
+
+
+def slot_problem(info, token: int, slot: int, blocks: int, block_size: int) -> str:
+    """Token `token`'s slot past the pool's slots."""
+    return (f"{_label(info, 'slot_mapping')}: token {token} writes slot {slot}, outside the "
+            f"pool's slots [0, {CacheLayout.paged(block_size).capacity(blocks)}) ({blocks} "
+            f"blocks of {block_size} tokens; a negative slot skips its token)")
+
+
+def duplicate_problem(info, first: int, second: int, slot: int, block_size: int) -> str:
+    """Tokens `first` < `second` (the first two to write it) writing the same slot."""
+    block, offset = (int(x) for x in CacheLayout.paged(block_size).split_slots(slot))
+    return (f"{_label(info, 'slot_mapping')}: tokens {first} and {second} both write slot "
+            f"{slot} (block {block}, offset {offset}); which one the cache would hold is "
+            f"ambiguous")
 
 
 def _check_new_rows(info, ops, slots) -> None:
@@ -282,15 +333,20 @@ def _check_new_rows(info, ops, slots) -> None:
             bad = np.argwhere(~np.isfinite(rows) & (slots >= 0)[:, None, None])
         if bad.size:
             token, head, channel = (int(i) for i in bad[0])
-            value = float(ops[name][token, head, channel])
-            what = ("NaN" if np.isnan(value) else f"{value:g}".replace("inf", "Inf")
-                    + ("" if np.isinf(value) else ", which overflows f32 once k_bias is "
-                       "subtracted"))
-            raise InputError(f"{_label(info, name)}: token {token} (slot {int(slots[token])}), "
-                             f"KV head {head}, channel {channel} holds {what}; a new row must "
-                             f"be finite (its scale max|row|/127 would not be, and every "
-                             f"attention reading the slot would refuse it): fix the row, or "
-                             f"give the token slot -1 to skip it")
+            raise InputError(row_problem(info, name, token, int(slots[token]), head, channel,
+                                         float(ops[name][token, head, channel])))
+
+
+def row_problem(info, name: str, token: int, slot: int, head: int, channel: int,
+                value: float) -> str:
+    """Element (token, head, channel) of a row written that is not finite once quantized
+    (`value`: the element as given)."""
+    what = ("NaN" if np.isnan(value) else f"{value:g}".replace("inf", "Inf")
+            + ("" if np.isinf(value) else ", which overflows f32 once k_bias is subtracted"))
+    return (f"{_label(info, name)}: token {token} (slot {slot}), KV head {head}, channel "
+            f"{channel} holds {what}; a new row must be finite (its scale max|row|/127 would "
+            f"not be, and every attention reading the slot would refuse it): fix the row, or "
+            f"give the token slot -1 to skip it")
 
 
 def random_cache_write_inputs(info, seed: int) -> list[np.ndarray]:

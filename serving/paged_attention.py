@@ -8,20 +8,27 @@ The pool (vLLM's layout, docs/design.md §2b) stays where the caller keeps it: o
 cuda the kernels IREE compiled read and write it in place, launched on torch's
 current stream (serving/executors.py), so a call is ordered after the work
 already queued there, its result is ready for the next op on that stream, and
-no call waits on the host unless `validate=True` asks it to. On the cpu target
+no call waits on the host unless `validate="sync"` asks it to. On the cpu target
 the same calls run through IREE's CPU runtime on the CPU tensors' memory.
 
-Input checks. Shapes, dtypes, contiguity and device are always checked, from the
-tensors' metadata. The value rules (lengths in range, block ids of used table
-slots inside the pool, the scales of every token read finite and >= 0; for
-cache_write, slots inside the pool, no slot twice, finite rows) are checked on
-the device when `validate=True` (the default; on the cpu target the runtime
-checks every call whatever `validate` says): a handful of small reductions and
-one host sync on their verdict; only when it fails are the small arrays copied
-to the host, where the numpy checks every executor shares name the argument,
-sequence and slot. `validate=False` skips the value checks (no sync: what a
-decode loop under CUDA graphs wants); the inputs are then trusted, as a kernel
-library trusts them.
+Input checks. Shapes, dtypes, contiguity, device and the agreement of batch and
+pool sizes are always checked, from the tensors' metadata. The value rules
+(lengths in range, block ids of used table slots inside the pool, the scales of
+every token read finite and >= 0; for cache_write, slots inside the pool, no slot
+twice, finite rows) are checked in one of three modes, `validate=`:
+
+- True (the default): on the device, without a host sync
+  (serving/deferred_checks.py). A bad call's first violation is kept in a device
+  record and raised as the synchronous check's error by `check()`, or by a later
+  call once the record has reached the host. A bad call never writes the cache
+  (its slot mapping is turned to all -1), and the output rows of a bad attention
+  call's bad sequences are NaN (its block ids and lengths are made safe first, so
+  the kernels never read outside the pool).
+- "sync": a few reductions on the device and one host sync on their verdict; a
+  bad call raises at once and writes nothing (the numpy checks every executor
+  shares name the argument, sequence and slot).
+- False: no value checks; the inputs are trusted, as a kernel library trusts
+  them (on the cpu target the runtime's own checks still run, as with "sync").
 
 Compiled kernels come from `int8attn.compile` (cached by content and options),
 or from a folder `save` wrote (`PagedAttention.load`), so a GPU server without
@@ -38,8 +45,10 @@ import numpy as np
 
 from ..contract.numerics import Numerics
 from ..driver.paged_decode import cache_write_graph, paged_attention_graph
+from ..driver.paged_inputs import check_cache_write_shapes, check_paged_shapes
 from ..runtime.module import InputError, check_writable
 from ..support.diagnostics import DiagnosticError
+from .deferred_checks import WRITE_KIND, Violations, attend_record, problem, write_record
 from .executors import CudaExecutor, HostExecutor
 from .kernel_package import KernelPackage
 from .tensors import SignatureCheck, aligned, torch_module
@@ -70,6 +79,7 @@ class PagedAttention:
         self.softmax_scale = (float(np.float32(head_dim ** -0.5)) if softmax_scale is None
                               else _softmax_scale(softmax_scale))
         self._executors: dict = {}
+        self.violations = Violations()
 
     # compiled kernels ------------------------------------------------------
     def _source(self, kind) -> str:
@@ -155,13 +165,35 @@ class PagedAttention:
 
         return compile_options(target=self.target, **self.options).numerics
 
+    # checks ----------------------------------------------------------------
+    def check(self) -> None:
+        """Raise the first value-rule violation a call with `validate=True` recorded since
+        the last check, as the InputError `validate="sync"` would have raised, and clear
+        it. One host sync per device used (none where nothing ran); call it where the
+        program syncs anyway (once per step), and after replaying a CUDA graph."""
+        taken = self.violations.take()
+        if taken is not None:
+            raise InputError(problem(self._info_of, taken[1]))
+
+    def _info_of(self, kind: int):
+        if kind == WRITE_KIND:
+            return self.executor(WRITE).info
+        return self.executor(("prefill", kind) if kind else DECODE).info
+
+    def _raise_recorded(self, device) -> None:
+        """A violation an earlier call recorded that has reached the host: raised now."""
+        if self.violations.seen(device):
+            self.check()
+
     # calls -----------------------------------------------------------------
     def __call__(self, q, k_cache, k_scale, v_cache, v_scale, block_tables, context_lens, *,
-                 out=None, validate: bool = True):
+                 out=None, validate=True):
         """Attention of each sequence over its own cached tokens: q [B, Hq, D] (decode)
         or [B, Hq, Sq, D] (chunked prefill of each sequence's last Sq tokens). The
-        result is f32 in q's shape, in `out` when given (caller-owned, contiguous)."""
+        result is f32 in q's shape, in `out` when given (caller-owned, contiguous).
+        `validate`: True, "sync" or False (module docstring)."""
         torch = torch_module()
+        deferred = _deferred(validate)
         # by the rank, whatever q is (a torch tensor, a numpy array, a DLPack producer)
         kind = ("prefill", int(q.shape[2])) if len(getattr(q, "shape", ())) == 4 else DECODE
         executor = self.executor(kind)
@@ -172,18 +204,34 @@ class PagedAttention:
         tensors[0] = tensors[0].float()
         if out is not None:
             out = self._check_out(out, tensors[0])
-        if executor.device_type == "cpu":     # the CPU runtime checks every call itself
-            (result,) = executor.run_positional(tensors)
+        device = tensors[0].device
+        self._raise_recorded(device)
+        ops = dict(zip(names, tensors))
+        check_paged_shapes(info, ops)
+        bad, launch = None, True
+        if deferred and tensors[0].shape[0]:
+            shortest = tensors[0].shape[2] if kind != DECODE else 1
+            record, ops["block_tables"], ops["context_lens"], bad, launch = attend_record(
+                ops, shortest, kind != DECODE)
+            self.violations.add(record, device, 0 if kind == DECODE else kind[1], shortest,
+                                tensors[5].shape[1], tensors[1].shape[0])
+        if executor.device_type == "cpu":     # the CPU runtime checks what is not deferred
+            result = (executor.run_positional([ops[n] for n in names], checked=not deferred)[0]
+                      if launch else torch.empty(tensors[0].shape))
+            result = _nan_rows(result, bad)
             if out is None:
                 return result
             out.copy_(result)
             return out
-        if validate:
+        if validate == "sync":
             _validate(info, tensors)
         aligned(zip(names, tensors))
         if tensors[0].shape[0] == 0:
             return out if out is not None else torch.empty(tensors[0].shape, device=q.device)
-        return self._launch_attention(executor, dict(zip(names, tensors)), out)
+        if not launch:
+            return _nan_rows(out if out is not None else torch.empty(tensors[0].shape,
+                                                                      device=device), bad)
+        return _nan_rows(self._launch_attention(executor, ops, out), bad)
 
     def _launch_attention(self, executor: CudaExecutor, tensors: dict, out):
         torch = torch_module()
@@ -213,9 +261,12 @@ class PagedAttention:
         return out
 
     def write(self, k_new, v_new, slot_mapping, k_cache, k_scale, v_cache, v_scale, *,
-              validate: bool = True) -> None:
+              validate=True) -> None:
         """Quantize T new tokens per row (docs/design.md §2) and store them in place at
-        `slot_mapping` (block * BS + offset; a negative slot skips the token)."""
+        `slot_mapping` (block * BS + offset; a negative slot skips the token).
+        `validate`: True, "sync" or False (module docstring); a call found bad writes
+        nothing in every mode."""
+        deferred = _deferred(validate)
         executor = self.executor(WRITE)
         info = executor.info
         names = info.attention.operands
@@ -225,17 +276,43 @@ class PagedAttention:
         check_writable(info.name, info.attention.tied, arguments,
                        dict(zip(info.attention.argument_of, names)))
         tensors = _signature(executor)(arguments)
-        if executor.device_type == "cpu":     # the CPU runtime checks every call itself
-            results = executor.run_positional(tensors)
+        device = tensors[0].device
+        self._raise_recorded(device)
+        ops = dict(zip(names, tensors))
+        check_cache_write_shapes(info, ops)
+        if deferred and tensors[0].shape[0]:
+            record, bad = write_record(ops)
+            self.violations.add(record, device, WRITE_KIND, 0, 0, tensors[3].shape[0])
+            # a bad call skips every token: the kernel writes nothing
+            ops["slot_mapping"] = tensors[2] = torch_module().where(bad, -1, tensors[2])
+        if executor.device_type == "cpu":     # the CPU runtime checks what is not deferred
+            results = executor.run_positional(tensors, checked=not deferred)
             for target, result in zip(tensors[3:], results):
                 if result.data_ptr() != target.data_ptr():
                     target.copy_(result)
             return
-        if validate:
+        if validate == "sync":
             _validate(info, tensors)
         aligned(zip(names, tensors))
         if tensors[0].shape[0]:
-            executor.run(dict(zip(names, tensors)))
+            executor.run(ops)
+
+
+def _deferred(validate) -> bool:
+    """Whether `validate` asks for the checks without a sync (True); "sync" and False
+    are the other modes."""
+    if validate is True or validate is False or validate == "sync":
+        return validate is True
+    raise InputError(f"validate must be True (value checks on the device, raised by check() "
+                     f"or a later call), 'sync' (checked before the call returns) or False "
+                     f"(no value checks), got {validate!r}")
+
+
+def _nan_rows(result, bad):
+    """`result` with the rows of the sequences in `bad` (None: none) set to NaN, in place."""
+    if bad is not None:
+        result.masked_fill_(bad.view(-1, *(1,) * (result.dim() - 1)), float("nan"))
+    return result
 
 
 def _signature(executor, accepted_q=("f32",)) -> SignatureCheck:
