@@ -193,7 +193,7 @@ class PagedAttention:
         result is f32 in q's shape, in `out` when given (caller-owned, contiguous).
         `validate`: True, "sync" or False (module docstring)."""
         torch = torch_module()
-        deferred = _deferred(validate)
+        deferred = is_deferred(validate)
         # by the rank, whatever q is (a torch tensor, a numpy array, a DLPack producer)
         kind = ("prefill", int(q.shape[2])) if len(getattr(q, "shape", ())) == 4 else DECODE
         executor = self.executor(kind)
@@ -266,7 +266,7 @@ class PagedAttention:
         `slot_mapping` (block * BS + offset; a negative slot skips the token).
         `validate`: True, "sync" or False (module docstring); a call found bad writes
         nothing in every mode."""
-        deferred = _deferred(validate)
+        deferred = is_deferred(validate)
         executor = self.executor(WRITE)
         info = executor.info
         names = info.attention.operands
@@ -298,7 +298,7 @@ class PagedAttention:
             executor.run(ops)
 
 
-def _deferred(validate) -> bool:
+def is_deferred(validate) -> bool:
     """Whether `validate` asks for the checks without a sync (True); "sync" and False
     are the other modes."""
     if validate is True or validate is False or validate == "sync":

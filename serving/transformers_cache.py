@@ -43,6 +43,8 @@ from ..contract.constants import QUANTIZE_MIN_ABSMAX
 from ..driver.paged_decode import PoolExhausted
 from ..fragments.cache_layout import EVERY, CacheLayout
 from ..runtime.module import InputError
+from .deferred_checks import TORCH_WRITE_KIND, write_record
+from .paged_attention import is_deferred
 from .tensors import torch_module
 
 
@@ -113,14 +115,17 @@ class PagedInt8Cache(cache_utils.Cache):
     PagedAttention of the model's heads and head dim). `chunk` is the chunked-prefill
     query length (its kernel must exist: `save(..., query_tokens=(chunk,))`); None
     sends every prompt token through the decode kernel. `validate` is passed to
-    every kernel call (PagedAttention's value checks: one host sync each). `write`:
+    every kernel call (PagedAttention's value-check modes: True records violations on
+    the device and `end_step` raises the first, one host sync per forward; "sync"
+    syncs in every call; False checks no values). `write`:
     "kernel" (`PagedAttention.write`), "torch" (`torch_cache_write`, the same
     quantize in torch ops, bit for bit) or "auto": the kernel on the cpu target or
     when the PagedAttention holds a write package, else torch (a cuda PagedAttention
     loaded from packages saved without the write)."""
 
     def __init__(self, config, attention, blocks: int, *, device="cpu", chunk: int | None = 64,
-                 validate: bool = True, write: str = "auto", seed: int = 0):
+                 validate=True, write: str = "auto", seed: int = 0):
+        is_deferred(validate)
         layers, q_heads, kv_heads, head_dim = model_shape(config)
         ours = (attention.q_heads, attention.kv_heads, attention.head_dim)
         if ours != (q_heads, kv_heads, head_dim):
@@ -225,12 +230,23 @@ class PagedInt8Cache(cache_utils.Cache):
         step, self.step = self.step, None
         if step is None:
             return False
+        if self.validate is True:
+            self._check(ok)
         done = ok and all(layer.written == step.id and layer.attended == step.id
                           for layer in self.layers)
         if done:
             self.tables, self.lengths, self.free = step.tables, step.lengths, step.free
             self.seen += step.S
         return done
+
+    def _check(self, ok: bool) -> None:
+        """Raise the first value-rule violation of the step's calls (the step is then not
+        committed); after a forward that raised, drop it: that error is the one to see."""
+        try:
+            self.attention.check()
+        except InputError:
+            if ok:
+                raise
 
     # the two per-layer operations ---------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -247,11 +263,19 @@ class PagedInt8Cache(cache_utils.Cache):
         if self.writer == "kernel":
             self.attention.write(new_k, new_v, step.slots, *layer.pool, validate=self.validate)
         else:
+            skip = None
+            if self.validate is True:
+                record, skip = write_record({"k_new": new_k, "v_new": new_v,
+                                             "slot_mapping": step.slots,
+                                             "k_cache": layer.k_cache})
+                self.attention.violations.add(record, new_k.device, TORCH_WRITE_KIND,
+                                              layer_idx, 0, layer.k_cache.shape[0])
             new_k, new_v = new_k[step.real], new_v[step.real]
-            if self.validate and not (new_k.isfinite().all() and new_v.isfinite().all()):
+            if self.validate == "sync" and not (new_k.isfinite().all() and
+                                                new_v.isfinite().all()):
                 raise InputError(f"layer {layer_idx}: a new key or value row holds NaN or "
                                  f"Inf; a cached row must be finite")
-            torch_cache_write(new_k, new_v, step.blocks, step.offsets, *layer.pool)
+            torch_cache_write(new_k, new_v, step.blocks, step.offsets, *layer.pool, skip=skip)
         layer.written = step.id
         return key_states, value_states
 
@@ -346,13 +370,17 @@ class _Step:
         return out
 
 
-def torch_cache_write(k_new, v_new, blocks, offsets, k_cache, k_scale, v_cache, v_scale):
+def torch_cache_write(k_new, v_new, blocks, offsets, k_cache, k_scale, v_cache, v_scale,
+                      skip=None):
     """`cache_write` in torch ops: token i's rows quantized per KV head by the contract's
     rule (docs/design.md §2: s = a/127, q = clamp(rne(x * (127/a))); a tiny or zero row
     q = 0, its subnormal scale flushed to 0 as the kernels do) and stored at
     (blocks[i], offsets[i]), in place: bit for bit what the kernel writes
     (tests/test_transformers_attention.py). The cache's fallback where no cache_write
-    package was compiled. Rows must be finite (the cache checks when validating)."""
+    package was compiled. Rows must be finite (the cache checks when validating).
+    `skip` (a 1-element bool tensor, e.g. the device-side checks' verdict): where True,
+    every addressed slot gets back what it held (the written rows only are read), so a
+    bad call changes nothing without a host sync."""
     layout = CacheLayout.paged(k_cache.shape[2])
     for new, cache, scale, index in ((k_new, k_cache, k_scale, layout.k_index),
                                      (v_new, v_cache, v_scale, layout.v_index)):
@@ -363,8 +391,13 @@ def torch_cache_write(k_new, v_new, blocks, offsets, k_cache, k_scale, v_cache, 
         q = torch.where(ok[..., None], levels, 0).to(torch.int8)
         s = torch.where(amax == float("inf"), float("nan"), amax / 127)
         s = torch.where(s < torch.finfo(torch.float32).tiny, 0, s)   # as the kernels flush
-        cache[index(blocks, EVERY, offsets, EVERY)] = q
-        scale[layout.scale_index(blocks, EVERY, offsets)] = s
+        rows, scale_rows = index(blocks, EVERY, offsets, EVERY), \
+            layout.scale_index(blocks, EVERY, offsets)
+        if skip is not None:
+            q = torch.where(skip, cache[rows], q)
+            s = torch.where(skip, scale[scale_rows], s)
+        cache[rows] = q
+        scale[scale_rows] = s
 
 
 def _to(array, device):

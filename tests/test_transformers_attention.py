@@ -115,8 +115,8 @@ def test_the_pool_is_written_in_place_and_never_reallocated(tiny):
     writer = attention.executor("write")
     run, aliased = writer.run_positional, []
 
-    def spy(tensors):
-        results = run(tensors)
+    def spy(tensors, **how):
+        results = run(tensors, **how)
         aliased.append([r.data_ptr() == t.data_ptr() for r, t in zip(results, tensors[3:])])
         return results
 
