@@ -10,8 +10,10 @@ A kernel's counters (`KernelABI.counters`: zero on entry, left zero) are one
 zeroed buffer per (device, stream, name), kept across calls: no clear per call.
 
 `HostExecutor` runs a graph compiled for the cpu target through IREE's CPU
-runtime on zero-copy numpy views of CPU tensors (the caches by reference where
-they are 64-byte aligned, as `CompiledGraph.run` documents).
+runtime on zero-copy numpy views of CPU tensors: every argument is read (and a
+cache written) in place where it is contiguous and 64-byte aligned, which torch's
+CPU allocator gives every tensor it allocates; a view that starts elsewhere is
+copied once (`runtime.module`, `LoadedModule.copies`).
 """
 
 from __future__ import annotations
