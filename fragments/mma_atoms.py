@@ -107,8 +107,9 @@ WGMMA_SYNC = Sync("nvvm.wgmma.fence.aligned", "nvvm.wgmma.commit.group.sync.alig
 @dataclass(frozen=True)
 class MmaAtom:
     """C[M x N] += A[M x K] * B[K x N] by one instruction (see the module doc).
-    `semantics` names the lane simulator's model: ("isa", key of
-    simulator/isa.py's TABLES) or ("wgmma", "m64nNk32") for simulator/wgmma.py."""
+    `semantics` names the lane simulator's model, written apart from fragments/ to
+    check it: ("isa", a key of simulator/isa.py's TABLES) or ("wgmma", "m64nNk32")
+    for simulator/wgmma.py; simulator/atoms.py's `simulate_atom` runs it."""
 
     name: str
     mnemonic: str
@@ -131,18 +132,6 @@ class MmaAtom:
             raise ValueError(f"{self.name}: operand {operand.upper()} is read from shared "
                              "memory (its tile layout comes from the descriptor: tile())")
         return source.layout
-
-    def simulate(self, *args, **kwargs):
-        """Run the lane simulator's model of this instruction (written independently
-        of fragments/): isa.matrix_instruction(key, a, b, c) or
-        wgmma.wgmma_m64nNk32(n, c, b, a, types)."""
-        kind, key = self.semantics
-        if kind == "isa":
-            from int8attn.simulator.isa import matrix_instruction
-            return matrix_instruction(key, *args, **kwargs)
-        from int8attn.simulator.wgmma import wgmma_m64nNk32
-        return wgmma_m64nNk32(self.n, *args, a_type=self.types[0], b_type=self.types[1],
-                              **kwargs)
 
 
 def _amd_16x16x32(name: str, intrinsic: str, c: LinearLayout, key: str) -> MmaAtom:
@@ -178,8 +167,8 @@ GFX942_MFMA_32X32X16_ATOM = MmaAtom(
                 * I("register", 4, "row"), (16,)),
     sync=None, semantics=("isa", "gfx942-32x32x16"))
 
-# PTX fragments (PTX ISA §9.7.14.5, mma.m16n8k32 / m16n8k16): g = l / 4 (lane bits 2-4),
-# t = l % 4 (lane bits 0-1). C of m16n8: c_i = (g + 8(i / 2), 2t + i % 2).
+# PTX fragments (PTX ISA, "Matrix Fragments for mma.m16n8k32" / "mma.m16n8k16"):
+# g = l / 4 (lane bits 2-4), t = l % 4 (lane bits 0-1). C of m16n8: c_i = (g + 8(i / 2), 2t + i % 2).
 _PTX_C = (I("register", 2, "col") * I("lane", 4, "col") * I("lane", 8, "row")
           * I("register", 2, "row"))
 # 8-bit A of m16n8k32: a_r byte j = (g + 8(r % 2), 16(r / 2) + 4t + j)
@@ -221,7 +210,7 @@ def mma_atom(name: str) -> MmaAtom:
 
 # -- wgmma.mma_async m64nNk32, s8/u8 -> s32 (sm_90a) -----------------------------------
 
-# PTX ISA §9.7.15.5.1.1.3 ("Matrix Fragments for wgmma.mma_async.m64nNk32"): an .s32
+# PTX ISA section 9.7.15.5.1.1.3 ("Matrix Fragments for wgmma.mma_async.m64nNk32"): an .s32
 # accumulator takes N = 8i (i = 1..4) or 16i (i = 3..16).
 WGMMA_S32_N = (8, 16, 24, 32) + tuple(range(48, 257, 16))
 WGMMA_8BIT_TYPES = ("s8", "u8")

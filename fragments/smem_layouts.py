@@ -3,7 +3,7 @@
 `wgmma.mma_async` reads an operand from shared memory through a matrix
 descriptor: a start address, a swizzle mode and two strides. 8-bit operands are
 K-major: `row` is M (for A) or N (for B), `k` the byte along K. Sources: PTX ISA
-§9.7.15.5.1.2 "Shared Memory Matrix Layout" and the matrix-descriptor format
+section 9.7.15.5.1.2 "Shared Memory Matrix Layout" and the matrix-descriptor format
 (leading-byte offset: between core matrices along K; stride-byte offset:
 between core matrices along M/N); CUTLASS cute/arch/mma_sm90_desc.hpp and
 cute/atom/mma_traits_sm90_gmma.hpp (make_gmma_desc<Major::K>, the canonical

@@ -1,8 +1,8 @@
 """wgmma.mma_async m64nNk32 .s32 with .s8/.u8 operands: one warpgroup, in numpy.
 
 Written from the PTX ISA text, independently of `int8attn.fragments` (which it
-checks): §9.7.15.5.1.1.3 "Matrix Fragments for wgmma.mma_async.m64nNk32"
-(Figures 152 and 153) for the register fragments, §9.7.15.5.1.2 "Shared Memory
+checks): section 9.7.15.5.1.1.3 "Matrix Fragments for wgmma.mma_async.m64nNk32"
+(Figures 152 and 153) for the register fragments, section 9.7.15.5.1.2 "Shared Memory
 Matrix Layout" and the matrix-descriptor format for shared-memory operands.
 
 Thread t = 32 w + l of the warpgroup (w: its warp in the group, l: its lane),

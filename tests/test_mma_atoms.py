@@ -13,6 +13,7 @@ from int8attn.fragments.mma_atoms import (ATOMS, WARPGROUP, WGMMA_S32_N, WGMMA_S
                                           wgmma_atom)
 from int8attn.fragments.smem_layouts import kmajor_layout, kmajor_offsets
 from int8attn.simulator import wgmma as sim
+from int8attn.simulator.atoms import simulate_atom
 
 # -- the ISA tables: (lane, slot) -> (row, col), one element at a time ------------------
 
@@ -116,7 +117,7 @@ def test_atom_semantics_is_the_simulators_instruction(name):
     lane_a = regs(atom.layout("a"), a)[None].astype(np.float32 if floats else np.int8)
     lane_b = regs(atom.layout("b"), b)[None].astype(lane_a.dtype)
     lane_c = regs(atom.layout("c"), c)[None].astype(np.float32 if floats else np.int32)
-    d = atom.simulate(lane_a, lane_b, lane_c)
+    d = simulate_atom(atom, lane_a, lane_b, lane_c)
     assert np.array_equal(d[0], regs(atom.layout("c"), a @ b + c))
 
 
@@ -287,7 +288,7 @@ def test_wgmma_layouts_reproduce_a_times_b(form, swizzle, n, types):
             a_operand = a_step[a_table[..., 0], a_table[..., 1]]
         else:
             a_operand = (a_image, _tile_and_desc(swizzle, 64, step)[1])
-        d = atom.simulate(c_regs, (b_image, _tile_and_desc(swizzle, n, step)[1]), a_operand)
+        d = simulate_atom(atom, c_regs, (b_image, _tile_and_desc(swizzle, n, step)[1]), a_operand)
         want = a_step.astype(np.int64) @ b[32 * step:32 * step + 32].astype(np.int64) + c
         assert np.array_equal(d, want[c_table[..., 0], c_table[..., 1]])
 
