@@ -168,7 +168,8 @@ GFX942_MFMA_32X32X16_ATOM = MmaAtom(
     sync=None, semantics=("isa", "gfx942-32x32x16"))
 
 # PTX fragments (PTX ISA, "Matrix Fragments for mma.m16n8k32" / "mma.m16n8k16"):
-# g = l / 4 (lane bits 2-4), t = l % 4 (lane bits 0-1). C of m16n8: c_i = (g + 8(i / 2), 2t + i % 2).
+# g = l / 4 (lane bits 2-4), t = l % 4 (lane bits 0-1).
+# C of m16n8: c_i = (g + 8(i / 2), 2t + i % 2).
 _PTX_C = (I("register", 2, "col") * I("lane", 4, "col") * I("lane", 8, "row")
           * I("register", 2, "row"))
 # 8-bit A of m16n8k32: a_r byte j = (g + 8(r % 2), 16(r / 2) + 4t + j)
