@@ -115,9 +115,10 @@ def lower_group_quantize(op: d.GroupQuantizeOp, rewriter, tokens: str = "in-plac
     w = op.w
     token_dim = len(d.shape_of(w)) - 1
     groups, scale_groups = op.groups, op.scale_groups
+    own_scales = scale_groups.shape == groups.shape and (scale_groups == groups).all()
     unsigned = op.w_quant == "u8"
     axes = None
-    if (tokens == "in-place" and (scale_groups == groups).all()
+    if (tokens == "in-place" and own_scales
             and d.DYNAMIC not in d.shape_of(w)):
         try:
             axes = token_axes(groups)
@@ -130,7 +131,7 @@ def lower_group_quantize(op: d.GroupQuantizeOp, rewriter, tokens: str = "in-plac
             return
         grouped = gather_tokens(w, token_dim, groups)
         amax = None
-        if not (scale_groups == groups).all():  # contiguous (wrong) W groups, on request
+        if not own_scales:  # contiguous (wrong) W groups or a chain's one step, on request
             amax = row_absmax(gather_tokens(w, token_dim, scale_groups))
         q, scale = quantize_rows(grouped, amax, unsigned)
     rewriter.replace_op(op, [q, scale])

@@ -29,17 +29,19 @@ SIGMAS = 6.0
 ONE_TERM_Q = ONE_TERM_NUMERICS
 
 
-def pv_rounding_scale(args, scale, pv, numerics: Numerics):
-    """(hard bound, sd) of the pv's W rounding vs f32 PV (int8: of `numerics`' W)."""
+def pv_rounding_scale(args, scale, pv, numerics: Numerics, model="gfx936", **block_sizes):
+    """(hard bound, sd) of the pv's W rounding vs f32 PV (int8: of `numerics`' W, in the
+    groups of `model`)."""
     if pv == "int8":
-        return ref.w_quantization_error_scale(*args, scale, numerics=numerics)
+        return ref.w_quantization_error_scale(*args, scale, numerics=numerics, model=model,
+                                              **block_sizes)
     if pv == "bf16":
-        return ref.bf16_rounding_error_scale(*args, scale, numerics=ONE_TERM_Q)
+        return ref.bf16_rounding_error_scale(*args, scale, numerics=ONE_TERM_Q, **block_sizes)
     return np.zeros(args[0].shape), np.zeros(args[0].shape)
 
 
 def check_against_references(out, args, scale, pv="int8", numerics: Numerics = Numerics(),
-                             model="gfx936") -> dict[str, float]:
+                             model="gfx936", **block_sizes) -> dict[str, float]:
     """Assert every tolerance above; return the measured errors (relative to max|V|).
 
     `numerics` is the module's variant, default the contract's `Numerics()` (the cpu
@@ -47,13 +49,17 @@ def check_against_references(out, args, scale, pv="int8", numerics: Numerics = N
     Q error is smaller: |q - Qq1*s1 - Qq2*s2| <= s2/2 <= s1/254), so they stay as they
     are (ONE_TERM_Q). With w-quant u8 the W rounding bounds use its step sW = a/255;
     with w-terms 2 the second term's step max|r|/127 (r the first term's residual).
+    `model` names the W groups (a chained model's too); `block_sizes` (partition_tokens,
+    tile_tokens) are the module's.
     """
     q, k, k_scale, v, v_scale = args
     value_scale = float(np.abs(v.astype(np.float64) * v_scale[..., None]).max())
     assert np.isfinite(out).all(), "non-finite output for finite inputs"
-    fragment = ref.fragment_attention(*args, scale, pv=pv, numerics=numerics, model=model)
+    fragment = ref.fragment_attention(*args, scale, pv=pv, numerics=numerics, model=model,
+                                      **block_sizes)
     exact = ref.exact_attention(*args, scale).astype(np.float64)
-    ties = ref.rounding_tie_slack(*args, scale, pv=pv, numerics=numerics, model=model)
+    ties = ref.rounding_tie_slack(*args, scale, pv=pv, numerics=numerics, model=model,
+                                  **block_sizes)
     frag_err = np.abs(out.astype(np.float64) - fragment)
     frag_tol = FRAGMENT_TOL * value_scale + ties
     assert (frag_err <= frag_tol).all(), \
@@ -61,7 +67,7 @@ def check_against_references(out, args, scale, pv="int8", numerics: Numerics = N
 
     exact_err = np.abs(out - exact)
     slack = FLOAT_SLACK * value_scale
-    w_bound, w_sd = pv_rounding_scale(args, scale, pv, numerics)
+    w_bound, w_sd = pv_rounding_scale(args, scale, pv, numerics, model, **block_sizes)
     qk_hard, qk_beyond_first_order = ref.qk_quantization_error_bound(*args, scale,
                                                                      numerics=ONE_TERM_Q)
     hard = w_bound * (1 + 1e-4) + qk_hard + frag_tol + slack
