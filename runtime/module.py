@@ -282,6 +282,7 @@ class LoadedModule:
         self.driver = driver
         self._context = None
         self._consumed: dict[str, frozenset[int]] = {}
+        self._entries: dict[str, object] = {}
         self._updating: dict[int, np.ndarray] = {}
         self.copies: list[Copy] = []     # what the last call copied (`Copy`), in order
 
@@ -292,6 +293,12 @@ class LoadedModule:
                 context.add_vm_module(rt.VmModule.copy_buffer(context.instance, self.vmfb))
             self._context = context
         return self._context.modules.module
+
+    def _entry(self, function: str, arguments):
+        """`function`'s invoker, made once (each lookup parses its ABI anew)."""
+        if function not in self._entries:
+            self._entries[function] = self._functions(function, arguments)[function]
+        return self._entries[function]
 
     @contextmanager
     def _stage(self, what: str, function: str, arguments):
@@ -329,7 +336,7 @@ class LoadedModule:
         clock = time.perf_counter if clock is None else clock
 
         arguments = self.check_arguments(function, arrays)
-        entry = self._functions(function, arguments)[function]
+        entry = self._entry(function, arguments)
         held: list[np.ndarray] = []
         device_args = self._pass(function, arguments, (), held)
         for _ in range(warmup):
@@ -346,7 +353,7 @@ class LoadedModule:
         """Arguments `function` takes as `!hal.buffer_view`, imported with `consume`: the
         module may update them in place. Without the module's declaration, all of them."""
         if function not in self._consumed:
-            entry = self._functions(function, ())[function]
+            entry = self._entry(function, ())
             declaration = entry.vm_function.reflection.get("iree.abi.declaration")
             self._consumed[function] = (
                 frozenset(range(len(self.signatures[function]))) if declaration is None else
@@ -444,7 +451,7 @@ class LoadedModule:
                              f"{', '.join('@' + f for f in self.signatures)}")
         arguments = self.check_arguments(function, arrays)
         check_writable(function, tied, arrays)
-        entry = self._functions(function, arguments)[function]
+        entry = self._entry(function, arguments)
         self.copies = []
         held: list[np.ndarray] = []
         with self._stage(f"calling @{function}", function, arguments):
