@@ -125,7 +125,7 @@ def no_copies(attn, torch, q, pool) -> dict:
     memcpy = [n for n in names if "memcpy" in n.lower() and "dtod" not in n.lower()]
     kernels = [n for n in names if n.startswith("decode_")]
     with profile(activities=[ProfilerActivity.CUDA]) as prof_v:
-        attn(q, *pool, validate=True)
+        attn(q, *pool, validate="sync")
         torch.cuda.synchronize()
     validated = [e.name for e in prof_v.events() if "memcpy" in e.name.lower()]
     return {"pool_pointers_unchanged": before == [t.data_ptr() for t in pool],
@@ -287,14 +287,14 @@ def run(folder: Path, out_dir: Path | None) -> dict:
     lengths = [1, 15, 16, 17, 255, 256, 257, 1000, 4096, 4097, 8191, 3, 640, 2048, 100, 9999]
     pool = random_pool(torch, rng, 4000, lengths, dev)
     q = torch.randn(len(lengths), HQ, D, device=dev)
-    out = attn(q, *pool)                                     # validate=True
+    out = attn(q, *pool)                         # validate=True: checked on the device
     torch.cuda.synchronize()
     results["ragged"] = check_against_references(attn, torch, out, q, pool, numerics)
     print("ragged", results["ragged"], flush=True)
     bad_lens = pool[5].clone()
     bad_lens[3] = 10**6
     try:
-        attn(q, *pool[:5], bad_lens)
+        attn(q, *pool[:5], bad_lens, validate="sync")
         results["bad_length_refused"] = False
     except ValueError as error:
         results["bad_length_refused"] = str(error)[:200]

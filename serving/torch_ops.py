@@ -10,8 +10,10 @@ fake implementations give the result's shape and dtype without running
 anything) and CUDA graphs capture them: `cache_write` declares the four caches
 it updates in place (`mutates_args`), `paged_attention` returns a new f32
 tensor of q's shape. A `PagedAttention` is not a tensor, so an op names it by
-the int handle `register` returns. Pass `validate=False` inside a captured
-graph: the value checks sync with the host, which capture forbids.
+the int handle `register` returns. `validate` True (the default) checks the
+values on the device without a host sync, inside a captured graph too (once a
+call outside the capture has made the record): `attention.check()` raises what
+the calls recorded; False checks none (serving/paged_attention.py).
 
 The registry holds each registered PagedAttention (and so its compiled modules and
 IREE contexts) for the handle's sake until the interpreter exits; an exit hook then

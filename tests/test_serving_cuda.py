@@ -87,7 +87,7 @@ def test_bad_inputs_are_named_and_write_nothing(attn, batch, case):
         args[5][0, 0], match = pool[0].shape[0], "sequence 0, slot 0"
     out = torch.full(q.shape, 7.0, device="cuda")
     with pytest.raises(InputError, match=match):
-        attn(*args, out=out)
+        attn(*args, out=out, validate="sync")
     assert bool((out == 7.0).all())
 
 
