@@ -184,6 +184,8 @@ SLOW_TESTS = {
     "test_cpu_levels.py::test_each_level_meets_both_references",
     "test_cli.py::test_inputs_that_are_not_an_npz_of_arrays",
     "test_cli.py::test_several_public_functions_need_function",
+    "test_cpu_bench.py::test_quick_run_end_to_end",
+    "test_cpu_bench.py::test_a_wrong_output_is_not_timed",
 }
 
 
@@ -222,6 +224,8 @@ FAST_TESTS = {
         "test_bench_from_refuses_the_flags_its_modules_fix",
         "test_bench_from_takes_the_run_time_flags_and_passes_the_seed"},
     "test_pv_chain.py": {"test_fma_f32_rounds_once", "test_fma_f32_special_values"},
+    "test_cpu_bench.py": {"test_a_kernel_off_by_a_little_is_caught",
+                          "test_bad_flags_are_named", "test_l3_size_text"},
     "test_early_refusals.py": {
         "test_a_gpu_target_without_its_gpu_is_refused_before_compiling",
         "test_a_code_object_without_a_gpu_is_refused_before_compiling",
