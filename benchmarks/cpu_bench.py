@@ -149,6 +149,16 @@ def machine(threads: int, l3: int) -> dict:
             "load_average": list(os.getloadavg())}
 
 
+def iree_cpu(target_cpu: str) -> dict:
+    """What IREE compiles the int8attn modules for: the CPU name and its integer
+    dot-product and bf16 features."""
+    from int8attn.driver.cpu_target import resolve
+
+    target = resolve(target_cpu)
+    return {"cpu": target.cpu, "features": [f for f in target.features if any(
+        word in f for word in ("vnni", "bf16", "avx512f", "avx2"))]}
+
+
 def set_threads(threads: int) -> None:
     """IREE's task system and torch on `threads` threads. IREE reads the flag when it
     creates its local-task device: before the first module is loaded."""
@@ -391,8 +401,10 @@ def ratios(methods: dict) -> dict:
 def markdown(result: dict) -> str:
     rows, info = result["rows"], result["machine"]
     settings = result["settings"]
+    iree = settings["iree_cpu"]
     lines = [f"CPU: {info['cpu']}, {info['cores']} cores; IREE and torch on {info['threads']} "
-             f"threads; --target-cpu {settings['target_cpu']}; seed {settings['seed']}; "
+             f"threads; --target-cpu {settings['target_cpu']} (IREE: {iree['cpu']}, "
+             f"{' '.join(iree['features'])}); seed {settings['seed']}; "
              f"{settings['samples']} samples per method, interleaved; L3 "
              f"{info['l3_bytes'] >> 20} MiB evicted before each call. Min ms (median below).",
              "", "| case | " + " | ".join(LABELS[m] for m in METHODS) + " |",
@@ -412,7 +424,8 @@ def markdown(result: dict) -> str:
         r, m = row["ratios"], row["methods"]
         errors = ", ".join(f"{m[k]['relative_error']:.0e}"
                            for k in ("api", "kernel", "paged", "torch_f32", "torch_bf16"))
-        lines.append(f"| {row['title']} | {r['kernel_over_floor']:.1f} | "
+        floor = f"{r['kernel_over_floor']:.1f}" if row["mode"] == "decode" else "—"
+        lines.append(f"| {row['title']} | {floor} | "
                      f"{r['torch_bf16_over_kernel']:.2f} | {r['torch_f32_over_kernel']:.2f} | "
                      f"{r['api_over_kernel']:.2f} | {r['paged_over_kernel']:.2f} | "
                      f"{r['paged_unchecked_over_kernel']:.2f} | "
@@ -481,7 +494,9 @@ def main(argv=None) -> int:
     except (BenchError, OptionRefused, DiagnosticError, InputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    result = {"machine": info, "settings": {"target_cpu": args.target_cpu, "seed": args.seed,
+    result = {"machine": info, "settings": {"target_cpu": args.target_cpu,
+                                            "iree_cpu": iree_cpu(args.target_cpu),
+                                            "seed": args.seed,
                                             "samples": args.samples, "threads": args.threads,
                                             "tolerance": TOLERANCE},
               "rows": rows}
