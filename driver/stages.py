@@ -207,7 +207,8 @@ def _build_kernels(info: FunctionInfo, spec, options: CompileOptions):
         _, kv_heads, block_size, head_dim = info.arguments[call.argument("k_cache")].shape
         shape = CacheWriteShape(kv_heads, head_dim, block_size, "k_bias" in call.operands)
         return build_cache_write_kernels(shape, spec.model)
-    chosen = {"numerics": options.numerics, "pv": options.pv, "pv_atom": options.pv_atom}
+    chosen = {"numerics": options.numerics, "pv": options.pv, "pv_atom": options.pv_atom,
+              "w_chain": options.w_chain}
     q_shape = info.arguments[call.argument("q")].shape
     q_heads, head_dim = q_shape[1], q_shape[-1]
     if call.mode == "paged":

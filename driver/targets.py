@@ -57,6 +57,12 @@ PACKAGED_VMFB = Stage("vmfb", stages.make_packaged_vmfb, ".vmfb", reads="llvm",
                       packages_object=True)
 
 
+# The kernel targets whose prefill kernel (dense and chunked) chains PV MMACs into one
+# accumulator (kernels/pv_stages.py: check_w_chain says which chains); their decode
+# kernels refuse a chain when built (kernels/decode.py: build_decode_kernels).
+CHAINED_PREFILL_TARGETS = ("cuda",)
+
+
 def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], bool], str]]:
     """Options a lane-kernel target refuses: (is the value refused?, why)."""
     model = target_spec(target).model
@@ -80,9 +86,10 @@ def _kernel_refusals(target: str) -> dict[str, tuple[Callable[[CompileOptions], 
                         f"the prefill kernel's KV tile is the fragment model's wave of "
                         f"{model.wave_tokens} tokens (its W groups are the wave's MMAC "
                         f"token sets)"),
-        "w_chain": (lambda o: o.w_chain != 1,
+        "w_chain": (lambda o: o.w_chain != 1 and target not in CHAINED_PREFILL_TARGETS,
                     f"--target {target}'s kernels convert each MMAC's int32 sum to f32 on "
-                    f"its own (chain 1); chained accumulators are --target cpu's so far"),
+                    f"its own (chain 1); chained accumulators are --target cpu's and "
+                    f"--target {', '.join(CHAINED_PREFILL_TARGETS)}'s prefill kernel's"),
         "pv_atom": (lambda o: o.pv_atom not in (None, *PV_ATOMS[target]),
                     f"--target {target}'s INT8 PV atoms are {', '.join(PV_ATOMS[target])} "
                     f"(the first is QK's too), and only --pv int8 runs on one"),

@@ -167,14 +167,20 @@ def k_slot_tokens(model: FragmentModel) -> LinearLayout:
 
 
 def group_tokens(model: FragmentModel, block_tokens: int) -> LinearLayout:
-    """(k, group) -> token of a block of whole waves; group = wave * mmacs + mmac."""
+    """(k, group) -> token of a block of whole waves; MMAC group = wave * mmacs + mmac.
+    A chained model's group is `chain` consecutive MMACs, its K slots step after step
+    (k = step * K + MMAC slot), as `FragmentModel.token_groups` lists them."""
     waves, rest = divmod(block_tokens, model.wave_tokens)
     if rest or waves & (waves - 1):
         raise ValueError(f"a block of {block_tokens} tokens is not a power-of-two number "
                          f"of {model.wave_tokens}-token waves")
+    mmacs = model.mmacs_per_wave * waves
+    if mmacs % model.chain:
+        raise ValueError(f"a block of {block_tokens} tokens holds {mmacs} MMACs of "
+                         f"K={model.instruction.k}, not a whole number of {model.chain}-MMAC "
+                         f"chains")
     block = k_slot_tokens(model) * I("wave", waves, "token")
-    return block.reshape_ins([("k", model.instruction.k),
-                              ("group", model.mmacs_per_wave * waves)])
+    return block.reshape_ins([("k", model.group_size), ("group", mmacs // model.chain)])
 
 
 def token_slots(model: FragmentModel, block_tokens: int | None = None) -> LinearLayout:

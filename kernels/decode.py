@@ -42,7 +42,7 @@ from .executable import build_kernel
 from .kv_access import DenseKV, KVView, PagedKV
 from .lanes import Lanes, binding, workgroup_id
 from .merge import MergePlan, build_merge, merge_sequence
-from .pv_stages import load_v, pv_stage, stage_v, v_tiles
+from .pv_stages import check_w_chain, load_v, pv_stage, stage_v, v_tiles
 from .qk_stages import partition_softmax, q_operands, qk, quantize_rows
 from .stage_plan import StagePlan, VSource
 from .target_spec import DecodeTuning, TargetSpec
@@ -64,7 +64,7 @@ def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: st
                rows_out: int, pv_atom: str | None = None, pack_q_terms: bool = False,
                pack_w_terms: bool = False, feed_w: bool = False,
                a_register_order: bool = False,
-               join_digits_in_i32: bool = False) -> StagePlan:
+               join_digits_in_i32: bool = False, w_chain: int = 1) -> StagePlan:
     """The stages' plan; with `pack_q_terms` (`pack_w_terms`), two-term Q (W) shares
     one A tile of QK (PV) where its layout has the padding rows for it
     (`DecodeKernelLayout.term_rows`); with `feed_w`, W goes from QK's C registers
@@ -72,7 +72,8 @@ def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: st
     row of the tile live, QK's K rows then read in the feed's token order); with
     `a_register_order`, Q and W sit in LDS in the MMA's register order where that
     holds (`OperandStaging`); with `join_digits_in_i32`, digit pairs' sums are joined as
-    integers."""
+    integers; `w_chain` PV MMACs add into one accumulator (`check_w_chain` says which
+    chains a kernel can take)."""
     pv_model = spec.pv_model(pv, pv_atom)
     layout = DecodeKernelLayout(spec.model)
     pv_layout = DecodeKernelLayout(pv_model)
@@ -86,9 +87,11 @@ def stage_plan(lanes: Lanes, spec: TargetSpec, shape, numerics: Numerics, pv: st
     w_packing = (pv_layout.term_rows(rows_out, rows_out)
                  if pack_w_terms and pv == "int8" and numerics.w_terms == 2 and feed is None
                  else None)
-    return StagePlan(lanes, spec, layout, pv_layout, numerics, pv, shape.head_dim,
+    plan = StagePlan(lanes, spec, layout, pv_layout, numerics, pv, shape.head_dim,
                      shape.softmax_scale, rows_out, q_packing, w_packing, feed,
-                     a_register_order, join_digits_in_i32)
+                     a_register_order, join_digits_in_i32, w_chain)
+    check_w_chain(pv_model, numerics, pv, w_chain)
+    return plan
 
 
 @dataclass(frozen=True)
@@ -279,13 +282,18 @@ def check_head_dim(shape, spec: TargetSpec) -> None:
 def build_decode_kernels(access: DenseKV | PagedKV, spec: TargetSpec, *,
                          numerics: Numerics | None = None, pv: str = "int8",
                          tuning: DecodeTuning | None = None,
-                         pv_atom: str | None = None) -> DecodeKernels:
+                         pv_atom: str | None = None, w_chain: int = 1) -> DecodeKernels:
     """A module holding both stream.executables (needs an active context/location).
 
     `numerics` are the contract's variants (docs/design.md §2c; default the
     target's); `pv="bf16"` builds the BF16-PV baseline, everything identical but
-    PV; `pv_atom` names another INT8 PV instruction of the target.
+    PV; `pv_atom` names another INT8 PV instruction of the target; `w_chain` must
+    be 1 (a partition's W is staged through LDS per MMAC and converted per MMAC).
     """
+    if w_chain != 1:
+        raise ValueError(f"--w-chain {w_chain}: the decode kernels convert each MMAC's "
+                         f"int32 sum to f32 on its own (chain 1); the prefill kernel "
+                         f"(dense and chunked) takes a chain")
     check_decode_shape(access.shape, spec)
     tuning = tuning or spec.default_tuning(access.shape.head_dim, pv)
     spec.check_tuning(tuning)

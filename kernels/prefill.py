@@ -50,7 +50,7 @@ from .executable import build_kernel
 from .kv_access import KVView, PagedPrefillKV, PrefillKV
 from .kv_ring import KVRing
 from .lanes import Lanes, binding, workgroup_id
-from .pv_stages import pv_stage, v_tiles
+from .pv_stages import check_w_chain, pv_stage, v_tiles
 from .qk_stages import across_row, online_softmax, q_operands, qk, quantize_rows
 from .shapes import PagedPrefillShape, PrefillShape
 from .stage_plan import StagePlan, VSource, class_of
@@ -101,6 +101,7 @@ class PrefillKernel:
     pv: str
     pv_atom: str | None = None
     feed_w: bool = True
+    w_chain: int = 1
 
     @property
     def threads(self) -> int:
@@ -120,7 +121,8 @@ class PrefillKernel:
         # can go from QK's C registers straight into PV's A operand.
         plan = stage_plan(lanes, self.spec, s, self.numerics, self.pv, self.spec.tile_rows,
                           self.pv_atom, feed_w=self.feed_w, a_register_order=True,
-                          join_digits_in_i32=self.spec.prefill_digits_join_i32)
+                          join_digits_in_i32=self.spec.prefill_digits_join_i32,
+                          w_chain=self.w_chain)
         out = binding(out_arg, (kv.batch, s.q_heads, s.query_tokens, s.head_dim), "f32",
                       lanes.index(0))
         rows = _Rows(plan, s, block, self.rows_per_workgroup)
@@ -372,21 +374,25 @@ def check_prefill_shape(shape: PrefillShape | PagedPrefillShape, spec: TargetSpe
 
 def build_prefill_kernels(shape: PrefillShape | PagedPrefillShape, spec: TargetSpec, *,
                           numerics: Numerics | None = None, pv: str = "int8",
-                          pv_atom: str | None = None, feed_w: bool = True) -> PrefillKernels:
+                          pv_atom: str | None = None, feed_w: bool = True,
+                          w_chain: int = 1) -> PrefillKernels:
     """A module holding the prefill stream.executable (needs an active context):
     over a dense cache (PrefillShape), or a chunked prefill over the block pool
     (PagedPrefillShape: B, NB, MB and each sequence's length at run time).
     `numerics`, `pv` and `pv_atom` as for `build_decode_kernels`; `feed_w`: W from
     QK's C registers into PV's A operand where the fragment model allows it
-    (fragments/score_feed.py), else through LDS."""
+    (fragments/score_feed.py), else through LDS; `w_chain` PV MMACs (K-steps) of a
+    tile add into one int32 accumulator, their W scale over the chain's tokens
+    (`FragmentModel.chained`)."""
     check_prefill_shape(shape, spec)
     model = spec.model
+    numerics = spec.resolve_numerics(numerics, shape.head_dim)
+    check_w_chain(spec.pv_model(pv, pv_atom), numerics, pv, w_chain)
     if isinstance(shape, PagedPrefillShape):
         access = PagedPrefillKV(shape, model.wave_tokens, model.v_load.bytes_per_lane)
     else:
         access = PrefillKV(shape, model.wave_tokens)
-    kernel = PrefillKernel(access, spec, spec.resolve_numerics(numerics, shape.head_dim), pv,
-                           pv_atom, feed_w)
+    kernel = PrefillKernel(access, spec, numerics, pv, pv_atom, feed_w, w_chain)
     module = ir.Module.create()
     built = PrefillKernels(module.operation, access, kernel.rows_per_workgroup, kernel.threads)
     with ir.InsertionPoint(module.body):

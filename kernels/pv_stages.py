@@ -12,8 +12,9 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, memref, vector
 
 from ..contract import scalar_ir as contract
-from ..contract.constants import LEVEL_BYTE, MAX_W_V_PRODUCT, ROUND_BIAS_BITS
-from ..fragments import DecodeKernelLayout, thread_distribution
+from ..contract.constants import DIGIT_BASE, LEVEL_BYTE, MAX_W_V_PRODUCT, ROUND_BIAS_BITS
+from ..contract.numerics import Numerics
+from ..fragments import W_CHAINS, DecodeKernelLayout, FragmentModel, thread_distribution
 from .kv_access import KVView
 from .lanes import c_element, c_fragment, load_vector, vector_type
 from .stage_plan import StagedW, StagePlan, VSource, load_operand
@@ -35,7 +36,7 @@ def quantize_w(plan: StagePlan, w: dict) -> StagedW:
         # i32 levels: four packed into each A register (`TargetSpec.pack_levels`)
         for members, quantized in _group_terms(plan, w, width=LEVEL_BYTE):
             key = (plan.row_map(members[0]),
-                   plan.layout.uniform_group(members[0], plan.pv_layout.model))
+                   plan.layout.uniform_group(members[0], plan.w_groups))
             for (levels, scales), (term_levels, scale) in zip(terms, quantized):
                 levels.update(term_levels)
                 if scale is not None:
@@ -77,7 +78,7 @@ def _group_terms(plan: StagePlan, w: dict, width: int = 8):
     c = plan.constants(unsigned)
     signed = plan.constants() if unsigned else c
     value_of = contract.quantize_unsigned_value if unsigned else contract.quantize_value
-    for members in plan.live_classes(plan.layout.group_keys(plan.pv_layout.model)):
+    for members in plan.live_classes(plan.layout.group_keys(plan.w_groups)):
         values = {e: w[e] for e in members}
         inverse, scale = _group_scale(plan, members, values, c, unsigned)
         if numerics.w_digits:
@@ -116,9 +117,10 @@ def _fed_fragments(plan: StagePlan, values: dict) -> tuple:
 
 def _w_lds(plan: StagePlan, scales: bool = True) -> StagedW:
     """LDS for one term of W: Wq [wave, PV's A rows, token], sW [wave, row, group]."""
-    lanes, groups = plan.lanes, plan.pv_layout.model
+    lanes, groups = plan.lanes, plan.w_groups
     return StagedW(lanes.shared([plan.waves, plan.w_rows, groups.wave_tokens], "i8"),
-                   lanes.shared([plan.waves, plan.w_rows, groups.mmacs_per_wave], "f32")
+                   lanes.shared([plan.waves, plan.w_rows,
+                                 groups.mmacs_per_wave // groups.chain], "f32")
                    if scales else None)
 
 
@@ -126,7 +128,7 @@ def _group_scale(plan: StagePlan, members: list[int], values: dict, c, unsigned:
     """(inverse, scale) of one group class of the lane's values: the group's absmax
     over its lanes by xor shuffles, then the contract's rule."""
     amax = contract.absmax([values[e] for e in members], c)
-    offsets = plan.layout.group_max_offsets(plan.pv_layout.model)
+    offsets = plan.layout.group_max_offsets(plan.w_groups)
     amax = plan.lanes.xor_reduce(amax, offsets, contract.absmax_merge)
     return (contract.quantize_inverse(amax, c, unsigned, plan.spec.approximate_reciprocal()),
             contract.quantize_scale(amax, c, unsigned, tiny_exact=False))
@@ -138,9 +140,9 @@ def _row(plan: StagePlan, element: int, shift: int) -> ir.Value:
 
 def _store_scale(plan: StagePlan, element: int, scale: ir.Value, staged: StagedW,
                  shift: int = 0) -> None:
-    """A group's scale at the row of `element` (+ `shift`) and the group's MMAC."""
+    """A group's scale at the row of `element` (+ `shift`) and the group's accumulator."""
     lanes = plan.lanes
-    group = lanes.of_lane(plan.layout.group_map(element, plan.pv_layout.model))
+    group = lanes.of_lane(plan.layout.group_map(element, plan.w_groups))
     memref.store(scale, staged.scales, [lanes.wave, _row(plan, element, shift), group])
 
 
@@ -192,20 +194,23 @@ def _v_runs(layout: DecodeKernelLayout, loads, t: int) -> list[ir.Value]:
 
 def pv(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
     """A wave's O [tile][C slot] in f32: `start` [tile]{C slot} (None: +0) plus
-    Wq x Vq on the INT8 instruction, each MMAC's sum rescaled by its sW into the
-    running O by one FMA (`contract.accumulate_pv`); unsigned W adds 128 * sum Vq of
-    the MMAC's tokens to each int32 sum first. Two-term W: the second term's MMACs
-    go on into the first's chain (the contract's order, reference.pv_chain); as
-    digits, the two int32 sums joined (high * BASE + low) and converted once. A
-    packed second term is the same MMAC's sum at the partner slot. `v_tiles`:
-    (tile, the lane's V loads) in tile order."""
+    Wq x Vq on the INT8 instruction, each accumulator's sum rescaled by its sW into the
+    running O by one FMA (`contract.accumulate_pv`): an accumulator sums the plan's
+    chain of `w_chain` consecutive MMACs (their W group), converted to f32 once;
+    unsigned W adds 128 * sum Vq of the chain's tokens to each int32 sum first.
+    Two-term W: the second term's accumulators go on into the first's chain (the
+    contract's order, reference.pv_chain); as digits, the two int32 sums joined
+    (high * BASE + low) and converted once. A packed second term is the same
+    accumulator's sum at the partner slot. `v_tiles`: (tile, the lane's V loads) in
+    tile order."""
     lanes, layout, numerics = plan.lanes, plan.pv_layout, plan.numerics
     inst = layout.instruction
     a = _a_operands(plan, staged, "i8")
     a_second = _a_operands(plan, staged.second, "i8") if staged.second is not None else None
     live = plan.pv_live_slots()
     c = plan.constants()
-    bound = MAX_W_V_PRODUCT[numerics.w_quant] * inst.k     # |a sum| of one MMAC, any term
+    chain = plan.w_chain
+    bound = accumulator_bound(plan)    # |an accumulator's sum|, any term
     # The MMACs start from the bias's bits where the sums cross to f32 through them,
     # but not where a column sum shares their accumulator (it must stay unbiased), nor
     # for digits joined as integers.
@@ -220,17 +225,27 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
                       (staged, lambda i: plan.w_packing[1][i]))
     o = []
     for tile, loads in v_tiles:
-        # per term, per live slot: its (f32 sum, sW) of each MMAC, in MMAC order
+        # per term, per live slot: its (f32 sum, sW) of each accumulator, in order
         terms = [{i: [] for i in live} for _ in scales]
-        for t in range(layout.model.mmacs_per_wave):
+        for g in range(layout.model.mmacs_per_wave // chain):
+            # the chain's first steps only add into the accumulators (and the column
+            # sums' where they need an MMAC of their own); its last one ends them
+            acc, second, ones = init, init, None
+            for t in range(g * chain, (g + 1) * chain - 1):
+                bv = lanes.assemble(_v_runs(layout, loads, t), inst.b_vector)
+                acc = plan.mma(layout, a[t], bv, acc)
+                ones = _ones_mma(plan, bv, ones)
+                if a_second is not None:
+                    second = plan.mma(layout, a_second[t], bv, second)
+            t = (g + 1) * chain - 1
             bv = lanes.assemble(_v_runs(layout, loads, t), inst.b_vector)
-            acc = plan.mma(layout, a[t], bv, init)
-            sums = _column_sums(plan, acc, bv)
+            acc = plan.mma(layout, a[t], bv, acc)
+            sums = _column_sums(plan, acc, bv, ones)
             values = [{i: c_element(acc, inst, i) for i in live}]
             if sums is not None:
                 values[0] = {i: contract.unsigned_offset(v, sums[i]) for i, v in values[0].items()}
             if a_second is not None:
-                second = plan.mma(layout, a_second[t], bv, init)
+                second = plan.mma(layout, a_second[t], bv, second)
                 values.append({i: c_element(second, inst, i) for i in live})
             elif plan.w_packing is not None:
                 values.append({i: c_element(acc, inst, plan.w_packing[1][i]) for i in live})
@@ -241,17 +256,61 @@ def pv(plan: StagePlan, staged: StagedW, v_tiles, start=None) -> list[list]:
             else:
                 values = [{i: contract.exact_f32(v, bound, c, biased) for i, v in term.items()}
                           for term in values]
-            for chain, term_values, (term, slot) in zip(terms, values, scales):
+            for sums_of, term_values, (term, slot) in zip(terms, values, scales):
                 for i, value in term_values.items():
-                    chain[i].append((value, _scale(plan, term, layout.c_row(slot(i)), t)))
+                    sums_of[i].append((value, _scale(plan, term, layout.c_row(slot(i)), g)))
         regs = [None] * inst.c.slots
         for i in live:
             regs[i] = c.zero if start is None else start[tile][i]
-            for chain in terms:
-                for value, sw in chain[i]:
+            for sums_of in terms:
+                for value, sw in sums_of[i]:
                     regs[i] = contract.accumulate_pv(regs[i], value, sw)
         o.append(regs)
     return o
+
+
+def accumulator_bound(plan: StagePlan) -> int:
+    """|the int32 sum| of one accumulator of any W term: the chain's w_chain x K products
+    of at most MAX_W_V_PRODUCT each."""
+    return _chain_bound(plan.pv_layout.instruction.k, plan.numerics, plan.w_chain)
+
+
+def _chain_bound(k: int, numerics: Numerics, chain: int) -> int:
+    return MAX_W_V_PRODUCT[numerics.w_quant] * k * chain
+
+
+def digit_join_bound(k: int, numerics: Numerics, chain: int) -> int:
+    """|high * BASE + low| of W's digit sums over a chain of `chain` MMACs of K=`k`:
+    each digit sum within `_chain_bound`."""
+    return _chain_bound(k, numerics, chain) * (DIGIT_BASE + 1)
+
+
+def check_w_chain(model: FragmentModel, numerics: Numerics, pv: str, chain: int) -> None:
+    """Refuse a chain of `chain` PV MMACs (of `model`) the kernel cannot run: one that is
+    no whole number of chains of a wave's MMACs per tile (a chain's W is quantized at
+    once, under one running max), on a PV that is not INT8, or whose digit sums joined
+    in int32 (high * BASE + low) could overflow."""
+    if chain == 1:
+        return
+    if chain not in W_CHAINS:
+        raise ValueError(f"--w-chain {chain}: the chains are {', '.join(map(str, W_CHAINS))}")
+    if pv != "int8":
+        raise ValueError(f"--w-chain {chain} chains INT8 MMACs; the {pv} PV kernel "
+                         f"accumulates in f32 on the instruction itself (chain 1)")
+    steps, k = model.mmacs_per_wave, model.instruction.k
+    if steps % chain:
+        raise ValueError(
+            f"--w-chain {chain}: a warp issues {steps} PV K-steps (MMACs of K={k}) per "
+            f"{model.wave_tokens}-token KV tile, not a whole number of {chain}-step chains; "
+            f"a chain cannot span two tiles (each tile's W is quantized under its own "
+            f"running max), so the chains here are "
+            f"{', '.join(str(c) for c in W_CHAINS if steps % c == 0)}")
+    joined = digit_join_bound(k, numerics, chain)
+    if numerics.w_digits and joined >= 2 ** 31:
+        raise ValueError(
+            f"--w-chain {chain}: W's digit sums over {chain} x {k} tokens joined in int32 "
+            f"reach |high * {DIGIT_BASE} + low| <= {joined} >= 2^31 (they would "
+            f"overflow); use a shorter chain")
 
 
 def _a_operands(plan: StagePlan, staged: StagedW, element: str) -> list:
@@ -261,25 +320,36 @@ def _a_operands(plan: StagePlan, staged: StagedW, element: str) -> list:
     return _w_fragments(plan, staged.w, element)
 
 
-def _scale(plan: StagePlan, staged: StagedW, row, mmac: int) -> ir.Value:
-    """sW of C row map `row` at PV MMAC `mmac`: held by the lane, or from LDS."""
+def _scale(plan: StagePlan, staged: StagedW, row, group: int) -> ir.Value:
+    """sW of C row map `row` at the wave's W group (accumulator) `group`: held by the
+    lane, or from LDS."""
     if staged.sw is not None:
-        return staged.sw[(row, mmac)]
+        return staged.sw[(row, group)]
     lanes = plan.lanes
-    return memref.load(staged.scales, [lanes.wave, lanes.of_lane(row), lanes.index(mmac)])
+    return memref.load(staged.scales, [lanes.wave, lanes.of_lane(row), lanes.index(group)])
 
 
-def _column_sums(plan: StagePlan, acc: ir.Value, bv: ir.Value):
-    """{live C slot: int32 sum Vq of its column over the MMAC's tokens}, or None
-    for signed W."""
+def _ones_mma(plan: StagePlan, bv: ir.Value, ones: ir.Value | None):
+    """Unsigned W without ones rows in W's tile: the column sums' MMAC (A all ones)
+    added to `ones` (None: from 0); else None."""
+    if not plan.numerics.unsigned_w or plan.column_sums:
+        return None
+    layout = plan.pv_layout
+    inst = layout.instruction
+    return plan.mma(layout, plan.lanes.splat(inst.a_vector, "i8", 1), bv,
+                    plan.lanes.zeros(inst.c_vector, "i32") if ones is None else ones)
+
+
+def _column_sums(plan: StagePlan, acc: ir.Value, bv: ir.Value, ones: ir.Value | None = None):
+    """{live C slot: int32 sum Vq of its column over the accumulator's tokens}, or None
+    for signed W; `ones`: the chain's earlier steps' column-sum MMACs."""
     if not plan.numerics.unsigned_w:
         return None
     layout = plan.pv_layout
     inst, live = layout.instruction, plan.pv_live_slots()
     if plan.column_sums:
         return {i: c_element(acc, inst, plan.column_sums[0][i]) for i in live}
-    ones = plan.mma(layout, plan.lanes.splat(inst.a_vector, "i8", 1), bv,
-                    plan.lanes.zeros(inst.c_vector, "i32"))
+    ones = _ones_mma(plan, bv, ones)
     return {i: c_element(ones, inst, i) for i in live}
 
 

@@ -56,6 +56,9 @@ class StagePlan:
     # Digit pairs' MMA sums joined as integers (DecodeTuning.digits_join_i32): the
     # kernel's choice, the decode's from its tuning, the prefill's from the target.
     join_digits_in_i32: bool = False
+    # PV MMACs chained into one int32 accumulator, converted to f32 and scaled once
+    # (docs/design.md §4): the W groups are `w_groups`' sets.
+    w_chain: int = 1
     dead: frozenset = field(init=False)
     pv_dead: frozenset = field(init=False)
 
@@ -68,6 +71,12 @@ class StagePlan:
     @property
     def model(self):
         return self.layout.model
+
+    @property
+    def w_groups(self):
+        """The fragment model of W's scale groups: PV's, its MMACs chained `w_chain` to an
+        accumulator (chain 1: PV's own model)."""
+        return self.pv_layout.model.chained(self.w_chain)
 
     def constants(self, unsigned: bool = False) -> contract.QuantizeConstants:
         """The contract's constants for this kernel (`Lanes` builds each once), its

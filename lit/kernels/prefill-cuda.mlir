@@ -40,6 +40,28 @@
 // CHECK: nvgpu.device_async_wait %[[NEXT]] numGroups = 0
 // CHECK-NEXT: scf.yield
 
+// RUN: int8attn compile %s --target cuda --emit kernel --w-chain 2 -o - | filecheck %s --check-prefix=CHAIN
+// --w-chain 2: a tile's two PV K-steps add into one int32 accumulator per digit (high,
+// low), the second step's mma.sync taking the first's sum as its C; then per C element
+// one integer join, one conversion to f32 and one FMA with the chain's W scale into the
+// alpha-rescaled o (the branch's results).
+// CHAIN-LABEL: func.func @prefill_attention
+// CHAIN: %[[O:.*]]:32 = scf.if
+// CHAIN: %[[H0:.*]] = nvgpu.mma.sync(%{{.*}}, %[[B0:.*]], %[[ZERO:.*]]) mmaShape = [16, 8, 32]
+// CHAIN-NEXT: %[[L0:.*]] = nvgpu.mma.sync(%{{.*}}, %[[B0]], %[[ZERO]]) mmaShape = [16, 8, 32]
+// CHAIN-NOT: arith.sitofp
+// CHAIN: %[[H1:.*]] = nvgpu.mma.sync(%{{.*}}, %[[B1:.*]], %[[H0]]) mmaShape = [16, 8, 32]
+// CHAIN-NEXT: %[[HE:.*]] = vector.extract %[[H1]][0, 0]
+// CHAIN-NOT: arith.sitofp
+// CHAIN: %[[L1:.*]] = nvgpu.mma.sync(%{{.*}}, %[[B1]], %[[L0]]) mmaShape = [16, 8, 32]
+// CHAIN-NEXT: %[[LE:.*]] = vector.extract %[[L1]][0, 0]
+// CHAIN: %[[SH:.*]] = arith.shli %[[HE]], %c8_i32 : i32
+// CHAIN-NEXT: %[[J:.*]] = arith.addi %[[SH]], %[[LE]] : i32
+// CHAIN-NEXT: %[[F:.*]] = arith.sitofp %[[J]] : i32 to f32
+// CHAIN: math.fma %[[F]], %{{.*}}, %[[O]]#0 : f32
+// CHAIN-NOT: nvgpu.mma.sync(%{{.*}}, %{{.*}}, %[[H1]])
+// CHAIN: nvgpu.mma.sync(%{{.*}}, %{{.*}}, %[[ZERO]]) mmaShape = [16, 8, 32]
+
 func.func @prefill(%q: tensor<1x32x128x128xf32>,
                    %k: tensor<1x8x4096x128xi8>, %k_scale: tensor<1x8x4096xf32>,
                    %v: tensor<1x8x4096x128xi8>, %v_scale: tensor<1x8x4096xf32>)
