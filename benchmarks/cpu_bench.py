@@ -379,6 +379,7 @@ def run_case(name: str, case: Case, args, evictor: Evictor) -> dict:
                                "times_ms": [x * 1e3 for x in t], **checks.get(method, {})}
                       for method, t in times.items()}
     row["api_copies"] = api_copies
+    row["load_average"] = list(os.getloadavg())       # 1, 5, 15 minutes, as sampling ended
     copy_min = min(times["floor"]) * evictor.copied_bytes / methods.cache_bytes
     row["copy_bandwidth_gb_s"] = evictor.copied_bytes / copy_min / 1e9
     row["ratios"] = ratios(row["methods"])
