@@ -320,6 +320,7 @@ class BenchSettings:
     new_tokens: int | None = None
     ragged_mean: int | None = None
     numerics: str | None = None
+    w_chains: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,35 @@ HISTORY, NEW_TOKENS = 8192, 512   # the history case, unless --history / --new-t
 # prefill tables in benchmarks/results/.
 NUMERICS = "one-term"
 MANIFEST = "prefill.json"   # what `prepare` wrote: the cases and shapes, for `run`
+# With --w-chain: the INT8 prefill at each chain c > 1 beside today's (chain 1), named
+# CHAINED + c; each checked against the reference of its own chained W groups.
+CHAINED = "int8-chain"
+
+
+def w_chains(text: str) -> tuple[int, ...]:
+    """--w-chain's comma-separated chains, each one the cuda prefill kernel takes."""
+    from .fragments import fragment_model
+    from .kernels.pv_stages import kernel_chains
+
+    offered = kernel_chains(fragment_model("cuda"))
+    try:
+        chains = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        chains = ()
+    if not chains or any(c not in offered for c in chains):
+        from argparse import ArgumentTypeError
+
+        model = fragment_model("cuda")
+        raise ArgumentTypeError(f"'{text}': give comma-separated chains of "
+                                f"{', '.join(map(str, offered))} (the cuda prefill kernel's: "
+                                f"a chain divides the {model.mmacs_per_wave} PV K-steps a warp "
+                                f"issues per {model.wave_tokens}-token tile)")
+    return tuple(sorted(set(chains)))
+
+
+def chain_of(variant: str) -> int:
+    """The PV chain of a variant (1 but for CHAINED + c)."""
+    return int(variant[len(CHAINED):]) if variant.startswith(CHAINED) else 1
 
 
 @dataclass(frozen=True)
@@ -53,6 +82,13 @@ class PrefillCase:
     tokens: int
     query_tokens: int
     variants: tuple[str, ...] = PV + (PAGED,)
+
+    def chained(self, chains) -> "PrefillCase":
+        """The case with today's INT8 prefill and one per chain c > 1 (None: as it is)."""
+        if chains is None:
+            return self
+        return dataclasses.replace(self, variants=("int8",) + tuple(
+            f"{CHAINED}{c}" for c in chains if c != 1))
 
     def manifest_entry(self) -> list:
         """The case as the manifest lists it: [name, S, Sq]."""
@@ -68,7 +104,7 @@ def cases(contexts, history: int, new_tokens: int) -> list[PrefillCase]:
 
 
 def manifest_cases(meta: dict) -> list[PrefillCase]:
-    return [PrefillCase(name, int(tokens), int(query_tokens))
+    return [PrefillCase(name, int(tokens), int(query_tokens)).chained(meta.get("w_chains"))
             for name, tokens, query_tokens in meta["cases"]]
 
 
@@ -84,16 +120,18 @@ def module_files(meta: dict) -> list[str]:
 
 def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int,
             q_heads: int, kv_heads: int, head_dim: int,
-            numerics: Numerics | None = bench_numerics(None, NUMERICS)) -> None:
+            numerics: Numerics | None = bench_numerics(None, NUMERICS),
+            chains: tuple[int, ...] | None = None) -> None:
     """Compile every case's modules for cuda with `numerics` (None: the kernel
-    target's own) into `directory`, and the manifest `run` reads."""
+    target's own) into `directory`, and the manifest `run` reads; with `chains`, the
+    INT8 prefill per chain instead of the BF16 twin and the paged variant."""
     from .driver.compile import compile
     from .driver.graph import prefill_graph
     from .driver.options import CompileOptions
     from .driver.paged_decode import paged_attention_graph
 
     directory.mkdir(parents=True, exist_ok=True)
-    all_cases = cases(contexts, history, new_tokens)
+    all_cases = [case.chained(chains) for case in cases(contexts, history, new_tokens)]
     given = {} if numerics is None else dataclasses.asdict(numerics)
     resolved = dataclasses.asdict(CompileOptions(target="cuda", **given).numerics)
     for case in all_cases:
@@ -102,8 +140,8 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
         paged = paged_attention_graph(q_heads, kv_heads, head_dim, BLOCK_SIZE,
                                       query_tokens=case.query_tokens, name="prefill")
         for variant in case.variants:
-            pv = "int8" if variant == PAGED else variant
-            options = CompileOptions(target="cuda", pv=pv, **given)
+            pv = "bf16" if variant == "bf16" else "int8"
+            options = CompileOptions(target="cuda", pv=pv, w_chain=chain_of(variant), **given)
             compiled = compile(paged if variant == PAGED else dense, options,
                                filename=f"prefill_{case.tokens}.mlir", until="ptx")
             (directory / _module_name(variant, case.tokens, case.query_tokens)).write_bytes(
@@ -111,7 +149,7 @@ def prepare(directory: Path, contexts, history: int, new_tokens: int, batch: int
             print(f"prepared prefill {variant} {case.name}", flush=True)
     (directory / MANIFEST).write_text(json.dumps(dict(
         cases=[case.manifest_entry() for case in all_cases], batch=batch, q_heads=q_heads, kv_heads=kv_heads,
-        head_dim=head_dim, **resolved)))
+        head_dim=head_dim, **resolved, **({} if chains is None else {"w_chains": list(chains)}))))
 
 
 def inputs(seed: int, batch, q_heads, kv_heads, tokens, query_tokens, head_dim):
@@ -157,10 +195,14 @@ def causal_pairs(tokens: int, query_tokens: int) -> int:
     return query_tokens * (history + 1) + query_tokens * (query_tokens - 1) // 2
 
 
-def check_slices(out, arrays, scale, pv, numerics: Numerics) -> tuple[float, bool]:
-    """(max abs vs the fragment reference of `numerics`, within 5e-5 + tie slack) on
-    the first, a middle and the last CHECK_TOKENS query tokens (a slice per worker
-    process)."""
+def check_slices(out, arrays, scale, pv, numerics: Numerics,
+                 chain: int = 1) -> tuple[float, bool]:
+    """(max abs vs the fragment reference of `numerics` and W groups of `chain` MMACs,
+    within 5e-5 + tie slack) on the first, a middle and the last CHECK_TOKENS query
+    tokens (a slice per worker process)."""
+    from .fragments import fragment_model
+
+    model = fragment_model("cuda").chained(chain).name
     from .reference import fragment_attention, rounding_tie_slack
 
     q, k, ks, v, vs = arrays
@@ -175,8 +217,8 @@ def check_slices(out, arrays, scale, pv, numerics: Numerics) -> tuple[float, boo
         seen = tokens - query_tokens + end
         part = (q[:, :, start:end], k[:, :, :seen], ks[:, :, :seen], v[:, :, :seen],
                 vs[:, :, :seen])
-        expected = fragment_attention(*part, scale, model="cuda", pv=pv, numerics=numerics)
-        slack = rounding_tie_slack(*part, scale, model="cuda", pv=pv, numerics=numerics)
+        expected = fragment_attention(*part, scale, model=model, pv=pv, numerics=numerics)
+        slack = rounding_tie_slack(*part, scale, model=model, pv=pv, numerics=numerics)
         err = np.abs(out[:, :, start:end] - expected)
         return float(err.max()), bool((err <= 5e-5 + slack).all())
 
@@ -184,8 +226,10 @@ def check_slices(out, arrays, scale, pv, numerics: Numerics) -> tuple[float, boo
     return max(r[0] for r in results), all(r[1] for r in results)
 
 
-def sdpa_seconds(arrays, timer: Timer):
-    """torch SDPA, bf16, causal aligned to the sequence's end (the new tokens last)."""
+def sdpa_seconds(arrays, timer: Timer, backend: str | None = None):
+    """torch SDPA, bf16, causal aligned to the sequence's end (the new tokens last);
+    `backend` (an SDPBackend name, e.g. FLASH_ATTENTION): that backend only, else
+    torch's choice."""
     try:
         import torch
     except ImportError:
@@ -208,6 +252,14 @@ def sdpa_seconds(arrays, timer: Timer):
         kf, vf = kf.repeat_interleave(groups, 1), vf.repeat_interleave(groups, 1)
         call = lambda: torch.nn.functional.scaled_dot_product_attention(
             qt, kf, vf, attn_mask=mask, scale=scale)
+    if backend is not None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        chosen, default = getattr(SDPBackend, backend), call
+
+        def call():
+            with sdpa_kernel(chosen):
+                return default()
     return timer.events(call)
 
 
@@ -227,21 +279,26 @@ def run_case(case: PrefillCase, directory: Path, meta: dict, device, timer: Time
     for variant in case.variants:
         fn = device.load(directory / _module_name(variant, case.tokens, case.query_tokens),
                          "prefill")
-        pv = "int8" if variant == PAGED else variant
+        pv = "bf16" if variant == "bf16" else "int8"
+        chain = chain_of(variant)
         args = device_args
         if variant == PAGED:
             pool = block_pool(np.random.default_rng(seed + case.tokens), *arrays[1:])
             args = device.put([arrays[0], *pool])
         outputs[variant] = measure(row, variant, fn, args,
                                    lambda out: Check(*check_slices(out, arrays, scale, pv,
-                                                                   numerics)),
+                                                                   numerics, chain)),
                                    timer, record="kernels")
     if PAGED in outputs:
         row["paged_vs_dense_max_abs"] = float(np.abs(outputs[PAGED] - outputs["int8"]).max())
-    diff = (outputs["int8"] - outputs["bf16"]).astype(np.float64)
-    row["int8_vs_bf16_max_abs"] = float(np.abs(diff).max())
-    row["int8_vs_bf16_rms"] = float(np.sqrt(np.mean(diff ** 2)))
+    if "bf16" in outputs:
+        diff = (outputs["int8"] - outputs["bf16"]).astype(np.float64)
+        row["int8_vs_bf16_max_abs"] = float(np.abs(diff).max())
+        row["int8_vs_bf16_rms"] = float(np.sqrt(np.mean(diff ** 2)))
     row["torch_sdpa_bf16_s"] = sdpa_seconds(arrays, timer)
+    if meta.get("w_chains") is not None:
+        row["w_chains"] = meta["w_chains"]
+        row["torch_sdpa_flash_bf16_s"] = sdpa_seconds(arrays, timer, "FLASH_ATTENTION")
     return [row]
 
 
@@ -285,7 +342,28 @@ COLUMNS = (
 )
 
 
+def _chain_columns(rows: list[dict]) -> tuple[Column, ...]:
+    """Per chain: ms / TFLOP/s and the max abs vs its own chained reference; SDPA's two."""
+    variants = ["int8"] + [f"{CHAINED}{c}" for c in rows[0]["w_chains"] if c != 1]
+    rate = lambda r, key: f"{r[key] * 1e3:.2f} / {r['causal_flops'] / r[key] / 1e12:.0f}"
+    columns = [Column("case", lambda r: r["case"], "---")]
+    for v in variants:
+        columns.append(Column(f"INT8 chain {chain_of(v)} (ms / TFLOP/s)",
+                              lambda r, v=v: rate(r, f"{v}_s")))
+    for key, label in (("torch_sdpa_bf16_s", "SDPA default"),
+                       ("torch_sdpa_flash_bf16_s", "SDPA flash")):
+        columns.append(Column(f"torch {label} bf16 (ms / TFLOP/s)",
+                              lambda r, key=key: rate(r, key) if r.get(key) else "-"))
+    columns.append(Column("max abs vs own chained fragment ref", lambda r: " / ".join(
+        f"{r[f'{v}_max_abs_vs_fragment']:.1e}" for v in variants)))
+    columns.append(Column("checked", lambda r: "yes" if all(
+        r[f"{v}_within_tolerance"] for v in variants) else "NO", ":-:"))
+    return tuple(columns)
+
+
 def markdown(rows: list[dict]) -> str:
+    if rows and "w_chains" in rows[0]:
+        return "\n".join(markdown_table(_chain_columns(rows), rows))
     return "\n".join(markdown_table(COLUMNS, rows))
 
 
@@ -324,7 +402,7 @@ def _prepare(directory: Path, settings: BenchSettings) -> None:
     new_tokens = NEW_TOKENS if settings.new_tokens is None else settings.new_tokens
     prepare(directory, list(settings.contexts), history, new_tokens, KIND.batch(settings),
             settings.q_heads, settings.kv_heads, settings.head_dim,
-            bench_numerics(settings.numerics, NUMERICS))
+            bench_numerics(settings.numerics, NUMERICS), settings.w_chains)
 
 
 def _run(directory: Path, settings: BenchSettings) -> list[dict]:
@@ -333,12 +411,12 @@ def _run(directory: Path, settings: BenchSettings) -> list[dict]:
 
 KIND = BenchKind("prefill", MANIFEST, module_files, _prepare, _run, markdown, plot=plot,
                  default_batch=1, flags=(("--history", "history"), ("--new-tokens", "new_tokens"),
-                                         ("--numerics", "numerics")),
+                                         ("--numerics", "numerics"), ("--w-chain", "w_chains")),
                  query_heads_in_one_tile=False,
                  prepared_flags=(("--context", "contexts"), ("--batch", "batch"), ("--q-heads", "q_heads"),
                  ("--kv-heads", "kv_heads"), ("--head-dim", "head_dim"),
                                  ("--history", "history"), ("--new-tokens", "new_tokens"),
-                                 ("--numerics", "numerics")))
+                                 ("--numerics", "numerics"), ("--w-chain", "w_chains")))
 
 
 def main(argv=None) -> int:

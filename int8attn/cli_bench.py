@@ -20,7 +20,7 @@ from .support.files import OutputError, check_output_path
 # Flags that only one --mode reads (the others would ignore them): flag -> (name, mode),
 # from the table of kinds, checked in the order `int8attn bench --help` lists them (of
 # two misused, the first is named).
-_HELP_ORDER = ("--history", "--new-tokens", "--ragged-mean", "--numerics")
+_HELP_ORDER = ("--history", "--new-tokens", "--ragged-mean", "--numerics", "--w-chain")
 MODE_FLAGS = dict(sorted(mode_flags().items(), key=lambda item: (
     _HELP_ORDER.index(item[0]) if item[0] in _HELP_ORDER else len(_HELP_ORDER))))
 
@@ -29,7 +29,7 @@ MODE_FLAGS = dict(sorted(mode_flags().items(), key=lambda item: (
 _SETTINGS_ARGS = {"contexts": "context", "batch": "batch", "q_heads": "q_heads",
                   "kv_heads": "kv_heads", "head_dim": "head_dim", "iterations": "iterations",
                   "seed": "seed", "history": "history", "new_tokens": "new_tokens",
-                  "ragged_mean": "ragged_mean", "numerics": "numerics"}
+                  "ragged_mean": "ragged_mean", "numerics": "numerics", "w_chains": "w_chains"}
 
 
 I32_MAX = 2 ** 31 - 1       # the kernels' lengths and block tables are int32

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from . import arg_types, bench_numerics
+from .bench_prefill import w_chains as bench_prefill_chains
 from .bench_harness import BENCH_OUT
 from .bench_kinds import BENCH_KINDS
 from .driver.options import CompileOptions
@@ -118,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 "defaults (the cpu pipeline's: 2, u8, 2, scaled); default: "
                                 "paged digits, prefill one-term (the numerics of its tables); "
                                 "the old names seed and kernel are deprecated")
+    bench_cmd.add_argument("--w-chain", type=bench_prefill_chains, default=None, dest="w_chains",
+                           metavar="C[,C...]",
+                           help="--mode prefill: PV accumulation chains (1, 2; comma-separated) "
+                                "of the INT8 prefill: one module per chain beside today's (chain "
+                                "1), each checked against its own chained reference, timed "
+                                "with torch SDPA's default and flash backends (no BF16 twin or "
+                                "paged variant)")
     bench_cmd.add_argument("--context", type=arg_types.token_counts, default=None,
                            help="comma-separated context lengths (default 4096,8192,16384)")
     bench_cmd.add_argument("--batch", type=arg_types.positive, default=None,

@@ -285,6 +285,12 @@ def digit_join_bound(k: int, numerics: Numerics, chain: int) -> int:
     return _chain_bound(k, numerics, chain) * (DIGIT_BASE + 1)
 
 
+def kernel_chains(model: FragmentModel) -> tuple[int, ...]:
+    """The chains a lane kernel of PV model `model` can take: those dividing a wave's
+    MMACs per tile (digit joins permitting, `check_w_chain`)."""
+    return tuple(c for c in W_CHAINS if model.mmacs_per_wave % c == 0)
+
+
 def check_w_chain(model: FragmentModel, numerics: Numerics, pv: str, chain: int) -> None:
     """Refuse a chain of `chain` PV MMACs (of `model`) the kernel cannot run: one that is
     no whole number of chains of a wave's MMACs per tile (a chain's W is quantized at
@@ -304,7 +310,7 @@ def check_w_chain(model: FragmentModel, numerics: Numerics, pv: str, chain: int)
             f"{model.wave_tokens}-token KV tile, not a whole number of {chain}-step chains; "
             f"a chain cannot span two tiles (each tile's W is quantized under its own "
             f"running max), so the chains here are "
-            f"{', '.join(str(c) for c in W_CHAINS if steps % c == 0)}")
+            f"{', '.join(map(str, kernel_chains(model)))}")
     joined = digit_join_bound(k, numerics, chain)
     if numerics.w_digits and joined >= 2 ** 31:
         raise ValueError(

@@ -201,3 +201,36 @@ def test_joined_digit_sums_fit_int32_exactly_for_the_offered_chains():
         assert digit_join_bound(k, u8, chain) < 2 ** 31
     assert digit_join_bound(k, s8, 15) < 2 ** 31 <= digit_join_bound(k, s8, 16)
     assert digit_join_bound(k, u8, 8) < 2 ** 31 <= digit_join_bound(k, u8, 9)
+
+
+def test_the_bench_prepares_one_module_per_chain_and_checks_each_against_its_own(tmp_path):
+    import json
+
+    from int8attn import bench_prefill, cli
+    from test_cli import run
+
+    assert cli.main(["bench", "--mode", "prefill", "--context", "128", "--new-tokens", "0",
+                     "--q-heads", "8", "--kv-heads", "2", "--head-dim", "64", "--w-chain",
+                     "1,2", "--prepare-only", str(tmp_path)]) == 0
+    meta = json.loads((tmp_path / "prefill.json").read_text())
+    assert meta["w_chains"] == [1, 2]
+    assert bench_prefill.module_files(meta) == ["prefill_int8_128_128.vmfb",
+                                                "prefill_int8-chain2_128_128.vmfb"]
+    for name in bench_prefill.module_files(meta):
+        assert (tmp_path / name).stat().st_size > 0
+    # the chain-2 kernel passes its own reference's check and fails chain 1's
+    seed = 839
+    args = prefill_inputs(seed, 1, 8, 2, 128, 128, 64)
+    out = _simulated(args, 2, ONE_TERM_NUMERICS, (1, 8, 2, 128, 128, 64))
+    scale = float(np.float32(64 ** -0.5))
+    own = bench_prefill.check_slices(out, args, scale, "int8", ONE_TERM_NUMERICS, 2)
+    other = bench_prefill.check_slices(out, args, scale, "int8", ONE_TERM_NUMERICS, 1)
+    print(f"seed {seed}: chain-2 kernel vs chain 2 {own}, vs chain 1 {other}")
+    assert own[1] and not other[1]
+    proc = run("int8attn", "bench", "--mode", "prefill", "--w-chain", "4", "--prepare-only",
+               tmp_path, check_rc=2)
+    assert "'4': give comma-separated chains of 1, 2 (the cuda prefill kernel's: a chain " \
+           "divides the 2 PV K-steps a warp issues per 64-token tile)" in proc.stderr
+    proc = run("int8attn", "bench", "--mode", "decode", "--w-chain", "2", "--prepare-only",
+               tmp_path, check_rc=2)
+    assert "--w-chain applies to --mode prefill, not --mode decode" in proc.stderr
