@@ -22,6 +22,13 @@ from iree.compiler.tools.binaries import find_tool
 from ..support.cpu_vectors import VectorISA, vector_isa_of
 
 HOST = "host"
+# IREE's data tiling packs the operands of every contraction it recognises into
+# the CPU's mmt4d tiles: QK's i8 x i8 -> i32 dots then run on the integer
+# dot-product instructions the CPU has (VNNI `vpdpwssd`, AVX2 `vpmaddwd`) where
+# the plain generic multiplies in i32 (`vpmulld`). The int32 sums are exact in
+# any order; the f32 contractions it also tiles (the partitions' merge) keep their
+# results bit for bit (tests/test_cpu_int8_dot.py).
+DATA_TILING = ("--iree-opt-data-tiling",)
 # A module with one dispatch: enough for IREE to build the executable target.
 _PROBE = """func.func @probe(%a: tensor<4xf32>) -> tensor<4xf32> {
   %r = arith.addf %a, %a : tensor<4xf32>
@@ -53,7 +60,7 @@ class CPUTarget:
         return sorted(f for f in self.features if f not in other.features)
 
     def iree_flags(self) -> tuple[str, ...]:
-        return (f"--iree-llvmcpu-target-cpu={self.name}",)
+        return (f"--iree-llvmcpu-target-cpu={self.name}", *DATA_TILING)
 
 
 # What `host` stands for when set: an LLVM CPU name. Runs everything that

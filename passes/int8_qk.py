@@ -99,9 +99,7 @@ def int8_scores(terms: Sequence[tuple[ir.Value, ir.Value]], k: ir.Value, k_scale
     `quantize_q`)."""
     batch, kv_heads, rows = d.shape_of(terms[0][0])[:3]
     tokens = d.shape_of(k)[2]
-    sums = [build.generic([qq, k], ["bhrd", "bhsd"], "bhrs",
-                          build.zeros([batch, kv_heads, rows, tokens], "i32"), _int8_dot)
-            for qq, _ in terms]
+    sums = [int8_dot(qq, k) for qq, _ in terms]
     c = build.f32(score_scale(softmax_scale))
     row_scales = [build.generic([sq], ["bhr"], "bhr", build.empty(d.shape_of(sq), "f32"),
                                 lambda s_q, _: contract.score_row_scale(s_q, c))
@@ -116,6 +114,20 @@ def int8_scores(terms: Sequence[tuple[ir.Value, ir.Value]], k: ir.Value, k_scale
     return build.generic(
         [*inputs, k_scale], ["bhrs", "bhr"] * len(terms) + ["bhs"], "bhrs",
         build.empty([batch, kv_heads, rows, tokens], "f32"), body)
+
+
+def int8_dot(qq: ir.Value, k: ir.Value) -> ir.Value:
+    """acc[b,h,r,s] = sum_d i32(qq[b,h,r,d]) * i32(k[b,h,s,d]), as a contraction with one
+    batch dim (b*h): the form IREE's data tiling packs onto the CPU's mmt4d tiles and
+    integer dot-product instructions (it leaves a contraction with two batch dims as a
+    generic, multiplied in i32)."""
+    batch, kv_heads, rows, head_dim = d.shape_of(qq)
+    tokens = d.shape_of(k)[2]
+    merged = [[0, 1], [2], [3]]
+    acc = build.generic([build.collapse(qq, merged), build.collapse(k, merged)],
+                        ["brd", "bsd"], "brs",
+                        build.zeros([batch * kv_heads, rows, tokens], "i32"), _int8_dot)
+    return build.expand(acc, merged, [batch, kv_heads, rows, tokens])
 
 
 def _int8_dot(lhs, rhs, acc):

@@ -178,7 +178,7 @@ SLOW_FILES = {
     "test_prefill_kernels.py", "test_paged_kernels.py", "test_targets.py", "test_cuda.py",
     "test_paged.py", "test_paged_prefill.py", "test_paged_decode_loop.py",
     "test_stage_errors.py", "test_key_bias.py", "test_paged_cpu_agreement.py",
-    "test_byte_model.py",
+    "test_byte_model.py", "test_cpu_int8_dot.py",
 }
 SLOW_TESTS = {
     "test_cpu_levels.py::test_each_level_meets_both_references",
