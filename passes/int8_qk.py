@@ -121,8 +121,11 @@ def int8_dot(qq: ir.Value, k: ir.Value) -> ir.Value:
     batch dim (b*h): the form IREE's data tiling packs onto the CPU's mmt4d tiles and
     integer dot-product instructions (it leaves a contraction with two batch dims as a
     generic, multiplied in i32)."""
-    batch, kv_heads, rows, head_dim = d.shape_of(qq)
+    batch, kv_heads, rows, _ = d.shape_of(qq)
     tokens = d.shape_of(k)[2]
+    if d.DYNAMIC in (batch, kv_heads, rows, tokens):
+        return build.generic([qq, k], ["bhrd", "bhsd"], "bhrs",
+                             build.zeros([batch, kv_heads, rows, tokens], "i32"), _int8_dot)
     merged = [[0, 1], [2], [3]]
     acc = build.generic([build.collapse(qq, merged), build.collapse(k, merged)],
                         ["brd", "bsd"], "brs",

@@ -12,11 +12,15 @@
 // CHECK-DAG: %[[C:.*]] = arith.constant 0.180336878 : f32
 // CHECK: %[[QG:.*]] = tensor.expand_shape %[[Q]] {{\[\[}}0], [1, 2], [3]] output_shape [1, 2, 4, 64]
 // CHECK: %[[QQ:.*]]:2 = "int8attn.quantize"(%[[QG]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
-// CHECK: %[[ACC:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]} ins(%[[QQ]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
+// The dot has one batch dim (b*h), the form IREE's data tiling packs (its mmt4d tiles).
+// CHECK: %[[QB:.*]] = tensor.collapse_shape %[[QQ]]#0 {{\[\[}}0, 1], [2], [3]] : tensor<1x2x4x64xi8> into tensor<2x4x64xi8>
+// CHECK: %[[KB:.*]] = tensor.collapse_shape %[[K]] {{\[\[}}0, 1], [2], [3]] : tensor<1x2x300x64xi8> into tensor<2x300x64xi8>
+// CHECK: %[[AB:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%[[QB]], %[[KB]] : tensor<2x4x64xi8>, tensor<2x300x64xi8>)
 // CHECK:   arith.extsi %{{.*}} : i8 to i32
 // CHECK:   arith.muli
 // CHECK:   arith.addi
-// CHECK: } -> tensor<1x2x4x300xi32>
+// CHECK: } -> tensor<2x4x300xi32>
+// CHECK: %[[ACC:.*]] = tensor.expand_shape %[[AB]] {{\[\[}}0, 1], [2], [3]] output_shape [1, 2, 4, 300]
 // CHECK: %[[SQC:.*]] = linalg.generic {{.*}} ins(%[[QQ]]#1 : tensor<1x2x4xf32>)
 // CHECK-NEXT: ^bb0(%[[SQ:.*]]: f32, %{{.*}}: f32):
 // CHECK-NEXT:   %[[RS:.*]] = arith.mulf %[[SQ]], %[[C]] : f32
@@ -46,10 +50,14 @@
 // TWO-NEXT:   %[[D:.*]] = math.fma %[[NQ]], %[[SI]], %[[X]] : f32
 // TWO-NEXT:   linalg.yield %[[D]] : f32
 // TWO: %[[Q2:.*]]:2 = "int8attn.quantize"(%[[RES]]) : (tensor<1x2x4x64xf32>) -> (tensor<1x2x4x64xi8>, tensor<1x2x4xf32>)
-// TWO: %[[ACC1:.*]] = linalg.generic {{.*}} ins(%[[Q1]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
-// TWO: } -> tensor<1x2x4x300xi32>
-// TWO: %[[ACC2:.*]] = linalg.generic {{.*}} ins(%[[Q2]]#0, %[[K]] : tensor<1x2x4x64xi8>, tensor<1x2x300x64xi8>)
-// TWO: } -> tensor<1x2x4x300xi32>
+// TWO: %[[Q1B:.*]] = tensor.collapse_shape %[[Q1]]#0 {{\[\[}}0, 1], [2], [3]]
+// TWO: %[[K1B:.*]] = tensor.collapse_shape %[[K]] {{\[\[}}0, 1], [2], [3]]
+// TWO: %[[A1B:.*]] = linalg.generic {{.*}} ins(%[[Q1B]], %[[K1B]] : tensor<2x4x64xi8>, tensor<2x300x64xi8>)
+// TWO: %[[ACC1:.*]] = tensor.expand_shape %[[A1B]] {{\[\[}}0, 1], [2], [3]] output_shape [1, 2, 4, 300]
+// TWO: %[[Q2B:.*]] = tensor.collapse_shape %[[Q2]]#0 {{\[\[}}0, 1], [2], [3]]
+// TWO: %[[K2B:.*]] = tensor.collapse_shape %[[K]] {{\[\[}}0, 1], [2], [3]]
+// TWO: %[[A2B:.*]] = linalg.generic {{.*}} ins(%[[Q2B]], %[[K2B]] : tensor<2x4x64xi8>, tensor<2x300x64xi8>)
+// TWO: %[[ACC2:.*]] = tensor.expand_shape %[[A2B]] {{\[\[}}0, 1], [2], [3]] output_shape [1, 2, 4, 300]
 // TWO: %[[S1C:.*]] = linalg.generic {{.*}} ins(%[[Q1]]#1 : tensor<1x2x4xf32>)
 // TWO: arith.mulf %{{.*}}, %[[C]] : f32
 // TWO: %[[S2C:.*]] = linalg.generic {{.*}} ins(%[[Q2]]#1 : tensor<1x2x4xf32>)
