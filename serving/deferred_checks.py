@@ -1,21 +1,23 @@
 """The paged value rules as a device-side violation record: checks that never wait.
 
 A call in the default mode (`validate=True`) evaluates the rules
-`driver/paged_inputs.py` states with torch ops on the tensors' own device and
-reads nothing back: the first violation becomes a small int64 record
+`driver/paged_inputs.py` states with a few fused torch ops on the tensors' own
+device and reads nothing back. Each rule becomes a priority per element (an
+attention: one gather of the read slots' K and V scales, their bit patterns put in
+classes by one `bucketize`, the classes, the unread tokens and the bad lengths and
+block ids turned into priorities by one table lookup), and one `max` over the
+elements, laid out in the order the host check looks, gives the first violation and
+its flat index. The record keeps that index and the raw values the message needs
+(block id, length, slot, element); the host turns the index back into sequence,
+slot, head, ... when it writes the message, word for word the synchronous check's
+(`problem`). `Violations` keeps one persistent record per device and folds each
+call's into it (the first violation since the last `check` stays).
 
-    [code, six fields, kind, shortest, table width, NB]
-
-(which rule, then sequence or token, table slot or pool slot, value, ...; the
-call's kind and sizes last, so the message can be written later). `Violations`
-keeps one persistent record per device and folds each call's into it (the first
-violation since the last `check` stays). The same ops give what makes a bad call
-harmless before its kernel runs: block ids outside the pool replaced by block 0
-and bad lengths by the shortest legal one (the kernels read only the pool), the
-bad sequences (their output rows become NaN after the kernel), and for a write
-the slot mapping turned to all -1 when any rule fails (the kernel writes nothing).
-On the host the record is turned into the error the synchronous check raises,
-word for word (`problem`).
+The same ops give what makes a bad call harmless before its kernel runs: block ids
+clamped into the pool and lengths into their legal range (the kernels read only the
+pool), the bad sequences (their output rows become NaN after the kernel), and for a
+write the slot mapping turned to all -1 when any rule fails (the kernel writes
+nothing).
 
 Where the record is read: `Violations.check` (one host sync); a copy kept in
 pinned host memory (copied without blocking after each eager CUDA call; on CPU
@@ -32,141 +34,148 @@ from ..fragments.cache_layout import CacheLayout
 from ..runtime.module import InputError
 from .tensors import torch_module
 
-CHUNK, LENGTH, BLOCK, SCALE, BIAS, SLOT, DUPLICATE, ROW = range(1, 9)
-FIELDS = 6
-RECORD = 1 + FIELDS + 4
+FIELDS = 16                     # a record: [verdict, fields...], then the call's sizes
+SIZES = 4                       # kind, shortest, table width, NB
+RECORD = 1 + FIELDS + SIZES
 WRITE_KIND, TORCH_WRITE_KIND = -1, -2          # kinds of writes; 0 decode, Sq prefill
 ROW_NAMES = ("k_new", "v_new")
 SCALE_NAMES = ("k_scale", "v_scale")
 
-
-def _cat(torch, parts, device):
-    """One int64 vector of 1-element tensors and ints, padded with zeros to a record's
-    code and fields."""
-    vectors = [p.reshape(1).long() if isinstance(p, torch.Tensor) else
-               torch.full((1,), p, dtype=torch.int64, device=device) for p in parts]
-    joined = torch.cat(vectors)
-    return torch.nn.functional.pad(joined, (0, 1 + FIELDS - len(parts)))
-
-
-def _first(torch, mask, device):
-    """The index of mask's first True in flat order, as a 1-element tensor (mask.numel()
-    where there is none)."""
-    flat = mask.reshape(-1)
-    return torch.where(flat, torch.arange(flat.numel(), device=device),
-                       flat.numel()).amin().reshape(1)
+# A scale's f32 bit pattern (as int32) in 7 classes: -0.0, negative finite, -Inf,
+# NaN with the sign set, +0.0 to the largest finite, +Inf, NaN; `bucketize(right=True)`
+# over these bounds gives the class.
+_BOUNDS = (-2**31 + 1, -0x800000, -0x7fffff, 0, 0x7f800000, 0x7f800001)
+_CLASS_PROBLEM = (None, 2, 1, 0, None, 1, 0)   # index into paged_inputs.SCALE_PROBLEMS
+_CLASSES = len(_CLASS_PROBLEM)
+# Priorities, the highest found first: a bad length or block id (the host checks those
+# per sequence before any scale), then k's NaN, Inf, negative, then v's; 0: no problem.
+_TABLE_PRIORITY = 7
 
 
-def _pick(torch, index, values):
-    """values.flatten()[index] for a 1-element index, clamped into range."""
-    flat = values.reshape(-1)
-    return flat.index_select(0, index.clamp(0, max(flat.numel() - 1, 0)))
+def _scale_priority(name: int, problem) -> int:
+    return 0 if problem is None else _TABLE_PRIORITY - 1 - 3 * name - problem
+
+
+_CONSTANTS: dict = {}
+
+
+def _constants(torch, device, block_size: int, width: int):
+    """(class bounds, priority table [2, 4 * classes], [0, 1], token positions [width,
+    BS]) on `device`: made once (the positions grow with the widest table)."""
+    key = (device, block_size)
+    cached = _CONSTANTS.get(key)
+    if cached is None or cached[3].shape[0] < width:
+        if cached is None and _capturing(torch, device):
+            raise InputError(_CAPTURE_FIRST)
+        if cached is None:
+            # off = 0: the class's priority; 1: an unread token; 2: its slot or length is bad
+            table = [[_scale_priority(n, p) for p in _CLASS_PROBLEM] + [0] * _CLASSES
+                     + [_TABLE_PRIORITY] * 2 * _CLASSES for n in range(2)]
+            bounds = torch.tensor(_BOUNDS, dtype=torch.int32).to(device)
+            cached = (bounds, torch.tensor(table, dtype=torch.int64).to(device),
+                      torch.arange(2, device=device), None)
+        positions = torch.arange(max(width, 1) * block_size, dtype=torch.int32,
+                                 device=device).view(-1, block_size)
+        cached = (*cached[:3], positions)
+        if not _capturing(torch, device):
+            _CONSTANTS[key] = cached
+    return cached
+
+
+_CAPTURE_FIRST = ("the value checks' record is made by the first call on a device: make "
+                  "one call with validate=True before capturing a CUDA graph (the warm-up "
+                  "call that loads the kernels does)")
 
 
 def attend_record(ops: dict, shortest: int, prefill: bool):
-    """(record code and fields [7], tables and lengths safe to launch with, bad
-    sequences [B] bool, launch: False where no sequence can be read at all) of a call
-    of B >= 1 sequences."""
+    """(record parts, tables and lengths safe to launch with, bad sequences [B] bool,
+    launch: False where no sequence can be read at all) of a call of B >= 1 sequences.
+    The parts: [priority, flat index, block id there, its sequence's length], the flat
+    index over [B, MB, BS, Hkv, 2 (k, v)], the host check's order."""
     torch = torch_module()
-    tables, lens = ops["block_tables"], ops["context_lens"].long()
+    tables, lens = ops["block_tables"], ops["context_lens"]
     device = tables.device
     batch, width = tables.shape
     blocks, block_size = ops["k_cache"].shape[0], ops["k_cache"].shape[2]
-    rules = CacheLayout.paged(block_size).rules()
-    capacity = rules.capacity(width)
-    if shortest > capacity:         # no length fits the table: no sequence can be read
-        first = _pick(torch, torch.zeros(1, dtype=torch.long, device=device), lens)
-        record = _cat(torch, [CHUNK, 0, first] if prefill else [LENGTH, 0, 0, first], device)
-        return record, tables, lens, torch.ones(batch, dtype=torch.bool, device=device), False
-    columns = torch.arange(width, device=device)
-    length_bad = (lens < shortest) | (lens > capacity)
-    used = columns < rules.blocks_needed(lens)[:, None]
-    in_pool = (tables >= 0) & (tables < blocks)
-    first_column = torch.where(used & ~in_pool, columns, width).amin(1)       # [B]
-    rank = torch.where(length_bad, 0, torch.where(first_column < width, 1, 2))
-    sequence = _first(torch, rank < 2, device)
-    column = _pick(torch, sequence, first_column).clamp(max=width - 1)
-    record = _cat(torch, [
-        torch.where(sequence < batch, torch.where(_pick(torch, sequence, rank) == 0,
-                                                  LENGTH, BLOCK), 0),
-        sequence, column, _pick(torch, sequence, lens),
-        _pick(torch, sequence * width + column, tables)], device)
-    bad = rank < 2
-    safe_lens = torch.where(length_bad, shortest, ops["context_lens"])
-    safe_tables = torch.where(in_pool, tables, 0)
-    if blocks == 0:                  # every sequence needs a block of an empty pool
-        return record, safe_tables, safe_lens, bad, False
-    scale_record, scale_bad = _scale_record(torch, ops, safe_tables, lens, capacity, device)
-    record = torch.where(record[:1] != 0, record, scale_record)
-    return record, safe_tables, safe_lens, bad | scale_bad, True
-
-
-def _scale_record(torch, ops, tables, lens, capacity, device):
-    """The first scale a sequence reads that is NaN, Inf or negative, in the order the
-    host check looks for them (k before v, NaN before Inf before negative, then
-    sequence, token, head), and the sequences reading any."""
-    width = tables.shape[1]
-    block_size = ops["k_cache"].shape[2]
-    read = torch.arange(capacity, device=device).view(1, width, block_size, 1) < \
-        lens.view(-1, 1, 1, 1)                                          # [B, MB, BS, 1]
-    ranks = []
-    gather = tables.long()
-    for n, name in enumerate(SCALE_NAMES):
-        scales = ops[name][gather].transpose(2, 3)                      # [B, MB, BS, Hkv]
-        ranks.append(torch.where(~read, 6, torch.where(
-            scales.isnan(), 3 * n, torch.where(scales.isinf(), 3 * n + 1,
-                                               torch.where(scales < 0, 3 * n + 2, 6)))))
-    rank = torch.stack(ranks)                                           # [2, B, MB, BS, H]
-    per_name = rank[0].numel()
-    key = (rank.reshape(2, -1) * per_name
-           + torch.arange(per_name, device=device)).amin().reshape(1)
-    problem, flat = key // per_name, key % per_name
-    heads = ops["k_scale"].shape[1]
-    token = flat // heads
-    sequence, position = token // capacity, token % capacity
-    block = _pick(torch, sequence * width + position // block_size, tables)
-    record = _cat(torch, [torch.where(problem < 6, SCALE, 0), problem // 3, problem % 3,
-                          block, flat % heads, position % block_size], device)
-    return record, rank.amin(dim=(0, 2, 3, 4)) < 6
+    capacity = CacheLayout.paged(block_size).rules().capacity(width)
+    bounds, table, names, positions = _constants(torch, device, block_size, width)
+    if shortest > capacity or blocks == 0:       # no sequence can be read
+        first = torch.zeros(1, dtype=torch.int64, device=device)
+        block = tables.view(-1)[:1] if width else first
+        none = torch.full((batch,), True, device=device)
+        return ([table[0, -1:], first, block, lens[:1]], tables, lens, none, False)
+    safe_tables = tables.clamp(0, blocks - 1)
+    safe_lens = lens.clamp(shortest, capacity)
+    unread = positions[:width] >= safe_lens.view(-1, 1, 1)               # [B, MB, BS]
+    slot_bad = ((safe_tables != tables) > unread[:, :, 0]) | (safe_lens != lens).view(-1, 1)
+    off = torch.where(slot_bad.unsqueeze(2), 2, unread)               # 0, 1 or 2
+    scales = torch.stack([ops[name].view(torch.int32).transpose(1, 2)[safe_tables]
+                          for name in SCALE_NAMES], -1)                  # [B, MB, BS, H, 2]
+    index = torch.add(torch.bucketize(scales, bounds, out_int32=True, right=True),
+                      off.unsqueeze(-1).unsqueeze(-1), alpha=_CLASSES)
+    priority = table[names, index]
+    best, flat = priority.view(-1).max(0, keepdim=True)
+    cell = flat // (block_size * scales.shape[3] * 2)
+    parts = [best, flat, tables.take(cell), lens.take(cell // width)]
+    return parts, safe_tables, safe_lens, priority.view(batch, -1).any(1), True
 
 
 def write_record(ops: dict):
-    """(record code and fields [7], whether this call breaks a rule: 1-element bool)."""
+    """(record parts, whether this call breaks a rule: 1-element bool). The parts: per
+    rule in the host check's order, whether it fails and where: k_bias [found, flat
+    index]; a slot past the pool [found, token, slot]; two tokens on one slot [found,
+    first, second, slot]; a non-finite row written [found, flat index over [2, T, Hkv,
+    D], its token's slot, the element's bits]; then T, Hkv, D."""
     torch = torch_module()
-    slots = ops["slot_mapping"].long()
-    device, tokens = slots.device, slots.shape[0]
+    slots = ops["slot_mapping"]
+    tokens = slots.shape[0]
     blocks, block_size = ops["k_cache"].shape[0], ops["k_cache"].shape[2]
-    rules = CacheLayout.paged(block_size).rules()
-    live = rules.kept(slots)
-    candidates = []                               # in the order the host check runs
+    zero = torch.zeros(1, dtype=torch.bool, device=slots.device)
+    past, token = (slots >= CacheLayout.paged(block_size).rules().capacity(blocks)).max(
+        0, keepdim=True)
+    parts = [past, token, slots.take(token)]
+    if tokens > 1:
+        values, order = torch.sort(slots, stable=True)
+        twice, at = ((values[1:] == values[:-1]) & (values[1:] >= 0)).max(0, keepdim=True)
+        pair = torch.stack((order[:-1], order[1:], values[1:].long()))[:, at].view(-1)
+        parts += [twice, pair]
+    else:
+        twice = zero
+        parts += [zero, zero, zero, zero]
+    rows = torch.stack((ops["k_new"], ops["v_new"]))                    # [2, T, H, D]
+    given = rows
     if "k_bias" in ops:
         bias = ops["k_bias"]
-        at = _first(torch, ~torch.isfinite(bias), device)
-        candidates.append(_cat(torch, [torch.where(at < bias.numel(), BIAS, 0),
-                                       at // bias.shape[1], at % bias.shape[1]], device))
-    token = _first(torch, live & (slots >= rules.capacity(blocks)), device)
-    candidates.append(_cat(torch, [torch.where(token < tokens, SLOT, 0), token,
-                                   _pick(torch, token, slots)], device))
-    if tokens > 1:
-        values, order = torch.sort(torch.where(live, slots, -1), stable=True)
-        at = _first(torch, (values[1:] == values[:-1]) & (values[1:] >= 0), device)
-        candidates.append(_cat(torch, [torch.where(at < tokens - 1, DUPLICATE, 0),
-                                       _pick(torch, at, order), _pick(torch, at + 1, order),
-                                       _pick(torch, at + 1, values)], device))
-    for n, name in enumerate(ROW_NAMES):
-        new = ops[name]
-        rows = new.float() - ops["k_bias"] if name == "k_new" and "k_bias" in ops else new
-        at = _first(torch, ~torch.isfinite(rows) & live[:, None, None], device)
-        per_token, channels = new.shape[1] * new.shape[2], new.shape[2]
-        value = _pick(torch, at, new).float().view(torch.int32)
-        candidates.append(_cat(torch, [torch.where(at < new.numel(), ROW, 0), n,
-                                       at // per_token, (at % per_token) // channels,
-                                       at % channels, _pick(torch, at // per_token, slots),
-                                       value], device))
-    record = candidates[-1]
-    for candidate in reversed(candidates[:-1]):
-        record = torch.where(candidate[:1] != 0, candidate, record)
-    return record, record[:1] != 0
+        rows = torch.stack((ops["k_new"].float() - bias, ops["v_new"]))
+        bias_bad, bias_at = (~torch.isfinite(bias)).view(-1).max(0, keepdim=True)
+        parts = [bias_bad, bias_at] + parts
+        past = past | bias_bad
+    else:
+        parts = [zero, zero] + parts
+    row_bad, at = ((slots >= 0).view(1, -1, 1, 1) > torch.isfinite(rows)).view(-1).max(
+        0, keepdim=True)
+    per_token = rows.shape[2] * rows.shape[3]
+    parts += [row_bad, at, slots.take(at // per_token % tokens),
+              given.view(-1).take(at).float().view(torch.int32),
+              _filled(torch, slots.device, (tokens, *rows.shape[2:]))]
+    bad = past | twice | row_bad
+    return [bad] + parts, bad
+
+
+_FILLED: dict = {}
+
+
+def _filled(torch, device, values: tuple):
+    """`values` as an int64 device tensor, made once per device and values (by fills,
+    which a capture may hold, not by a copy from the host)."""
+    filled = _FILLED.get((device, values))
+    if filled is None:
+        filled = torch.empty(len(values), dtype=torch.int64, device=device)
+        for i, value in enumerate(values):
+            filled[i:i + 1].fill_(value)
+        if not _capturing(torch, device):
+            _FILLED[(device, values)] = filled
+    return filled
 
 
 class Violations:
@@ -176,15 +185,12 @@ class Violations:
     def __init__(self):
         self.records: dict = {}      # device -> int64 [RECORD]
         self.mirrors: dict = {}      # device -> (host tensor, its numpy view)
-        self.sizes: dict = {}        # (device, kind, shortest, width, NB) -> int64 [4]
 
     def _state(self, device):
         torch = torch_module()
         if device not in self.records:
             if _capturing(torch, device):
-                raise InputError("the value checks' record is made by the first call on a "
-                                 "device: make one call with validate=True before capturing "
-                                 "a CUDA graph (the warm-up call that loads the kernels does)")
+                raise InputError(_CAPTURE_FIRST)
             record = torch.zeros(RECORD, dtype=torch.int64, device=device)
             host = record if device.type == "cpu" else torch.zeros(
                 RECORD, dtype=torch.int64, pin_memory=True)
@@ -192,26 +198,15 @@ class Violations:
             self.mirrors[device] = (host, host.numpy())
         return self.records[device]
 
-    def _sizes(self, device, key):
-        """The call's kind and sizes as a device tensor, made once per set (without a
-        copy from the host: fills, which a capture may hold)."""
-        torch = torch_module()
-        sizes = self.sizes.get((device, *key))
-        if sizes is None:
-            sizes = torch.empty(len(key), dtype=torch.int64, device=device)
-            for i, value in enumerate(key):
-                sizes[i:i + 1].fill_(value)
-            if not _capturing(torch, device):
-                self.sizes[(device, *key)] = sizes
-        return sizes
-
     def add(self, record, device, kind: int, shortest: int, width: int, blocks: int) -> None:
-        """Fold a call's record (code and fields) into the device's, first violation kept,
-        and start its copy to the host."""
+        """Fold a call's record (its parts: `attend_record`, `write_record`) into the
+        device's, first violation kept, and start its copy to the host."""
         torch = torch_module()
         state = self._state(device)
-        full = torch.cat([record, self._sizes(device, (kind, shortest, width, blocks))])
-        state.copy_(torch.where(state[:1] != 0, state, full))
+        padding = (0,) * (1 + FIELDS - sum(part.numel() for part in record))
+        full = torch.cat([*record, _filled(torch, device,
+                                           padding + (kind, shortest, width, blocks))])
+        torch.where(state[:1] != 0, state, full, out=state)
         if device.type != "cpu" and not _capturing(torch, device):
             self.mirrors[device][0].copy_(state, non_blocking=True)
 
@@ -244,33 +239,58 @@ def _capturing(torch, device) -> bool:
 def problem(info_of, values: list[int]) -> str:
     """The message of a record (`info_of(kind)`: the FunctionInfo of the call's kind),
     worded as the synchronous check words it."""
+    fields, (kind, shortest, width, blocks) = values[:1 + FIELDS], values[1 + FIELDS:]
+    if kind in (WRITE_KIND, TORCH_WRITE_KIND):
+        return _write_problem(info_of, kind, shortest, blocks, fields)
     from ..driver import paged_inputs as rules
 
-    code, fields, (kind, shortest, width, blocks) = values[0], values[1:1 + FIELDS], \
-        values[1 + FIELDS:]
-    f = fields
-    if kind == TORCH_WRITE_KIND:
-        return (f"layer {shortest}: a new key or value row holds NaN or Inf (token {f[1]}, "
-                f"KV head {f[2]}, channel {f[3]} of {ROW_NAMES[f[0]]}); a cached row must be "
-                f"finite")
     info = info_of(kind)
-    block_size = info.arguments[info.attention.argument("k_cache")].shape[2]
-    if code == CHUNK:
-        return rules.chunk_too_long(info, f[0], f[1], shortest, width, block_size)
-    if code == LENGTH:
-        return rules.length_problem(info, f[0], f[2], shortest, width, block_size)
-    if code == BLOCK:
-        return rules.block_id_problem(info, f[0], f[1], f[2], f[3], blocks, block_size)
-    if code == SCALE:
-        return rules.read_scale_problem(info, SCALE_NAMES[f[0]], rules.SCALE_PROBLEMS[f[1]],
-                                        f[2], f[3], f[4])
-    if code == BIAS:
-        return rules.bias_problem(info, f[:2])
-    if code == SLOT:
-        return rules.slot_problem(info, f[0], f[1], blocks, block_size)
-    if code == DUPLICATE:
-        return rules.duplicate_problem(info, f[0], f[1], f[2], block_size)
-    if code == ROW:
-        value = float(np.array([f[5]], np.int64).astype(np.int32).view(np.float32)[0])
-        return rules.row_problem(info, ROW_NAMES[f[0]], f[1], f[4], f[2], f[3], value)
-    return f"@{info.name}: an unknown violation record {values}; please report it"
+    block_size, heads = _block_size_and_heads(info)
+    priority, flat, block, length = fields[:4]
+    per_cell = block_size * heads * 2
+    sequence, slot = flat // (per_cell * max(width, 1)), flat // per_cell % max(width, 1)
+    if priority == _TABLE_PRIORITY:
+        capacity = CacheLayout.paged(block_size).rules().capacity(width)
+        if kind and shortest > capacity:
+            return rules.chunk_too_long(info, sequence, length, shortest, width, block_size)
+        if not shortest <= length <= capacity:
+            return rules.length_problem(info, sequence, length, shortest, width, block_size)
+        return rules.block_id_problem(info, sequence, slot, length, block, blocks,
+                                      block_size)
+    name, problem_index = divmod(_TABLE_PRIORITY - 1 - priority, 3)
+    head, offset = flat // 2 % heads, flat // (2 * heads) % block_size
+    return rules.read_scale_problem(info, SCALE_NAMES[name],
+                                    rules.SCALE_PROBLEMS[problem_index], block, head, offset)
+
+
+def _block_size_and_heads(info) -> tuple[int, int]:
+    shape = info.arguments[info.attention.argument("k_cache")].shape
+    return shape[2], shape[1]
+
+
+def _write_problem(info_of, kind, layer, blocks, fields) -> str:
+    from ..driver import paged_inputs as rules
+
+    (_, bias_bad, bias_at, past, token, slot, twice, first, second, same_slot,
+     row_bad, at, row_slot, bits, tokens, heads, channels) = fields
+    per_token = heads * channels
+    name, token_of_row = at // (per_token * tokens), at // per_token % tokens
+    head, channel = at % per_token // channels, at % channels
+    if kind == TORCH_WRITE_KIND:
+        return (f"layer {layer}: a new key or value row holds NaN or Inf (token "
+                f"{token_of_row}, KV head {head}, channel {channel} of {ROW_NAMES[name]}); "
+                f"a cached row must be finite")
+    info = info_of(kind)
+    block_size = _block_size_and_heads(info)[0]
+    if bias_bad:
+        width = info.arguments[info.attention.argument("k_bias")].shape[1]
+        return rules.bias_problem(info, [bias_at // width, bias_at % width])
+    if past:
+        return rules.slot_problem(info, token, slot, blocks, block_size)
+    if twice:
+        return rules.duplicate_problem(info, first, second, same_slot, block_size)
+    if row_bad:
+        value = float(np.array([bits], np.int64).astype(np.int32).view(np.float32)[0])
+        return rules.row_problem(info, ROW_NAMES[name], token_of_row, row_slot, head,
+                                 channel, value)
+    return f"@{info.name}: an unknown violation record {fields}; please report it"
