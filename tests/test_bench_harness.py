@@ -288,7 +288,8 @@ def test_the_kinds_table():
     assert mode_flags() == {"--ragged-mean": ("ragged_mean", ("paged",)),
                             "--numerics": ("numerics", ("paged", "prefill")),
                             "--history": ("history", ("prefill",)),
-                            "--new-tokens": ("new_tokens", ("prefill",))}
+                            "--new-tokens": ("new_tokens", ("prefill",)),
+                            "--w-chain": ("w_chains", ("prefill",))}
     assert not BENCH_KINDS["prefill"].query_heads_in_one_tile
 
 
@@ -309,7 +310,8 @@ def test_the_kinds_table_refuses_an_unknown_mode_as_the_cli_does(capsys):
 def test_of_two_flags_of_other_modes_the_first_in_the_help_is_named(capsys):
     from int8attn import cli
 
-    assert list(cli.MODE_FLAGS) == ["--history", "--new-tokens", "--ragged-mean", "--numerics"]
+    assert list(cli.MODE_FLAGS) == ["--history", "--new-tokens", "--ragged-mean", "--numerics",
+                                    "--w-chain"]
     with pytest.raises(SystemExit):
         cli.main(["bench", "--numerics", "one-term", "--history", "5"])
     assert "--history applies to --mode prefill, not --mode decode" in capsys.readouterr().err
