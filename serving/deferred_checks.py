@@ -60,7 +60,7 @@ _CONSTANTS: dict = {}
 
 
 def _constants(torch, device, block_size: int, width: int):
-    """(class bounds, priority table [2, 4 * classes], [0, 1], token positions [width,
+    """(class bounds, priority table [2, 4 * classes], [0, 1, 2], token positions [width,
     BS]) on `device`: made once (the positions grow with the widest table)."""
     key = (device, block_size)
     cached = _CONSTANTS.get(key)
@@ -73,7 +73,7 @@ def _constants(torch, device, block_size: int, width: int):
                      + [_TABLE_PRIORITY] * 2 * _CLASSES for n in range(2)]
             bounds = torch.tensor(_BOUNDS, dtype=torch.int32).to(device)
             cached = (bounds, torch.tensor(table, dtype=torch.int64).to(device),
-                      torch.arange(2, device=device), None)
+                      torch.arange(3, device=device), None)
         positions = torch.arange(max(width, 1) * block_size, dtype=torch.int32,
                                  device=device).view(-1, block_size)
         cached = (*cached[:3], positions)
@@ -98,7 +98,7 @@ def attend_record(ops: dict, shortest: int, prefill: bool):
     batch, width = tables.shape
     blocks, block_size = ops["k_cache"].shape[0], ops["k_cache"].shape[2]
     capacity = CacheLayout.paged(block_size).rules().capacity(width)
-    bounds, table, names, positions = _constants(torch, device, block_size, width)
+    bounds, table, counts, positions = _constants(torch, device, block_size, width)
     if shortest > capacity or blocks == 0:       # no sequence can be read
         first = torch.zeros(1, dtype=torch.int64, device=device)
         block = tables.view(-1)[:1] if width else first
@@ -108,12 +108,12 @@ def attend_record(ops: dict, shortest: int, prefill: bool):
     safe_lens = lens.clamp(shortest, capacity)
     unread = positions[:width] >= safe_lens.view(-1, 1, 1)               # [B, MB, BS]
     slot_bad = ((safe_tables != tables) > unread[:, :, 0]) | (safe_lens != lens).view(-1, 1)
-    off = torch.where(slot_bad.unsqueeze(2), 2, unread)               # 0, 1 or 2
+    off = torch.where(slot_bad.unsqueeze(2), counts[2], unread)       # 0, 1 or 2
     scales = torch.stack([ops[name].view(torch.int32).transpose(1, 2)[safe_tables]
                           for name in SCALE_NAMES], -1)                  # [B, MB, BS, H, 2]
     index = torch.add(torch.bucketize(scales, bounds, out_int32=True, right=True),
                       off.unsqueeze(-1).unsqueeze(-1), alpha=_CLASSES)
-    priority = table[names, index]
+    priority = table[counts[:2], index]
     best, flat = priority.view(-1).max(0, keepdim=True)
     cell = flat // (block_size * scales.shape[3] * 2)
     parts = [best, flat, tables.take(cell), lens.take(cell // width)]
@@ -130,14 +130,14 @@ def write_record(ops: dict):
     slots = ops["slot_mapping"]
     tokens = slots.shape[0]
     blocks, block_size = ops["k_cache"].shape[0], ops["k_cache"].shape[2]
-    zero = torch.zeros(1, dtype=torch.bool, device=slots.device)
+    zero = _filled(torch, slots.device, (0,))
     past, token = (slots >= CacheLayout.paged(block_size).rules().capacity(blocks)).max(
         0, keepdim=True)
     parts = [past, token, slots.take(token)]
     if tokens > 1:
         values, order = torch.sort(slots, stable=True)
         twice, at = ((values[1:] == values[:-1]) & (values[1:] >= 0)).max(0, keepdim=True)
-        pair = torch.stack((order[:-1], order[1:], values[1:].long()))[:, at].view(-1)
+        pair = torch.stack((order[:-1], order[1:], values[1:]))[:, at].view(-1)
         parts += [twice, pair]
     else:
         twice = zero
@@ -147,12 +147,13 @@ def write_record(ops: dict):
     if "k_bias" in ops:
         bias = ops["k_bias"]
         rows = torch.stack((ops["k_new"].float() - bias, ops["v_new"]))
-        bias_bad, bias_at = (~torch.isfinite(bias)).view(-1).max(0, keepdim=True)
+        bias_bad, bias_at = bias.mul(0).ne(0).view(-1).max(0, keepdim=True)   # NaN, Inf
         parts = [bias_bad, bias_at] + parts
         past = past | bias_bad
     else:
         parts = [zero, zero] + parts
-    row_bad, at = ((slots >= 0).view(1, -1, 1, 1) > torch.isfinite(rows)).view(-1).max(
+    # x * 0 is NaN where x is NaN or Inf
+    row_bad, at = ((slots >= 0).view(1, -1, 1, 1) & rows.mul(0).ne(0)).view(-1).max(
         0, keepdim=True)
     per_token = rows.shape[2] * rows.shape[3]
     parts += [row_bad, at, slots.take(at // per_token % tokens),

@@ -284,7 +284,7 @@ class PagedAttention:
             record, bad = write_record(ops)
             self.violations.add(record, device, WRITE_KIND, 0, 0, tensors[3].shape[0])
             # a bad call skips every token: the kernel writes nothing
-            ops["slot_mapping"] = tensors[2] = torch_module().where(bad, -1, tensors[2])
+            ops["slot_mapping"] = tensors[2] = tensors[2].masked_fill(bad, -1)
         if executor.device_type == "cpu":     # the CPU runtime checks what is not deferred
             results = executor.run_positional(tensors, checked=not deferred)
             for target, result in zip(tensors[3:], results):

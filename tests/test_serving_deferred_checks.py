@@ -16,6 +16,7 @@ import pytest
 from conftest import seeded_rng
 
 torch = pytest.importorskip("torch")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from int8attn.runtime.module import InputError  # noqa: E402
 from int8attn.serving import PagedAttention  # noqa: E402
@@ -31,6 +32,7 @@ NAN, INF = float("nan"), float("inf")
 
 @pytest.fixture(scope="module")
 def attn():
+    pytest.importorskip("iree.compiler", reason="the cpu target compiles its kernels here")
     return PagedAttention(HQ, HKV, D, BS, target="cpu")
 
 
@@ -225,6 +227,87 @@ def test_a_default_mode_call_reads_nothing_back(attn, monkeypatch):
         attn.check()
 
 
+class OpCount(TorchDispatchMode):
+    """The aten ops a call dispatches; `kernels`: those that are not views."""
+
+    VIEWS = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "transpose", "expand",
+             "detach", "alias", "as_strided", "squeeze", "lift_fresh", "permute", "t"}
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def kernels(self):
+        return [op for op in self.ops if op not in self.VIEWS]
+
+
+def ops_of(call) -> OpCount:
+    with OpCount() as counted:
+        call()
+    return counted
+
+
+# The ops a default-mode call adds to an unchecked one (records, fold, NaN rows, safe
+# inputs): each is a host-side launch on a GPU, so their number is the checks' host cost.
+OP_BOUNDS = {"attend": (46, 26), "write": (42, 28)}     # (all ops, non-view ops)
+
+
+def test_the_checks_add_a_bounded_number_of_ops(attn):
+    pool, tables, lens, q, new = filled(attn)
+    calls = {"attend": lambda validate: attn(q, *pool, tables, lens, validate=validate),
+             "write": lambda validate: attn.write(*new, *pool, validate=validate)}
+    for name, call in calls.items():
+        call(True)                                # constants and the record made
+        checked, unchecked = ops_of(lambda: call(True)), ops_of(lambda: call(False))
+        added = (len(checked.ops) - len(unchecked.ops),
+                 len(checked.kernels) - len(unchecked.kernels))
+        print(f"{name}: {added[0]} ops added, {added[1]} not views: {checked.kernels}")
+        assert added[0] <= OP_BOUNDS[name][0] and added[1] <= OP_BOUNDS[name][1], added
+    attn.check()
+
+
+def random_faults(rng, args, count):
+    """`count` faults drawn among every attention rule, at random places (the scales
+    of read and unread slots, used and unused table slots, lengths)."""
+    tables, lens = args[5], args[6]
+    for _ in range(count):
+        b = int(rng.integers(len(LENGTHS)))
+        kind = rng.choice(["scale", "scale", "scale", "block", "length"])
+        if kind == "scale":
+            token = int(rng.integers(int(lens[b]) + BS))   # now and then an unread slot
+            column = min(token // BS, tables.shape[1] - 1)
+            value = rng.choice([NAN, INF, -INF, -1.0, -0.0, 0.0])
+            args[int(rng.choice([2, 4]))][int(tables[b, column]) % NB,
+                                          int(rng.integers(HKV)), token % BS] = value
+        elif kind == "block":
+            tables[b, int(rng.integers(tables.shape[1]))] = int(rng.choice([-1, NB, 10**6]))
+        else:
+            lens[b] = int(rng.choice([0, -5, tables.shape[1] * BS + 1]))
+
+
+def test_random_faults_are_named_as_the_sync_check_names_them(attn):
+    pool, tables, lens, q, _ = filled(attn)
+    rng = seeded_rng(SEED + 3)
+    for case in range(30):
+        args = [q, *(t.clone() for t in pool), tables.clone(), lens.clone()]
+        random_faults(rng, args, int(rng.integers(1, 4)))
+        try:
+            attn(*args, validate="sync")
+            expected = None
+        except InputError as error:
+            expected = str(error)
+        attn(*args)
+        if expected is None:
+            attn.check()
+        else:
+            assert raised_at(attn, "check", None) == expected, case
+
+
 def test_validate_takes_three_modes(attn):
     pool, tables, lens, q, new = filled(attn)
     for call in (lambda: attn(q, *pool, tables, lens, validate="yes"),
@@ -249,7 +332,8 @@ def test_the_torch_write_skips_a_bad_call_on_the_device():
     assert not same_bytes(pool_bytes(pool), before)
 
 
-def test_a_torch_write_record_names_its_layer(attn):
+def test_a_torch_write_record_names_its_layer():
+    attn = PagedAttention(HQ, HKV, D, BS, target="cpu")          # compiles nothing
     rng = seeded_rng(SEED + 2)
     pool, _, _, (k_new, v_new), slots = pool_and_batch(rng, [5])
     v_new[2, 1, 9] = NAN
