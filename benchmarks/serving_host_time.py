@@ -10,7 +10,8 @@ call; True: the checks on the device, no sync; False: none):
 - eager: the host time to enqueue `--calls` back-to-back calls (no synchronize in
   the loop), per call, and the wall time per call once the GPU has finished;
 - graph: the same calls captured in a CUDA graph (10 per graph; "sync" cannot be
-  captured), the host time of a replay per call;
+  captured), the host time of back-to-back replays per call (the GPU's time where
+  its queue fills), and graph-idle: one replay on an idle GPU, per call;
 - syncs: the host syncs one eager call makes, counted by torch's sync debug mode.
 The `cpu` mode runs the eager part on torch CPU tensors (the cpu target, small
 sizes): it checks the harness, not the GPU's numbers.
@@ -84,7 +85,11 @@ def syncs(torch, attn, q, pool, out, new, validate) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def replayed(torch, attn, q, pool, out, new, validate, replays: int = 50) -> dict:
+def replayed(torch, attn, q, pool, out, new, validate, replays: int = 50) -> tuple:
+    """(back to back: host and wall time per call; idle: the host time of one replay
+    started on an idle GPU, per call). Back-to-back replays wait on the host once the
+    GPU's queue is full, so where the captured work outlasts the host's loop their host
+    time is the GPU's; the idle replay is the launch alone."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(GRAPH_CALLS):
@@ -97,9 +102,17 @@ def replayed(torch, attn, q, pool, out, new, validate, replays: int = 50) -> dic
     host = time.perf_counter() - start
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
+    idle = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        graph.replay()
+        idle.append(time.perf_counter() - begin)
+    torch.cuda.synchronize()
     attn.check()
     calls = replays * GRAPH_CALLS
-    return {"host_us": host / calls * 1e6, "wall_us": wall / calls * 1e6}
+    return ({"host_us": host / calls * 1e6, "wall_us": wall / calls * 1e6},
+            {"host_us": float(np.median(idle)) / GRAPH_CALLS * 1e6, "wall_us": None})
 
 
 def measure(torch, attn, device, shapes, calls: int, write: bool, graphs: bool) -> dict:
@@ -117,7 +130,8 @@ def measure(torch, attn, device, shapes, calls: int, write: bool, graphs: bool) 
             for name, validate in MODES:
                 row[f"{name} eager"] = eager(torch, attn, q, pool, out, new, validate, calls)
                 if graphs and validate != "sync":
-                    row[f"{name} graph"] = replayed(torch, attn, q, pool, out, new, validate)
+                    row[f"{name} graph"], row[f"{name} graph-idle"] = replayed(
+                        torch, attn, q, pool, out, new, validate)
             label = f"B={batch} {length // 1024}K" if length >= 1024 else f"B={batch} {length}"
             results[label + (" write+attend" if with_write else " attend")] = row
             print(label, "write+attend" if with_write else "attend", row, flush=True)

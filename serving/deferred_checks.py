@@ -139,8 +139,8 @@ def write_record(ops: dict):
         twice, at = ((values[1:] == values[:-1]) & (values[1:] >= 0)).max(0, keepdim=True)
         pair = torch.stack((order[:-1], order[1:], values[1:]))[:, at].view(-1)
         parts += [twice, pair]
+        past = past | twice
     else:
-        twice = zero
         parts += [zero, zero, zero, zero]
     rows = torch.stack((ops["k_new"], ops["v_new"]))                    # [2, T, H, D]
     given = rows
@@ -159,7 +159,7 @@ def write_record(ops: dict):
     parts += [row_bad, at, slots.take(at // per_token % tokens),
               given.view(-1).take(at).float().view(torch.int32),
               _filled(torch, slots.device, (tokens, *rows.shape[2:]))]
-    bad = past | twice | row_bad
+    bad = past | row_bad
     return [bad] + parts, bad
 
 

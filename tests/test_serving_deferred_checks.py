@@ -142,6 +142,21 @@ def test_a_bad_write_writes_nothing_and_is_raised_later_as_the_sync_error(attn, 
     assert raised_at(attn, point, lambda: attn(q, *pool, tables, lens)) == expected
 
 
+def test_a_write_of_one_token(attn):
+    pool, tables, lens, q, (k_new, v_new, slots) = filled(attn)
+    one = [k_new[:1].clone(), v_new[:1].clone(), slots[:1].clone()]
+    twin = [t.clone() for t in pool]
+    attn.write(*one, *pool)
+    attn.write(*one, *twin, validate="sync")
+    attn.check()
+    assert same_bytes(pool_bytes(pool), pool_bytes(twin))
+    one[1][0, 1, 2] = NAN
+    expected = sync_error(lambda: attn.write(*one, *twin, validate="sync"))
+    attn.write(*one, *pool)
+    assert same_bytes(pool_bytes(pool), pool_bytes(twin))
+    assert raised_at(attn, "check", None) == expected
+
+
 def test_a_skipped_token_may_hold_anything(attn):
     pool, tables, lens, q, (k_new, v_new, slots) = filled(attn)
     k_new[3], slots[3] = NAN, -1
