@@ -135,9 +135,7 @@ def machine(threads: int, l3: int) -> dict:
     flags = set()
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and not model.strip():
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("model name"):
+            if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
             elif line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
