@@ -56,6 +56,11 @@ def _scale_priority(name: int, problem) -> int:
     return 0 if problem is None else _TABLE_PRIORITY - 1 - 3 * name - problem
 
 
+# priority -> (scale name, problem), the inverse of _scale_priority
+_SCALE_RULE_OF = {_scale_priority(name, problem): (name, problem)
+                  for name in range(len(SCALE_NAMES)) for problem in range(3)}
+
+
 _CONSTANTS: dict = {}
 
 
@@ -258,7 +263,7 @@ def problem(info_of, values: list[int]) -> str:
             return rules.length_problem(info, sequence, length, shortest, width, block_size)
         return rules.block_id_problem(info, sequence, slot, length, block, blocks,
                                       block_size)
-    name, problem_index = divmod(_TABLE_PRIORITY - 1 - priority, 3)
+    name, problem_index = _SCALE_RULE_OF[priority]
     head, offset = flat // 2 % heads, flat // (2 * heads) % block_size
     return rules.read_scale_problem(info, SCALE_NAMES[name],
                                     rules.SCALE_PROBLEMS[problem_index], block, head, offset)
