@@ -25,9 +25,10 @@ HOST = "host"
 # IREE's data tiling packs the operands of every contraction it recognises into
 # the CPU's mmt4d tiles: QK's i8 x i8 -> i32 dots then run on the integer
 # dot-product instructions the CPU has (VNNI `vpdpwssd`, AVX2 `vpmaddwd`) where
-# the plain generic multiplies in i32 (`vpmulld`). The int32 sums are exact in
-# any order; the f32 contractions it also tiles (the partitions' merge) keep their
-# results bit for bit (tests/test_cpu_int8_dot.py).
+# the plain generic multiplies in i32 (`vpmulld`). Opt-in only (the Python API's
+# `iree_flags=DATA_TILING`): with it IREE 3.13 computes the paged decode and some
+# dense prefills wrong (errors of ~5e-3 against the fragment-level reference in
+# tests/test_paged_edge_cases.py and tests/test_w_chain.py), cause not yet found.
 DATA_TILING = ("--iree-opt-data-tiling",)
 # A module with one dispatch: enough for IREE to build the executable target.
 _PROBE = """func.func @probe(%a: tensor<4xf32>) -> tensor<4xf32> {
@@ -60,7 +61,7 @@ class CPUTarget:
         return sorted(f for f in self.features if f not in other.features)
 
     def iree_flags(self) -> tuple[str, ...]:
-        return (f"--iree-llvmcpu-target-cpu={self.name}", *DATA_TILING)
+        return (f"--iree-llvmcpu-target-cpu={self.name}",)
 
 
 # What `host` stands for when set: an LLVM CPU name. Runs everything that
