@@ -26,7 +26,7 @@ from int8attn import bench_paged
 from int8attn.fragments import thread_distribution
 from int8attn.kernels import decode
 from int8attn.kernels.lanes import binding, load_vector
-from int8attn.kernels.pv_stages import load_v
+from int8attn.kernels.v_loads import load_v
 from int8attn.kernels.qk_stages import q_operands, qk, quantize_rows
 
 VARIANTS = ("loads", "qk")

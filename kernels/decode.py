@@ -2,7 +2,7 @@
 
 Partition kernel, one workgroup of 4 waves per (partition, KV head, sequence),
 64 tokens per wave; a composition of the stages (kernels/qk_stages.py,
-kernels/pv_stages.py):
+kernels/pv_stages.py, kernels/v_loads.py):
 
   Q       `quantize_rows`: the KV head's query rows (GQA heads, zero-padded to
           the tile's M) quantized per row in the workgroup, Qq and sQ to LDS
@@ -42,10 +42,11 @@ from .executable import build_kernel
 from .kv_access import DenseKV, KVView, PagedKV
 from .lanes import Lanes, binding, workgroup_id
 from .merge import MergePlan, build_merge, merge_sequence
-from .pv_stages import check_w_chain, load_v, pv_stage, stage_v, v_tiles
+from .pv_stages import check_w_chain, pv_stage
 from .qk_stages import partition_softmax, q_operands, qk, quantize_rows
 from .stage_plan import StagePlan, VSource
 from .target_spec import DecodeTuning, TargetSpec
+from .v_loads import load_v, stage_v, v_tiles
 
 PARTITION_KERNEL = "decode_partition"
 MERGE_KERNEL = "decode_merge"

@@ -5,8 +5,9 @@ A query row is a (token, head) pair of the KV head's GQA group, packed
 token-major into the MMA's M: row r of the KV head is query token r // G,
 head r % G, so one K/V tile serves every head of the group. Each wave owns
 16 rows and walks the KV tiles of 64 tokens (the fragment model's wave
-tokens, which is also the contract's prefill tile). The same stages as decode
-(kernels/qk_stages.py, kernels/pv_stages.py), composed differently:
+tokens, which is also the contract's prefill tile); the rows are a `PrefillRows`
+(kernels/prefill_rows.py). The same stages as decode (kernels/qk_stages.py,
+kernels/pv_stages.py, kernels/v_loads.py), composed differently:
 
   Q       `quantize_rows`: the workgroup's 64 rows into LDS once, in the MMA's
           register order; each wave keeps its A fragments in registers, or reads
@@ -43,52 +44,22 @@ from iree.compiler.dialects import arith, memref, scf
 
 from ..contract import scalar_ir as contract
 from ..contract.numerics import Numerics
-from ..fragments import NUMPY_OPS, PackedRows, ceil_div, floor_div
+from ..fragments import NUMPY_OPS, ceil_div
 from .abi import DENSE_INPUTS, PAGED_INPUTS, Buffer, KernelABI
 from .decode import check_head_dim, stage_plan
 from .executable import build_kernel
 from .kv_access import KVView, PagedPrefillKV, PrefillKV
 from .kv_ring import KVRing
 from .lanes import Lanes, binding, workgroup_id
-from .pv_stages import check_w_chain, pv_stage, v_tiles
+from .prefill_rows import PrefillRows, q_source, tile_bounds
+from .pv_stages import check_w_chain, pv_stage
 from .qk_stages import across_row, online_softmax, q_operands, qk, quantize_rows
 from .shapes import PagedPrefillShape, PrefillShape
 from .stage_plan import StagePlan, VSource, class_of
 from .target_spec import TargetSpec
+from .v_loads import v_tiles
 
 PREFILL_KERNEL = "prefill_attention"
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """The workgroup's query rows: row block `block` of the KV head's packed
-    (token, head) rows, `rows` of them, `tile_rows` per wave."""
-
-    plan: StagePlan
-    shape: PrefillShape | PagedPrefillShape
-    block: ir.Value
-    rows: int
-
-    def packed(self, row: ir.Value, wave: ir.Value | None = None) -> ir.Value:
-        """Packed row of the block's row `row` (of wave `wave`'s tile, if given)."""
-        lanes = self.plan.lanes
-        if wave is None:
-            return lanes.affine((self.block, self.rows), (row, 1))
-        return lanes.affine((self.block, self.rows), (wave, self.plan.tile_rows), (row, 1))
-
-    def real(self, packed: ir.Value) -> ir.Value:
-        s = self.shape
-        return arith.cmpi(arith.CmpIPredicate.ult, packed,
-                          self.plan.lanes.index(s.query_tokens * s.rows))
-
-    def token_and_head(self, packed: ir.Value, clamp: bool = True):
-        """(query token, head in the group) of a packed row; with `clamp`, a padding
-        row past the last real one takes the last one's (it reads real q and keys,
-        and is never stored)."""
-        s, lanes = self.shape, self.plan.lanes
-        if clamp:
-            packed = arith.minui(packed, lanes.index(s.query_tokens * s.rows - 1))
-        return PackedRows(s.rows).split(lanes.ops, packed)
 
 
 @dataclass(frozen=True)
@@ -125,8 +96,8 @@ class PrefillKernel:
                           w_chain=self.w_chain)
         out = binding(out_arg, (kv.batch, s.q_heads, s.query_tokens, s.head_dim), "f32",
                       lanes.index(0))
-        rows = _Rows(plan, s, block, self.rows_per_workgroup)
-        staged_q = quantize_rows(plan, kv.q, rows.rows, lambda row: _q_source(rows, kv, row))
+        rows = PrefillRows(plan, s, block, self.rows_per_workgroup)
+        staged_q = quantize_rows(plan, kv.q, rows.rows, lambda row: q_source(rows, kv, row))
         wave_row = lambda row: lanes.affine((lanes.wave, plan.tile_rows), (row, 1))
         if self.spec.prefill_q_per_tile:
             operands = lambda: q_operands(plan, staged_q, wave_row)
@@ -139,28 +110,6 @@ class PrefillKernel:
         o, partial_l = _tile_loop(plan, kv, rows, operands, classes, query_tokens)
         l = [across_row(plan, x, arith.addf) for x in partial_l]     # the lanes' partials
         _store(plan, rows, kv, o, l, classes, out)
-
-
-def _q_source(rows: _Rows, kv: KVView, row):
-    packed = rows.packed(row)
-    token, head = rows.token_and_head(packed)
-    s = rows.shape
-    return rows.real(packed), [kv.b, kv.lanes.affine((kv.h, s.rows), (head, 1)), token]
-
-
-def _tile_bounds(plan: StagePlan, rows: _Rows, history):
-    """(tiles every row of the block sees whole, tiles up to the last key the block's
-    last real row sees): the causal rule of `contract.causal_last_key`. The block's
-    first row has its smallest query token (rows are token-major), so a tile is whole
-    for every row iff its last key is at most that row's last key."""
-    lanes, tile = plan.lanes, plan.model.wave_tokens
-    first, _ = rows.token_and_head(rows.packed(lanes.index(0)))
-    last, _ = rows.token_and_head(lanes.affine((rows.block, rows.rows), rows.rows - 1))
-    whole = floor_div(lanes.ops, lanes.plus(contract.causal_last_key(first, history,
-                                                                     lanes.index), 1), tile)
-    seen = ceil_div(lanes.ops, lanes.plus(contract.causal_last_key(last, history, lanes.index),
-                                          1), tile)
-    return whole, seen
 
 
 def _per_pv_slot(plan: StagePlan, values: list, classes, slots) -> dict:
@@ -185,7 +134,7 @@ def _per_pv_slot(plan: StagePlan, values: list, classes, slots) -> dict:
             for i in slots}
 
 
-def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, query_tokens):
+def _tile_loop(plan: StagePlan, kv: KVView, rows: PrefillRows, operands, classes, query_tokens):
     """Two scf.for over the visible tiles carrying (m, l) per row class and o per PV C
     element: the tiles every row sees whole, unmasked, then the rest under the causal
     mask; returns (o [tile][slot], each lane's partial l per class)."""
@@ -195,7 +144,7 @@ def _tile_loop(plan: StagePlan, kv: KVView, rows: _Rows, operands, classes, quer
     count = len(classes)
     carried = ([lanes.f32(float("-inf"))] * count + [lanes.f32(0.0)] * count
                + [lanes.f32(0.0)] * (tiles * len(slots)))
-    whole, seen = _tile_bounds(plan, rows, kv.history)
+    whole, seen = tile_bounds(plan, rows, kv.history)
 
     def masked(tile_kv):
         def live(element, local):
@@ -300,7 +249,7 @@ def _rescaled(plan: StagePlan, alpha_of: dict, o: list) -> list[dict]:
     return start
 
 
-def _store(plan: StagePlan, rows: _Rows, kv: KVView, o, l, classes, out) -> None:
+def _store(plan: StagePlan, rows: PrefillRows, kv: KVView, o, l, classes, out) -> None:
     """O = o / l for the real rows, into [B, Hq, Sq, D]."""
     lanes, s = plan.lanes, rows.shape
     inst = plan.pv_layout.instruction

@@ -1,5 +1,6 @@
 """The stages from the weights to a wave's output: quantize W per MMAC group,
-stage V, PV on the INT8 instruction (or the bf16 baseline's).
+PV on the INT8 instruction (or the bf16 baseline's), and the W chains a kernel can
+take. PV's V operands come from kernels/v_loads.py.
 
 Each stage is a function of a `StagePlan` and named fragments (stage_plan.py).
 """
@@ -15,9 +16,8 @@ from ..contract import scalar_ir as contract
 from ..contract.constants import DIGIT_BASE, LEVEL_BYTE, MAX_W_V_PRODUCT, ROUND_BIAS_BITS
 from ..contract.numerics import Numerics
 from ..fragments import W_CHAINS, DecodeKernelLayout, FragmentModel, thread_distribution
-from .kv_access import KVView
-from .lanes import c_element, c_fragment, load_vector, vector_type
-from .stage_plan import StagedW, StagePlan, VSource, load_operand
+from .lanes import c_element, c_fragment, vector_type
+from .stage_plan import StagedW, StagePlan, load_operand
 
 
 def quantize_w(plan: StagePlan, w: dict) -> StagedW:
@@ -390,64 +390,3 @@ def pv_stage(plan: StagePlan, w: dict, v_tiles, start=None) -> list[list]:
     if plan.pv == "int8":
         return pv(plan, quantize_w(plan, w), v_tiles, start)
     return pv_bf16(plan, stage_bf16(plan, w), v_tiles, start)
-
-
-# V ----------------------------------------------------------------------------
-def _v_pieces(plan: StagePlan, tiles=None):
-    """[load][tile]: (head-dim column, first token in the wave) of each of the lane's
-    V loads, 16 bytes of consecutive tokens of one head-dim column."""
-    lanes, layout = plan.lanes, plan.pv_layout
-    inst = layout.instruction
-    b_col = lanes.of_lane(layout.b_col())
-    tiles = tiles if tiles is not None else range(plan.head_dim // inst.n)
-    return [[(lanes.plus(b_col, tile * inst.n), lanes.of_lane(layout.v_load_start(u)))
-             for tile in tiles] for u in range(layout.v_loads())]
-
-
-def load_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value, tiles=None,
-           staged: ir.Value | None = None) -> list[list]:
-    """Each lane's V loads [load][tile], from the cache (the wave's tokens from
-    `wave_token0`) or from the LDS copy `staged` [wave, head dim, wave token]
-    (`stage_v`)."""
-    lanes, width = plan.lanes, plan.model.v_load.bytes_per_lane
-    if staged is not None:
-        return [[load_vector(staged, [lanes.wave, col, in_wave], width, "i8")
-                 for col, in_wave in row] for row in _v_pieces(plan, tiles)]
-    # Rows of the cache's last dimension (the padded sequence, or a block), read from
-    # multiples of the wave's tokens; the bindings are 16-byte aligned (IREE's).
-    alignment = plan.pv_layout.v_load_alignment(ir.MemRefType(kv.v.type).shape[-1])
-    wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
-    return [[load_vector(kv.v, wave_kv.v_row(col, in_wave), width, "i8", alignment)
-             for col, in_wave in row] for row in _v_pieces(plan, tiles)]
-
-
-def stage_v(plan: StagePlan, kv: KVView, wave_token0: ir.Value) -> tuple:
-    """Start the asynchronous copies of the lane's V loads into LDS; (LDS, group).
-    Each lane reads back only what it copied, so the group's wait alone orders
-    the copies before the reads."""
-    lanes, width = plan.lanes, plan.model.v_load.bytes_per_lane
-    lds = lanes.shared([plan.waves, plan.head_dim, plan.model.wave_tokens], "i8")
-    wave_kv = kv.wave(wave_token0, plan.model.wave_tokens)
-    copies = [lanes.async_copy(kv.v, wave_kv.v_row(col, in_wave), lds,
-                               [lanes.wave, col, in_wave], width)
-              for row in _v_pieces(plan) for col, in_wave in row]
-    return lds, lanes.async_group(copies)
-
-
-def v_tiles(plan: StagePlan, kv: KVView, wave_token0: ir.Value, source: VSource):
-    """(tile, the lane's V loads for its head-dim columns), in tile order."""
-    tiles = range(plan.head_dim // plan.pv_layout.instruction.n)
-    if source.staged is not None:
-        lds, group = source.staged
-        plan.lanes.async_wait(group)
-        loaded = load_v(plan, kv, wave_token0, staged=lds)
-    elif source.loaded is not None:
-        loaded = source.loaded
-    elif not source.per_tile:
-        loaded = load_v(plan, kv, wave_token0)
-    else:
-        for tile in tiles:
-            yield tile, [row[0] for row in load_v(plan, kv, wave_token0, [tile])]
-        return
-    for tile in tiles:
-        yield tile, [row[tile] for row in loaded]
