@@ -81,3 +81,22 @@ def check_against_references(out, args, scale, pv="int8", numerics: Numerics = N
     unit = value_scale or 1.0
     return {"fragment": float(frag_err.max()) / unit, "exact": float(exact_err.max()) / unit,
             "exact_vs_tolerance": worst}
+
+
+def attention_inputs(rng, shape, mode, key_outliers=False):
+    """(q, k, k_scale, v, v_scale) of a dense graph of `shape` (B, Hq, Hkv, S, Sq, D):
+    Gaussian q, keys and values, the cache quantized per token; `key_outliers` scales 4
+    of each KV head's channels by 30-60 before the keys are quantized, as LLM keys have."""
+    batch, q_heads, kv_heads, tokens, query_tokens, head_dim = shape
+    q_shape = (batch, q_heads, head_dim) if mode == "decode" else \
+        (batch, q_heads, query_tokens, head_dim)
+    q = rng.standard_normal(q_shape).astype(np.float32)
+    keys = rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32)
+    if key_outliers:
+        for h in range(kv_heads):
+            channels = rng.choice(head_dim, 4, replace=False)
+            keys[:, h, :, channels] *= rng.uniform(30, 60, 4).astype(np.float32)[:, None, None]
+    k, k_scale = ref.quantize_cache(keys)
+    v, v_scale = ref.quantize_cache(
+        rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32))
+    return q, k, k_scale, v, v_scale

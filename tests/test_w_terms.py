@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import int8attn
-from accuracy import FLOAT_SLACK, check_against_references
+from accuracy import FLOAT_SLACK, attention_inputs, check_against_references
 from conftest import seeded_rng
 from int8attn import reference as ref
 from int8attn.contract.numerics import ONE_TERM_NUMERICS, Numerics
@@ -58,20 +58,7 @@ def _compiled(mode, pv, numerics: Numerics):
 
 
 def _inputs(seed, mode, key_outliers=False):
-    batch, q_heads, kv_heads, tokens, query_tokens, head_dim = SHAPES[mode]
-    rng = seeded_rng(seed)
-    q_shape = (batch, q_heads, head_dim) if mode == "decode" else \
-        (batch, q_heads, query_tokens, head_dim)
-    q = rng.standard_normal(q_shape).astype(np.float32)
-    keys = rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32)
-    if key_outliers:   # the outlier channels LLM keys have, before the cache is quantized
-        for h in range(kv_heads):
-            channels = rng.choice(head_dim, 4, replace=False)
-            keys[:, h, :, channels] *= rng.uniform(30, 60, 4).astype(np.float32)[:, None, None]
-    k, k_scale = ref.quantize_cache(keys)
-    v, v_scale = ref.quantize_cache(
-        rng.standard_normal((batch, kv_heads, tokens, head_dim)).astype(np.float32))
-    return q, k, k_scale, v, v_scale
+    return attention_inputs(seeded_rng(seed), SHAPES[mode], mode, key_outliers)
 
 
 @pytest.mark.parametrize("w_quant", ["s8", "u8"])
