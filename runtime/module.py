@@ -36,6 +36,7 @@ output argument to write into).
 from __future__ import annotations
 
 import ctypes
+import math
 import re
 import shlex
 from contextlib import contextmanager
@@ -166,7 +167,28 @@ class LoadedModule:
                                                      declaration)))
         return self._consumed[function]
 
-    def _why_copied(self, index: int, array: np.ndarray, updated: set, consumed) -> str | None:
+    def result_aliases(self, function: str, tied=()) -> frozenset[int]:
+        """The arguments of `function` that a result not in `tied` may be computed in.
+        IREE 3.13 may compute a result in the buffer of an imported argument of its type,
+        even one it does not consume (bufferization writes in place into an `outs` that
+        is an argument): such an argument is copied, never read in place. Types are read
+        from the ABI declaration: the same type, or, static, the same element type and
+        count (a reshape between them); without a declaration, every argument."""
+        entry = self._entry(function, ())
+        declaration = entry.vm_function.reflection.get("iree.abi.declaration")
+        count = len(self.signatures[function])
+        if declaration is None:
+            return frozenset(range(count))
+        inputs = dict((int(i), t) for i, t in re.findall(r"%input(\d+): tensor<([^>]*)>",
+                                                          declaration))
+        tied_results = {r for r, _ in tied}
+        outputs = [t for r, t in re.findall(r"%output(\d+): tensor<([^>]*)>", declaration)
+                   if int(r) not in tied_results]
+        return frozenset(i for i, t in inputs.items()
+                         if any(_may_alias(t, o) for o in outputs))
+
+    def _why_copied(self, index: int, array: np.ndarray, updated: set, consumed,
+                    aliases=frozenset()) -> str | None:
         """Why argument `index` cannot be read in place, or None where it can."""
         if self.driver not in HOST_DRIVERS:
             return f"the {self.driver} device has its own memory"
@@ -179,6 +201,9 @@ class LoadedModule:
             return (f"not {HOST_ALIGNMENT}-byte aligned (address % {HOST_ALIGNMENT} = "
                     f"{array.ctypes.data % HOST_ALIGNMENT}; runtime.aligned_empty makes "
                     f"arrays that are)")
+        if index not in updated and index in aliases:
+            return ("a result of its type may be computed in its buffer (IREE may reuse an "
+                    "argument's buffer for a result), so the caller's array is kept apart")
         shared = [b for b in updated if b != index and _shared(array, self._updating[b])]
         if shared:
             return f"shares memory with argument {shared[0]}, which the call updates in place"
@@ -229,6 +254,8 @@ class LoadedModule:
         where the module may use it in place, else over a copy (`_copy`). Every host
         array imported is appended to `held`: IREE's import does not keep it alive."""
         specs, consumed = self.signatures[function], self.consumed(function)
+        aliases = self.result_aliases(function, tied) if self.driver in HOST_DRIVERS \
+            else frozenset()
         updated = {a for _, a in tied}
         self._updating = {a: arguments[a] for a in updated}
         passed = []
@@ -240,7 +267,7 @@ class LoadedModule:
             if not array.size:
                 passed.append(array)      # no bytes to copy
                 continue
-            why = self._why_copied(i, array, updated, consumed)
+            why = self._why_copied(i, array, updated, consumed, aliases)
             view = None if why is not None else self._import(array, held)
             if view is None:
                 view = self._copy(i, array, why or "IREE did not import it", held)
@@ -266,6 +293,15 @@ class LoadedModule:
                 results = [results]
             results = [_owned(np.asarray(r.to_host() if hasattr(r, "to_host") else r), held)
                        for r in results]
+        tied_results = {r for r, _ in tied}
+        for r, result in enumerate(results):
+            written = [i for i, a in enumerate(arrays) if r not in tied_results
+                       and isinstance(a, np.ndarray) and np.may_share_memory(result, a)]
+            if written:
+                raise StageError(f"calling @{function}", f"result {r} was computed in the "
+                                 f"memory of argument {written[0]}, which the call must not "
+                                 f"write: an int8attn bug (runtime.module.result_aliases)",
+                                 None)
         for r, a in tied:
             target = arrays[a] if isinstance(arrays[a], np.ndarray) else arguments[a]
             if _host_memory(results[r]) == _host_memory(target):
@@ -312,3 +348,15 @@ def _writable_alias(array: np.ndarray):
     alias = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
     alias.owner = array
     return alias
+
+
+def _may_alias(argument: str, result: str) -> bool:
+    """Whether a result of tensor type `result` (as the ABI declaration writes it, e.g.
+    "1x8x64xf32") may be computed in the buffer of an argument of type `argument`."""
+    if argument == result:
+        return True
+    *a_dims, a_element = argument.split("x")
+    *r_dims, r_element = result.split("x")
+    if a_element != r_element or "?" in a_dims or "?" in r_dims:
+        return False
+    return math.prod(int(d) for d in a_dims) == math.prod(int(d) for d in r_dims)
