@@ -10,7 +10,8 @@ For each case (Hq 32 / Hkv 8, D 128, Gaussian data from the printed --seed, K an
 quantized per token) the methods are:
 
 - `api`: `int8attn.compile(graph, target="cpu")` called on numpy arrays (64-byte
-  aligned: read in place; the row records what the call copied, `LoadedModule.copies`);
+  aligned: the cache read in place, q copied as a result of its type may be computed in its
+  buffer; the row records what the call copied, `LoadedModule.copies`);
 - `kernel`: the same module's function invoked through IREE on buffer views of those
   arrays made once before timing: no argument checks, no packing;
 - `paged`: `PagedAttention(target="cpu")` on torch CPU tensors holding the same tokens
